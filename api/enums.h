@@ -1,0 +1,32 @@
+// The enumerations shared by the TrainingJob and the Plan, with their manifest spellings.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kt::api {
+
+enum class Precision { kBf16, kFp32 };
+enum class DeviceKind { kCuda, kCpu };
+enum class Recompute { kNone, kCommAware, kFull };
+enum class OffloadMode { kNone, kOptimizer, kWindow };
+enum class DataSource { kSynthetic, kTokens };
+enum class CleanPodPolicy { kAll, kRunning, kNone };
+enum class UpdateDevice { kGpu, kCpu };
+
+std::string_view to_string(Precision v);
+std::string_view to_string(DeviceKind v);
+std::string_view to_string(Recompute v);
+std::string_view to_string(OffloadMode v);
+std::string_view to_string(DataSource v);
+std::string_view to_string(CleanPodPolicy v);
+std::string_view to_string(UpdateDevice v);
+
+// Parse the manifest spelling; nullopt when unknown. `choices` lists the spellings for messages.
+template <class E>
+std::optional<E> parse_enum(std::string_view text);
+template <class E>
+std::string enum_choices();
+
+}  // namespace kt::api

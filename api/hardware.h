@@ -1,0 +1,67 @@
+// Hardware profiles: the figures the planner's cost model needs for one kind of accelerator (or
+// for a CPU-only node), keyed by GPU product. Built-in figures come from vendor datasheets and
+// papers, each cited where it is defined (api/hardware_profiles.cpp, docs/HARDWARE.md); nodes
+// override them with annotations (kubetrain.dev/...), and measured profiles will replace them.
+//
+// Units: FLOP/s, bytes/s, bytes, seconds. All bandwidths are bytes per second in ONE direction.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kt::api {
+
+enum class LinkKind { kNvlink, kPcie, kLoopback };
+std::string_view to_string(LinkKind k);
+
+struct HardwareProfile {
+  std::string name;                  // canonical key, e.g. "H200", "RTX-3090", "cpu"
+  std::vector<std::string> aliases;  // GPU Feature Discovery product strings it matches
+  bool is_cpu = false;               // a CPU-only node: one "slot" per core, no device memory
+
+  // Compute. For a GPU: per device. For the cpu profile: per core.
+  double peak_bf16_flops = 0;  // dense tensor-core bf16 (fp16 where the GPU has no bf16)
+  double peak_fp32_flops = 0;  // dense fp32 (non-tensor-core)
+  double achieved_fraction = 0.5;  // η: sustained fraction of peak in transformer GEMMs
+  bool has_bf16 = true;            // false: bf16 is emulated / planned with the fp16 peak
+
+  // Memory. For a GPU: per device. For the cpu profile: 0 (the node's memory is used).
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // HBM/GDDR bytes/s (per core for cpu)
+
+  // Links.
+  double host_link_bandwidth = 0;  // host<->device per direction, achievable (PCIe), per GPU
+  LinkKind intra_link = LinkKind::kPcie;
+  double intra_allreduce_busbw = 0;  // achievable all-reduce bus bandwidth inside a node
+  double inter_node_bandwidth = 0;   // per node, all NICs together
+  double allreduce_latency = 0;      // α: per ring step
+
+  // Host side.
+  double cpu_adam_params_per_core = 0;  // CPU AdamW parameters/s per core
+
+  std::string source;  // short citation summary; details in docs/HARDWARE.md
+};
+
+const std::vector<HardwareProfile>& builtin_profiles();
+// Matches a product name or alias, ignoring case and treating ' ', '_' and '-' alike.
+// nullptr when unknown.
+const HardwareProfile* find_profile(std::string_view product);
+const HardwareProfile& cpu_profile();
+
+// Per-node overrides from annotations. Keys (values are plain numbers in the units named):
+//   kubetrain.dev/pcie-gbps            host<->device GB/s (gigabytes) per direction
+//   kubetrain.dev/intra-busbw-gbps     all-reduce bus GB/s inside the node
+//   kubetrain.dev/inter-node-gbps      GB/s per node across nodes
+//   kubetrain.dev/gpu-link             nvlink | pcie
+//   kubetrain.dev/peak-tflops          dense bf16 TFLOP/s per GPU (fp32 per core on CPU nodes)
+//   kubetrain.dev/achieved-fraction    η in (0, 1]
+//   kubetrain.dev/cpu-adam-mparams     CPU Adam million params/s per core
+//   kubetrain.dev/allreduce-latency-us α in microseconds
+// Throws FieldError("<path>.annotations.<key>", ...) on a malformed value.
+HardwareProfile apply_overrides(HardwareProfile profile,
+                                const std::map<std::string, std::string>& annotations,
+                                const std::string& path);
+
+}  // namespace kt::api

@@ -1,0 +1,207 @@
+#include "api/inventory.h"
+
+#include <cmath>
+
+#include "api/decode.h"
+#include "api/error.h"
+#include "api/quantity.h"
+
+namespace kt::api {
+namespace {
+
+std::string known_products() {
+  std::string names;
+  for (const auto& p : builtin_profiles()) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
+// Resolves the hardware of a node whose fields are filled in; `product_path` names the field
+// the product came from, for the error.
+void resolve_hardware(Node& node, const std::string& node_path, const std::string& product_path,
+                      double gpu_memory_bytes) {
+  const HardwareProfile* profile = nullptr;
+  if (node.is_cpu_node()) {
+    profile = &cpu_profile();
+  } else {
+    profile = find_profile(node.gpu_product);
+    if (!profile)
+      throw FieldError(product_path, "unknown GPU product \"" + node.gpu_product +
+                                         "\" with no hardware profile (known: " +
+                                         known_products() + ")");
+  }
+  node.hardware = apply_overrides(*profile, node.annotations, node_path);
+  if (gpu_memory_bytes > 0 && !node.is_cpu_node()) node.hardware.memory_bytes = gpu_memory_bytes;
+}
+
+void check_node(const Node& node, const std::string& path) {
+  if (node.cpu_cores <= 0)
+    throw FieldError(path + ".cpu.cores", std::to_string(node.cpu_cores) + " must be > 0");
+  if (!(node.memory_bytes > 0)) throw FieldError(path + ".memory", "must be > 0");
+  if (node.free_gpus < 0 || node.free_gpus > node.gpu_count)
+    throw FieldError(path + ".gpu.free", std::to_string(node.free_gpus) +
+                                             " must be between 0 and the GPU count " +
+                                             std::to_string(node.gpu_count));
+}
+
+// Inventory `links:` fields are shorthands for the override annotations.
+void links_to_annotations(ObjectReader links, std::map<std::string, std::string>& annotations) {
+  const std::pair<const char*, const char*> kKeys[] = {
+      {"gpuLink", "kubetrain.dev/gpu-link"},
+      {"pcieGBps", "kubetrain.dev/pcie-gbps"},
+      {"intraBusbwGBps", "kubetrain.dev/intra-busbw-gbps"},
+      {"interNodeGBps", "kubetrain.dev/inter-node-gbps"},
+  };
+  for (const auto& [field, annotation] : kKeys) {
+    if (!links.has(field)) {
+      links.raw(field);
+      continue;
+    }
+    Json v = links.raw(field);
+    annotations[annotation] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  links.finish();
+}
+
+}  // namespace
+
+Inventory decode_inventory(const Json& doc) {
+  ObjectReader r(doc, "");
+  Inventory inv;
+  r.string("apiVersion");
+  r.string("kind");
+  ObjectReader meta = r.object("metadata");
+  inv.name = meta.string("name").value_or("");
+  meta.allow_unknown();
+  const Json nodes = r.raw("nodes");
+  r.finish();
+  if (!nodes.is_null() && !nodes.is_array())
+    throw FieldError("nodes", "must be a list, got " + describe_json(nodes));
+  for (size_t i = 0; nodes.is_array() && i < nodes.size(); ++i) {
+    const std::string path = "nodes[" + std::to_string(i) + "]";
+    ObjectReader n(nodes[i], path);
+    Node node;
+    const auto name = n.string("name");
+    if (!name || name->empty()) throw FieldError(path + ".name", "required");
+    const int64_t replicas = n.integer("replicas").value_or(1);
+    if (replicas < 1) throw FieldError(path + ".replicas", std::to_string(replicas) + " must be >= 1");
+    ObjectReader gpu = n.object("gpu");
+    node.gpu_product = gpu.string("product").value_or("");
+    node.gpu_count = gpu.integer("count").value_or(0);
+    if (node.gpu_count < 0)
+      throw FieldError(path + ".gpu.count", std::to_string(node.gpu_count) + " must be >= 0");
+    if (node.gpu_count > 0 && node.gpu_product.empty())
+      throw FieldError(path + ".gpu.product", "required when gpu.count > 0");
+    node.free_gpus = gpu.integer("free").value_or(node.gpu_count);
+    const double gpu_memory = gpu.quantity_or_auto("memory").value_or(0);
+    gpu.finish();
+    ObjectReader cpu = n.object("cpu");
+    node.cpu_cores = cpu.integer("cores").value_or(0);
+    cpu.finish();
+    const auto memory = n.quantity_or_auto("memory");
+    if (!memory) throw FieldError(path + ".memory", "required (host memory, e.g. 256Gi)");
+    node.memory_bytes = *memory;
+    node.schedulable = n.boolean("schedulable").value_or(true);
+    node.labels = n.string_map("labels");
+    node.annotations = n.string_map("annotations");
+    links_to_annotations(n.object("links"), node.annotations);
+    n.finish();
+    check_node(node, path);
+    resolve_hardware(node, path, path + ".gpu.product", gpu_memory);
+    for (int64_t k = 0; k < replicas; ++k) {
+      Node copy = node;
+      if (replicas > 1) copy.name = *name + "-" + std::to_string(k);
+      else copy.name = *name;
+      inv.nodes.push_back(std::move(copy));
+    }
+  }
+  return inv;
+}
+
+Inventory decode_kubectl_nodes(const Json& doc) {
+  Inventory inv;
+  inv.name = "kubectl";
+  const Json* items = doc.contains("items") ? &doc["items"] : nullptr;
+  if (!items || !items->is_array()) throw FieldError("items", "must be a list of Nodes");
+  for (size_t i = 0; i < items->size(); ++i) {
+    const std::string path = "items[" + std::to_string(i) + "]";
+    const Json& item = (*items)[i];
+    if (!item.is_object() || item.value("kind", "Node") != "Node")
+      throw FieldError(path + ".kind", "must be Node");
+    ObjectReader meta(item.value("metadata", Json()), path + ".metadata");
+    Node node;
+    node.name = meta.string("name").value_or("");
+    if (node.name.empty()) throw FieldError(path + ".metadata.name", "required");
+    node.labels = meta.string_map("labels");
+    node.annotations = meta.string_map("annotations");
+    meta.allow_unknown();
+
+    ObjectReader status(item.value("status", Json()), path + ".status");
+    ObjectReader alloc = status.object("allocatable");
+    alloc.allow_unknown();
+    auto quantity = [&](const std::string& key) -> double {
+      auto text = alloc.has(key) ? alloc.raw(key) : Json();
+      if (text.is_null()) return 0;
+      if (text.is_number()) return text.get<double>();
+      if (text.is_string()) {
+        if (auto q = parse_quantity(text.get<std::string>())) return *q;
+      }
+      throw FieldError(alloc.path_of(key), "must be a quantity, got " + describe_json(text));
+    };
+    node.gpu_count = static_cast<int64_t>(quantity("nvidia.com/gpu"));
+    node.free_gpus = node.gpu_count;
+    node.cpu_cores = static_cast<int64_t>(std::floor(quantity("cpu")));
+    node.memory_bytes = quantity("memory");
+    status.allow_unknown();
+    ObjectReader spec(item.value("spec", Json()), path + ".spec");
+    node.schedulable = !spec.boolean("unschedulable").value_or(false);
+    spec.allow_unknown();
+
+    const std::string label_path = path + ".metadata.labels.";
+    double gpu_memory = 0;
+    if (node.gpu_count > 0) {
+      auto product = node.labels.find("nvidia.com/gpu.product");
+      if (product == node.labels.end())
+        throw FieldError(label_path + "nvidia.com/gpu.product",
+                         "required on a node with nvidia.com/gpu allocatable (GPU Feature "
+                         "Discovery sets it)");
+      node.gpu_product = product->second;
+      auto mem = node.labels.find("nvidia.com/gpu.memory");  // MiB
+      if (mem != node.labels.end()) {
+        char* end = nullptr;
+        const double mib = std::strtod(mem->second.c_str(), &end);
+        if (end == mem->second.c_str() || *end != '\0' || mib <= 0)
+          throw FieldError(label_path + "nvidia.com/gpu.memory",
+                           "must be MiB as a number, got \"" + mem->second + "\"");
+        gpu_memory = mib * kMiB;
+      }
+    }
+    if (node.cpu_cores <= 0)
+      throw FieldError(path + ".status.allocatable.cpu", "must be at least 1 core");
+    if (!(node.memory_bytes > 0)) throw FieldError(path + ".status.allocatable.memory", "must be > 0");
+    resolve_hardware(node, path + ".metadata", label_path + "nvidia.com/gpu.product", gpu_memory);
+    inv.nodes.push_back(std::move(node));
+  }
+  return inv;
+}
+
+Inventory inventory_from_document(const Json& doc, const std::string& source) {
+  if (!doc.is_object()) throw Error(source + ": not a cluster inventory (expected a map)");
+  const std::string kind = doc.value("kind", "");
+  Inventory inv;
+  if (kind == "Inventory")
+    inv = decode_inventory(doc);
+  else if (kind == "List" || kind == "NodeList")
+    inv = decode_kubectl_nodes(doc);
+  else
+    throw Error(source + ": kind \"" + kind +
+                "\" is not a cluster (expected kind: Inventory, or `kubectl get nodes -o json`)");
+  if (inv.nodes.empty()) throw FieldError(kind == "Inventory" ? "nodes" : "items", "the cluster has no nodes");
+  if (inv.name.empty()) inv.name = source;
+  return inv;
+}
+
+Inventory load_inventory(const std::string& path) {
+  return inventory_from_document(load_document(path), path);
+}
+
+}  // namespace kt::api

@@ -1,0 +1,275 @@
+#include "api/plan.h"
+
+#include <cstdio>
+
+#include "api/decode.h"
+#include "api/error.h"
+
+namespace kt::api {
+namespace {
+
+template <class E>
+E read_enum_field(ObjectReader& r, const std::string& key, E fallback) {
+  auto text = r.string(key);
+  if (!text) return fallback;
+  if (auto v = parse_enum<E>(*text)) return *v;
+  throw FieldError(r.path_of(key),
+                   "unknown value \"" + *text + "\" (one of: " + enum_choices<E>() + ")");
+}
+
+Json placement_json(const LayerPlacement& p) {
+  return {{"resident", p.resident}, {"update", std::string(to_string(p.update))}};
+}
+
+LayerPlacement decode_placement(ObjectReader r) {
+  LayerPlacement p;
+  p.resident = r.boolean("resident").value_or(true);
+  p.update = read_enum_field(r, "update", UpdateDevice::kGpu);
+  r.finish();
+  return p;
+}
+
+ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
+  ParallelConfig c;
+  auto required = [&](const char* key) {
+    auto v = r.integer(key);
+    if (!v) throw FieldError(r.path_of(key), "required");
+    if (*v < 0) throw FieldError(r.path_of(key), std::to_string(*v) + " must be >= 0");
+    return *v;
+  };
+  c.nodes = required("nodes");
+  c.procs_per_node = required("procsPerNode");
+  c.tp = required("tp");
+  c.dp = required("dp");
+  ObjectReader batch = r.object("batch");
+  c.micro_batch = batch.integer("micro").value_or(1);
+  c.grad_accum = batch.integer("gradAccum").value_or(1);
+  global_batch = batch.integer("global").value_or(0);
+  batch.finish();
+  ObjectReader overlap = r.object("overlap");
+  c.sub_batches = overlap.integer("subBatches").value_or(1);
+  overlap.finish();
+  c.recompute = read_enum_field(r, "recompute", Recompute::kNone);
+  return c;
+}
+
+}  // namespace
+
+Json to_json(const ParallelConfig& c) {
+  return {{"nodes", c.nodes},
+          {"procsPerNode", c.procs_per_node},
+          {"tp", c.tp},
+          {"dp", c.dp},
+          {"microBatch", c.micro_batch},
+          {"gradAccum", c.grad_accum},
+          {"subBatches", c.sub_batches},
+          {"recompute", std::string(to_string(c.recompute))},
+          {"offload", std::string(to_string(c.offload))},
+          {"gpuUnits", c.gpu_units},
+          {"window", c.window}};
+}
+
+Json to_json(const Prediction& p) {
+  const auto& t = p.time;
+  const auto& m = p.memory;
+  return {{"stepSeconds", p.step_seconds},
+          {"tokensPerSecond", p.tokens_per_second},
+          {"mfu", p.mfu},
+          {"breakdownSeconds",
+           {{"compute", t.compute},
+            {"tpCommTotal", t.tp_comm_total},
+            {"tpCommExposed", t.tp_comm_exposed},
+            {"dpCommTotal", t.dp_comm_total},
+            {"dpCommExposed", t.dp_comm_exposed},
+            {"transferTotal", t.transfer_total},
+            {"transferExposed", t.transfer_exposed},
+            {"optimizerGpu", t.optimizer_gpu},
+            {"optimizerCpuTotal", t.optimizer_cpu_total},
+            {"optimizerCpuExposed", t.optimizer_cpu_exposed}}},
+          {"memoryPerRankBytes",
+           {{"params", m.params},
+            {"grads", m.grads},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"workspace", m.workspace},
+            {"reserve", m.reserve},
+            {"total", m.total()},
+            {"capacity", p.device_capacity_bytes}}},
+          {"hostMemoryPerNodeBytes", {{"used", p.host_bytes_per_node},
+                                      {"capacity", p.host_capacity_bytes}}},
+          {"pcieBytesPerStep", p.pcie_bytes_per_step}};
+}
+
+static Json executed_part(const Plan& plan) {
+  const auto& m = plan.model;
+  const auto& c = plan.config;
+  Json layers = Json::array();
+  for (const auto& l : plan.layers) layers.push_back(placement_json(l));
+  const auto& t = plan.training;
+  Json data = {{"source", std::string(to_string(plan.data.source))}};
+  if (!plan.data.path.empty()) data["path"] = plan.data.path;
+  return {
+      {"apiVersion", kApiVersion},
+      {"kind", kPlanKind},
+      {"job", {{"name", plan.job_name}, {"namespace", plan.job_namespace}}},
+      {"model",
+       {{"layers", m.layers},
+        {"hidden", m.hidden},
+        {"heads", m.heads},
+        {"ffnHidden", m.ffn_hidden},
+        {"vocab", m.vocab},
+        {"paddedVocab", m.padded_vocab()},
+        {"seqLen", m.seq_len},
+        {"parameters", plan.parameters}}},
+      {"batch", {{"global", plan.global_batch}, {"micro", c.micro_batch}, {"gradAccum", c.grad_accum}}},
+      {"world", plan.world},
+      {"nodes", c.nodes},
+      {"procsPerNode", c.procs_per_node},
+      {"placement", plan.placement},
+      {"hardware", plan.hardware},
+      {"tp", c.tp},
+      {"dp", c.dp},
+      {"overlap", {{"subBatches", c.sub_batches}}},
+      {"recompute", std::string(to_string(c.recompute))},
+      {"offload",
+       {{"mode", std::string(to_string(c.offload))},
+        {"window", c.window},
+        {"gpuUpdateFraction", plan.gpu_update_fraction},
+        {"cpuThreads", plan.cpu_threads},
+        {"embeddings", placement_json(plan.embeddings)},
+        {"layers", layers}}},
+      {"precision", std::string(to_string(plan.precision))},
+      {"device", std::string(to_string(plan.device))},
+      {"training",
+       {{"steps", t.steps},
+        {"learningRate", t.learning_rate},
+        {"warmupSteps", t.warmup_steps.value_or(0)},
+        {"weightDecay", t.weight_decay},
+        {"gradClip", t.grad_clip},
+        {"seed", t.seed}}},
+      {"data", data},
+      {"checkpoint", {{"intervalSteps", plan.checkpoint.interval_steps},
+                      {"keep", plan.checkpoint.keep}}},
+  };
+}
+
+std::string compute_plan_hash(const Plan& plan) {
+  const std::string canonical = executed_part(plan).dump();
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char ch : canonical) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+Json to_json(const Plan& plan) {
+  Json out = executed_part(plan);
+  out["predicted"] = to_json(plan.predicted);
+  Json alts = Json::array();
+  for (const auto& a : plan.alternatives) {
+    Json alt = {{"name", a.name}, {"description", a.description}, {"feasible", a.feasible}};
+    if (!a.reason.empty()) alt["reason"] = a.reason;
+    if (a.feasible) {
+      alt["config"] = to_json(a.config);
+      alt["predicted"] = to_json(a.predicted);
+    }
+    alts.push_back(alt);
+  }
+  out["alternatives"] = alts;
+  out["explanation"] = plan.explanation;
+  out["planHash"] = plan.plan_hash;
+  return out;
+}
+
+Plan decode_plan(const Json& doc) {
+  ObjectReader r(doc, "plan");
+  Plan plan;
+  if (r.string("apiVersion").value_or("") != kApiVersion)
+    throw FieldError("plan.apiVersion", std::string("must be ") + kApiVersion);
+  if (r.string("kind").value_or("") != kPlanKind) throw FieldError("plan.kind", "must be Plan");
+  ObjectReader job = r.object("job");
+  plan.job_name = job.string("name").value_or("");
+  plan.job_namespace = job.string("namespace").value_or("default");
+  job.finish();
+  ObjectReader model = r.object("model");
+  auto dim = [&](const char* key) {
+    auto v = model.integer(key);
+    if (!v || *v <= 0) throw FieldError(model.path_of(key), "required, must be > 0");
+    return *v;
+  };
+  plan.model = {dim("layers"), dim("hidden"), dim("heads"), dim("ffnHidden"), dim("vocab"),
+                dim("seqLen")};
+  model.integer("paddedVocab");
+  plan.parameters = model.integer("parameters").value_or(parameter_count(plan.model));
+  model.finish();
+  plan.config = decode_config(r, plan.global_batch);
+  plan.world = r.integer("world").value_or(plan.config.nodes * plan.config.procs_per_node);
+  Json placement = r.raw("placement");
+  if (placement.is_array())
+    for (const auto& p : placement) plan.placement.push_back(p.is_string() ? p.get<std::string>() : "");
+  plan.hardware = r.string("hardware").value_or("");
+  ObjectReader off = r.object("offload");
+  plan.config.offload = read_enum_field(off, "mode", OffloadMode::kNone);
+  plan.config.window = off.integer("window").value_or(0);
+  plan.gpu_update_fraction = off.number("gpuUpdateFraction").value_or(1.0);
+  plan.cpu_threads = off.integer("cpuThreads").value_or(1);
+  plan.embeddings = decode_placement(off.object("embeddings"));
+  Json layers = off.raw("layers");
+  for (size_t i = 0; layers.is_array() && i < layers.size(); ++i)
+    plan.layers.push_back(
+        decode_placement(ObjectReader(layers[i], "plan.offload.layers[" + std::to_string(i) + "]")));
+  off.finish();
+  if (!plan.layers.empty() && static_cast<int64_t>(plan.layers.size()) != plan.model.layers)
+    throw FieldError("plan.offload.layers", "has " + std::to_string(plan.layers.size()) +
+                                                " entries for " + std::to_string(plan.model.layers) +
+                                                " layers");
+  if (plan.layers.empty()) plan.layers.assign(plan.model.layers, LayerPlacement{});
+  int64_t gpu_units = plan.embeddings.update == UpdateDevice::kGpu ? 1 : 0;
+  for (const auto& l : plan.layers) gpu_units += l.update == UpdateDevice::kGpu ? 1 : 0;
+  plan.config.gpu_units = gpu_units;
+  plan.precision = read_enum_field(r, "precision", Precision::kBf16);
+  plan.device = read_enum_field(r, "device", DeviceKind::kCuda);
+  ObjectReader t = r.object("training");
+  plan.training.steps = t.integer("steps").value_or(0);
+  plan.training.learning_rate = t.number("learningRate").value_or(plan.training.learning_rate);
+  plan.training.warmup_steps = t.integer("warmupSteps").value_or(0);
+  plan.training.weight_decay = t.number("weightDecay").value_or(plan.training.weight_decay);
+  plan.training.grad_clip = t.number("gradClip").value_or(plan.training.grad_clip);
+  plan.training.seed = t.integer("seed").value_or(plan.training.seed);
+  plan.training.global_batch_size = plan.global_batch;
+  plan.training.micro_batch_size = plan.config.micro_batch;
+  plan.training.precision = plan.precision;
+  t.finish();
+  ObjectReader data = r.object("data");
+  auto source = data.string("source").value_or("synthetic");
+  auto parsed = parse_enum<DataSource>(source);
+  if (!parsed) throw FieldError("plan.data.source", "unknown value \"" + source + "\"");
+  plan.data.source = *parsed;
+  plan.data.path = data.string("path").value_or("");
+  data.finish();
+  ObjectReader ckpt = r.object("checkpoint");
+  plan.checkpoint.interval_steps = ckpt.integer("intervalSteps").value_or(0);
+  plan.checkpoint.keep = ckpt.integer("keep").value_or(3);
+  ckpt.finish();
+  // Predictions, alternatives and explanation are informational for the worker.
+  r.raw("predicted");
+  r.raw("alternatives");
+  Json explanation = r.raw("explanation");
+  if (explanation.is_array())
+    for (const auto& line : explanation)
+      if (line.is_string()) plan.explanation.push_back(line.get<std::string>());
+  plan.plan_hash = r.string("planHash").value_or("");
+  r.finish();
+  if (plan.config.tp * plan.config.dp != plan.world)
+    throw FieldError("plan.world", std::to_string(plan.world) + " is not tp × dp = " +
+                                       std::to_string(plan.config.tp * plan.config.dp));
+  if (!plan.plan_hash.empty() && plan.plan_hash != compute_plan_hash(plan))
+    throw FieldError("plan.planHash", "\"" + plan.plan_hash +
+                                          "\" does not match the plan's content (edited by hand?)");
+  return plan;
+}
+
+}  // namespace kt::api

@@ -1,0 +1,118 @@
+// The Plan: the only contract between the operator (which makes it) and the worker (which
+// executes it). DESIGN.md §5. Stored as JSON in ConfigMap <job>-plan, mounted at
+// /etc/kubetrain/plan.json. The worker refuses a Plan it cannot execute.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/enums.h"
+#include "api/model.h"
+#include "api/training_job.h"
+#include "api/yaml_json.h"
+
+namespace kt::api {
+
+inline constexpr const char* kPlanKind = "Plan";
+
+// One parallel configuration: what the search chooses. Shared by the plan and its alternatives.
+struct ParallelConfig {
+  int64_t nodes = 1;
+  int64_t procs_per_node = 1;  // ranks per node (GPUs, or CPU rank processes)
+  int64_t tp = 1;              // tensor-parallel degree (consecutive ranks inside a node)
+  int64_t dp = 1;              // data-parallel degree; nodes·procs_per_node = tp·dp
+  int64_t micro_batch = 1;     // sequences per micro-batch per DP rank
+  int64_t grad_accum = 1;      // micro-batches per step
+  int64_t sub_batches = 1;     // 2: the Oases overlapped schedule
+  Recompute recompute = Recompute::kNone;
+  OffloadMode offload = OffloadMode::kNone;
+  // Offload units in order [embeddings, layer 0, ..., layer L-1]; the first `gpu_units` are
+  // resident and updated on the GPU, the rest are updated on the CPU (optimizer mode) or also
+  // streamed through `window` device slots (window mode). gpu_units = L+1 with offload none.
+  int64_t gpu_units = 0;
+  int64_t window = 0;
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+struct TimeBreakdown {  // seconds per optimizer step, per rank
+  double compute = 0;            // forward + backward + recompute, incl. what comm hides behind
+  double tp_comm_total = 0;      // all TP all-reduce time, hidden or not
+  double tp_comm_exposed = 0;    // the part that adds to the step
+  double dp_comm_total = 0;
+  double dp_comm_exposed = 0;
+  double transfer_total = 0;     // host<->device copies
+  double transfer_exposed = 0;
+  double optimizer_gpu = 0;
+  double optimizer_cpu_total = 0;
+  double optimizer_cpu_exposed = 0;
+};
+
+struct MemoryBreakdown {  // bytes per rank on the device
+  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, reserve = 0;
+  double total() const { return params + grads + optimizer + activations + workspace + reserve; }
+};
+
+struct Prediction {
+  double step_seconds = 0;
+  TimeBreakdown time;
+  MemoryBreakdown memory;            // per rank, on the device
+  double device_capacity_bytes = 0;  // what a rank may use (budget or device memory)
+  double host_bytes_per_node = 0;    // offloaded state, pinned buffers
+  double host_capacity_bytes = 0;
+  double pcie_bytes_per_step = 0;    // per rank, both directions
+  double tokens_per_second = 0;      // whole job
+  double mfu = 0;                    // model FLOPs (6·P·tokens + attention) / peak
+};
+
+struct LayerPlacement {
+  bool resident = true;                        // params always on the device
+  UpdateDevice update = UpdateDevice::kGpu;    // where AdamW runs
+};
+
+struct Alternative {
+  std::string name;  // megatron | zero-offload | stronghold | oases
+  std::string description;
+  bool feasible = false;
+  std::string reason;  // why infeasible, or a one-line comparison
+  ParallelConfig config;
+  Prediction predicted;
+};
+
+struct Plan {
+  std::string job_name;
+  std::string job_namespace = "default";
+  ModelDims model;
+  int64_t parameters = 0;
+  int64_t global_batch = 0;
+  ParallelConfig config;
+  int64_t world = 1;
+  std::vector<std::string> placement;  // node names, index = node rank
+  std::string hardware;                // profile name ("H200", "cpu")
+  Precision precision = Precision::kBf16;
+  DeviceKind device = DeviceKind::kCuda;
+  double gpu_update_fraction = 1.0;    // parameter fraction updated on the device
+  LayerPlacement embeddings;
+  std::vector<LayerPlacement> layers;  // per transformer layer
+  int64_t cpu_threads = 1;             // CPU optimizer / compute threads per rank
+  // Training settings with every default resolved.
+  TrainingSpec training;
+  DataSpec data;
+  CheckpointSpec checkpoint;
+  Prediction predicted;
+  std::vector<Alternative> alternatives;
+  std::vector<std::string> explanation;
+  std::string plan_hash;
+};
+
+Json to_json(const ParallelConfig& c);
+Json to_json(const Prediction& p);
+Json to_json(const Plan& plan);
+// Throws FieldError with paths such as "plan.tp".
+Plan decode_plan(const Json& doc);
+// FNV-1a 64 of the canonical JSON of what the worker executes (everything but alternatives,
+// explanation and the hash itself), as 16 hex digits.
+std::string compute_plan_hash(const Plan& plan);
+
+}  // namespace kt::api

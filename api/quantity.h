@@ -1,0 +1,20 @@
+// Kubernetes resource quantities ("60Gi", "80G", "500m", "1.5e9") as plain numbers.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kt::api {
+
+// Parses a quantity in the Kubernetes grammar (binary suffixes Ki..Ei, decimal k..E, milli m,
+// or an exponent). Returns nullopt when `text` is not a quantity.
+std::optional<double> parse_quantity(std::string_view text);
+
+// Formats bytes for people: "93.1 GiB", "512.0 MiB".
+std::string format_bytes(double bytes);
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+}  // namespace kt::api

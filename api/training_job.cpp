@@ -1,0 +1,557 @@
+#include "api/training_job.h"
+
+#include <regex>
+
+#include "api/decode.h"
+
+namespace kt::api {
+namespace {
+
+template <class E>
+std::optional<E> read_enum(ObjectReader& r, const std::string& key, bool allow_auto) {
+  auto text = r.string(key);
+  if (!text || (allow_auto && *text == "auto")) return std::nullopt;
+  if (auto v = parse_enum<E>(*text)) return v;
+  throw FieldError(r.path_of(key), "unknown value \"" + *text + "\" (one of: " +
+                                       std::string(allow_auto ? "auto, " : "") + enum_choices<E>() +
+                                       ")");
+}
+
+std::optional<bool> read_on_off(ObjectReader& r, const std::string& key) {
+  if (!r.has(key)) {
+    r.raw(key);  // mark as read
+    return std::nullopt;
+  }
+  Json v = r.raw(key);
+  if (v.is_boolean()) return v.get<bool>();  // YAML `on`/`off` are plain strings in YAML 1.2
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    if (s == "on") return true;
+    if (s == "off") return false;
+    if (s == "auto") return std::nullopt;
+  }
+  throw FieldError(r.path_of(key), "must be on, off or auto, got " + describe_json(v));
+}
+
+ObjectMeta decode_metadata(ObjectReader r) {
+  ObjectMeta m;
+  m.name = r.string("name").value_or("");
+  m.namespace_ = r.string("namespace").value_or("default");
+  m.uid = r.string("uid").value_or("");
+  m.resource_version = r.string("resourceVersion").value_or("");
+  m.generation = r.integer("generation").value_or(0);
+  m.creation_timestamp = r.string("creationTimestamp").value_or("");
+  m.labels = r.string_map("labels");
+  m.annotations = r.string_map("annotations");
+  r.allow_unknown();  // managedFields, ownerReferences, finalizers... belong to the API server
+  return m;
+}
+
+ModelSpec decode_model(ObjectReader r) {
+  ModelSpec m;
+  m.preset = r.string("preset").value_or("");
+  m.layers = r.integer("layers");
+  m.hidden = r.integer("hidden");
+  m.heads = r.integer("heads");
+  m.ffn_hidden = r.integer("ffnHidden");
+  m.vocab = r.integer("vocab");
+  m.seq_len = r.integer("seqLen");
+  r.finish();
+  return m;
+}
+
+TrainingSpec decode_training(ObjectReader r) {
+  TrainingSpec t;
+  t.steps = r.integer("steps").value_or(0);
+  t.global_batch_size = r.integer("globalBatchSize").value_or(t.global_batch_size);
+  t.micro_batch_size = r.integer_or_auto("microBatchSize");
+  t.learning_rate = r.number("learningRate").value_or(t.learning_rate);
+  t.warmup_steps = r.integer("warmupSteps");
+  t.weight_decay = r.number("weightDecay").value_or(t.weight_decay);
+  t.grad_clip = r.number("gradClip").value_or(t.grad_clip);
+  t.precision = read_enum<Precision>(r, "precision", true);
+  t.seed = r.integer("seed").value_or(t.seed);
+  r.finish();
+  return t;
+}
+
+DataSpec decode_data(ObjectReader r) {
+  DataSpec d;
+  d.source = read_enum<DataSource>(r, "source", false).value_or(DataSource::kSynthetic);
+  d.path = r.string("path").value_or("");
+  d.volume = r.raw("volume");
+  r.finish();
+  return d;
+}
+
+ResourcesSpec decode_resources(ObjectReader r) {
+  ResourcesSpec s;
+  s.max_nodes = r.integer_or_auto("maxNodes");
+  s.gpus_per_node = r.integer_or_auto("gpusPerNode");
+  s.cpu_only = r.boolean("cpuOnly").value_or(false);
+  s.node_selector = r.string_map("nodeSelector");
+  s.tolerations = r.raw("tolerations");
+  s.affinity = r.raw("affinity");
+  s.image = r.string("image").value_or("");
+  s.resources = r.raw("resources");
+  r.finish();
+  return s;
+}
+
+ParallelismSpec decode_parallelism(ObjectReader r) {
+  ParallelismSpec p;
+  p.tensor_parallel = r.integer_or_auto("tensorParallel");
+  p.data_parallel = r.integer_or_auto("dataParallel");
+  p.overlap = read_on_off(r, "overlap");
+  p.recompute = read_enum<Recompute>(r, "recompute", true);
+  p.offload = read_enum<OffloadMode>(r, "offload", true);
+  p.offload_window = r.integer_or_auto("offloadWindow");
+  p.gpu_update_fraction = r.number_or_auto("gpuUpdateFraction");
+  p.gpu_memory_budget_bytes = r.quantity_or_auto("gpuMemoryBudget");
+  r.finish();
+  return p;
+}
+
+CheckpointSpec decode_checkpoint(ObjectReader r) {
+  CheckpointSpec c;
+  c.interval_steps = r.integer("intervalSteps").value_or(c.interval_steps);
+  c.volume = r.raw("volume");
+  c.keep = r.integer("keep").value_or(c.keep);
+  r.finish();
+  return c;
+}
+
+RunPolicy decode_run_policy(ObjectReader r) {
+  RunPolicy p;
+  p.backoff_limit = r.integer("backoffLimit").value_or(p.backoff_limit);
+  p.active_deadline_seconds = r.integer("activeDeadlineSeconds");
+  p.ttl_seconds_after_finished = r.integer("ttlSecondsAfterFinished");
+  p.suspend = r.boolean("suspend").value_or(false);
+  p.clean_pod_policy =
+      read_enum<CleanPodPolicy>(r, "cleanPodPolicy", false).value_or(CleanPodPolicy::kRunning);
+  r.finish();
+  return p;
+}
+
+// DNS-1035 label: the job name becomes a Service name and the prefix of pod hostnames
+// ("<job>-worker-<rank>", at most 63 characters), so it is limited to 50.
+const std::regex kDns1035("^[a-z]([-a-z0-9]*[a-z0-9])?$");
+
+void check_positive(std::vector<FieldError>& errors, const std::string& path,
+                    std::optional<int64_t> v) {
+  if (v && *v <= 0) errors.emplace_back(path, std::to_string(*v) + " must be > 0");
+}
+
+std::string format_double(double v) { return Json(v).dump(); }
+
+}  // namespace
+
+std::string_view to_string(JobPhase p) {
+  switch (p) {
+    case JobPhase::kPending: return "Pending";
+    case JobPhase::kPlanning: return "Planning";
+    case JobPhase::kStarting: return "Starting";
+    case JobPhase::kRunning: return "Running";
+    case JobPhase::kRestarting: return "Restarting";
+    case JobPhase::kSucceeded: return "Succeeded";
+    case JobPhase::kFailed: return "Failed";
+    case JobPhase::kSuspended: return "Suspended";
+  }
+  return "?";
+}
+
+TrainingJob decode_training_job(const Json& manifest) {
+  ObjectReader r(manifest, "");
+  TrainingJob job;
+  const auto api_version = r.string("apiVersion");
+  if (!api_version) throw FieldError("apiVersion", std::string("required (") + kApiVersion + ")");
+  if (*api_version != kApiVersion)
+    throw FieldError("apiVersion",
+                     "\"" + *api_version + "\" is not supported (expected " + kApiVersion + ")");
+  const auto kind = r.string("kind");
+  if (kind.value_or("") != "TrainingJob")
+    throw FieldError("kind", "must be TrainingJob, got " +
+                                 (kind ? "\"" + *kind + "\"" : std::string("nothing")));
+  job.metadata = decode_metadata(r.object("metadata"));
+  ObjectReader spec = r.object("spec");
+  job.spec.model = decode_model(spec.object("model"));
+  job.spec.training = decode_training(spec.object("training"));
+  job.spec.data = decode_data(spec.object("data"));
+  job.spec.resources = decode_resources(spec.object("resources"));
+  job.spec.parallelism = decode_parallelism(spec.object("parallelism"));
+  job.spec.checkpoint = decode_checkpoint(spec.object("checkpoint"));
+  job.spec.run_policy = decode_run_policy(spec.object("runPolicy"));
+  spec.finish();
+  job.status = decode_status(r.raw("status"));
+  r.finish();
+  return job;
+}
+
+ModelDims resolve_model(const ModelSpec& spec) {
+  ModelDims dims;
+  if (!spec.preset.empty()) {
+    const ModelPreset* preset = find_model_preset(spec.preset);
+    if (!preset) {
+      std::string names;
+      for (const auto& p : model_presets()) names += (names.empty() ? "" : ", ") + p.name;
+      throw FieldError("spec.model.preset",
+                       "unknown preset \"" + spec.preset + "\" (one of: " + names + ")");
+    }
+    dims = preset->dims;
+  }
+  struct Field {
+    const char* name;
+    const std::optional<int64_t>& value;
+    int64_t& out;
+  };
+  const Field fields[] = {{"layers", spec.layers, dims.layers},
+                          {"hidden", spec.hidden, dims.hidden},
+                          {"heads", spec.heads, dims.heads},
+                          {"ffnHidden", spec.ffn_hidden, dims.ffn_hidden},
+                          {"vocab", spec.vocab, dims.vocab},
+                          {"seqLen", spec.seq_len, dims.seq_len}};
+  for (const auto& f : fields) {
+    if (f.value) f.out = *f.value;
+  }
+  // ffnHidden defaults to 4h for explicit models, as in GPT-2.
+  if (spec.preset.empty() && !spec.ffn_hidden) dims.ffn_hidden = 4 * dims.hidden;
+  for (const auto& f : fields) {
+    const std::string path = std::string("spec.model.") + f.name;
+    if (f.out == 0 && !f.value)
+      throw FieldError(path, "required (or set spec.model.preset)");
+    if (f.out <= 0) throw FieldError(path, std::to_string(f.out) + " must be > 0");
+  }
+  if (dims.hidden % dims.heads != 0)
+    throw FieldError("spec.model.heads", std::to_string(dims.heads) + " does not divide hidden " +
+                                             std::to_string(dims.hidden));
+  return dims;
+}
+
+std::vector<FieldError> validate(const TrainingJob& job) {
+  std::vector<FieldError> errors;
+  const auto& meta = job.metadata;
+  if (meta.name.empty()) {
+    errors.emplace_back("metadata.name", "required");
+  } else if (meta.name.size() > 50 || !std::regex_match(meta.name, kDns1035)) {
+    errors.emplace_back("metadata.name",
+                        "\"" + meta.name +
+                            "\" must be at most 50 lowercase letters, digits or '-', start with a "
+                            "letter and end with a letter or digit (it names a Service and pods)");
+  }
+  std::optional<ModelDims> dims;
+  try {
+    dims = resolve_model(job.spec.model);
+  } catch (const FieldError& e) {
+    errors.push_back(e);
+  }
+
+  const auto& t = job.spec.training;
+  if (t.steps <= 0)
+    errors.emplace_back("spec.training.steps", t.steps == 0 ? "required, must be > 0"
+                                                            : std::to_string(t.steps) + " must be > 0");
+  if (t.global_batch_size <= 0)
+    errors.emplace_back("spec.training.globalBatchSize",
+                        std::to_string(t.global_batch_size) + " must be > 0");
+  check_positive(errors, "spec.training.microBatchSize", t.micro_batch_size);
+  if (t.micro_batch_size && *t.micro_batch_size > 0 && t.global_batch_size > 0 &&
+      t.global_batch_size % *t.micro_batch_size != 0)
+    errors.emplace_back("spec.training.microBatchSize",
+                        std::to_string(*t.micro_batch_size) + " does not divide globalBatchSize " +
+                            std::to_string(t.global_batch_size));
+  if (!(t.learning_rate > 0))
+    errors.emplace_back("spec.training.learningRate", format_double(t.learning_rate) + " must be > 0");
+  if (t.warmup_steps && *t.warmup_steps < 0)
+    errors.emplace_back("spec.training.warmupSteps",
+                        std::to_string(*t.warmup_steps) + " must be >= 0");
+  if (t.weight_decay < 0)
+    errors.emplace_back("spec.training.weightDecay", format_double(t.weight_decay) + " must be >= 0");
+  if (t.grad_clip < 0)
+    errors.emplace_back("spec.training.gradClip",
+                        format_double(t.grad_clip) + " must be >= 0 (0 disables clipping)");
+
+  if (job.spec.data.source == DataSource::kTokens && job.spec.data.path.empty())
+    errors.emplace_back("spec.data.path", "required when source is tokens");
+
+  const auto& res = job.spec.resources;
+  check_positive(errors, "spec.resources.maxNodes", res.max_nodes);
+  check_positive(errors, "spec.resources.gpusPerNode", res.gpus_per_node);
+
+  const auto& p = job.spec.parallelism;
+  check_positive(errors, "spec.parallelism.tensorParallel", p.tensor_parallel);
+  check_positive(errors, "spec.parallelism.dataParallel", p.data_parallel);
+  check_positive(errors, "spec.parallelism.offloadWindow", p.offload_window);
+  if (dims && p.tensor_parallel && *p.tensor_parallel > 0) {
+    const int64_t tp = *p.tensor_parallel;
+    if (dims->heads % tp != 0)
+      errors.emplace_back("spec.parallelism.tensorParallel",
+                          std::to_string(tp) + " does not divide heads " +
+                              std::to_string(dims->heads));
+    else if (dims->ffn_hidden % tp != 0)
+      errors.emplace_back("spec.parallelism.tensorParallel",
+                          std::to_string(tp) + " does not divide ffnHidden " +
+                              std::to_string(dims->ffn_hidden));
+  }
+  if (dims && p.offload_window && *p.offload_window > dims->layers)
+    errors.emplace_back("spec.parallelism.offloadWindow",
+                        std::to_string(*p.offload_window) + " exceeds the model's " +
+                            std::to_string(dims->layers) + " layers");
+  if (p.offload_window && p.offload && *p.offload != OffloadMode::kWindow)
+    errors.emplace_back("spec.parallelism.offloadWindow",
+                        "is only meaningful with offload: window (offload is " +
+                            std::string(to_string(*p.offload)) + ")");
+  if (p.gpu_update_fraction) {
+    const double f = *p.gpu_update_fraction;
+    if (!(f >= 0.0 && f <= 1.0))
+      errors.emplace_back("spec.parallelism.gpuUpdateFraction",
+                          format_double(f) + " must be between 0 and 1");
+    else if (p.offload && *p.offload == OffloadMode::kNone && f < 1.0)
+      errors.emplace_back("spec.parallelism.gpuUpdateFraction",
+                          format_double(f) + " needs offload: optimizer or window (offload is none)");
+  }
+  if (p.gpu_memory_budget_bytes && !(*p.gpu_memory_budget_bytes > 0))
+    errors.emplace_back("spec.parallelism.gpuMemoryBudget", "must be > 0");
+
+  const auto& c = job.spec.checkpoint;
+  if (c.interval_steps < 0)
+    errors.emplace_back("spec.checkpoint.intervalSteps",
+                        std::to_string(c.interval_steps) + " must be >= 0 (0: only at the end)");
+  if (c.keep < 1) errors.emplace_back("spec.checkpoint.keep", std::to_string(c.keep) + " must be >= 1");
+
+  const auto& rp = job.spec.run_policy;
+  if (rp.backoff_limit < 0)
+    errors.emplace_back("spec.runPolicy.backoffLimit",
+                        std::to_string(rp.backoff_limit) + " must be >= 0");
+  check_positive(errors, "spec.runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds);
+  if (rp.ttl_seconds_after_finished && *rp.ttl_seconds_after_finished < 0)
+    errors.emplace_back("spec.runPolicy.ttlSecondsAfterFinished",
+                        std::to_string(*rp.ttl_seconds_after_finished) + " must be >= 0");
+  return errors;
+}
+
+TrainingJob load_training_job(const std::string& path) {
+  const Json doc = load_document(path);
+  TrainingJob job = decode_training_job(doc);
+  auto errors = validate(job);
+  if (!errors.empty()) throw ValidationError(std::move(errors));
+  return job;
+}
+
+// ---- encoding ----------------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+void put(Json& out, const char* key, const std::optional<T>& v) {
+  if (v) out[key] = *v;
+}
+template <class T>
+void put_auto(Json& out, const char* key, const std::optional<T>& v) {
+  if (v)
+    out[key] = *v;
+  else
+    out[key] = "auto";
+}
+template <class E>
+void put_enum_auto(Json& out, const char* key, const std::optional<E>& v) {
+  out[key] = v ? std::string(to_string(*v)) : std::string("auto");
+}
+
+}  // namespace
+
+Json to_json(const TrainingJobSpec& s) {
+  Json spec = Json::object();
+  Json& model = spec["model"] = Json::object();
+  if (!s.model.preset.empty()) model["preset"] = s.model.preset;
+  put(model, "layers", s.model.layers);
+  put(model, "hidden", s.model.hidden);
+  put(model, "heads", s.model.heads);
+  put(model, "ffnHidden", s.model.ffn_hidden);
+  put(model, "vocab", s.model.vocab);
+  put(model, "seqLen", s.model.seq_len);
+
+  const auto& t = s.training;
+  spec["training"] = {{"steps", t.steps},
+                      {"globalBatchSize", t.global_batch_size},
+                      {"learningRate", t.learning_rate},
+                      {"weightDecay", t.weight_decay},
+                      {"gradClip", t.grad_clip},
+                      {"seed", t.seed}};
+  put_auto(spec["training"], "microBatchSize", t.micro_batch_size);
+  put(spec["training"], "warmupSteps", t.warmup_steps);
+  put_enum_auto(spec["training"], "precision", t.precision);
+
+  Json& data = spec["data"] = {{"source", std::string(to_string(s.data.source))}};
+  if (!s.data.path.empty()) data["path"] = s.data.path;
+  if (!s.data.volume.is_null()) data["volume"] = s.data.volume;
+
+  const auto& r = s.resources;
+  Json& res = spec["resources"] = {{"cpuOnly", r.cpu_only}};
+  put_auto(res, "maxNodes", r.max_nodes);
+  put_auto(res, "gpusPerNode", r.gpus_per_node);
+  if (!r.node_selector.empty()) res["nodeSelector"] = r.node_selector;
+  if (!r.tolerations.is_null()) res["tolerations"] = r.tolerations;
+  if (!r.affinity.is_null()) res["affinity"] = r.affinity;
+  if (!r.image.empty()) res["image"] = r.image;
+  if (!r.resources.is_null()) res["resources"] = r.resources;
+
+  const auto& p = s.parallelism;
+  Json& par = spec["parallelism"] = Json::object();
+  put_auto(par, "tensorParallel", p.tensor_parallel);
+  put_auto(par, "dataParallel", p.data_parallel);
+  par["overlap"] = p.overlap ? (*p.overlap ? "on" : "off") : "auto";
+  put_enum_auto(par, "recompute", p.recompute);
+  put_enum_auto(par, "offload", p.offload);
+  put_auto(par, "offloadWindow", p.offload_window);
+  put_auto(par, "gpuUpdateFraction", p.gpu_update_fraction);
+  put_auto(par, "gpuMemoryBudget", p.gpu_memory_budget_bytes);
+
+  Json& ckpt = spec["checkpoint"] = {{"intervalSteps", s.checkpoint.interval_steps},
+                                     {"keep", s.checkpoint.keep}};
+  if (!s.checkpoint.volume.is_null()) ckpt["volume"] = s.checkpoint.volume;
+
+  const auto& rp = s.run_policy;
+  Json& run = spec["runPolicy"] = {{"backoffLimit", rp.backoff_limit},
+                                   {"suspend", rp.suspend},
+                                   {"cleanPodPolicy", std::string(to_string(rp.clean_pod_policy))}};
+  put(run, "activeDeadlineSeconds", rp.active_deadline_seconds);
+  put(run, "ttlSecondsAfterFinished", rp.ttl_seconds_after_finished);
+  return spec;
+}
+
+Json to_json(const TrainingJobStatus& s) {
+  Json out = Json::object();
+  if (s.phase) out["phase"] = std::string(to_string(*s.phase));
+  if (!s.conditions.empty()) {
+    Json& conds = out["conditions"] = Json::array();
+    for (const auto& c : s.conditions)
+      conds.push_back({{"type", c.type},
+                       {"status", c.status},
+                       {"reason", c.reason},
+                       {"message", c.message},
+                       {"observedGeneration", c.observed_generation},
+                       {"lastTransitionTime", c.last_transition_time}});
+  }
+  out["observedGeneration"] = s.observed_generation;
+  if (s.plan) {
+    const auto& p = *s.plan;
+    out["plan"] = {{"nodes", p.nodes},
+                   {"gpusPerNode", p.gpus_per_node},
+                   {"tp", p.tp},
+                   {"dp", p.dp},
+                   {"overlap", p.overlap},
+                   {"recompute", std::string(to_string(p.recompute))},
+                   {"offload", {{"mode", std::string(to_string(p.offload))},
+                                {"window", p.offload_window},
+                                {"gpuUpdateFraction", p.gpu_update_fraction}}},
+                   {"predictedStepSeconds", p.predicted_step_seconds},
+                   {"predictedTokensPerSecond", p.predicted_tokens_per_second},
+                   {"configMap", p.config_map},
+                   {"planHash", p.plan_hash}};
+  }
+  out["workers"] = {{"desired", s.workers.desired},
+                    {"ready", s.workers.ready},
+                    {"succeeded", s.workers.succeeded},
+                    {"failed", s.workers.failed}};
+  out["restarts"] = s.restarts;
+  Json& prog = out["progress"] = {{"step", s.progress.step},
+                                  {"tokensPerSecond", s.progress.tokens_per_second}};
+  put(prog, "loss", s.progress.loss);
+  put(prog, "etaSeconds", s.progress.eta_seconds);
+  put(prog, "stepSeconds", s.progress.step_seconds);
+  put(out, "lastCheckpointStep", s.last_checkpoint_step);
+  if (!s.start_time.empty()) out["startTime"] = s.start_time;
+  if (!s.completion_time.empty()) out["completionTime"] = s.completion_time;
+  return out;
+}
+
+TrainingJobStatus decode_status(const Json& value) {
+  TrainingJobStatus s;
+  ObjectReader r(value, "status");
+  if (auto phase = r.string("phase")) {
+    bool known = false;
+    for (int i = 0; i <= static_cast<int>(JobPhase::kSuspended); ++i) {
+      if (to_string(static_cast<JobPhase>(i)) == *phase) {
+        s.phase = static_cast<JobPhase>(i);
+        known = true;
+      }
+    }
+    if (!known) throw FieldError("status.phase", "unknown phase \"" + *phase + "\"");
+  }
+  Json conds = r.raw("conditions");
+  if (conds.is_array()) {
+    for (size_t i = 0; i < conds.size(); ++i) {
+      ObjectReader c(conds[i], "status.conditions[" + std::to_string(i) + "]");
+      Condition cond;
+      cond.type = c.string("type").value_or("");
+      cond.status = c.string("status").value_or("Unknown");
+      cond.reason = c.string("reason").value_or("");
+      cond.message = c.string("message").value_or("");
+      cond.observed_generation = c.integer("observedGeneration").value_or(0);
+      cond.last_transition_time = c.string("lastTransitionTime").value_or("");
+      c.finish();
+      s.conditions.push_back(cond);
+    }
+  }
+  s.observed_generation = r.integer("observedGeneration").value_or(0);
+  if (r.has("plan")) {
+    ObjectReader p = r.object("plan");
+    PlanSummary ps;
+    ps.nodes = p.integer("nodes").value_or(0);
+    ps.gpus_per_node = p.integer("gpusPerNode").value_or(0);
+    ps.tp = p.integer("tp").value_or(0);
+    ps.dp = p.integer("dp").value_or(0);
+    ps.overlap = p.boolean("overlap").value_or(false);
+    if (auto rc = p.string("recompute")) ps.recompute = parse_enum<Recompute>(*rc).value_or(Recompute::kNone);
+    ObjectReader off = p.object("offload");
+    if (auto mode = off.string("mode")) ps.offload = parse_enum<OffloadMode>(*mode).value_or(OffloadMode::kNone);
+    ps.offload_window = off.integer("window").value_or(0);
+    ps.gpu_update_fraction = off.number("gpuUpdateFraction").value_or(1.0);
+    off.finish();
+    ps.predicted_step_seconds = p.number("predictedStepSeconds").value_or(0);
+    ps.predicted_tokens_per_second = p.number("predictedTokensPerSecond").value_or(0);
+    ps.config_map = p.string("configMap").value_or("");
+    ps.plan_hash = p.string("planHash").value_or("");
+    p.finish();
+    s.plan = ps;
+  } else {
+    r.raw("plan");
+  }
+  ObjectReader w = r.object("workers");
+  s.workers.desired = w.integer("desired").value_or(0);
+  s.workers.ready = w.integer("ready").value_or(0);
+  s.workers.succeeded = w.integer("succeeded").value_or(0);
+  s.workers.failed = w.integer("failed").value_or(0);
+  w.finish();
+  s.restarts = r.integer("restarts").value_or(0);
+  ObjectReader prog = r.object("progress");
+  s.progress.step = prog.integer("step").value_or(0);
+  s.progress.loss = prog.number("loss");
+  s.progress.tokens_per_second = prog.number("tokensPerSecond").value_or(0);
+  s.progress.eta_seconds = prog.number("etaSeconds");
+  s.progress.step_seconds = prog.number("stepSeconds");
+  prog.finish();
+  s.last_checkpoint_step = r.integer("lastCheckpointStep");
+  s.start_time = r.string("startTime").value_or("");
+  s.completion_time = r.string("completionTime").value_or("");
+  r.finish();
+  return s;
+}
+
+Json to_json(const TrainingJob& job) {
+  Json meta = {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}};
+  if (!job.metadata.uid.empty()) meta["uid"] = job.metadata.uid;
+  if (!job.metadata.resource_version.empty())
+    meta["resourceVersion"] = job.metadata.resource_version;
+  if (job.metadata.generation) meta["generation"] = job.metadata.generation;
+  if (!job.metadata.creation_timestamp.empty())
+    meta["creationTimestamp"] = job.metadata.creation_timestamp;
+  if (!job.metadata.labels.empty()) meta["labels"] = job.metadata.labels;
+  if (!job.metadata.annotations.empty()) meta["annotations"] = job.metadata.annotations;
+  return {{"apiVersion", kApiVersion},
+          {"kind", "TrainingJob"},
+          {"metadata", meta},
+          {"spec", to_json(job.spec)},
+          {"status", to_json(job.status)}};
+}
+
+}  // namespace kt::api

@@ -1,0 +1,179 @@
+// The TrainingJob custom resource (kubetrain.dev/v1alpha1, DESIGN.md §4): spec, status, the
+// defaults, strict decoding with field paths, validation, and the JSON encoding.
+//
+// "auto" fields are std::nullopt: the planner fills them. Defaults that do not depend on the
+// cluster are applied by decode (so `kubetrain validate` shows them); the rest by the planner.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/enums.h"
+#include "api/error.h"
+#include "api/model.h"
+#include "api/yaml_json.h"
+
+namespace kt::api {
+
+inline constexpr const char* kGroup = "kubetrain.dev";
+inline constexpr const char* kVersion = "v1alpha1";
+inline constexpr const char* kApiVersion = "kubetrain.dev/v1alpha1";
+
+struct ObjectMeta {
+  std::string name;
+  std::string namespace_ = "default";
+  std::string uid;
+  std::string resource_version;
+  int64_t generation = 0;
+  std::string creation_timestamp;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> annotations;
+};
+
+struct ModelSpec {
+  std::string preset;  // empty: all dims explicit
+  // Explicit dims; when a preset is also given these override its values.
+  std::optional<int64_t> layers, hidden, heads, ffn_hidden, vocab, seq_len;
+};
+
+struct TrainingSpec {
+  int64_t steps = 0;                       // required
+  int64_t global_batch_size = 32;          // sequences per optimizer step
+  std::optional<int64_t> micro_batch_size; // auto
+  double learning_rate = 6e-4;             // GPT-3 paper's value for 125M-350M
+  std::optional<int64_t> warmup_steps;     // default: min(steps/10, 2000), resolved by the planner
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;                  // 0 disables clipping
+  std::optional<Precision> precision;      // auto: bf16 on GPUs, fp32 on CPUs
+  int64_t seed = 1337;
+};
+
+struct DataSpec {
+  DataSource source = DataSource::kSynthetic;
+  std::string path;  // glob of llm.c token shards (source: tokens)
+  Json volume;       // a core/v1 Volume, passed through to the pods
+};
+
+struct ResourcesSpec {
+  std::optional<int64_t> max_nodes;      // auto: as many as help
+  std::optional<int64_t> gpus_per_node;  // auto
+  bool cpu_only = false;
+  std::map<std::string, std::string> node_selector;
+  Json tolerations;  // passed through
+  Json affinity;     // passed through
+  std::string image;  // empty: the operator's default worker image
+  Json resources;    // core/v1 ResourceRequirements overrides, passed through
+};
+
+struct ParallelismSpec {
+  std::optional<int64_t> tensor_parallel;
+  std::optional<int64_t> data_parallel;
+  std::optional<bool> overlap;  // on/off
+  std::optional<Recompute> recompute;
+  std::optional<OffloadMode> offload;
+  std::optional<int64_t> offload_window;
+  std::optional<double> gpu_update_fraction;
+  std::optional<double> gpu_memory_budget_bytes;
+};
+
+struct CheckpointSpec {
+  int64_t interval_steps = 500;  // 0: only at the end and on SIGTERM
+  Json volume;
+  int64_t keep = 3;
+};
+
+struct RunPolicy {
+  int64_t backoff_limit = 3;
+  std::optional<int64_t> active_deadline_seconds;
+  std::optional<int64_t> ttl_seconds_after_finished;
+  bool suspend = false;
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
+};
+
+struct TrainingJobSpec {
+  ModelSpec model;
+  TrainingSpec training;
+  DataSpec data;
+  ResourcesSpec resources;
+  ParallelismSpec parallelism;
+  CheckpointSpec checkpoint;
+  RunPolicy run_policy;
+};
+
+// ---- status ----------------------------------------------------------------------------------
+
+enum class JobPhase { kPending, kPlanning, kStarting, kRunning, kRestarting, kSucceeded, kFailed,
+                      kSuspended };
+std::string_view to_string(JobPhase p);
+
+struct Condition {  // metav1.Condition
+  std::string type;
+  std::string status;  // "True" | "False" | "Unknown"
+  std::string reason;
+  std::string message;
+  int64_t observed_generation = 0;
+  std::string last_transition_time;
+};
+
+struct PlanSummary {
+  int64_t nodes = 0, gpus_per_node = 0, tp = 0, dp = 0;
+  bool overlap = false;
+  Recompute recompute = Recompute::kNone;
+  OffloadMode offload = OffloadMode::kNone;
+  int64_t offload_window = 0;
+  double gpu_update_fraction = 1.0;
+  double predicted_step_seconds = 0, predicted_tokens_per_second = 0;
+  std::string config_map;
+  std::string plan_hash;
+};
+
+struct WorkersStatus {
+  int64_t desired = 0, ready = 0, succeeded = 0, failed = 0;
+};
+
+struct ProgressStatus {
+  int64_t step = 0;
+  std::optional<double> loss;
+  double tokens_per_second = 0;
+  std::optional<double> eta_seconds;
+  std::optional<double> step_seconds;
+};
+
+struct TrainingJobStatus {
+  std::optional<JobPhase> phase;
+  std::vector<Condition> conditions;
+  int64_t observed_generation = 0;
+  std::optional<PlanSummary> plan;
+  WorkersStatus workers;
+  int64_t restarts = 0;
+  ProgressStatus progress;
+  std::optional<int64_t> last_checkpoint_step;
+  std::string start_time, completion_time;
+};
+
+struct TrainingJob {
+  ObjectMeta metadata;
+  TrainingJobSpec spec;
+  TrainingJobStatus status;
+};
+
+// Decodes a manifest (already parsed from YAML or JSON). Structural problems (wrong type, unknown
+// field, bad enum value) throw FieldError with the path; call validate() for semantic checks.
+TrainingJob decode_training_job(const Json& manifest);
+// Semantic checks, all problems at once (empty: valid).
+std::vector<FieldError> validate(const TrainingJob& job);
+// Reads, decodes and validates a manifest file; throws Error / FieldError / ValidationError.
+TrainingJob load_training_job(const std::string& path);
+
+// The model dims a spec asks for (preset plus explicit overrides). Throws FieldError.
+ModelDims resolve_model(const ModelSpec& spec);
+
+Json to_json(const TrainingJob& job);
+Json to_json(const TrainingJobSpec& spec);
+Json to_json(const TrainingJobStatus& status);
+TrainingJobStatus decode_status(const Json& status);
+
+}  // namespace kt::api

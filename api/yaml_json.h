@@ -1,0 +1,26 @@
+// YAML <-> JSON. Every manifest is decoded from a JSON value, so that YAML files, the API
+// server's JSON and test fixtures go through one decoder with one set of error messages.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kt::api {
+
+using Json = nlohmann::json;
+
+// Parses one YAML document. Plain scalars become null/bool/int/float where YAML 1.2's core
+// schema says so; quoted scalars stay strings. Throws kt::Error naming `source`, line and column.
+Json yaml_to_json(const std::string& text, const std::string& source = "<input>");
+
+// Emits YAML that yaml_to_json reads back to the same value (strings that would read as
+// numbers or booleans are quoted).
+std::string json_to_yaml(const Json& value);
+
+// Reads a whole file; throws kt::Error("cannot read <path>: <reason>").
+std::string read_file(const std::string& path);
+
+// Parses a file as YAML or JSON (JSON is YAML, but a JSON parse gives better messages for .json).
+Json load_document(const std::string& path);
+
+}  // namespace kt::api

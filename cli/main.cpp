@@ -1,0 +1,154 @@
+// The `kubetrain` command. Subcommands: plan, validate, profiles, presets, version.
+// Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits), 2 bad usage.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "api/error.h"
+#include "api/hardware.h"
+#include "api/inventory.h"
+#include "api/model.h"
+#include "api/plan.h"
+#include "api/quantity.h"
+#include "api/training_job.h"
+#include "api/yaml_json.h"
+#include "cli/format.h"
+#include "planner/planner.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+void print_document(const kt::api::Json& doc, const std::string& format) {
+  if (format == "json")
+    std::cout << doc.dump(2) << "\n";
+  else
+    std::cout << kt::api::json_to_yaml(doc);
+}
+
+int cmd_plan(const std::string& job_path, const std::string& cluster_path,
+             const std::string& format) {
+  const kt::api::TrainingJob job = kt::api::load_training_job(job_path);
+  const kt::api::Inventory inventory = kt::api::load_inventory(cluster_path);
+  const kt::api::Plan plan = kt::planner::best_plan(job, inventory);
+  if (format == "table")
+    std::cout << kt::cli::format_plan_table(plan, inventory.name);
+  else
+    print_document(kt::api::to_json(plan), format);
+  return 0;
+}
+
+int cmd_validate(const std::string& job_path, const std::string& format) {
+  const kt::api::TrainingJob job = kt::api::load_training_job(job_path);
+  if (!format.empty()) {
+    print_document(kt::api::to_json(job), format);
+    return 0;
+  }
+  const kt::api::ModelDims m = kt::api::resolve_model(job.spec.model);
+  std::printf("%s: valid TrainingJob %s/%s (model: %lld layers, hidden %lld, %.3f B parameters; "
+              "%lld steps of %lld sequences)\n",
+              job_path.c_str(), job.metadata.namespace_.c_str(), job.metadata.name.c_str(),
+              static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
+              kt::api::parameter_count(m) / 1e9, static_cast<long long>(job.spec.training.steps),
+              static_cast<long long>(job.spec.training.global_batch_size));
+  return 0;
+}
+
+int cmd_profiles() {
+  std::printf("%-16s %12s %12s %10s %-8s %14s %14s %10s\n", "profile", "bf16 TFLOP/s",
+              "fp32 TFLOP/s", "memory", "link", "busbw GB/s", "inter GB/s", "PCIe GB/s");
+  auto row = [](const kt::api::HardwareProfile& p) {
+    std::printf("%-16s %12.1f %12.1f %10s %-8s %14.1f %14.2f %10.1f%s\n", p.name.c_str(),
+                p.peak_bf16_flops / 1e12, p.peak_fp32_flops / 1e12,
+                p.is_cpu ? "(node)" : kt::api::format_bytes(p.memory_bytes).c_str(),
+                std::string(kt::api::to_string(p.intra_link)).c_str(),
+                p.intra_allreduce_busbw / 1e9, p.inter_node_bandwidth / 1e9,
+                p.host_link_bandwidth / 1e9, p.is_cpu ? "   (per core)" : "");
+  };
+  for (const auto& p : kt::api::builtin_profiles()) row(p);
+  row(kt::api::cpu_profile());
+  std::printf("\nSources: docs/HARDWARE.md. Override per node with kubetrain.dev/* annotations.\n");
+  return 0;
+}
+
+int cmd_presets() {
+  std::printf("%-11s %7s %7s %6s %7s %7s %6s %14s  %s\n", "preset", "layers", "hidden", "heads",
+              "ffn", "vocab", "seq", "parameters", "what");
+  for (const auto& p : kt::api::model_presets()) {
+    const auto& d = p.dims;
+    std::printf("%-11s %7lld %7lld %6lld %7lld %7lld %6lld %14lld  %s\n", p.name.c_str(),
+                static_cast<long long>(d.layers), static_cast<long long>(d.hidden),
+                static_cast<long long>(d.heads), static_cast<long long>(d.ffn_hidden),
+                static_cast<long long>(d.vocab), static_cast<long long>(d.seq_len),
+                static_cast<long long>(kt::api::parameter_count(d)), p.description.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kubetrain: plans and runs GPT training jobs with tensor parallelism, overlapped "
+      "communication and CPU offload.\nDocs: README.md, docs/PLANNER.md, docs/HARDWARE.md."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kVersion);
+
+  std::string job_path, cluster_path, format = "table", validate_format;
+
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Plan how to train JOB on CLUSTER: the chosen plan, its predicted step time, "
+              "tokens/s and memory per GPU, the baselines side by side, and why");
+  plan->add_option("job", job_path, "TrainingJob manifest (YAML or JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plan->add_option("--cluster,-c", cluster_path,
+                   "cluster inventory: kubetrain Inventory YAML or `kubectl get nodes -o json`")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plan->add_option("--output,-o", format, "output format")
+      ->check(CLI::IsMember({"table", "yaml", "json"}))
+      ->capture_default_str();
+
+  CLI::App* validate = app.add_subcommand(
+      "validate", "Check a TrainingJob manifest; -o yaml|json prints it with defaults applied");
+  validate->add_option("job", job_path, "TrainingJob manifest (YAML or JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  validate->add_option("--output,-o", validate_format, "print the defaulted manifest")
+      ->check(CLI::IsMember({"yaml", "json"}));
+
+  CLI::App* profiles = app.add_subcommand("profiles", "List the built-in hardware profiles");
+  CLI::App* presets = app.add_subcommand("presets", "List the model presets");
+  CLI::App* version = app.add_subcommand("version", "Print the version");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  try {
+    if (*plan) return cmd_plan(job_path, cluster_path, format);
+    if (*validate) return cmd_validate(job_path, validate_format);
+    if (*profiles) return cmd_profiles();
+    if (*presets) return cmd_presets();
+    if (*version) {
+      std::printf("kubetrain %s\n", kVersion);
+      return 0;
+    }
+  } catch (const kt::ValidationError& e) {
+    for (const auto& err : e.errors())
+      std::fprintf(stderr, "kubetrain: %s: %s\n", job_path.c_str(), err.what());
+    return 1;
+  } catch (const kt::FieldError& e) {
+    std::fprintf(stderr, "kubetrain: %s\n", e.what());
+    return 1;
+  } catch (const kt::Error& e) {
+    std::fprintf(stderr, "kubetrain: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,422 @@
+#include "planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "api/error.h"
+#include "api/quantity.h"
+
+namespace kt::planner {
+namespace {
+
+// Device memory a CUDA rank cannot use for tensors: the CUDA context (~0.5 GiB on Hopper with
+// cuBLAS/cuDNN/NCCL loaded) plus a fragmentation reserve of the caching allocator (5 %).
+constexpr double kCudaContextBytes = 0.5 * api::kGiB;
+constexpr double kFragmentationReserve = 0.05;
+// cuBLAS(Lt) workspace, cuDNN attention workspace and NCCL channel buffers.
+constexpr double kGpuWorkspaceBytes = 512 * api::kMiB;
+constexpr double kCpuWorkspaceBytes = 64 * api::kMiB;
+// Host memory left to the OS, the kubelet, data loaders and the page cache.
+constexpr double kHostUsableFraction = 0.85;
+// AdamW touches 28 bytes per parameter: reads grad (2), fp32 master, m, v (12), writes master,
+// m, v (12) and the 16-bit parameter copy (2). Memory-bound on every device.
+constexpr double kAdamBytesPerParam = 28;
+
+struct Op {
+  double comp = 0;  // seconds on the compute stream
+  double comm = 0;  // seconds of the TP all-reduce that follows it (0: none)
+};
+
+// Runs ops on a compute stream and a communication stream. With one sub-batch every op is
+// followed by its blocking all-reduce. With two, the ops of sub-batches A and B alternate on
+// the compute stream (A1 B1 A2 B2 ...), each all-reduce goes to the comm stream in issue order,
+// and an op waits for its own sub-batch's previous all-reduce: the Oases schedule, whose
+// makespan is comp_0 + Σ max(comp_i, comm_{i-1}) + comm_last when the ops are uniform.
+// `boundary` ops in, the time at which every sub-batch has finished op boundary-1 is recorded.
+double simulate_streams(const std::vector<Op>& ops, int64_t sub_batches, size_t boundary,
+                        double* boundary_time) {
+  if (sub_batches == 1) {
+    double t = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (i == boundary) *boundary_time = t;
+      t += ops[i].comp + ops[i].comm;
+    }
+    if (boundary >= ops.size()) *boundary_time = t;
+    return t;
+  }
+  double compute_free = 0, comm_free = 0;
+  double ready[2] = {0, 0};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (i == boundary) *boundary_time = std::max(ready[0], ready[1]);
+    for (int x = 0; x < 2; ++x) {
+      const double start = std::max(compute_free, ready[x]);
+      const double end = start + ops[i].comp;
+      compute_free = end;
+      if (ops[i].comm > 0) {
+        const double comm_start = std::max(end, comm_free);
+        comm_free = comm_start + ops[i].comm;
+        ready[x] = comm_free;
+      } else {
+        ready[x] = end;
+      }
+    }
+  }
+  const double total = std::max(ready[0], ready[1]);
+  if (boundary >= ops.size()) *boundary_time = total;
+  return total;
+}
+
+double cpu_threads_per_rank(const Problem& p, const ParallelConfig& c) {
+  return std::max<double>(1.0, std::floor(static_cast<double>(p.cpu_cores_per_node) /
+                                          static_cast<double>(c.procs_per_node)));
+}
+
+}  // namespace
+
+int64_t bytes_per_element(api::Precision p) { return p == api::Precision::kBf16 ? 2 : 4; }
+
+double layer_forward_flops(const ModelDims& m, double b, int64_t t) {
+  const double s = m.seq_len, h = m.hidden, f = m.ffn_hidden;
+  // QKV 6bsh², attention scores and values 4bs²h, projection 2bsh², MLP 4bshf.
+  return (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h) / t;
+}
+
+double logits_forward_flops(const ModelDims& m, double b, int64_t t) {
+  return 2.0 * b * m.seq_len * m.hidden * static_cast<double>(m.padded_vocab()) / t;
+}
+
+double layer_recompute_flops(const ModelDims& m, double b, int64_t t, Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return 0;
+    case Recompute::kFull: return layer_forward_flops(m, b, t);
+    case Recompute::kCommAware: {
+      // The outputs of the row-parallel GEMMs (attention projection 2bsh², fc2 2bshf) are the
+      // saved post-all-reduce tensors, so those two GEMMs are not recomputed.
+      const double s = m.seq_len, h = m.hidden, f = m.ffn_hidden;
+      return layer_forward_flops(m, b, t) - (2 * b * s * h * h + 2 * b * s * h * f) / t;
+    }
+  }
+  return 0;
+}
+
+double layer_activation_bytes(const ModelDims& m, double b, int64_t t, Recompute r) {
+  const double s = m.seq_len, h = m.hidden, a = m.heads;
+  switch (r) {
+    case Recompute::kNone: return s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t));
+    case Recompute::kFull: return 2 * s * b * h;
+    case Recompute::kCommAware: return 6 * s * b * h;
+  }
+  return 0;
+}
+
+double allreduce_seconds(double bytes, int64_t ranks, double busbw, double latency) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const double n = static_cast<double>(ranks);
+  return 2 * (n - 1) * latency + 2 * (n - 1) / n * bytes / busbw;
+}
+
+double embedding_unit_params(const ModelDims& m, int64_t t) {
+  const double h = m.hidden;
+  return static_cast<double>(m.padded_vocab()) * h / t + m.seq_len * h + 2 * h;
+}
+
+double layer_unit_params(const ModelDims& m, int64_t t) {
+  const double h = m.hidden, f = m.ffn_hidden;
+  return (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h;
+}
+
+double model_flops_per_token(const ModelDims& m) {
+  return 6.0 * static_cast<double>(api::parameter_count(m)) +
+         12.0 * m.layers * m.hidden * static_cast<double>(m.seq_len);
+}
+
+double gpu_update_fraction(const ModelDims& m, int64_t t, int64_t gpu_units) {
+  const double e = embedding_unit_params(m, t), l = layer_unit_params(m, t);
+  const double total = e + m.layers * l;
+  if (gpu_units <= 0) return 0;
+  return std::min(1.0, (e + (gpu_units - 1) * l) / total);
+}
+
+int64_t gpu_units_for_fraction(const ModelDims& m, int64_t t, double f) {
+  for (int64_t k = 0; k <= m.layers + 1; ++k)
+    if (gpu_update_fraction(m, t, k) >= f - 1e-9) return k;
+  return m.layers + 1;
+}
+
+double rank_flops_per_second(const Problem& p, const ParallelConfig& c) {
+  const auto& hw = p.hw;
+  const double peak =
+      p.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops;
+  const double per_rank = p.cpu_device ? peak * cpu_threads_per_rank(p, c) : peak;
+  return per_rank * hw.achieved_fraction;
+}
+
+double device_capacity(const Problem& p, const ParallelConfig& c) {
+  double capacity = p.cpu_device
+                        ? kHostUsableFraction * p.host_memory_per_node / c.procs_per_node
+                        : p.hw.memory_bytes;
+  if (p.memory_budget > 0) capacity = std::min(capacity, p.memory_budget);
+  return capacity;
+}
+
+MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
+  const auto& m = p.model;
+  const double rate = rank_flops_per_second(p, c);
+  const double b = static_cast<double>(c.micro_batch) / c.sub_batches;
+  const double s = m.seq_len, h = m.hidden, f = m.ffn_hidden;
+  const double ar = allreduce_seconds(b * s * h * bytes_per_element(p.precision), c.tp,
+                                      p.hw.intra_allreduce_busbw, p.hw.allreduce_latency);
+  const double attn = (8 * b * s * h * h + 4 * b * s * s * h) / c.tp / rate;
+  const double mlp = 4 * b * s * h * f / c.tp / rate;
+  const double logits = logits_forward_flops(m, b, c.tp) / rate;
+
+  std::vector<Op> ops;
+  ops.reserve(6 * m.layers + 2);
+  ops.push_back({0, ar});  // vocab-parallel embedding: all-reduce of the looked-up rows
+  for (int64_t l = 0; l < m.layers; ++l) {
+    ops.push_back({attn, ar});  // attention block, row-parallel projection all-reduce
+    ops.push_back({mlp, ar});   // MLP block, row-parallel fc2 all-reduce
+  }
+  const size_t boundary = ops.size();
+  // LM head forward + backward (3× the logits GEMM); the gradient of the final LayerNorm
+  // output is summed over the vocabulary shards.
+  ops.push_back({3 * logits, ar});
+  for (int64_t l = 0; l < m.layers; ++l) {
+    if (c.recompute == Recompute::kFull) {
+      ops.push_back({attn, ar});
+      ops.push_back({mlp, ar});
+    } else if (c.recompute == Recompute::kCommAware) {
+      ops.push_back({layer_recompute_flops(m, b, c.tp, Recompute::kCommAware) / rate, 0});
+    }
+    ops.push_back({2 * mlp, ar});   // fc2, GELU, fc1 backward; all-reduce of the input grad
+    ops.push_back({2 * attn, ar});  // attention backward; all-reduce of the input grad
+  }
+
+  MicroBatchTiming timing;
+  double forward_end = 0;
+  const double total = simulate_streams(ops, c.sub_batches, boundary, &forward_end);
+  timing.forward = forward_end;
+  timing.backward = total - forward_end;
+  for (const auto& op : ops) {
+    timing.compute += op.comp * c.sub_batches;
+    timing.tp_comm += op.comm * c.sub_batches;
+    if (op.comm > 0) timing.allreduces += c.sub_batches;
+  }
+  return timing;
+}
+
+Evaluation evaluate(const Problem& p, const ParallelConfig& c) {
+  return evaluate(p, c, time_micro_batch(p, c));
+}
+
+Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing) {
+  using api::OffloadMode;
+  const auto& m = p.model;
+  const auto& hw = p.hw;
+  const int64_t L = m.layers;
+  const double bpe = bytes_per_element(p.precision);
+  const double emb = embedding_unit_params(m, c.tp);
+  const double lay = layer_unit_params(m, c.tp);
+  const double params_rank = emb + L * lay;
+  const bool window = c.offload == OffloadMode::kWindow;
+  const int64_t gpu_units = c.offload == OffloadMode::kNone ? L + 1 : c.gpu_units;
+  KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpu_units out of range");
+  KT_CHECK(!window || (gpu_units >= 1 && gpu_units <= L && c.window >= 1),
+           "window mode needs resident embeddings, a streamed layer and a slot");
+  // Layers [0, resident_layers) are resident; in window mode the rest are streamed.
+  const int64_t gpu_layers = std::max<int64_t>(0, gpu_units - 1);
+  const int64_t streamed = window ? L - gpu_layers : 0;
+  const int64_t slots = window ? std::min(c.window, streamed) : 0;
+  const double gpu_params = gpu_units == 0 ? 0 : emb + gpu_layers * lay;
+  const double cpu_params = params_rank - gpu_params;
+  const double pcie = hw.host_link_bandwidth;
+
+  Evaluation ev;
+  auto& pred = ev.predicted;
+  auto& mem = pred.memory;
+
+  // ---- device memory per rank ----
+  const double resident_params = params_rank - streamed * lay;
+  mem.params = (resident_params + slots * lay) * bpe;
+  double grads = gpu_params * bpe;
+  if (c.offload == OffloadMode::kOptimizer && cpu_params > 0)
+    grads += c.grad_accum > 1 ? cpu_params * bpe : std::min(cpu_params, 2 * lay) * bpe;
+  if (window) grads += slots * lay * bpe;
+  mem.grads = grads;
+  mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
+  const double act_scale = bpe / 2;  // the activation formulas count 16-bit activations
+  const double b = static_cast<double>(c.micro_batch);
+  const double act_layer = layer_activation_bytes(m, b, c.tp, c.recompute) * act_scale;
+  const int64_t layers_on_device = window ? L - streamed + slots : L;
+  double activations = layers_on_device * act_layer;
+  if (c.recompute != Recompute::kNone)  // the recomputed layer's full working set
+    activations += layer_activation_bytes(m, b, c.tp, Recompute::kNone) * act_scale;
+  // fp32 logits / probabilities (B, T, V/t) and the embedding output.
+  activations += b * m.seq_len * static_cast<double>(m.padded_vocab()) / c.tp * 4;
+  activations += 2 * b * m.seq_len * m.hidden * bpe;
+  mem.activations = activations;
+  const double capacity = device_capacity(p, c);
+  mem.workspace = p.cpu_device ? kCpuWorkspaceBytes : kGpuWorkspaceBytes;
+  mem.reserve = kFragmentationReserve * capacity + (p.cpu_device ? 0 : kCudaContextBytes);
+  pred.device_capacity_bytes = capacity;
+
+  // ---- host memory per node ----
+  // CPU-updated parameters keep fp32 master, m, v and an fp32 gradient accumulator on the host
+  // (16 B/param); streamed layers also keep their 16-bit copy and their activation checkpoints;
+  // pinned staging for two layers.
+  double host_rank = cpu_params * 16 + streamed * lay * bpe + streamed * act_layer;
+  if (cpu_params > 0) host_rank += 2 * lay * bpe;
+  pred.host_bytes_per_node = host_rank * c.procs_per_node;
+  pred.host_capacity_bytes = kHostUsableFraction * p.host_memory_per_node;
+  ev.device_ratio = mem.total() / capacity;
+  const double host_needed =
+      pred.host_bytes_per_node + (p.cpu_device ? mem.total() * c.procs_per_node : 0);
+  ev.host_ratio = host_needed / pred.host_capacity_bytes;
+  ev.fits = ev.device_ratio <= 1.0 && ev.host_ratio <= 1.0;
+
+  // ---- time ----
+  const double fwd_layer = timing.forward / L;
+  const double bwd_layer = timing.backward / L;
+  double micro_batch_seconds = timing.forward + timing.backward;
+  double pcie_bytes = 0;
+  if (window) {
+    // Streamed layers r..L-1 (r = gpu_layers) pass through `slots` device slots. Forward: the
+    // first `slots` streamed layers are still resident from the previous backward; each later
+    // one is prefetched into the slot freed by the layer `slots` before it. Backward (reverse):
+    // the last `slots` of the forward are resident; earlier ones are fetched again, together
+    // with their activation checkpoint; every streamed layer's gradients leave by D2H before its
+    // slot is reused.
+    const double load = lay * bpe / pcie;
+    const double act_load = act_layer / pcie;
+    double clock = gpu_layers * fwd_layer;  // resident layers first
+    double h2d_free = 0, d2h_free = 0;
+    std::vector<double> release(streamed, 0.0);
+    for (int64_t j = 0; j < streamed; ++j) {
+      double ready = 0;
+      if (j >= slots) {
+        const double start = std::max(h2d_free, release[j - slots]);
+        h2d_free = start + load;
+        ready = h2d_free;
+      }
+      clock = std::max(clock, ready) + fwd_layer;
+      release[j] = clock;
+      d2h_free = std::max(d2h_free, clock) + act_load;  // activation checkpoint to the host
+    }
+    std::vector<double> released_bwd(streamed, 0.0);
+    for (int64_t j = streamed - 1; j >= 0; --j) {
+      const bool resident_from_forward = j >= streamed - slots;
+      double start = h2d_free;
+      if (!resident_from_forward && j + slots < streamed)
+        start = std::max(start, released_bwd[j + slots]);
+      h2d_free = start + (resident_from_forward ? 0 : load) + act_load;
+      clock = std::max(clock, h2d_free) + bwd_layer;
+      d2h_free = std::max(d2h_free, clock) + load;  // gradients to the host
+      released_bwd[j] = d2h_free;
+    }
+    clock += gpu_layers * bwd_layer + (timing.backward - L * bwd_layer);
+    micro_batch_seconds = std::max(clock, timing.forward + timing.backward);
+    const double reloads = static_cast<double>(streamed - slots);
+    pcie_bytes = c.grad_accum * ((streamed + reloads) * lay * bpe + streamed * lay * bpe +
+                                 2 * streamed * act_layer);
+  }
+  const double forward_backward = c.grad_accum * micro_batch_seconds;
+
+  // Tail of the step: the last micro-batch's backward frees unit gradients from the top layer
+  // down; DP all-reduces them bucket by bucket; GPU-updated units then run AdamW on the device;
+  // CPU-updated units go D2H, through CPU AdamW and (optimizer mode) back H2D, overlapped with
+  // the rest of the backward and the next step's forward, which must not read a layer early.
+  const int64_t n_inter = c.nodes;
+  double dp_busbw = hw.intra_allreduce_busbw;
+  if (n_inter > 1) {
+    const double groups_per_node = static_cast<double>(c.procs_per_node) / c.tp;
+    dp_busbw = std::min(dp_busbw, hw.inter_node_bandwidth / groups_per_node);
+  }
+  const double backward_start = forward_backward - micro_batch_seconds + timing.forward;
+  struct Unit {
+    double params;
+    double grads_ready;
+    double next_use;  // when the next step's forward reads it, relative to the step's end
+    bool on_gpu;
+    bool streamed;
+  };
+  std::vector<Unit> units;
+  units.reserve(L + 1);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const double ready = std::min(forward_backward, backward_start + (L - l) * bwd_layer);
+    units.push_back({lay, ready, l * fwd_layer, l + 1 < gpu_units, window && l >= gpu_layers});
+  }
+  units.push_back({emb, forward_backward, 0.0, gpu_units >= 1, false});
+
+  double dp_free = 0, dp_total = 0, gpu_ready = forward_backward;
+  std::vector<double> final_time(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    double t = units[i].grads_ready;
+    if (c.dp > 1) {
+      const double seconds =
+          allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency);
+      t = std::max(t, dp_free) + seconds;
+      dp_free = t;
+      dp_total += seconds;
+    }
+    final_time[i] = t;
+    if (units[i].on_gpu) gpu_ready = std::max(gpu_ready, t);
+  }
+  const double cores_per_rank = cpu_threads_per_rank(p, c);
+  const double device_bandwidth =
+      p.cpu_device ? hw.memory_bandwidth * cores_per_rank : hw.memory_bandwidth;
+  const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth;
+  const double step_device_end = gpu_ready + gpu_adam;
+
+  const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank;
+  double d2h_free = 0, cpu_free = 0, h2d_free = 0;
+  double lateness = 0, cpu_total = 0, copy_total = 0, last_final = forward_backward;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    if (u.on_gpu) continue;
+    last_final = std::max(last_final, final_time[i]);
+    const double copy = u.params * bpe / pcie;
+    const double d2h = u.streamed ? 0 : copy;  // streamed grads already left in the window sim
+    d2h_free = std::max(final_time[i], d2h_free) + d2h;
+    const double adam = u.params / cpu_rate;
+    cpu_free = std::max(d2h_free, cpu_free) + adam;
+    const double h2d = u.streamed ? 0 : copy;  // streamed layers are fetched by the prefetch
+    h2d_free = std::max(cpu_free, h2d_free) + h2d;
+    const double deadline = step_device_end + u.next_use - (u.streamed ? copy : 0);
+    lateness = std::max(lateness, h2d_free - deadline);
+    cpu_total += adam;
+    copy_total += d2h + h2d;
+    if (!u.streamed) pcie_bytes += 2 * u.params * bpe;
+  }
+  // Gradients of CPU-updated units must also be final before the step ends.
+  lateness = std::max(lateness, last_final - step_device_end);
+  lateness = std::max(lateness, 0.0);
+  pred.step_seconds = step_device_end + lateness;
+
+  auto& time = pred.time;
+  time.compute = c.grad_accum * timing.compute;
+  time.tp_comm_total = c.grad_accum * timing.tp_comm;
+  time.tp_comm_exposed =
+      c.grad_accum * std::max(0.0, timing.forward + timing.backward - timing.compute);
+  time.dp_comm_total = dp_total;
+  time.dp_comm_exposed = gpu_ready - forward_backward;
+  time.optimizer_gpu = gpu_adam;
+  time.optimizer_cpu_total = cpu_total;
+  const double window_stall = c.grad_accum * (micro_batch_seconds - timing.forward - timing.backward);
+  const double copy_window = window ? pcie_bytes / pcie : 0;
+  time.transfer_total = copy_total + copy_window;
+  const double tail_share = cpu_total + copy_total > 0 ? cpu_total / (cpu_total + copy_total) : 1;
+  time.optimizer_cpu_exposed = lateness * tail_share;
+  time.transfer_exposed = window_stall + lateness * (1 - tail_share);
+  pred.pcie_bytes_per_step = pcie_bytes;
+
+  const double tokens = static_cast<double>(p.global_batch) * m.seq_len;
+  pred.tokens_per_second = tokens / pred.step_seconds;
+  const double peak =
+      (p.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops) *
+      (p.cpu_device ? cores_per_rank : 1.0);
+  const double world = static_cast<double>(c.nodes * c.procs_per_node);
+  pred.mfu = pred.tokens_per_second * model_flops_per_token(m) / (world * peak);
+  return ev;
+}
+
+}  // namespace kt::planner

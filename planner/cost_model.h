@@ -1,0 +1,94 @@
+// The planner's cost model (DESIGN.md §6; docs/PLANNER.md derives every formula).
+//
+// Letters, as in the papers: b micro-batch (sequences), s sequence length, h hidden, a heads,
+// f ffn hidden, L layers, V padded vocabulary, t tensor-parallel degree, d data-parallel degree,
+// P parameters, η achieved fraction of peak. "Rank" is one GPU (or one CPU rank process).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/hardware.h"
+#include "api/model.h"
+#include "api/plan.h"
+
+namespace kt::planner {
+
+using api::ModelDims;
+using api::ParallelConfig;
+using api::Prediction;
+using api::Recompute;
+
+// What a search evaluates candidates against: one model, one homogeneous group of nodes.
+struct Problem {
+  ModelDims model;
+  int64_t global_batch = 1;
+  api::Precision precision = api::Precision::kBf16;
+  api::HardwareProfile hw;          // resolved for the node group
+  bool cpu_device = false;          // ranks are CPU processes (device memory = host memory)
+  int64_t cpu_cores_per_node = 1;
+  double host_memory_per_node = 0;  // bytes
+  double memory_budget = 0;         // per-rank device budget in bytes; 0: the device's memory
+};
+
+// ---- closed forms (exposed for tests and docs) -----------------------------------------------
+
+int64_t bytes_per_element(api::Precision p);
+// Forward FLOPs of one transformer layer for one micro-batch on one rank:
+// (8bsh² + 4bshf + 4bs²h)/t  (= (24bsh² + 4bs²h)/t when f = 4h).
+double layer_forward_flops(const ModelDims& m, double b, int64_t t);
+// Logits forward 2bshV/t.
+double logits_forward_flops(const ModelDims& m, double b, int64_t t);
+// FLOPs the recompute pass adds per layer: the forward (full); the forward without the two
+// row-parallel GEMMs whose post-all-reduce outputs are saved (commAware); 0 (none).
+double layer_recompute_flops(const ModelDims& m, double b, int64_t t, Recompute r);
+// Stored activation bytes per layer and micro-batch (16-bit activations; Korthikanti et al.
+// 2022, eq. 2 with TP): none sbh(10 + 24/t + 5as/(ht)); full 2sbh; commAware 6sbh.
+double layer_activation_bytes(const ModelDims& m, double b, int64_t t, Recompute r);
+// Ring all-reduce of `bytes` over t ranks: 2(t-1)α + 2(t-1)/t · bytes / busbw.
+double allreduce_seconds(double bytes, int64_t ranks, double busbw, double latency);
+// Parameters one rank holds: of the embeddings unit (V·h/t + s·h + 2h) and of one layer
+// ((4h² + 2hf + 3h + f)/t + 6h: the column/row-parallel parts shard, biases of row-parallel
+// layers and LayerNorms are replicated).
+double embedding_unit_params(const ModelDims& m, int64_t t);
+double layer_unit_params(const ModelDims& m, int64_t t);
+// Model FLOPs per token for MFU: 6P + 12·L·h·s (forward + backward, attention included).
+double model_flops_per_token(const ModelDims& m);
+// Fraction of parameters on the GPU update path when the first `gpu_units` of
+// [embeddings, layer 0, ..., layer L-1] are GPU-updated.
+double gpu_update_fraction(const ModelDims& m, int64_t t, int64_t gpu_units);
+// The smallest unit prefix whose parameter fraction is >= f.
+int64_t gpu_units_for_fraction(const ModelDims& m, int64_t t, double f);
+
+// ---- evaluation ------------------------------------------------------------------------------
+
+struct Evaluation {
+  Prediction predicted;
+  bool fits = false;        // device and host memory
+  double device_ratio = 0;  // needed / capacity per rank
+  double host_ratio = 0;    // needed / capacity per node
+};
+
+// The timing of one micro-batch's forward+backward under the TP schedule (with or without the
+// 2-sub-batch overlap). Depends only on (t, b, sub-batches, recompute); cached by the search.
+struct MicroBatchTiming {
+  double forward = 0;        // wall time of the forward pass (incl. exposed TP comm)
+  double backward = 0;       // wall time of backward incl. recompute
+  double compute = 0;        // sum of compute op time
+  double tp_comm = 0;        // sum of TP all-reduce time
+  int64_t allreduces = 0;    // TP all-reduces issued per micro-batch (all sub-batches)
+};
+
+MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c);
+
+// The whole prediction. `timing` must come from time_micro_batch for the same config.
+Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing);
+Evaluation evaluate(const Problem& p, const ParallelConfig& c);
+
+// Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
+double rank_flops_per_second(const Problem& p, const ParallelConfig& c);
+// Device memory a rank may use.
+double device_capacity(const Problem& p, const ParallelConfig& c);
+
+}  // namespace kt::planner

@@ -1,0 +1,371 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "api/error.h"
+#include "api/quantity.h"
+#include "planner/cost_model.h"
+#include "planner/explain.h"
+#include "planner/search.h"
+
+namespace kt::planner {
+namespace {
+
+using api::OffloadMode;
+
+// Nodes that can host ranks of one kind: same hardware figures, same CPU, memory and free slots.
+struct NodeGroup {
+  Problem problem;
+  int64_t slots = 0;  // free GPUs per node (cores on CPU nodes)
+  std::vector<std::string> nodes;
+};
+
+std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memory,
+                      int64_t slots) {
+  std::ostringstream key;
+  key << hw.name << '|' << hw.peak_bf16_flops << '|' << hw.peak_fp32_flops << '|'
+      << hw.memory_bytes << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw
+      << '|' << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
+      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << cores << '|'
+      << memory << '|' << slots;
+  return key.str();
+}
+
+bool selector_matches(const api::Node& node, const std::map<std::string, std::string>& selector) {
+  for (const auto& [k, v] : selector) {
+    auto it = node.labels.find(k);
+    if (it == node.labels.end() || it->second != v) return false;
+  }
+  return true;
+}
+
+std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inventory& inv,
+                                   const api::ModelDims& model) {
+  const auto& res = job.spec.resources;
+  std::vector<const api::Node*> usable;
+  int64_t matching = 0;
+  for (const auto& node : inv.nodes) {
+    if (!node.schedulable || !selector_matches(node, res.node_selector)) continue;
+    ++matching;
+    usable.push_back(&node);
+  }
+  if (usable.empty()) {
+    if (!res.node_selector.empty())
+      throw kt::FieldError("spec.resources.nodeSelector",
+                            "no schedulable node of the " + std::to_string(inv.nodes.size()) +
+                                " in the cluster matches");
+    throw Error("the cluster has no schedulable node");
+  }
+  const bool any_gpu = std::any_of(usable.begin(), usable.end(),
+                                   [](const api::Node* n) { return !n->is_cpu_node(); });
+  const bool cpu = res.cpu_only || !any_gpu;
+  std::map<std::string, NodeGroup> groups;
+  int64_t total_gpus = 0;
+  for (const api::Node* node : usable) {
+    if (!cpu && node->is_cpu_node()) continue;
+    total_gpus += node->gpu_count;
+    const int64_t slots = cpu ? node->cpu_cores : node->free_gpus;
+    if (slots <= 0) continue;
+    api::HardwareProfile hw =
+        cpu && !node->is_cpu_node()
+            ? api::apply_overrides(api::cpu_profile(), node->annotations, "nodes." + node->name)
+            : node->hardware;
+    const std::string key = group_key(hw, node->cpu_cores, node->memory_bytes, slots);
+    NodeGroup& g = groups[key];
+    if (g.nodes.empty()) {
+      g.slots = slots;
+      g.problem.model = model;
+      g.problem.global_batch = job.spec.training.global_batch_size;
+      g.problem.cpu_device = cpu;
+      g.problem.precision = job.spec.training.precision.value_or(
+          cpu ? api::Precision::kFp32 : api::Precision::kBf16);
+      g.problem.hw = hw;
+      g.problem.cpu_cores_per_node = node->cpu_cores;
+      g.problem.host_memory_per_node = node->memory_bytes;
+      g.problem.memory_budget = job.spec.parallelism.gpu_memory_budget_bytes.value_or(0);
+    }
+    g.nodes.push_back(node->name);
+  }
+  if (groups.empty())
+    throw Error("no node has free GPUs (all " + std::to_string(total_gpus) +
+                " GPUs of the matching nodes are requested by running pods)");
+  std::vector<NodeGroup> out;
+  for (auto& [key, g] : groups) {
+    std::sort(g.nodes.begin(), g.nodes.end());
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// The space the user's hints allow (explicit values are obeyed; the rest is auto).
+SearchSpace space_from_hints(const api::TrainingJob& job) {
+  SearchSpace s;
+  const auto& p = job.spec.parallelism;
+  const auto& r = job.spec.resources;
+  if (p.tensor_parallel) s.tp = {*p.tensor_parallel};
+  if (p.data_parallel) s.dp = {*p.data_parallel};
+  if (r.gpus_per_node) s.procs_per_node = {*r.gpus_per_node};
+  if (job.spec.training.micro_batch_size) s.micro_batch = {*job.spec.training.micro_batch_size};
+  if (p.overlap) s.sub_batches = {*p.overlap ? int64_t{2} : int64_t{1}};
+  if (p.recompute) s.recompute = {*p.recompute};
+  if (p.offload) {
+    s.offload = {*p.offload};
+  } else if (p.offload_window) {
+    s.offload = {OffloadMode::kWindow};
+  } else if (p.gpu_update_fraction && *p.gpu_update_fraction < 1.0) {
+    s.offload = {OffloadMode::kOptimizer, OffloadMode::kWindow};
+  }
+  if (p.gpu_update_fraction && !(p.offload && *p.offload == OffloadMode::kNone))
+    s.gpu_update_fraction = p.gpu_update_fraction;
+  s.window = p.offload_window;
+  return s;
+}
+
+// Structural reasons why a forced hint admits no configuration at all on a group.
+void check_hints(const api::TrainingJob& job, const NodeGroup& g, int64_t max_nodes) {
+  const auto& p = job.spec.parallelism;
+  const auto& m = g.problem.model;
+  const std::string slot = g.problem.cpu_device ? "cores" : "free GPUs";
+  const int64_t procs = job.spec.resources.gpus_per_node.value_or(g.slots);
+  if (job.spec.resources.gpus_per_node && *job.spec.resources.gpus_per_node > g.slots)
+    throw kt::FieldError("spec.resources.gpusPerNode",
+                          std::to_string(*job.spec.resources.gpus_per_node) + " but the nodes have " +
+                              std::to_string(g.slots) + " " + slot);
+  if (p.tensor_parallel) {
+    const int64_t t = *p.tensor_parallel;
+    if (procs % t)
+      throw kt::FieldError("spec.parallelism.tensorParallel",
+                            std::to_string(t) + " does not divide the " + std::to_string(procs) +
+                                " ranks per node (TP groups stay inside a node)");
+    if (m.padded_vocab() % t)
+      throw kt::FieldError("spec.parallelism.tensorParallel",
+                            std::to_string(t) + " does not divide the padded vocabulary " +
+                                std::to_string(m.padded_vocab()));
+  }
+  if (p.data_parallel) {
+    const int64_t d = *p.data_parallel;
+    const int64_t t = p.tensor_parallel.value_or(1);
+    if (job.spec.training.global_batch_size % d)
+      throw kt::FieldError("spec.parallelism.dataParallel",
+                            std::to_string(d) + " does not divide globalBatchSize " +
+                                std::to_string(job.spec.training.global_batch_size));
+    if (p.tensor_parallel && (d * t) % procs != 0 && d * t > procs)
+      throw kt::FieldError("spec.parallelism.dataParallel",
+                            "tensorParallel × dataParallel = " + std::to_string(d * t) +
+                                " is not a whole number of nodes of " + std::to_string(procs) +
+                                " ranks");
+    if (p.tensor_parallel && d * t > procs * max_nodes)
+      throw kt::FieldError("spec.parallelism.dataParallel",
+                            "tensorParallel × dataParallel = " + std::to_string(d * t) +
+                                " ranks but at most " + std::to_string(procs * max_nodes) +
+                                " are available");
+  }
+}
+
+std::string hints_summary(const api::TrainingJob& job) {
+  const auto& p = job.spec.parallelism;
+  std::vector<std::string> parts;
+  if (p.tensor_parallel) parts.push_back("tensorParallel=" + std::to_string(*p.tensor_parallel));
+  if (p.data_parallel) parts.push_back("dataParallel=" + std::to_string(*p.data_parallel));
+  if (p.overlap) parts.push_back(std::string("overlap=") + (*p.overlap ? "on" : "off"));
+  if (p.recompute) parts.push_back("recompute=" + std::string(api::to_string(*p.recompute)));
+  if (p.offload) parts.push_back("offload=" + std::string(api::to_string(*p.offload)));
+  if (p.offload_window) parts.push_back("offloadWindow=" + std::to_string(*p.offload_window));
+  if (p.gpu_update_fraction) parts.push_back("gpuUpdateFraction=" + api::Json(*p.gpu_update_fraction).dump());
+  if (p.gpu_memory_budget_bytes) parts.push_back("gpuMemoryBudget=" + api::format_bytes(*p.gpu_memory_budget_bytes));
+  if (job.spec.training.micro_batch_size)
+    parts.push_back("microBatchSize=" + std::to_string(*job.spec.training.micro_batch_size));
+  if (job.spec.resources.gpus_per_node)
+    parts.push_back("gpusPerNode=" + std::to_string(*job.spec.resources.gpus_per_node));
+  std::string out;
+  for (const auto& s : parts) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+struct Baseline {
+  const char* name;
+  const char* description;
+};
+
+std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
+                                        const SearchSpace& resources) {
+  const int64_t procs = resources.procs_per_node.empty() ? g.slots : resources.procs_per_node[0];
+  std::vector<api::Alternative> out;
+  auto run = [&](const char* name, const char* description, SearchSpace space) {
+    space.procs_per_node = resources.procs_per_node;
+    api::Alternative alt;
+    alt.name = name;
+    alt.description = description;
+    SearchResult r = search(g.problem, max_nodes, g.slots, space);
+    if (r.best) {
+      alt.feasible = true;
+      alt.config = r.best->config;
+      alt.predicted = r.best->eval.predicted;
+    } else if (r.nearest_miss) {
+      alt.reason = describe_miss(*r.nearest_miss, g.problem.cpu_device);
+    } else {
+      alt.reason = "no valid configuration";
+    }
+    out.push_back(std::move(alt));
+  };
+  const auto& m = g.problem.model;
+  {
+    SearchSpace s;
+    s.megatron_tp = true;
+    s.sub_batches = {1};
+    s.recompute = {Recompute::kNone, Recompute::kFull};
+    s.offload = {OffloadMode::kNone};
+    run("megatron",
+        "Megatron-LM: TP = the largest degree inside a node that divides the heads, no overlap, "
+        "full recompute only if needed, no offload",
+        s);
+    // Say why TP had to be smaller than the node when the heads forbid it.
+    int64_t t = procs;
+    while (t > 1 && (m.heads % t || m.ffn_hidden % t || m.padded_vocab() % t || procs % t)) --t;
+    if (t < procs && out.back().reason.empty())
+      out.back().reason = "TP " + std::to_string(procs) + " does not divide the " +
+                          std::to_string(m.heads) + " heads; uses TP " + std::to_string(t);
+  }
+  {
+    SearchSpace s;
+    s.tp = {1};
+    s.sub_batches = {1};
+    s.recompute = {Recompute::kNone, Recompute::kFull};
+    s.offload = {OffloadMode::kOptimizer};
+    s.gpu_update_fraction = 0.0;
+    run("zero-offload",
+        "ZeRO-Offload: data parallel, all optimizer state and AdamW on the CPU, fp16 params and "
+        "grads on the GPU",
+        s);
+  }
+  {
+    SearchSpace s;
+    s.tp = {1};
+    s.sub_batches = {1};
+    s.recompute = {Recompute::kNone, Recompute::kFull};
+    s.offload = {OffloadMode::kWindow};
+    run("stronghold",
+        "STRONGHOLD: a window of resident layers, others' params on the CPU with CPU AdamW", s);
+  }
+  {
+    SearchSpace s;
+    for (int64_t t = 2; t <= procs; ++t) s.tp.push_back(t);
+    s.sub_batches = {2};
+    s.recompute = {Recompute::kCommAware};
+    s.offload = {OffloadMode::kNone};
+    if (s.tp.empty()) {
+      api::Alternative alt{"oases", "Oases: overlapped TP with comm-aware recomputation, no offload",
+                           false, "needs at least 2 ranks per node for tensor parallelism", {}, {}};
+      out.push_back(alt);
+    } else {
+      run("oases", "Oases: overlapped TP (2 sub-batches) with comm-aware recomputation, no offload",
+          s);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory) {
+  const api::ModelDims model = api::resolve_model(job.spec.model);
+  std::vector<NodeGroup> groups = node_groups(job, inventory, model);
+  const SearchSpace space = space_from_hints(job);
+
+  const NodeGroup* chosen_group = nullptr;
+  std::optional<Candidate> best, nearest, fastest_any;
+  std::string structural_error;
+  for (const NodeGroup& g : groups) {
+    const int64_t max_nodes = std::min<int64_t>(
+        static_cast<int64_t>(g.nodes.size()), job.spec.resources.max_nodes.value_or(INT64_MAX));
+    try {
+      check_hints(job, g, max_nodes);
+    } catch (const kt::FieldError& e) {
+      if (groups.size() == 1) throw;
+      structural_error = e.what();
+      continue;
+    }
+    SearchResult r = search(g.problem, max_nodes, g.slots, space);
+    if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
+                                best->eval.predicted.tokens_per_second)) {
+      best = r.best;
+      fastest_any = r.fastest_ignoring_memory;
+      chosen_group = &g;
+    }
+    if (r.nearest_miss &&
+        (!nearest || std::max(r.nearest_miss->eval.device_ratio, r.nearest_miss->eval.host_ratio) <
+                         std::max(nearest->eval.device_ratio, nearest->eval.host_ratio))) {
+      nearest = r.nearest_miss;
+      if (!best) chosen_group = &g;
+    }
+  }
+  const std::string hints = hints_summary(job);
+  if (!best) {
+    const std::string with = hints.empty() ? "" : " with " + hints;
+    if (nearest)
+      throw Error("no plan fits" + with + ": " +
+                  describe_miss(*nearest, chosen_group && chosen_group->problem.cpu_device));
+    if (!structural_error.empty()) throw Error(structural_error);
+    throw Error("no valid configuration" + with + ": spec.training.globalBatchSize " +
+                std::to_string(job.spec.training.global_batch_size) +
+                " must be divisible by the data-parallel degree and micro-batch");
+  }
+  const NodeGroup& g = *chosen_group;
+  const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
+                                              job.spec.resources.max_nodes.value_or(INT64_MAX));
+
+  // The runner-up: the fastest plan of a different kind (TP, overlap, recompute, offload).
+  SearchSpace other = space;
+  other.exclude_kind = kind_of(best->config);
+  SearchResult runner = search(g.problem, max_nodes, g.slots, other);
+
+  SearchSpace resources;
+  resources.procs_per_node = space.procs_per_node;
+  std::vector<api::Alternative> alternatives = baselines(g, max_nodes, resources);
+
+  api::Plan plan;
+  const auto& c = best->config;
+  plan.job_name = job.metadata.name;
+  plan.job_namespace = job.metadata.namespace_;
+  plan.model = model;
+  plan.parameters = api::parameter_count(model);
+  plan.global_batch = job.spec.training.global_batch_size;
+  plan.config = c;
+  plan.world = c.nodes * c.procs_per_node;
+  plan.placement.assign(g.nodes.begin(), g.nodes.begin() + c.nodes);
+  plan.hardware = g.problem.hw.name;
+  plan.precision = g.problem.precision;
+  plan.device = g.problem.cpu_device ? api::DeviceKind::kCpu : api::DeviceKind::kCuda;
+  const int64_t gpu_units = c.offload == OffloadMode::kNone ? model.layers + 1 : c.gpu_units;
+  plan.gpu_update_fraction = gpu_update_fraction(model, c.tp, gpu_units);
+  plan.embeddings = {true, gpu_units >= 1 ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu};
+  for (int64_t l = 0; l < model.layers; ++l) {
+    const bool gpu = l + 1 < gpu_units;
+    plan.layers.push_back({gpu || c.offload != OffloadMode::kWindow,
+                           gpu ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu});
+  }
+  plan.cpu_threads =
+      std::max<int64_t>(1, g.problem.cpu_cores_per_node / std::max<int64_t>(1, c.procs_per_node));
+  plan.training = job.spec.training;
+  plan.training.micro_batch_size = c.micro_batch;
+  plan.training.precision = plan.precision;
+  if (!plan.training.warmup_steps)
+    plan.training.warmup_steps = std::min<int64_t>(plan.training.steps / 10, 2000);
+  plan.data = job.spec.data;
+  plan.checkpoint = job.spec.checkpoint;
+  plan.predicted = best->eval.predicted;
+  plan.alternatives = std::move(alternatives);
+  plan.explanation = explain(*best, g.problem.hw.name, g.problem.cpu_device, fastest_any,
+                             runner.best, plan.alternatives);
+  if (!g.problem.hw.has_bf16 && plan.precision == api::Precision::kBf16)
+    plan.explanation.push_back(g.problem.hw.name +
+                               " has no bf16 tensor cores: predicted with its fp16 peak; the "
+                               "worker's bf16 path needs Ampere (sm_80) or newer.");
+  if (!hints.empty()) plan.explanation.push_back("Honoured from spec.parallelism: " + hints + ".");
+  plan.plan_hash = api::compute_plan_hash(plan);
+  return plan;
+}
+
+}  // namespace kt::planner

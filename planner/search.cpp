@@ -1,0 +1,229 @@
+#include "planner/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+namespace kt::planner {
+namespace {
+
+using api::OffloadMode;
+
+bool contains(const std::vector<int64_t>& v, int64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 1; i * i <= n; ++i) {
+    if (n % i) continue;
+    out.push_back(i);
+    if (i != n / i) out.push_back(n / i);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Deterministic preference among equally fast plans: fewer ranks, less offload, less TP,
+// no overlap, less recompute, larger micro-batches.
+auto simplicity(const ParallelConfig& c) {
+  return std::make_tuple(c.nodes * c.procs_per_node, static_cast<int>(c.offload), c.tp,
+                         c.sub_batches, static_cast<int>(c.recompute), -c.micro_batch,
+                         -c.gpu_units, -c.window);
+}
+
+bool better(const Candidate& a, const Candidate& b) {
+  const double ta = a.eval.predicted.step_seconds, tb = b.eval.predicted.step_seconds;
+  if (ta < tb * (1 - 1e-9)) return true;
+  if (tb < ta * (1 - 1e-9)) return false;
+  return simplicity(a.config) < simplicity(b.config);
+}
+
+struct Searcher {
+  const Problem& problem;
+  const SearchSpace& space;
+  SearchResult result;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, MicroBatchTiming> timings;
+
+  void consider(const ParallelConfig& c, const Evaluation& ev) {
+    if (!space.exclude_kind.empty() && kind_of(c) == space.exclude_kind) return;
+    ++result.evaluated;
+    Candidate cand{c, ev};
+    if (!result.fastest_ignoring_memory || better(cand, *result.fastest_ignoring_memory))
+      result.fastest_ignoring_memory = cand;
+    if (ev.fits) {
+      if (!result.best || better(cand, *result.best)) result.best = cand;
+    } else {
+      const double miss = std::max(ev.device_ratio, ev.host_ratio);
+      const auto& nm = result.nearest_miss;
+      if (!nm || miss < std::max(nm->eval.device_ratio, nm->eval.host_ratio)) result.nearest_miss = cand;
+    }
+  }
+
+  const MicroBatchTiming& timing(const ParallelConfig& c) {
+    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
+                                     static_cast<int>(c.recompute));
+    auto it = timings.find(key);
+    if (it == timings.end()) it = timings.emplace(key, time_micro_batch(problem, c)).first;
+    return it->second;
+  }
+
+  std::vector<int64_t> gpu_unit_grid(int64_t tp) const {
+    const auto& m = problem.model;
+    std::vector<int64_t> units;
+    if (space.gpu_update_fraction) {
+      units.push_back(gpu_units_for_fraction(m, tp, *space.gpu_update_fraction));
+      return units;
+    }
+    for (int i = 0; i <= 20; ++i) {  // f in steps of 0.05
+      const int64_t k = gpu_units_for_fraction(m, tp, i * 0.05);
+      if (!contains(units, k)) units.push_back(k);
+    }
+    return units;
+  }
+
+  void offload_variants(ParallelConfig c, const MicroBatchTiming& t, bool plain_fits) {
+    const int64_t L = problem.model.layers;
+    const bool cpu_auto = problem.cpu_device && space.offload.size() > 1;
+    for (OffloadMode mode : space.offload) {
+      if (mode == OffloadMode::kNone) continue;
+      // Offload only what does not fit: when this configuration fits on the device, offload
+      // could win only by hiding the device AdamW (milliseconds) at the price of host memory
+      // and PCIe traffic. On CPU ranks "offload" moves nothing anywhere useful, so it is
+      // planned only when asked for (to test the engine).
+      if ((plain_fits || cpu_auto) && space.offload.size() > 1) continue;
+      c.offload = mode;
+      for (int64_t k : gpu_unit_grid(c.tp)) {
+        if (mode == OffloadMode::kOptimizer) {
+          if (k > L) continue;  // that is no offload
+          c.gpu_units = k;
+          c.window = 0;
+          consider(c, evaluate(problem, c, t));
+          continue;
+        }
+        // Window: resident embeddings, at least one streamed layer.
+        if (k < 1 || k > L) continue;
+        c.gpu_units = k;
+        const int64_t streamed = L - (k - 1);
+        if (space.window) {
+          if (*space.window > streamed) continue;
+          c.window = *space.window;
+          consider(c, evaluate(problem, c, t));
+          continue;
+        }
+        // Largest window that fits (memory grows with W; time never does).
+        int64_t lo = 1, hi = streamed;
+        c.window = 1;
+        Evaluation at_one = evaluate(problem, c, t);
+        if (!at_one.fits) {
+          consider(c, at_one);
+          continue;
+        }
+        while (lo < hi) {
+          const int64_t mid = (lo + hi + 1) / 2;
+          c.window = mid;
+          if (evaluate(problem, c, t).fits) lo = mid;
+          else hi = mid - 1;
+        }
+        c.window = lo;
+        consider(c, evaluate(problem, c, t));
+      }
+    }
+  }
+
+  void run(int64_t max_nodes, int64_t slots) {
+    const auto& m = problem.model;
+    std::vector<int64_t> nodes = space.nodes;
+    if (nodes.empty())
+      for (int64_t n = 1; n <= max_nodes; ++n) nodes.push_back(n);
+    std::sort(nodes.rbegin(), nodes.rend());
+    std::vector<int64_t> procs = space.procs_per_node;
+    if (procs.empty()) {
+      if (problem.cpu_device) {
+        for (int64_t g = 1; g <= slots; ++g)
+          if (slots <= 16 || (g & (g - 1)) == 0 || g == slots) procs.push_back(g);
+      } else {
+        procs.push_back(slots);  // like torchrun --nproc-per-node=auto: every free GPU
+      }
+    }
+    std::sort(procs.rbegin(), procs.rend());
+    // Total training FLOPs of one step (forward + backward, no recompute): a lower bound on
+    // any configuration's compute, divided evenly among the ranks.
+    const double step_flops = 3.0 * problem.global_batch *
+                              (m.layers * layer_forward_flops(m, 1, 1) + logits_forward_flops(m, 1, 1));
+
+    for (int64_t n : nodes) {
+      if (n > max_nodes) continue;
+      for (int64_t g : procs) {
+        if (g > slots || g < 1) continue;
+        const int64_t world = n * g;
+        std::vector<int64_t> tps;
+        for (int64_t t : divisors(g)) {
+          if (m.heads % t || m.ffn_hidden % t || m.padded_vocab() % t) continue;
+          if (!space.tp.empty() && !contains(space.tp, t)) continue;
+          tps.push_back(t);
+        }
+        if (space.megatron_tp && !tps.empty()) tps = {tps.back()};
+        for (int64_t t : tps) {
+          const int64_t d = world / t;
+          if (!space.dp.empty() && !contains(space.dp, d)) continue;
+          if (problem.global_batch % d) continue;
+          ParallelConfig c;
+          c.nodes = n;
+          c.procs_per_node = g;
+          c.tp = t;
+          c.dp = d;
+          if (result.best) {
+            const double lower_bound = step_flops / world / rank_flops_per_second(problem, c);
+            if (lower_bound >= result.best->eval.predicted.step_seconds) continue;
+          }
+          const int64_t per_rank = problem.global_batch / d;
+          for (int64_t b : divisors(per_rank)) {
+            if (!space.micro_batch.empty() && !contains(space.micro_batch, b)) continue;
+            c.micro_batch = b;
+            c.grad_accum = per_rank / b;
+            for (Recompute rc : space.recompute) {
+              c.recompute = rc;
+              for (int64_t sb : space.sub_batches) {
+                if (sb == 2 && b % 2) continue;
+                if (sb == 2 && t == 1 && space.sub_batches.size() > 1) continue;  // nothing to hide
+                c.sub_batches = sb;
+                const MicroBatchTiming& tm = timing(c);
+                bool plain_fits = false;
+                if (contains_mode(OffloadMode::kNone)) {
+                  c.offload = OffloadMode::kNone;
+                  c.gpu_units = m.layers + 1;
+                  c.window = 0;
+                  Evaluation ev = evaluate(problem, c, tm);
+                  plain_fits = ev.fits;
+                  consider(c, ev);
+                }
+                offload_variants(c, tm, plain_fits);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  bool contains_mode(OffloadMode mode) const {
+    return std::find(space.offload.begin(), space.offload.end(), mode) != space.offload.end();
+  }
+};
+
+}  // namespace
+
+std::string kind_of(const ParallelConfig& c) {
+  return "tp" + std::to_string(c.tp) + (c.sub_batches == 2 ? "+overlap" : "") + "/" +
+         std::string(api::to_string(c.recompute)) + "/" + std::string(api::to_string(c.offload));
+}
+
+SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
+                    const SearchSpace& space) {
+  Searcher s{problem, space, {}, {}};
+  s.run(max_nodes, slots_per_node);
+  return std::move(s.result);
+}
+
+}  // namespace kt::planner

@@ -1,0 +1,49 @@
+// Exhaustive search over parallel configurations (DESIGN.md §6), pruned only where provably
+// safe: (1) a configuration whose compute-only lower bound is already slower than the best
+// feasible plan is skipped; (2) in window mode the largest window that fits is taken, because
+// more slots never add time (they only relax the prefetch constraints) and memory grows with W.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/cost_model.h"
+
+namespace kt::planner {
+
+// What the search may choose. Empty vectors mean "auto": every valid value.
+struct SearchSpace {
+  std::vector<int64_t> nodes;           // candidates for the number of nodes
+  std::vector<int64_t> procs_per_node;  // ranks per node
+  std::vector<int64_t> tp, dp, micro_batch;
+  std::vector<int64_t> sub_batches{1, 2};
+  std::vector<Recompute> recompute{Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
+  std::vector<api::OffloadMode> offload{api::OffloadMode::kNone, api::OffloadMode::kOptimizer,
+                                        api::OffloadMode::kWindow};
+  std::optional<double> gpu_update_fraction;  // forced f (else 0, 0.05, ..., 1)
+  std::optional<int64_t> window;              // forced W (else the largest that fits)
+  bool megatron_tp = false;  // tp = the largest valid degree that divides procs_per_node
+  std::string exclude_kind;  // skip plans of this kind (to find the runner-up)
+};
+
+struct Candidate {
+  ParallelConfig config;
+  Evaluation eval;
+};
+
+struct SearchResult {
+  std::optional<Candidate> best;          // fastest that fits
+  std::optional<Candidate> nearest_miss;  // smallest memory overshoot among those that don't
+  std::optional<Candidate> fastest_ignoring_memory;
+  int64_t evaluated = 0;
+};
+
+// `max_nodes`: nodes of the group usable. `slots_per_node`: free GPUs (or cores) per node.
+SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
+                    const SearchSpace& space);
+
+std::string kind_of(const ParallelConfig& c);
+
+}  // namespace kt::planner
