@@ -154,7 +154,7 @@ Json ObjectReader::raw(const std::string& key) {
 
 ObjectReader ObjectReader::object(const std::string& key) {
   const Json* v = field(key);
-  return ObjectReader(v ? *v : Json(), path_of(key));
+  return ObjectReader(v ? *v : empty_object(), path_of(key));
 }
 
 void ObjectReader::finish() const {

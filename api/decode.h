@@ -16,7 +16,9 @@ namespace kt::api {
 class ObjectReader {
  public:
   // `value` must be an object or null (null reads as an empty object).
+  // The reader keeps a pointer to `value`: it must outlive the reader (no temporaries).
   ObjectReader(const Json& value, std::string path);
+  ObjectReader(Json&& value, std::string path) = delete;
 
   std::string path_of(const std::string& key) const;
   bool has(const std::string& key) const;

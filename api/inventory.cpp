@@ -127,7 +127,12 @@ Inventory decode_kubectl_nodes(const Json& doc) {
     const Json& item = (*items)[i];
     if (!item.is_object() || item.value("kind", "Node") != "Node")
       throw FieldError(path + ".kind", "must be Node");
-    ObjectReader meta(item.value("metadata", Json()), path + ".metadata");
+    static const Json kNull;
+    auto member = [&](const char* key) -> const Json& {
+      auto it = item.find(key);
+      return it == item.end() ? kNull : *it;
+    };
+    ObjectReader meta(member("metadata"), path + ".metadata");
     Node node;
     node.name = meta.string("name").value_or("");
     if (node.name.empty()) throw FieldError(path + ".metadata.name", "required");
@@ -135,7 +140,7 @@ Inventory decode_kubectl_nodes(const Json& doc) {
     node.annotations = meta.string_map("annotations");
     meta.allow_unknown();
 
-    ObjectReader status(item.value("status", Json()), path + ".status");
+    ObjectReader status(member("status"), path + ".status");
     ObjectReader alloc = status.object("allocatable");
     alloc.allow_unknown();
     auto quantity = [&](const std::string& key) -> double {
@@ -152,7 +157,7 @@ Inventory decode_kubectl_nodes(const Json& doc) {
     node.cpu_cores = static_cast<int64_t>(std::floor(quantity("cpu")));
     node.memory_bytes = quantity("memory");
     status.allow_unknown();
-    ObjectReader spec(item.value("spec", Json()), path + ".spec");
+    ObjectReader spec(member("spec"), path + ".spec");
     node.schedulable = !spec.boolean("unschedulable").value_or(false);
     spec.allow_unknown();
 

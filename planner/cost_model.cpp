@@ -22,6 +22,11 @@ constexpr double kHostUsableFraction = 0.85;
 // m, v (12) and the 16-bit parameter copy (2). Memory-bound on every device.
 constexpr double kAdamBytesPerParam = 28;
 
+// Slow-down of compute while an all-reduce runs beside it: NCCL's ring kernels occupy SMs and
+// compete for memory bandwidth. An engineering estimate (not from a paper), to be calibrated by
+// measurement; 0 would make overlap free.
+constexpr double kOverlapInterference = 0.15;
+
 struct Op {
   double comp = 0;  // seconds on the compute stream
   double comm = 0;  // seconds of the TP all-reduce that follows it (0: none)
@@ -45,15 +50,21 @@ double simulate_streams(const std::vector<Op>& ops, int64_t sub_batches, size_t 
     return t;
   }
   double compute_free = 0, comm_free = 0;
+  double comm_start_last = 0;  // the all-reduce in flight: [comm_start_last, comm_free)
   double ready[2] = {0, 0};
   for (size_t i = 0; i < ops.size(); ++i) {
     if (i == boundary) *boundary_time = std::max(ready[0], ready[1]);
     for (int x = 0; x < 2; ++x) {
       const double start = std::max(compute_free, ready[x]);
-      const double end = start + ops[i].comp;
+      // Compute that runs under an all-reduce is slowed: the collective's kernels take SMs
+      // and memory bandwidth.
+      const double shared = std::max(0.0, std::min(start + ops[i].comp, comm_free) -
+                                              std::max(start, comm_start_last));
+      const double end = start + ops[i].comp + kOverlapInterference * shared;
       compute_free = end;
       if (ops[i].comm > 0) {
         const double comm_start = std::max(end, comm_free);
+        comm_start_last = comm_start;
         comm_free = comm_start + ops[i].comm;
         ready[x] = comm_free;
       } else {

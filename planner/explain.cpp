@@ -61,7 +61,7 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
 
   // What binds: memory, when the fastest configuration regardless of memory does not fit.
   if (fastest_any_memory && !fastest_any_memory->eval.fits &&
-      fastest_any_memory->eval.predicted.step_seconds < p.step_seconds * (1 - 1e-9)) {
+      fastest_any_memory->eval.predicted.step_seconds < p.step_seconds * 0.98) {
     const auto& f = *fastest_any_memory;
     lines.push_back("Memory binds: the fastest configuration (" + describe_config(f.config) +
                     ", " + fmt("%.0f", f.eval.predicted.tokens_per_second) +
@@ -104,7 +104,17 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
     const Delta* worst = &deltas[0];
     for (const auto& d : deltas)
       if (d.other - d.chosen > worst->other - worst->chosen) worst = &d;
-    lines.push_back("Runner-up: " + describe_config(runner_up->config) + " at " +
+    if (r.tokens_per_second > p.tokens_per_second * 1.001 &&
+        runner_up->config.offload != api::OffloadMode::kNone) {
+      lines.push_back("Runner-up: " + describe_config(runner_up->config) + " predicts " +
+                      fmt("%.1f%%", 100 * (r.tokens_per_second / p.tokens_per_second - 1)) +
+                      " more tokens/s but offloads; offload is chosen only when it wins by more "
+                      "than 3%, the cost model's margin of error.");
+    } else if (r.tokens_per_second >= p.tokens_per_second * 0.999) {
+      lines.push_back("Runner-up: " + describe_config(runner_up->config) +
+                      " ties within 0.1% (" + fmt("%.0f", r.tokens_per_second) +
+                      " tokens/s); the simpler plan is preferred.");
+    } else lines.push_back("Runner-up: " + describe_config(runner_up->config) + " at " +
                     fmt("%.0f", r.tokens_per_second) + " tokens/s (" +
                     fmt("%.2f×", r.tokens_per_second / p.tokens_per_second) +
                     "); it loses mostly on " + worst->what + ": " + seconds(worst->other) +

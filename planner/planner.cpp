@@ -15,6 +15,9 @@ namespace {
 
 using api::OffloadMode;
 
+// How much faster (relative) an offloading plan must be than the best plan without offload.
+constexpr double kOffloadMargin = 0.03;
+
 // Nodes that can host ranks of one kind: same hardware figures, same CPU, memory and free slots.
 struct NodeGroup {
   Problem problem;
@@ -206,7 +209,7 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
     } else if (r.nearest_miss) {
       alt.reason = describe_miss(*r.nearest_miss, g.problem.cpu_device);
     } else {
-      alt.reason = "no valid configuration";
+      alt.reason = r.empty_reason.empty() ? "no valid configuration" : r.empty_reason;
     }
     out.push_back(std::move(alt));
   };
@@ -288,6 +291,18 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
       continue;
     }
     SearchResult r = search(g.problem, max_nodes, g.slots, space);
+    if (structural_error.empty() && !r.best && !r.nearest_miss) structural_error = r.empty_reason;
+    // Offload is a memory tool: an offloading plan must beat the best plan without offload by
+    // more than the model's uncertainty to be worth its PCIe traffic and host memory.
+    if (r.best && r.best->config.offload != OffloadMode::kNone &&
+        !job.spec.parallelism.offload && space.offload.size() > 1) {
+      SearchSpace plain = space;
+      plain.offload = {OffloadMode::kNone};
+      SearchResult without = search(g.problem, max_nodes, g.slots, plain);
+      if (without.best && without.best->eval.predicted.step_seconds <=
+                              r.best->eval.predicted.step_seconds * (1 + kOffloadMargin))
+        r.best = without.best;
+    }
     if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
                                 best->eval.predicted.tokens_per_second)) {
       best = r.best;
@@ -307,10 +322,8 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
     if (nearest)
       throw Error("no plan fits" + with + ": " +
                   describe_miss(*nearest, chosen_group && chosen_group->problem.cpu_device));
-    if (!structural_error.empty()) throw Error(structural_error);
-    throw Error("no valid configuration" + with + ": spec.training.globalBatchSize " +
-                std::to_string(job.spec.training.global_batch_size) +
-                " must be divisible by the data-parallel degree and micro-batch");
+    throw Error("no valid configuration" + with + ": " +
+                (structural_error.empty() ? "the search space is empty" : structural_error));
   }
   const NodeGroup& g = *chosen_group;
   const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),

@@ -106,13 +106,15 @@ struct Searcher {
         c.gpu_units = k;
         const int64_t streamed = L - (k - 1);
         if (space.window) {
-          if (*space.window > streamed) continue;
+          if (*space.window >= streamed) continue;
           c.window = *space.window;
           consider(c, evaluate(problem, c, t));
           continue;
         }
-        // Largest window that fits (memory grows with W; time never does).
-        int64_t lo = 1, hi = streamed;
+        // Largest window that fits (memory grows with W; time never does). W = streamed
+        // would keep every layer resident: that is optimizer offload, not a window.
+        if (streamed < 2) continue;
+        int64_t lo = 1, hi = streamed - 1;
         c.window = 1;
         Evaluation at_one = evaluate(problem, c, t);
         if (!at_one.fits) {
@@ -164,10 +166,26 @@ struct Searcher {
           tps.push_back(t);
         }
         if (space.megatron_tp && !tps.empty()) tps = {tps.back()};
+        if (tps.empty()) {
+          note("no tensor-parallel degree" +
+               (space.tp.empty() ? std::string() : " in {" + list(space.tp) + "}") +
+               " divides the " + std::to_string(g) + " ranks per node, the " +
+               std::to_string(m.heads) + " heads, ffnHidden " + std::to_string(m.ffn_hidden) +
+               " and the padded vocabulary " + std::to_string(m.padded_vocab()));
+          continue;
+        }
         for (int64_t t : tps) {
           const int64_t d = world / t;
-          if (!space.dp.empty() && !contains(space.dp, d)) continue;
-          if (problem.global_batch % d) continue;
+          if (!space.dp.empty() && !contains(space.dp, d)) {
+            note("dataParallel " + list(space.dp) + " needs " +
+                 std::to_string(space.dp[0] * t) + " ranks at TP " + std::to_string(t));
+            continue;
+          }
+          if (problem.global_batch % d) {
+            note("globalBatchSize " + std::to_string(problem.global_batch) +
+                 " is not divisible by the data-parallel degree " + std::to_string(d));
+            continue;
+          }
           ParallelConfig c;
           c.nodes = n;
           c.procs_per_node = g;
@@ -178,6 +196,9 @@ struct Searcher {
             if (lower_bound >= result.best->eval.predicted.step_seconds) continue;
           }
           const int64_t per_rank = problem.global_batch / d;
+          if (!space.micro_batch.empty() && per_rank % space.micro_batch[0])
+            note("microBatchSize " + list(space.micro_batch) + " does not divide the " +
+                 std::to_string(per_rank) + " sequences per data-parallel rank");
           for (int64_t b : divisors(per_rank)) {
             if (!space.micro_batch.empty() && !contains(space.micro_batch, b)) continue;
             c.micro_batch = b;
@@ -207,6 +228,16 @@ struct Searcher {
     }
   }
 
+  void note(const std::string& reason) {
+    if (result.empty_reason.empty()) result.empty_reason = reason;
+  }
+
+  static std::string list(const std::vector<int64_t>& v) {
+    std::string out;
+    for (int64_t x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+    return out;
+  }
+
   bool contains_mode(OffloadMode mode) const {
     return std::find(space.offload.begin(), space.offload.end(), mode) != space.offload.end();
   }
@@ -216,7 +247,8 @@ struct Searcher {
 
 std::string kind_of(const ParallelConfig& c) {
   return "tp" + std::to_string(c.tp) + (c.sub_batches == 2 ? "+overlap" : "") + "/" +
-         std::string(api::to_string(c.recompute)) + "/" + std::string(api::to_string(c.offload));
+         std::string(api::to_string(c.recompute)) +
+         (c.offload == api::OffloadMode::kNone ? "" : "/offload");
 }
 
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,

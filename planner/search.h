@@ -38,12 +38,15 @@ struct SearchResult {
   std::optional<Candidate> nearest_miss;  // smallest memory overshoot among those that don't
   std::optional<Candidate> fastest_ignoring_memory;
   int64_t evaluated = 0;
+  std::string empty_reason;  // when nothing was evaluated: the first reason a part was empty
 };
 
 // `max_nodes`: nodes of the group usable. `slots_per_node`: free GPUs (or cores) per node.
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
                     const SearchSpace& space);
 
+// The kind of a plan, for finding a runner-up that differs in substance: TP degree, overlap,
+// recompute, and whether anything is offloaded.
 std::string kind_of(const ParallelConfig& c);
 
 }  // namespace kt::planner
