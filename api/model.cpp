@@ -14,7 +14,7 @@ const std::vector<ModelPreset>& model_presets() {
       {"gpt2-774m", {36, 1280, 20, 5120, 50257, 1024}, "GPT-2 large (Radford et al. 2019)"},
       {"gpt2-1.5b", {48, 1600, 25, 6400, 50257, 1024}, "GPT-2 XL (Radford et al. 2019)"},
       {"gpt-7b", {32, 4096, 32, 16384, 50257, 2048},
-       "GPT-3 6.7B dims (Brown et al. 2020, Table 2.1) in the GPT-2 layout, 6.9B parameters"},
+       "GPT-3 6.7B dims (Brown et al. 2020, Table 2.1) in the GPT-2 layout, 6.66B parameters"},
   };
   return kPresets;
 }

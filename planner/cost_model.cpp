@@ -27,6 +27,14 @@ constexpr double kAdamBytesPerParam = 28;
 // measurement; 0 would make overlap free.
 constexpr double kOverlapInterference = 0.15;
 
+// Fixed costs of offloading that the lanes above do not see: per step, the hand-off between
+// the device stream and the CPU optimizer pool (events, host callbacks, waking the pool); per
+// host<->device copy, the launch and completion latency of an async copy. Engineering
+// estimates (not from a paper), to be replaced by measurement. They are why a model that fits
+// is not offloaded just to hide a sub-millisecond device AdamW.
+constexpr double kOffloadStepOverhead = 2e-3;
+constexpr double kCopyLatency = 10e-6;
+
 struct Op {
   double comp = 0;  // seconds on the compute stream
   double comm = 0;  // seconds of the TP all-reduce that follows it (0: none)
@@ -50,21 +58,21 @@ double simulate_streams(const std::vector<Op>& ops, int64_t sub_batches, size_t 
     return t;
   }
   double compute_free = 0, comm_free = 0;
-  double comm_start_last = 0;  // the all-reduce in flight: [comm_start_last, comm_free)
+  double last_comm = 0;  // duration of the all-reduce issued just before this op
   double ready[2] = {0, 0};
   for (size_t i = 0; i < ops.size(); ++i) {
     if (i == boundary) *boundary_time = std::max(ready[0], ready[1]);
     for (int x = 0; x < 2; ++x) {
       const double start = std::max(compute_free, ready[x]);
-      // Compute that runs under an all-reduce is slowed: the collective's kernels take SMs
-      // and memory bandwidth.
-      const double shared = std::max(0.0, std::min(start + ops[i].comp, comm_free) -
-                                              std::max(start, comm_start_last));
+      // An op is scheduled to hide the all-reduce issued just before it, and runs slower
+      // beside it. Charged on durations (not on the simulated overlap) so that every time
+      // stays monotone in every duration: a faster link never predicts a slower step.
+      const double shared = std::min(ops[i].comp, last_comm);
       const double end = start + ops[i].comp + kOverlapInterference * shared;
       compute_free = end;
+      last_comm = ops[i].comm;
       if (ops[i].comm > 0) {
         const double comm_start = std::max(end, comm_free);
-        comm_start_last = comm_start;
         comm_free = comm_start + ops[i].comm;
         ready[x] = comm_free;
       } else {
@@ -297,8 +305,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     // the last `slots` of the forward are resident; earlier ones are fetched again, together
     // with their activation checkpoint; every streamed layer's gradients leave by D2H before its
     // slot is reused.
-    const double load = lay * bpe / pcie;
-    const double act_load = act_layer / pcie;
+    const double load = kCopyLatency + lay * bpe / pcie;
+    const double act_load = kCopyLatency + act_layer / pcie;
     double clock = gpu_layers * fwd_layer;  // resident layers first
     double h2d_free = 0, d2h_free = 0;
     std::vector<double> release(streamed, 0.0);
@@ -385,7 +393,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     const Unit& u = units[i];
     if (u.on_gpu) continue;
     last_final = std::max(last_final, final_time[i]);
-    const double copy = u.params * bpe / pcie;
+    const double copy = kCopyLatency + u.params * bpe / pcie;
     const double d2h = u.streamed ? 0 : copy;  // streamed grads already left in the window sim
     d2h_free = std::max(final_time[i], d2h_free) + d2h;
     const double adam = u.params / cpu_rate;
@@ -401,7 +409,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // Gradients of CPU-updated units must also be final before the step ends.
   lateness = std::max(lateness, last_final - step_device_end);
   lateness = std::max(lateness, 0.0);
-  pred.step_seconds = step_device_end + lateness;
+  const double offload_overhead =
+      c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
+  pred.step_seconds = step_device_end + lateness + offload_overhead;
 
   auto& time = pred.time;
   time.compute = c.grad_accum * timing.compute;
@@ -417,7 +427,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.transfer_total = copy_total + copy_window;
   const double tail_share = cpu_total + copy_total > 0 ? cpu_total / (cpu_total + copy_total) : 1;
   time.optimizer_cpu_exposed = lateness * tail_share;
-  time.transfer_exposed = window_stall + lateness * (1 - tail_share);
+  time.transfer_exposed = window_stall + lateness * (1 - tail_share) + offload_overhead;
   pred.pcie_bytes_per_step = pcie_bytes;
 
   const double tokens = static_cast<double>(p.global_batch) * m.seq_len;

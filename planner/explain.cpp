@@ -104,13 +104,7 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
     const Delta* worst = &deltas[0];
     for (const auto& d : deltas)
       if (d.other - d.chosen > worst->other - worst->chosen) worst = &d;
-    if (r.tokens_per_second > p.tokens_per_second * 1.001 &&
-        runner_up->config.offload != api::OffloadMode::kNone) {
-      lines.push_back("Runner-up: " + describe_config(runner_up->config) + " predicts " +
-                      fmt("%.1f%%", 100 * (r.tokens_per_second / p.tokens_per_second - 1)) +
-                      " more tokens/s but offloads; offload is chosen only when it wins by more "
-                      "than 3%, the cost model's margin of error.");
-    } else if (r.tokens_per_second >= p.tokens_per_second * 0.999) {
+    if (r.tokens_per_second >= p.tokens_per_second * 0.999) {
       lines.push_back("Runner-up: " + describe_config(runner_up->config) +
                       " ties within 0.1% (" + fmt("%.0f", r.tokens_per_second) +
                       " tokens/s); the simpler plan is preferred.");

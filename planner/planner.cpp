@@ -15,9 +15,6 @@ namespace {
 
 using api::OffloadMode;
 
-// How much faster (relative) an offloading plan must be than the best plan without offload.
-constexpr double kOffloadMargin = 0.03;
-
 // Nodes that can host ranks of one kind: same hardware figures, same CPU, memory and free slots.
 struct NodeGroup {
   Problem problem;
@@ -292,17 +289,6 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
     }
     SearchResult r = search(g.problem, max_nodes, g.slots, space);
     if (structural_error.empty() && !r.best && !r.nearest_miss) structural_error = r.empty_reason;
-    // Offload is a memory tool: an offloading plan must beat the best plan without offload by
-    // more than the model's uncertainty to be worth its PCIe traffic and host memory.
-    if (r.best && r.best->config.offload != OffloadMode::kNone &&
-        !job.spec.parallelism.offload && space.offload.size() > 1) {
-      SearchSpace plain = space;
-      plain.offload = {OffloadMode::kNone};
-      SearchResult without = search(g.problem, max_nodes, g.slots, plain);
-      if (without.best && without.best->eval.predicted.step_seconds <=
-                              r.best->eval.predicted.step_seconds * (1 + kOffloadMargin))
-        r.best = without.best;
-    }
     if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
                                 best->eval.predicted.tokens_per_second)) {
       best = r.best;

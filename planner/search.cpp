@@ -82,16 +82,16 @@ struct Searcher {
     return units;
   }
 
-  void offload_variants(ParallelConfig c, const MicroBatchTiming& t, bool plain_fits) {
+  void offload_variants(ParallelConfig c, const MicroBatchTiming& t) {
     const int64_t L = problem.model.layers;
     const bool cpu_auto = problem.cpu_device && space.offload.size() > 1;
     for (OffloadMode mode : space.offload) {
       if (mode == OffloadMode::kNone) continue;
-      // Offload only what does not fit: when this configuration fits on the device, offload
-      // could win only by hiding the device AdamW (milliseconds) at the price of host memory
-      // and PCIe traffic. On CPU ranks "offload" moves nothing anywhere useful, so it is
-      // planned only when asked for (to test the engine).
-      if ((plain_fits || cpu_auto) && space.offload.size() > 1) continue;
+      // On CPU ranks "offload" moves nothing anywhere useful (device memory is host memory),
+      // so it is planned only when asked for, to test the engine. Elsewhere offload variants
+      // are always evaluated, even when the plain configuration fits: skipping them would make
+      // the choice depend on feasibility, and more memory could then predict a slower plan.
+      if (cpu_auto) continue;
       c.offload = mode;
       for (int64_t k : gpu_unit_grid(c.tp)) {
         if (mode == OffloadMode::kOptimizer) {
@@ -210,16 +210,13 @@ struct Searcher {
                 if (sb == 2 && t == 1 && space.sub_batches.size() > 1) continue;  // nothing to hide
                 c.sub_batches = sb;
                 const MicroBatchTiming& tm = timing(c);
-                bool plain_fits = false;
                 if (contains_mode(OffloadMode::kNone)) {
                   c.offload = OffloadMode::kNone;
                   c.gpu_units = m.layers + 1;
                   c.window = 0;
-                  Evaluation ev = evaluate(problem, c, tm);
-                  plain_fits = ev.fits;
-                  consider(c, ev);
+                  consider(c, evaluate(problem, c, tm));
                 }
-                offload_variants(c, tm, plain_fits);
+                offload_variants(c, tm);
               }
             }
           }

@@ -1,0 +1,33 @@
+# kubetrain — the README's two commands are `make run` and `make test`. Each installs missing
+# Debian packages (scripts/install-deps.sh), configures, builds, then runs.
+BUILD ?= build
+JOBS ?= 2
+BUILD_TYPE ?= RelWithDebInfo
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build run test bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@test -f $(BUILD)/build.ninja || cmake -S . -B $(BUILD) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job (for now: plan GPT-2 1.5B on the Oases testbed, 8 × 4 RTX 3090 on PCIe).
+run: build
+	$(BUILD)/bin/kubetrain plan examples/jobs/gpt2-1.5b.yaml --cluster examples/clusters/3090x32-pcie.yaml
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/bin/bench_planner
+
+clean:
+	rm -rf $(BUILD)

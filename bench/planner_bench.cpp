@@ -1,0 +1,70 @@
+// Planner benchmark: planning time (median of repeated runs) for three jobs of growing size.
+// Usage: bench_planner [repetitions]   (default 21)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "api/error.h"
+#include "api/inventory.h"
+#include "api/training_job.h"
+#include "api/yaml_json.h"
+#include "planner/planner.h"
+
+namespace {
+
+kt::api::TrainingJob job(const std::string& model, int64_t global_batch) {
+  return kt::api::decode_training_job(kt::api::yaml_to_json(
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: bench}\nspec:\n"
+      "  model: " + model + "\n  training: {steps: 1000, globalBatchSize: " +
+      std::to_string(global_batch) + "}\n"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 21;
+  const std::string root = KT_SOURCE_DIR;
+  struct Case {
+    const char* name;
+    kt::api::TrainingJob job;
+    const char* cluster;
+  };
+  // GPT-3 175B (Brown et al. 2020): 96 layers, h 12288, 96 heads, s 2048; 1536 sequences/step.
+  std::vector<Case> cases = {
+      {"gpt2-124m on h200-single", job("{preset: gpt2-124m}", 512), "h200-single"},
+      {"gpt-7b on 3090x32-pcie", job("{preset: gpt-7b}", 512), "3090x32-pcie"},
+      {"175B on 128 x 8 H100", job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", 1536),
+       "h100x1024"},
+  };
+  std::printf("%-28s %12s %12s %12s  %s\n", "case", "median ms", "min ms", "max ms", "result");
+  for (auto& c : cases) {
+    const auto inv = kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml");
+    std::vector<double> ms;
+    std::string result;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        const auto plan = kt::planner::best_plan(c.job, inv);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "tp%lld dp%lld mb%lld sb%lld %s/%s, %.0f tokens/s",
+                      static_cast<long long>(plan.config.tp), static_cast<long long>(plan.config.dp),
+                      static_cast<long long>(plan.config.micro_batch),
+                      static_cast<long long>(plan.config.sub_batches),
+                      std::string(kt::api::to_string(plan.config.recompute)).c_str(),
+                      std::string(kt::api::to_string(plan.config.offload)).c_str(),
+                      plan.predicted.tokens_per_second);
+        result = buf;
+      } catch (const kt::Error& e) {
+        result = std::string("infeasible: ") + e.what();
+      }
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%-28s %12.2f %12.2f %12.2f  %s\n", c.name, ms[ms.size() / 2], ms.front(), ms.back(),
+                result.substr(0, 160).c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Bad input through the real CLI: each case must exit non-zero with one line on stderr that
+# names the field (or the file) and the problem.
+set -u
+KT=$1
+DIR=$(mktemp -d)
+trap 'rm -rf "$DIR"' EXIT
+fail=0
+
+job() {  # job NAME SPEC-YAML
+  printf 'apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: j}\nspec:\n%s\n' "$2" > "$DIR/$1.yaml"
+}
+
+expect() {  # expect CASE EXPECTED-SUBSTRING COMMAND...
+  local name=$1 want=$2
+  shift 2
+  "$@" > "$DIR/out" 2> "$DIR/err"
+  local rc=$? lines
+  lines=$(wc -l < "$DIR/err")
+  if [[ $rc -eq 0 ]]; then
+    echo "FAIL $name: exit 0"; fail=1
+  elif ! grep -qF -- "$want" "$DIR/err"; then
+    echo "FAIL $name: stderr lacks '$want':"; cat "$DIR/err"; fail=1
+  elif [[ $lines -ne 1 ]]; then
+    echo "FAIL $name: $lines lines on stderr:"; cat "$DIR/err"; fail=1
+  else
+    echo "ok   $name (rc $rc): $(cat "$DIR/err")"
+  fi
+}
+
+CL=examples/clusters/h100x32.yaml
+job neg '  model: {layers: -1, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}
+  training: {steps: 10}'
+expect negative-dim "spec.model.layers: -1 must be > 0" "$KT" validate "$DIR/neg.yaml"
+job zero '  model: {preset: gpt2-124m, hidden: 0}
+  training: {steps: 10}'
+expect zero-dim "spec.model.hidden: 0 must be > 0" "$KT" plan "$DIR/zero.yaml" --cluster $CL
+job heads '  model: {layers: 12, hidden: 768, heads: 7, vocab: 50257, seqLen: 1024}
+  training: {steps: 10}'
+expect heads "spec.model.heads: 7 does not divide hidden 768" "$KT" plan "$DIR/heads.yaml" --cluster $CL
+job preset '  model: {preset: gpt5}
+  training: {steps: 10}'
+expect unknown-preset 'spec.model.preset: unknown preset "gpt5"' "$KT" validate "$DIR/preset.yaml"
+printf 'apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nspec: {model: [1, 2\n' > "$DIR/malformed.yaml"
+expect malformed-yaml "malformed YAML" "$KT" validate "$DIR/malformed.yaml"
+job ok '  model: {preset: gpt2-124m}
+  training: {steps: 10}'
+printf 'kind: Inventory\nnodes:\n- name: x\n  gpu: {product: NVIDIA-Z1, count: 8}\n  cpu: {cores: 8}\n  memory: 64Gi\n' > "$DIR/gpu.yaml"
+expect unknown-gpu 'nodes[0].gpu.product: unknown GPU product "NVIDIA-Z1"' "$KT" plan "$DIR/ok.yaml" --cluster "$DIR/gpu.yaml"
+printf 'kind: Inventory\nnodes: []\n' > "$DIR/empty.yaml"
+expect empty-cluster "nodes: the cluster has no nodes" "$KT" plan "$DIR/ok.yaml" --cluster "$DIR/empty.yaml"
+job huge '  model: {layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}
+  training: {steps: 10, globalBatchSize: 8}
+  parallelism: {offload: none}'
+expect fits-nowhere "per GPU with the best plan" "$KT" plan "$DIR/huge.yaml" --cluster examples/clusters/h200-single.yaml
+expect fits-nowhere-names-capacity "nodes have 141.0 GiB" "$KT" plan "$DIR/huge.yaml" --cluster examples/clusters/h200-single.yaml
+expect missing-file "does not exist" "$KT" plan "$DIR/nope.yaml" --cluster $CL
+exit $fail

@@ -1,0 +1,181 @@
+#include <gtest/gtest.h>
+
+#include "api/error.h"
+#include "api/plan.h"
+#include "api/quantity.h"
+#include "api/training_job.h"
+#include "api/yaml_json.h"
+#include "planner/planner.h"
+#include "test_util.h"
+
+namespace kt {
+namespace {
+
+using api::Json;
+
+// The message of the first validation error (or decode error) of a manifest.
+std::string first_error(const std::string& spec_yaml, const std::string& metadata = "{name: j}") {
+  try {
+    auto job = test::job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
+                                   "metadata: " + metadata + "\nspec:\n" + spec_yaml);
+    auto errors = api::validate(job);
+    return errors.empty() ? "" : errors.front().what();
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST(Yaml, PlainScalarsAreTypedQuotedOnesStayStrings) {
+  const Json v = api::yaml_to_json("a: 12\nb: '12'\nc: 1.5e-4\nd: true\ne: ~\nf: auto\ng: \"on\"\n");
+  EXPECT_TRUE(v["a"].is_number_integer());
+  EXPECT_EQ(v["b"], "12");
+  EXPECT_DOUBLE_EQ(v["c"].get<double>(), 1.5e-4);
+  EXPECT_EQ(v["d"], true);
+  EXPECT_TRUE(v["e"].is_null());
+  EXPECT_EQ(v["f"], "auto");
+  EXPECT_EQ(v["g"], "on");
+}
+
+TEST(Yaml, RoundTripsThroughTheEmitter) {
+  const Json v = {{"s", "123"}, {"t", "true"}, {"n", 3}, {"x", 0.1}, {"l", {1, "a: b", nullptr}},
+                  {"m", Json::object()}, {"e", ""}};
+  EXPECT_EQ(api::yaml_to_json(api::json_to_yaml(v)), v);
+}
+
+TEST(Yaml, MalformedInputNamesSourceAndLine) {
+  try {
+    api::yaml_to_json("a: [1, 2\nb: 3\n", "job.yaml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job.yaml:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("malformed YAML"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Quantity, ParsesKubernetesSuffixes) {
+  EXPECT_DOUBLE_EQ(*api::parse_quantity("60Gi"), 60.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(*api::parse_quantity("80G"), 80e9);
+  EXPECT_DOUBLE_EQ(*api::parse_quantity("500m"), 0.5);
+  EXPECT_DOUBLE_EQ(*api::parse_quantity("1.5e3"), 1500);
+  EXPECT_DOUBLE_EQ(*api::parse_quantity("16"), 16);
+  EXPECT_FALSE(api::parse_quantity("12GB"));
+  EXPECT_FALSE(api::parse_quantity("Gi"));
+  EXPECT_FALSE(api::parse_quantity(""));
+  EXPECT_EQ(api::format_bytes(93.1 * api::kGiB), "93.1 GiB");
+}
+
+TEST(TrainingJob, DefaultsAreApplied) {
+  auto job = test::gpt_job("{preset: gpt2-124m}");
+  EXPECT_EQ(job.metadata.namespace_, "default");
+  EXPECT_EQ(job.spec.training.global_batch_size, 256);
+  EXPECT_FALSE(job.spec.training.micro_batch_size);  // auto
+  EXPECT_DOUBLE_EQ(job.spec.training.weight_decay, 0.1);
+  EXPECT_EQ(job.spec.data.source, api::DataSource::kSynthetic);
+  EXPECT_EQ(job.spec.run_policy.clean_pod_policy, api::CleanPodPolicy::kRunning);
+  EXPECT_FALSE(job.spec.parallelism.tensor_parallel);
+  EXPECT_TRUE(api::validate(job).empty());
+}
+
+TEST(TrainingJob, HintsDecode) {
+  auto job = test::gpt_job("{preset: gpt2-124m}",
+                           "  parallelism: {tensorParallel: 2, overlap: on, recompute: commAware, "
+                           "offload: window, offloadWindow: 3, gpuUpdateFraction: 0.5, "
+                           "gpuMemoryBudget: 60Gi}\n");
+  const auto& p = job.spec.parallelism;
+  EXPECT_EQ(*p.tensor_parallel, 2);
+  EXPECT_TRUE(*p.overlap);
+  EXPECT_EQ(*p.recompute, api::Recompute::kCommAware);
+  EXPECT_EQ(*p.offload, api::OffloadMode::kWindow);
+  EXPECT_EQ(*p.offload_window, 3);
+  EXPECT_DOUBLE_EQ(*p.gpu_update_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(*p.gpu_memory_budget_bytes, 60.0 * api::kGiB);
+}
+
+TEST(TrainingJob, JsonRoundTripKeepsEverything) {
+  auto job = test::gpt_job("{preset: gpt2-124m, seqLen: 512}",
+                           "  parallelism: {tensorParallel: 2, overlap: off}\n"
+                           "  resources: {maxNodes: 3, nodeSelector: {pool: a}, tolerations: "
+                           "[{key: k, operator: Exists}]}\n"
+                           "  runPolicy: {backoffLimit: 5, activeDeadlineSeconds: 600}\n");
+  job.status.phase = api::JobPhase::kRunning;
+  job.status.conditions.push_back({"Planned", "True", "PlanChosen", "tp=2", 1, "2026-11-30T00:00:00Z"});
+  job.status.progress.loss = 3.25;
+  const Json encoded = api::to_json(job);
+  const auto again = api::decode_training_job(encoded);
+  EXPECT_EQ(api::to_json(again), encoded);
+  EXPECT_EQ(again.spec.resources.tolerations[0]["key"], "k");
+}
+
+TEST(Validation, NamesTheFieldAndTheValue) {
+  EXPECT_EQ(first_error("  model: {layers: 12, hidden: 768, heads: 7, vocab: 50257, seqLen: 1024}\n"
+                        "  training: {steps: 10}\n"),
+            "spec.model.heads: 7 does not divide hidden 768");
+  EXPECT_EQ(first_error("  model: {layers: -2, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}\n"
+                        "  training: {steps: 10}\n"),
+            "spec.model.layers: -2 must be > 0");
+  EXPECT_EQ(first_error("  model: {preset: gpt2-124m, hidden: 0}\n  training: {steps: 10}\n"),
+            "spec.model.hidden: 0 must be > 0");
+  EXPECT_EQ(first_error("  model: {preset: gpt3}\n  training: {steps: 10}\n").substr(0, 43),
+            "spec.model.preset: unknown preset \"gpt3\" (o");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 0}\n"),
+            "spec.training.steps: required, must be > 0");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10, stpes: 3}\n"),
+            "spec.training.stpes: unknown field (did you mean \"steps\"?)");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: ten}\n"),
+            "spec.training.steps: must be an integer, got \"ten\"");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {recompute: some}\n"),
+            "spec.parallelism.recompute: unknown value \"some\" (one of: auto, none, commAware, full)");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {tensorParallel: 3}\n"),
+            "spec.parallelism.tensorParallel: 3 does not divide heads 4");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {gpuUpdateFraction: 1.5}\n"),
+            "spec.parallelism.gpuUpdateFraction: 1.5 must be between 0 and 1");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10, globalBatchSize: 10, "
+                        "microBatchSize: 4}\n"),
+            "spec.training.microBatchSize: 4 does not divide globalBatchSize 10");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n", "{name: Bad_Name}")
+                .substr(0, 28),
+            "metadata.name: \"Bad_Name\" mu");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  data: {source: tokens}\n"),
+            "spec.data.path: required when source is tokens");
+}
+
+TEST(Validation, WrongKindOrVersionIsRejected) {
+  EXPECT_THROW(test::job_from_yaml("apiVersion: v1\nkind: TrainingJob\nspec: {}\n"), FieldError);
+  EXPECT_THROW(test::job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: Pod\n"), FieldError);
+}
+
+TEST(Plan, JsonRoundTripPreservesTheHash) {
+  auto job = test::gpt_job("{preset: gpt2-124m}");
+  const api::Plan plan = planner::best_plan(job, test::cluster("h100x32"));
+  ASSERT_EQ(plan.plan_hash.size(), 16u);
+  const Json encoded = api::to_json(plan);
+  const api::Plan decoded = api::decode_plan(encoded);
+  EXPECT_EQ(decoded.plan_hash, plan.plan_hash);
+  EXPECT_EQ(api::compute_plan_hash(decoded), plan.plan_hash);
+  EXPECT_EQ(decoded.config.tp, plan.config.tp);
+  EXPECT_EQ(decoded.config.dp, plan.config.dp);
+  EXPECT_EQ(decoded.model, plan.model);
+  EXPECT_EQ(decoded.world, plan.config.tp * plan.config.dp);
+}
+
+TEST(Plan, TamperedPlanIsRefused) {
+  auto job = test::gpt_job("{preset: gpt2-124m}");
+  Json encoded = api::to_json(planner::best_plan(job, test::cluster("h200-single")));
+  encoded["training"]["steps"] = 7;
+  try {
+    api::decode_plan(encoded);
+    FAIL() << "expected the hash check to fail";
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.path(), "plan.planHash");
+  }
+  encoded = api::to_json(planner::best_plan(job, test::cluster("h200-single")));
+  encoded["tp"] = 2;  // tp × dp no longer equals world
+  EXPECT_THROW(api::decode_plan(encoded), FieldError);
+}
+
+}  // namespace
+}  // namespace kt

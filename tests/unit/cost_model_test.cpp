@@ -1,0 +1,170 @@
+#include <gtest/gtest.h>
+
+#include "api/hardware.h"
+#include "api/quantity.h"
+#include "planner/cost_model.h"
+
+namespace kt {
+namespace {
+
+using api::OffloadMode;
+using api::Recompute;
+using planner::ParallelConfig;
+using planner::Problem;
+
+// GPT 1.2B (L=24, h=2048, 16 heads, s=1024) on a node of 4 RTX 3090 on PCIe.
+Problem problem_3090() {
+  Problem p;
+  p.model = {24, 2048, 16, 8192, 50257, 1024};
+  p.global_batch = 64;
+  p.hw = *api::find_profile("RTX-3090");
+  p.cpu_cores_per_node = 32;
+  p.host_memory_per_node = 256 * api::kGiB;
+  return p;
+}
+
+ParallelConfig config(int64_t tp, int64_t micro, int64_t sub_batches, Recompute rc) {
+  ParallelConfig c;
+  c.nodes = 1;
+  c.procs_per_node = 4;
+  c.tp = tp;
+  c.dp = 4 / tp;
+  c.micro_batch = micro;
+  c.grad_accum = 64 / c.dp / micro;
+  c.sub_batches = sub_batches;
+  c.recompute = rc;
+  c.gpu_units = 25;
+  return c;
+}
+
+TEST(CostModel, AllReduceCountsPerMicroBatch) {
+  const Problem p = problem_3090();
+  const int64_t L = p.model.layers;
+  // Per layer: 2 forward + 2 backward, +2 for a full recompute's forward; plus one for the
+  // vocab-parallel embedding and one for the LM head's input gradient. ×2 when overlapped.
+  EXPECT_EQ(planner::time_micro_batch(p, config(2, 4, 1, Recompute::kNone)).allreduces, 4 * L + 2);
+  EXPECT_EQ(planner::time_micro_batch(p, config(2, 4, 1, Recompute::kCommAware)).allreduces,
+            4 * L + 2);
+  EXPECT_EQ(planner::time_micro_batch(p, config(2, 4, 1, Recompute::kFull)).allreduces, 6 * L + 2);
+  EXPECT_EQ(planner::time_micro_batch(p, config(2, 4, 2, Recompute::kFull)).allreduces,
+            2 * (6 * L + 2));
+  EXPECT_EQ(planner::time_micro_batch(p, config(2, 4, 2, Recompute::kCommAware)).allreduces,
+            2 * (4 * L + 2));
+}
+
+TEST(CostModel, WithoutOverlapTheMicroBatchIsComputePlusComm) {
+  const Problem p = problem_3090();
+  const auto t = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kNone));
+  EXPECT_NEAR(t.forward + t.backward, t.compute + t.tp_comm, 1e-12);
+  EXPECT_GT(t.tp_comm, 0);
+}
+
+TEST(CostModel, OverlapHidesAllReduceBehindTheOtherSubBatch) {
+  const Problem p = problem_3090();
+  const auto serial = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kNone));
+  const auto overlapped = planner::time_micro_batch(p, config(4, 4, 2, Recompute::kNone));
+  const double wall_serial = serial.forward + serial.backward;
+  const double wall_overlap = overlapped.forward + overlapped.backward;
+  EXPECT_LT(wall_overlap, wall_serial * 0.8);
+  // It can never beat the busier of the two streams.
+  EXPECT_GE(wall_overlap, std::max(overlapped.compute, overlapped.tp_comm));
+  // The two half-size sub-batches do the same arithmetic.
+  EXPECT_NEAR(overlapped.compute, serial.compute, serial.compute * 1e-12);
+}
+
+TEST(CostModel, CommAwareRecomputeIsCheaperThanFull) {
+  const Problem p = problem_3090();
+  const auto full = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kFull));
+  const auto aware = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kCommAware));
+  const auto none = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kNone));
+  EXPECT_LT(aware.tp_comm, full.tp_comm);
+  EXPECT_NEAR(aware.tp_comm, none.tp_comm, 1e-12);
+  EXPECT_LT(aware.compute, full.compute);
+  EXPECT_GT(aware.compute, none.compute);
+}
+
+TEST(CostModel, MemoryByKindWithoutOffload) {
+  const Problem p = problem_3090();
+  const auto c = config(1, 1, 1, Recompute::kFull);
+  const auto ev = planner::evaluate(p, c);
+  const double params = static_cast<double>(api::parameter_count(p.model));
+  EXPECT_DOUBLE_EQ(ev.predicted.memory.params, 2 * params);
+  EXPECT_DOUBLE_EQ(ev.predicted.memory.grads, 2 * params);
+  EXPECT_DOUBLE_EQ(ev.predicted.memory.optimizer, 12 * params);
+  EXPECT_DOUBLE_EQ(ev.predicted.pcie_bytes_per_step, 0);
+  EXPECT_EQ(ev.predicted.host_bytes_per_node, 0);
+  // Activations: L layers of 2sbh checkpoints + one layer's working set + fp32 logits + the
+  // embedding output.
+  const auto& m = p.model;
+  const double s = m.seq_len, h = m.hidden;
+  const double expected = m.layers * 2 * s * h +
+                          planner::layer_activation_bytes(m, 1, 1, Recompute::kNone) +
+                          s * m.padded_vocab() * 4 + 2 * s * h * 2;
+  EXPECT_DOUBLE_EQ(ev.predicted.memory.activations, expected);
+}
+
+TEST(CostModel, ZeroOffloadMovesFourBytesPerParameter) {
+  const Problem p = problem_3090();
+  auto c = config(1, 1, 1, Recompute::kFull);
+  c.offload = OffloadMode::kOptimizer;
+  c.gpu_units = 0;  // everything updated on the CPU
+  const auto ev = planner::evaluate(p, c);
+  const double params = static_cast<double>(api::parameter_count(p.model));
+  EXPECT_DOUBLE_EQ(ev.predicted.pcie_bytes_per_step, 4 * params);  // bf16 grads down, params up
+  EXPECT_DOUBLE_EQ(ev.predicted.memory.optimizer, 0);
+  EXPECT_GT(ev.predicted.time.optimizer_cpu_total, 0);
+  EXPECT_GE(ev.predicted.host_bytes_per_node, 4 * 16 * params);  // 4 ranks × 16 B/param
+}
+
+TEST(CostModel, WindowOffloadPcieBytesFollowTheFormula) {
+  const Problem p = problem_3090();
+  auto c = config(1, 1, 1, Recompute::kFull);
+  c.offload = OffloadMode::kWindow;
+  c.gpu_units = 5;  // embeddings + layers 0..3 resident
+  c.window = 3;
+  const auto ev = planner::evaluate(p, c);
+  const auto& m = p.model;
+  const double S = m.layers - 4, W = 3, lay = planner::layer_unit_params(m, 1);
+  const double act = planner::layer_activation_bytes(m, 1, 1, Recompute::kFull);
+  const double per_micro = (2 * S - W) * lay * 2 + S * lay * 2 + 2 * S * act;
+  EXPECT_NEAR(ev.predicted.pcie_bytes_per_step, c.grad_accum * per_micro, 1.0);
+  // Fewer layers resident on the device than without offload.
+  auto plain = config(1, 1, 1, Recompute::kFull);
+  EXPECT_LT(ev.predicted.memory.total(), planner::evaluate(p, plain).predicted.memory.total());
+}
+
+TEST(CostModel, MoreGpuUpdateFractionNeedsMoreDeviceMemory) {
+  const Problem p = problem_3090();
+  auto c = config(2, 2, 1, Recompute::kFull);
+  c.offload = OffloadMode::kOptimizer;
+  double previous = 0;
+  for (int64_t k = 0; k <= p.model.layers; ++k) {
+    c.gpu_units = k;
+    const double total = planner::evaluate(p, c).predicted.memory.total();
+    EXPECT_GT(total, previous) << k;
+    previous = total;
+  }
+}
+
+TEST(CostModel, CpuRanksUseHostMemoryAsDeviceMemory) {
+  Problem p;
+  p.model = api::find_model_preset("tiny")->dims;
+  p.global_batch = 8;
+  p.hw = api::cpu_profile();
+  p.cpu_device = true;
+  p.precision = api::Precision::kFp32;
+  p.cpu_cores_per_node = 2;
+  p.host_memory_per_node = 24 * api::kGiB;
+  ParallelConfig c;
+  c.procs_per_node = 2;
+  c.tp = 2;
+  c.micro_batch = 8;
+  c.gpu_units = p.model.layers + 1;
+  const auto ev = planner::evaluate(p, c);
+  EXPECT_TRUE(ev.fits);
+  EXPECT_DOUBLE_EQ(ev.predicted.device_capacity_bytes, 0.85 * 24 * api::kGiB / 2);
+  EXPECT_GT(ev.predicted.tokens_per_second, 0);
+}
+
+}  // namespace
+}  // namespace kt

@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include "api/error.h"
+#include "api/hardware.h"
+#include "api/inventory.h"
+#include "api/quantity.h"
+#include "test_util.h"
+
+namespace kt {
+namespace {
+
+TEST(Inventory, ReplicasExpandToNamedNodes) {
+  const auto inv = test::cluster("3090x32-pcie");
+  ASSERT_EQ(inv.nodes.size(), 8u);
+  EXPECT_EQ(inv.nodes[0].name, "rtx3090-0");
+  EXPECT_EQ(inv.nodes[7].name, "rtx3090-7");
+  EXPECT_EQ(inv.nodes[3].gpu_count, 4);
+  EXPECT_EQ(inv.nodes[3].free_gpus, 4);
+  EXPECT_EQ(inv.nodes[3].hardware.name, "RTX-3090");
+  EXPECT_EQ(inv.nodes[3].hardware.intra_link, api::LinkKind::kPcie);
+  EXPECT_DOUBLE_EQ(inv.nodes[3].hardware.inter_node_bandwidth, 12.5e9);
+}
+
+TEST(Inventory, LinksOverrideTheProfile) {
+  const auto pcie = test::cluster("3090x32-pcie");
+  const auto nvlink = test::cluster("3090x32-nvlink");
+  EXPECT_EQ(nvlink.nodes[0].hardware.intra_link, api::LinkKind::kNvlink);
+  EXPECT_GT(nvlink.nodes[0].hardware.intra_allreduce_busbw, pcie.nodes[0].hardware.intra_allreduce_busbw);
+}
+
+TEST(Inventory, ReadsKubectlNodesWithGpuFeatureDiscoveryLabels) {
+  const auto inv = api::load_inventory(test::source_path("tests/data/kubectl-nodes.json"));
+  ASSERT_EQ(inv.nodes.size(), 2u);
+  const auto& gpu = inv.nodes[0];
+  EXPECT_EQ(gpu.gpu_count, 8);
+  EXPECT_EQ(gpu.cpu_cores, 111);  // 111500m, whole cores
+  EXPECT_EQ(gpu.hardware.name, "H100-SXM");
+  EXPECT_DOUBLE_EQ(gpu.hardware.memory_bytes, 81559 * api::kMiB);  // the label wins
+  EXPECT_DOUBLE_EQ(gpu.hardware.inter_node_bandwidth, 100e9);        // the annotation wins
+  const auto& cpu = inv.nodes[1];
+  EXPECT_TRUE(cpu.is_cpu_node());
+  EXPECT_FALSE(cpu.schedulable);
+  EXPECT_TRUE(cpu.hardware.is_cpu);
+  EXPECT_DOUBLE_EQ(cpu.memory_bytes, 64 * api::kGiB);
+}
+
+TEST(Inventory, UnknownProductNamesTheField) {
+  try {
+    test::inventory_from_yaml(
+        "kind: Inventory\nnodes:\n- name: x\n  gpu: {product: NVIDIA-B999, count: 2}\n"
+        "  cpu: {cores: 8}\n  memory: 64Gi\n");
+    FAIL();
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.path(), "nodes[0].gpu.product");
+    EXPECT_NE(e.problem().find("unknown GPU product \"NVIDIA-B999\""), std::string::npos);
+  }
+}
+
+TEST(Inventory, EmptyClusterIsAnError) {
+  EXPECT_THROW(test::inventory_from_yaml("kind: Inventory\nnodes: []\n"), FieldError);
+  EXPECT_THROW(test::inventory_from_yaml("kind: Deployment\n"), Error);
+}
+
+TEST(Inventory, BadAnnotationNamesTheKey) {
+  try {
+    test::inventory_from_yaml(
+        "kind: Inventory\nnodes:\n- name: x\n  gpu: {product: H200, count: 1}\n  cpu: {cores: 8}\n"
+        "  memory: 64Gi\n  annotations: {kubetrain.dev/pcie-gbps: fast}\n");
+    FAIL();
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.path(), "nodes[0].annotations.kubetrain.dev/pcie-gbps");
+  }
+}
+
+TEST(Hardware, ProfilesMatchGfdNamesAndCarrySources) {
+  for (const char* name : {"NVIDIA-H200", "nvidia h200", "H200", "NVIDIA-H100-80GB-HBM3",
+                           "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-PCIE-40GB", "NVIDIA-L40S",
+                           "NVIDIA-L4", "NVIDIA-GeForce-RTX-4090", "NVIDIA-GeForce-RTX-3090",
+                           "Tesla-V100-SXM2-32GB", "Tesla-T4", "NVIDIA-H100-PCIe"}) {
+    EXPECT_NE(api::find_profile(name), nullptr) << name;
+  }
+  EXPECT_EQ(api::find_profile("NVIDIA-L4")->name, "L4");
+  EXPECT_EQ(api::find_profile("NVIDIA-L40S")->name, "L40S");
+  for (const auto& p : api::builtin_profiles()) {
+    EXPECT_FALSE(p.source.empty()) << p.name;
+    EXPECT_GT(p.peak_bf16_flops, 0) << p.name;
+    EXPECT_GT(p.memory_bytes, 0) << p.name;
+    EXPECT_GT(p.intra_allreduce_busbw, 0) << p.name;
+    EXPECT_GT(p.host_link_bandwidth, 0) << p.name;
+    EXPECT_GT(p.achieved_fraction, 0) << p.name;
+    EXPECT_LE(p.achieved_fraction, 1) << p.name;
+  }
+  EXPECT_TRUE(api::cpu_profile().is_cpu);
+}
+
+}  // namespace
+}  // namespace kt

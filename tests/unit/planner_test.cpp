@@ -1,0 +1,252 @@
+#include <gtest/gtest.h>
+
+#include "api/error.h"
+#include "api/quantity.h"
+#include "planner/planner.h"
+#include "test_util.h"
+
+namespace kt {
+namespace {
+
+using api::OffloadMode;
+using api::Recompute;
+
+const char* kGpt1_2b = "{layers: 24, hidden: 2048, heads: 16, vocab: 50257, seqLen: 1024}";
+const char* kGpt5b = "{layers: 24, hidden: 4096, heads: 32, vocab: 50257, seqLen: 1024}";
+
+const api::Alternative& alternative(const api::Plan& plan, const std::string& name) {
+  for (const auto& a : plan.alternatives)
+    if (a.name == name) return a;
+  throw std::runtime_error("no alternative " + name);
+}
+
+std::string plan_error(const api::TrainingJob& job, const api::Inventory& inv) {
+  try {
+    planner::best_plan(job, inv);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One node group with the given GPU product and overrides.
+api::Inventory gpu_cluster(const std::string& product, int nodes, int gpus, double memory_gib,
+                           double pcie_gbps, double busbw_gbps, double inter_gbps) {
+  char yaml[1024];
+  std::snprintf(yaml, sizeof yaml,
+                "kind: Inventory\nnodes:\n- name: n\n  replicas: %d\n"
+                "  gpu: {product: %s, count: %d, memory: %.3fGi}\n  cpu: {cores: 32}\n"
+                "  memory: 512Gi\n  annotations: {kubetrain.dev/pcie-gbps: '%g', "
+                "kubetrain.dev/intra-busbw-gbps: '%g', kubetrain.dev/inter-node-gbps: '%g'}\n",
+                nodes, product.c_str(), gpus, memory_gib, pcie_gbps, busbw_gbps, inter_gbps);
+  return test::inventory_from_yaml(yaml);
+}
+
+TEST(Planner, OnTheOasesTestbedA1_2bGptOverlapsAndBeatsMegatronBy1_3x) {
+  const auto job = test::gpt_job(kGpt1_2b);
+  const auto plan = planner::best_plan(job, test::cluster("3090x32-pcie"));
+  EXPECT_EQ(plan.config.sub_batches, 2) << "expected the overlapped schedule";
+  EXPECT_GT(plan.config.tp, 1);
+  const auto& megatron = alternative(plan, "megatron");
+  ASSERT_TRUE(megatron.feasible) << megatron.reason;
+  EXPECT_EQ(megatron.config.tp, 4);
+  EXPECT_EQ(megatron.config.sub_batches, 1);
+  EXPECT_GE(plan.predicted.tokens_per_second, 1.3 * megatron.predicted.tokens_per_second);
+  // The chosen plan is never slower than any baseline: they are points of the same space.
+  for (const auto& a : plan.alternatives) {
+    if (a.feasible) {
+      EXPECT_GE(plan.predicted.tokens_per_second, a.predicted.tokens_per_second * (1 - 1e-9))
+          << a.name;
+    }
+  }
+}
+
+TEST(Planner, OnOneV100A5bGptNeedsWindowOffload) {
+  const auto v100 = test::cluster("v100-32gb-single");
+  const std::string none = plan_error(
+      test::gpt_job(kGpt5b, "  parallelism: {offload: none}\n", 8), v100);
+  EXPECT_NE(none.find("no plan fits"), std::string::npos) << none;
+  EXPECT_NE(none.find("per GPU with the best plan"), std::string::npos) << none;
+  const auto plan = planner::best_plan(test::gpt_job(kGpt5b, "  parallelism: {offload: window}\n", 8), v100);
+  EXPECT_EQ(plan.config.offload, OffloadMode::kWindow);
+  EXPECT_LE(plan.predicted.memory.total(), plan.predicted.device_capacity_bytes);
+  int64_t streamed = 0;
+  for (const auto& l : plan.layers) streamed += l.resident ? 0 : 1;
+  EXPECT_GT(streamed, 0);
+  EXPECT_LT(plan.config.window, streamed);
+  // Left to itself the planner offloads too.
+  EXPECT_NE(planner::best_plan(test::gpt_job(kGpt5b, "", 8), v100).config.offload, OffloadMode::kNone);
+}
+
+TEST(Planner, OnOneH200Gpt2SmallNeedsNoOffload) {
+  const auto plan = planner::best_plan(test::gpt_job("{preset: gpt2-124m}"), test::cluster("h200-single"));
+  EXPECT_EQ(plan.config.offload, OffloadMode::kNone);
+  EXPECT_EQ(plan.world, 1);
+  EXPECT_EQ(plan.device, api::DeviceKind::kCuda);
+  EXPECT_EQ(plan.precision, api::Precision::kBf16);
+  EXPECT_DOUBLE_EQ(plan.gpu_update_fraction, 1.0);
+}
+
+TEST(Planner, MoreMemoryBandwidthOrFasterLinksNeverPredictSlower) {
+  struct Case {
+    const char* model;
+    std::string product;
+    int nodes, gpus, batch;
+    double memory, pcie, busbw, inter;
+  };
+  const Case cases[] = {
+      {kGpt1_2b, "RTX-3090", 2, 4, 64, 24, 25, 10, 12.5},
+      {kGpt5b, "V100-SXM2-32GB", 1, 1, 8, 32, 12, 130, 50},
+      {"{preset: gpt-7b}", "A100-SXM-80GB", 2, 8, 64, 40, 25, 230, 25},
+  };
+  for (const auto& c : cases) {
+    const auto job = test::gpt_job(c.model, "", c.batch);
+    const double base =
+        planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw, c.inter))
+            .predicted.tokens_per_second;
+    const double scales[] = {1.25, 1.5, 2.0, 4.0};
+    for (double k : scales) {
+      SCOPED_TRACE(c.product + " ×" + std::to_string(k));
+      const double more_memory = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory * k, c.pcie, c.busbw, c.inter)).predicted.tokens_per_second;
+      const double more_pcie = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie * k, c.busbw, c.inter)).predicted.tokens_per_second;
+      const double more_busbw = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw * k, c.inter)).predicted.tokens_per_second;
+      const double more_inter = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw, c.inter * k)).predicted.tokens_per_second;
+      EXPECT_GE(more_memory, base * (1 - 1e-12));
+      EXPECT_GE(more_pcie, base * (1 - 1e-12));
+      EXPECT_GE(more_busbw, base * (1 - 1e-12));
+      EXPECT_GE(more_inter, base * (1 - 1e-12));
+    }
+  }
+}
+
+TEST(Planner, ExplicitHintsAreObeyed) {
+  const auto job = test::gpt_job(
+      "{preset: gpt2-350m}",
+      "  parallelism: {tensorParallel: 2, overlap: off, recompute: full, offload: optimizer, "
+      "gpuUpdateFraction: 0.5}\n  training: {steps: 10, globalBatchSize: 64, microBatchSize: 2}\n"
+      "  resources: {maxNodes: 2}\n");
+  const auto plan = planner::best_plan(job, test::cluster("h100x32"));
+  EXPECT_EQ(plan.config.tp, 2);
+  EXPECT_EQ(plan.config.sub_batches, 1);
+  EXPECT_EQ(plan.config.recompute, Recompute::kFull);
+  EXPECT_EQ(plan.config.offload, OffloadMode::kOptimizer);
+  EXPECT_EQ(plan.config.micro_batch, 2);
+  EXPECT_LE(plan.config.nodes, 2);
+  EXPECT_GE(plan.gpu_update_fraction, 0.5);
+  EXPECT_LT(plan.gpu_update_fraction, 0.6);
+  EXPECT_EQ(plan.embeddings.update, api::UpdateDevice::kGpu);
+  EXPECT_EQ(plan.layers.back().update, api::UpdateDevice::kCpu);
+  EXPECT_EQ(plan.world, plan.config.tp * plan.config.dp);
+  EXPECT_EQ(static_cast<int64_t>(plan.placement.size()), plan.config.nodes);
+}
+
+TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
+  // gpt-7b without recompute or offload at micro-batch 32 on one H200.
+  const auto job = test::gpt_job(
+      "{preset: gpt-7b}",
+      "  parallelism: {recompute: none, offload: none}\n"
+      "  training: {steps: 10, globalBatchSize: 32, microBatchSize: 32}\n");
+  const std::string e = plan_error(job, test::cluster("h200-single"));
+  EXPECT_EQ(e.rfind("no plan fits with recompute=none, offload=none, microBatchSize=32: needs ", 0), 0u) << e;
+  EXPECT_NE(e.find(" per GPU with the best plan (TP 1 × DP 1, micro-batch 32"), std::string::npos) << e;
+  EXPECT_NE(e.find("nodes have 141.0 GiB"), std::string::npos) << e;
+  // A tensor-parallel degree the node cannot hold.
+  const std::string tp = plan_error(
+      test::gpt_job("{preset: gpt2-124m}", "  parallelism: {tensorParallel: 4}\n"),
+      test::cluster("h200-single"));
+  EXPECT_EQ(tp, "spec.parallelism.tensorParallel: 4 does not divide the 1 ranks per node (TP groups stay inside a node)");
+}
+
+TEST(Planner, AModelThatFitsNowhereNamesTheNearestMiss) {
+  // 60 B parameters with 16 GiB of host memory: neither the GPU nor the host can hold it.
+  const auto job = test::gpt_job("{layers: 48, hidden: 10240, heads: 80, vocab: 50257, seqLen: 2048}", "", 8);
+  const auto inv = test::inventory_from_yaml(
+      "kind: Inventory\nnodes:\n- name: small\n  gpu: {product: NVIDIA-L4, count: 1}\n"
+      "  cpu: {cores: 8}\n  memory: 16Gi\n");
+  const std::string e = plan_error(job, inv);
+  EXPECT_EQ(e.rfind("no plan fits: needs ", 0), 0u) << e;
+  EXPECT_NE(e.find("with the best plan"), std::string::npos) << e;
+}
+
+TEST(Planner, CpuNodesGetCpuPlansForEveryForcedMode) {
+  const auto cpu = test::cluster("cpu-local");
+  const auto auto_plan = planner::best_plan(test::gpt_job("{preset: tiny}", "", 8), cpu);
+  EXPECT_EQ(auto_plan.device, api::DeviceKind::kCpu);
+  EXPECT_EQ(auto_plan.precision, api::Precision::kFp32);
+  EXPECT_EQ(auto_plan.config.offload, OffloadMode::kNone);
+  EXPECT_EQ(auto_plan.hardware, "cpu");
+
+  const char* modes[] = {
+      "{tensorParallel: 2}",
+      "{tensorParallel: 2, overlap: on}",
+      "{tensorParallel: 2, overlap: on, recompute: commAware}",
+      "{tensorParallel: 2, recompute: full}",
+      "{dataParallel: 2}",
+      "{tensorParallel: 2, dataParallel: 1, offload: optimizer, gpuUpdateFraction: 0.5}",
+      "{offload: optimizer, gpuUpdateFraction: 0}",
+      "{offload: window, offloadWindow: 1}",
+      "{dataParallel: 2, offload: window}",
+  };
+  for (const char* mode : modes) {
+    SCOPED_TRACE(mode);
+    const auto plan = planner::best_plan(
+        test::gpt_job("{preset: tiny}", std::string("  parallelism: ") + mode + "\n", 8), cpu);
+    EXPECT_EQ(plan.device, api::DeviceKind::kCpu);
+    EXPECT_EQ(plan.world, plan.config.nodes * plan.config.procs_per_node);
+    EXPECT_EQ(plan.world, plan.config.tp * plan.config.dp);
+    EXPECT_LE(plan.config.procs_per_node, 2);
+  }
+  const auto window = planner::best_plan(
+      test::gpt_job("{preset: tiny}", "  parallelism: {offload: window, offloadWindow: 1}\n", 8), cpu);
+  EXPECT_EQ(window.config.offload, OffloadMode::kWindow);
+  EXPECT_EQ(window.config.window, 1);
+  EXPECT_FALSE(window.layers.back().resident);
+  const auto overlap = planner::best_plan(
+      test::gpt_job("{preset: tiny}", "  parallelism: {tensorParallel: 2, overlap: on}\n", 8), cpu);
+  EXPECT_EQ(overlap.config.sub_batches, 2);
+  EXPECT_EQ(overlap.config.tp, 2);
+}
+
+TEST(Planner, CpuOnlyIgnoresGpus) {
+  const auto plan = planner::best_plan(
+      test::gpt_job("{preset: tiny}", "  resources: {cpuOnly: true}\n", 8), test::cluster("h200-single"));
+  EXPECT_EQ(plan.device, api::DeviceKind::kCpu);
+  EXPECT_LE(plan.config.procs_per_node, 16);
+}
+
+TEST(Planner, NodeSelectorThatMatchesNothingNamesTheField) {
+  try {
+    planner::best_plan(test::gpt_job("{preset: tiny}", "  resources: {nodeSelector: {pool: x}}\n", 8),
+                       test::cluster("cpu-local"));
+    FAIL();
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.path(), "spec.resources.nodeSelector");
+  }
+}
+
+TEST(Planner, ExplanationSaysWhatBindsAndComparesTheRunnerUp) {
+  const auto plan = planner::best_plan(test::gpt_job(kGpt1_2b), test::cluster("3090x32-pcie"));
+  ASSERT_GE(plan.explanation.size(), 3u);
+  EXPECT_EQ(plan.explanation[0].rfind("Chosen: 8 node(s) × 4 RTX-3090", 0), 0u) << plan.explanation[0];
+  bool binds = false, runner = false;
+  for (const auto& line : plan.explanation) {
+    binds |= line.rfind("Memory binds", 0) == 0 || line.rfind("Time binds", 0) == 0;
+    runner |= line.rfind("Runner-up: ", 0) == 0;
+  }
+  EXPECT_TRUE(binds);
+  EXPECT_TRUE(runner);
+  ASSERT_EQ(plan.alternatives.size(), 4u);
+  EXPECT_EQ(plan.alternatives[0].name, "megatron");
+  EXPECT_EQ(plan.alternatives[1].name, "zero-offload");
+  EXPECT_EQ(plan.alternatives[2].name, "stronghold");
+  EXPECT_EQ(plan.alternatives[3].name, "oases");
+}
+
+TEST(Planner, PlansAreDeterministic) {
+  const auto job = test::gpt_job("{preset: gpt2-774m}");
+  EXPECT_EQ(planner::best_plan(job, test::cluster("h100x32")).plan_hash,
+            planner::best_plan(job, test::cluster("h100x32")).plan_hash);
+}
+
+}  // namespace
+}  // namespace kt
