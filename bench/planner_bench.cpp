@@ -40,8 +40,18 @@ int main(int argc, char** argv) {
        "h100x1024"},
   };
   std::printf("%-28s %12s %12s %12s  %s\n", "case", "median ms", "min ms", "max ms", "result");
+  // The same 1,024 H100s with 4 TiB of host memory per node, where window offload makes 175 B
+  // fit without pipeline parallelism: the search then also runs the timing simulations.
+  cases.push_back({"175B on 128 x 8 H100, 4Ti", cases.back().job, ""});
   for (auto& c : cases) {
-    const auto inv = kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml");
+    const auto inv =
+        *c.cluster ? kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml")
+                   : kt::api::inventory_from_document(
+                         kt::api::yaml_to_json(
+                             "kind: Inventory\nnodes:\n- name: dgx\n  replicas: 128\n"
+                             "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
+                             "  cpu: {cores: 112}\n  memory: 4Ti\n"),
+                         "h100x1024-4Ti");
     std::vector<double> ms;
     std::string result;
     for (int i = 0; i < reps; ++i) {

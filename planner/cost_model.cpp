@@ -228,28 +228,61 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c) {
   return evaluate(p, c, time_micro_batch(p, c));
 }
 
-Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing) {
+namespace {
+
+// Where a configuration puts each offload unit: derived once, used by memory and time.
+struct Shape {
+  int64_t L;
+  double bpe, emb, lay, params_rank;
+  bool window;
+  int64_t gpu_units, gpu_layers, streamed, slots;
+  double gpu_params, cpu_params, pcie, b, act_layer;
+};
+
+Shape shape_of(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
   const auto& m = p.model;
-  const auto& hw = p.hw;
-  const int64_t L = m.layers;
-  const double bpe = bytes_per_element(p.precision);
-  const double emb = embedding_unit_params(m, c.tp);
-  const double lay = layer_unit_params(m, c.tp);
-  const double params_rank = emb + L * lay;
-  const bool window = c.offload == OffloadMode::kWindow;
-  const int64_t gpu_units = c.offload == OffloadMode::kNone ? L + 1 : c.gpu_units;
-  KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpu_units out of range");
-  KT_CHECK(!window || (gpu_units >= 1 && gpu_units <= L && c.window >= 1),
+  Shape sh;
+  sh.L = m.layers;
+  sh.bpe = bytes_per_element(p.precision);
+  sh.emb = embedding_unit_params(m, c.tp);
+  sh.lay = layer_unit_params(m, c.tp);
+  sh.params_rank = sh.emb + sh.L * sh.lay;
+  sh.window = c.offload == OffloadMode::kWindow;
+  sh.gpu_units = c.offload == OffloadMode::kNone ? sh.L + 1 : c.gpu_units;
+  KT_CHECK(sh.gpu_units >= 0 && sh.gpu_units <= sh.L + 1, "gpu_units out of range");
+  KT_CHECK(!sh.window || (sh.gpu_units >= 1 && sh.gpu_units <= sh.L && c.window >= 1),
            "window mode needs resident embeddings, a streamed layer and a slot");
-  // Layers [0, resident_layers) are resident; in window mode the rest are streamed.
-  const int64_t gpu_layers = std::max<int64_t>(0, gpu_units - 1);
-  const int64_t streamed = window ? L - gpu_layers : 0;
-  const int64_t slots = window ? std::min(c.window, streamed) : 0;
-  const double gpu_params = gpu_units == 0 ? 0 : emb + gpu_layers * lay;
-  const double cpu_params = params_rank - gpu_params;
-  const double pcie = hw.host_link_bandwidth;
+  // Layers [0, gpu_layers) are resident and GPU-updated; in window mode the rest are streamed.
+  sh.gpu_layers = std::max<int64_t>(0, sh.gpu_units - 1);
+  sh.streamed = sh.window ? sh.L - sh.gpu_layers : 0;
+  sh.slots = sh.window ? std::min(c.window, sh.streamed) : 0;
+  sh.gpu_params = sh.gpu_units == 0 ? 0 : sh.emb + sh.gpu_layers * sh.lay;
+  sh.cpu_params = sh.params_rank - sh.gpu_params;
+  sh.pcie = p.hw.host_link_bandwidth;
+  sh.b = static_cast<double>(c.micro_batch);
+  // The activation formulas count 16-bit activations.
+  sh.act_layer = layer_activation_bytes(m, sh.b, c.tp, c.recompute) * sh.bpe / 2;
+  return sh;
+}
 
+}  // namespace
+
+Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
+  using api::OffloadMode;
+  const auto& m = p.model;
+  const Shape sh = shape_of(p, c);
+  const int64_t L = sh.L;
+  const int64_t streamed = sh.streamed;
+  const int64_t slots = sh.slots;
+  const double bpe = sh.bpe;
+  const double lay = sh.lay;
+  const double params_rank = sh.params_rank;
+  const double gpu_params = sh.gpu_params;
+  const double cpu_params = sh.cpu_params;
+  const double b = sh.b;
+  const double act_layer = sh.act_layer;
+  const bool window = sh.window;
   Evaluation ev;
   auto& pred = ev.predicted;
   auto& mem = pred.memory;
@@ -263,9 +296,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   if (window) grads += slots * lay * bpe;
   mem.grads = grads;
   mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
-  const double act_scale = bpe / 2;  // the activation formulas count 16-bit activations
-  const double b = static_cast<double>(c.micro_batch);
-  const double act_layer = layer_activation_bytes(m, b, c.tp, c.recompute) * act_scale;
+  const double act_scale = bpe / 2;
   const int64_t layers_on_device = window ? L - streamed + slots : L;
   double activations = layers_on_device * act_layer;
   if (c.recompute != Recompute::kNone)  // the recomputed layer's full working set
@@ -291,8 +322,30 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   const double host_needed =
       pred.host_bytes_per_node + (p.cpu_device ? mem.total() * c.procs_per_node : 0);
   ev.host_ratio = host_needed / pred.host_capacity_bytes;
-  ev.fits = ev.device_ratio <= 1.0 && ev.host_ratio <= 1.0;
+  ev.fits = p.ignore_memory || (ev.device_ratio <= 1.0 && ev.host_ratio <= 1.0);
 
+  return ev;
+}
+
+Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing) {
+  using api::OffloadMode;
+  const auto& m = p.model;
+  const auto& hw = p.hw;
+  const Shape sh = shape_of(p, c);
+  const int64_t L = sh.L;
+  const int64_t gpu_units = sh.gpu_units;
+  const int64_t gpu_layers = sh.gpu_layers;
+  const int64_t streamed = sh.streamed;
+  const int64_t slots = sh.slots;
+  const double bpe = sh.bpe;
+  const double emb = sh.emb;
+  const double lay = sh.lay;
+  const double gpu_params = sh.gpu_params;
+  const double pcie = sh.pcie;
+  const double act_layer = sh.act_layer;
+  const bool window = sh.window;
+  Evaluation ev = evaluate_memory(p, c);
+  auto& pred = ev.predicted;
   // ---- time ----
   const double fwd_layer = timing.forward / L;
   const double bwd_layer = timing.backward / L;

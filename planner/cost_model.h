@@ -30,6 +30,7 @@ struct Problem {
   int64_t cpu_cores_per_node = 1;
   double host_memory_per_node = 0;  // bytes
   double memory_budget = 0;         // per-rank device budget in bytes; 0: the device's memory
+  bool ignore_memory = false;       // every configuration "fits" (to see what memory costs)
 };
 
 // ---- closed forms (exposed for tests and docs) -----------------------------------------------
@@ -85,6 +86,8 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c);
 // The whole prediction. `timing` must come from time_micro_batch for the same config.
 Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing);
 Evaluation evaluate(const Problem& p, const ParallelConfig& c);
+// Memory only (O(1)): device and host bytes, capacities, ratios and `fits`; no times.
+Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c);
 
 // Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
 double rank_flops_per_second(const Problem& p, const ParallelConfig& c);

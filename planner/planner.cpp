@@ -292,7 +292,6 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
     if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
                                 best->eval.predicted.tokens_per_second)) {
       best = r.best;
-      fastest_any = r.fastest_ignoring_memory;
       chosen_group = &g;
     }
     if (r.nearest_miss &&
@@ -314,6 +313,11 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   const NodeGroup& g = *chosen_group;
   const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
                                               job.spec.resources.max_nodes.value_or(INT64_MAX));
+
+  // What memory costs: the fastest plan if every configuration fit.
+  Problem unlimited = g.problem;
+  unlimited.ignore_memory = true;
+  fastest_any = search(unlimited, max_nodes, g.slots, space).best;
 
   // The runner-up: the fastest plan of a different kind (TP, overlap, recompute, offload).
   SearchSpace other = space;

@@ -45,19 +45,20 @@ struct Searcher {
   SearchResult result;
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, MicroBatchTiming> timings;
 
-  void consider(const ParallelConfig& c, const Evaluation& ev) {
+  // Memory first (O(1)); the timing simulation only for configurations that fit.
+  void consider(const ParallelConfig& c) {
     if (!space.exclude_kind.empty() && kind_of(c) == space.exclude_kind) return;
     ++result.evaluated;
-    Candidate cand{c, ev};
-    if (!result.fastest_ignoring_memory || better(cand, *result.fastest_ignoring_memory))
-      result.fastest_ignoring_memory = cand;
-    if (ev.fits) {
-      if (!result.best || better(cand, *result.best)) result.best = cand;
-    } else {
-      const double miss = std::max(ev.device_ratio, ev.host_ratio);
+    Evaluation memory = evaluate_memory(problem, c);
+    if (!memory.fits) {
+      const double miss = std::max(memory.device_ratio, memory.host_ratio);
       const auto& nm = result.nearest_miss;
-      if (!nm || miss < std::max(nm->eval.device_ratio, nm->eval.host_ratio)) result.nearest_miss = cand;
+      if (!nm || miss < std::max(nm->eval.device_ratio, nm->eval.host_ratio))
+        result.nearest_miss = Candidate{c, memory};
+      return;
     }
+    Candidate cand{c, evaluate(problem, c, timing(c))};
+    if (!result.best || better(cand, *result.best)) result.best = cand;
   }
 
   const MicroBatchTiming& timing(const ParallelConfig& c) {
@@ -82,7 +83,7 @@ struct Searcher {
     return units;
   }
 
-  void offload_variants(ParallelConfig c, const MicroBatchTiming& t) {
+  void offload_variants(ParallelConfig c) {
     const int64_t L = problem.model.layers;
     const bool cpu_auto = problem.cpu_device && space.offload.size() > 1;
     for (OffloadMode mode : space.offload) {
@@ -98,7 +99,7 @@ struct Searcher {
           if (k > L) continue;  // that is no offload
           c.gpu_units = k;
           c.window = 0;
-          consider(c, evaluate(problem, c, t));
+          consider(c);
           continue;
         }
         // Window: resident embeddings, at least one streamed layer.
@@ -108,7 +109,7 @@ struct Searcher {
         if (space.window) {
           if (*space.window >= streamed) continue;
           c.window = *space.window;
-          consider(c, evaluate(problem, c, t));
+          consider(c);
           continue;
         }
         // Largest window that fits (memory grows with W; time never does). W = streamed
@@ -116,19 +117,18 @@ struct Searcher {
         if (streamed < 2) continue;
         int64_t lo = 1, hi = streamed - 1;
         c.window = 1;
-        Evaluation at_one = evaluate(problem, c, t);
-        if (!at_one.fits) {
-          consider(c, at_one);
+        if (!evaluate_memory(problem, c).fits) {
+          consider(c);  // for the nearest miss
           continue;
         }
         while (lo < hi) {
           const int64_t mid = (lo + hi + 1) / 2;
           c.window = mid;
-          if (evaluate(problem, c, t).fits) lo = mid;
+          if (evaluate_memory(problem, c).fits) lo = mid;
           else hi = mid - 1;
         }
         c.window = lo;
-        consider(c, evaluate(problem, c, t));
+        consider(c);
       }
     }
   }
@@ -209,14 +209,13 @@ struct Searcher {
                 if (sb == 2 && b % 2) continue;
                 if (sb == 2 && t == 1 && space.sub_batches.size() > 1) continue;  // nothing to hide
                 c.sub_batches = sb;
-                const MicroBatchTiming& tm = timing(c);
                 if (contains_mode(OffloadMode::kNone)) {
                   c.offload = OffloadMode::kNone;
                   c.gpu_units = m.layers + 1;
                   c.window = 0;
-                  consider(c, evaluate(problem, c, tm));
+                  consider(c);
                 }
-                offload_variants(c, tm);
+                offload_variants(c);
               }
             }
           }

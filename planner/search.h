@@ -35,8 +35,7 @@ struct Candidate {
 
 struct SearchResult {
   std::optional<Candidate> best;          // fastest that fits
-  std::optional<Candidate> nearest_miss;  // smallest memory overshoot among those that don't
-  std::optional<Candidate> fastest_ignoring_memory;
+  std::optional<Candidate> nearest_miss;  // smallest memory overshoot (memory figures only)
   int64_t evaluated = 0;
   std::string empty_reason;  // when nothing was evaluated: the first reason a part was empty
 };
