@@ -60,7 +60,8 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
                   describe_config(c) + ".");
 
   // What binds: memory, when the fastest configuration regardless of memory does not fit.
-  if (fastest_any_memory && !fastest_any_memory->eval.fits &&
+  if (fastest_any_memory &&
+      (fastest_any_memory->eval.device_ratio > 1 || fastest_any_memory->eval.host_ratio > 1) &&
       fastest_any_memory->eval.predicted.step_seconds < p.step_seconds * 0.98) {
     const auto& f = *fastest_any_memory;
     lines.push_back("Memory binds: the fastest configuration (" + describe_config(f.config) +

@@ -242,6 +242,21 @@ TEST(Planner, ExplanationSaysWhatBindsAndComparesTheRunnerUp) {
   EXPECT_EQ(plan.alternatives[3].name, "oases");
 }
 
+bool explains(const api::Plan& plan, const std::string& prefix) {
+  for (const auto& line : plan.explanation)
+    if (line.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+TEST(Planner, SaysMemoryBindsWhenARecomputeOrOffloadFreeplanWouldBeFaster) {
+  const auto big = planner::best_plan(test::gpt_job("{preset: gpt2-1.5b}", "", 512),
+                                      test::cluster("3090x32-pcie"));
+  EXPECT_TRUE(explains(big, "Memory binds: ")) << big.explanation[1];
+  const auto small = planner::best_plan(test::gpt_job("{preset: gpt2-124m}", "", 64),
+                                        test::cluster("h200-single"));
+  EXPECT_TRUE(explains(small, "Time binds: ")) << small.explanation[1];
+}
+
 TEST(Planner, PlansAreDeterministic) {
   const auto job = test::gpt_job("{preset: gpt2-774m}");
   EXPECT_EQ(planner::best_plan(job, test::cluster("h100x32")).plan_hash,
