@@ -92,6 +92,15 @@ double cpu_threads_per_rank(const Problem& p, const ParallelConfig& c) {
 
 }  // namespace
 
+double host_link_bandwidth(const Problem& p, const ParallelConfig& c) {
+  if (p.cpu_device) return p.hw.host_link_bandwidth;  // host-to-host copies
+  // All GPUs of a node copy to and from the same DRAM, in both directions at once. The DRAM's
+  // sustained bandwidth is what the CPU AdamW roofline is built on (params/s per core × 28 B).
+  const double dram = static_cast<double>(p.cpu_cores_per_node) * p.hw.cpu_adam_params_per_core *
+                      kAdamBytesPerParam;
+  return std::min(p.hw.host_link_bandwidth, dram / (2.0 * static_cast<double>(c.procs_per_node)));
+}
+
 int64_t bytes_per_element(api::Precision p) { return p == api::Precision::kBf16 ? 2 : 4; }
 
 double layer_forward_flops(const ModelDims& m, double b, int64_t t) {
@@ -259,7 +268,7 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
   sh.slots = sh.window ? std::min(c.window, sh.streamed) : 0;
   sh.gpu_params = sh.gpu_units == 0 ? 0 : sh.emb + sh.gpu_layers * sh.lay;
   sh.cpu_params = sh.params_rank - sh.gpu_params;
-  sh.pcie = p.hw.host_link_bandwidth;
+  sh.pcie = host_link_bandwidth(p, c);
   sh.b = static_cast<double>(c.micro_batch);
   // The activation formulas count 16-bit activations.
   sh.act_layer = layer_activation_bytes(m, sh.b, c.tp, c.recompute) * sh.bpe / 2;
@@ -387,9 +396,13 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     }
     clock += gpu_layers * bwd_layer + (timing.backward - L * bwd_layer);
     micro_batch_seconds = std::max(clock, timing.forward + timing.backward);
+    // Per micro-batch: S - W layers fetched in the forward and again in the backward, S
+    // layers' gradients down, S activation checkpoints down and up. Per step: the W layers
+    // left in the slots by the last backward are fetched once more after the CPU update.
     const double reloads = static_cast<double>(streamed - slots);
-    pcie_bytes = c.grad_accum * ((streamed + reloads) * lay * bpe + streamed * lay * bpe +
-                                 2 * streamed * act_layer);
+    pcie_bytes = c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * bpe +
+                                 2 * streamed * act_layer) +
+                 slots * lay * bpe;
   }
   const double forward_backward = c.grad_accum * micro_batch_seconds;
 
@@ -400,8 +413,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   const int64_t n_inter = c.nodes;
   double dp_busbw = hw.intra_allreduce_busbw;
   if (n_inter > 1) {
-    const double groups_per_node = static_cast<double>(c.procs_per_node) / c.tp;
-    dp_busbw = std::min(dp_busbw, hw.inter_node_bandwidth / groups_per_node);
+    // The node's NICs carry one ring per TP position: t data-parallel groups at once.
+    dp_busbw = std::min(dp_busbw, hw.inter_node_bandwidth / static_cast<double>(c.tp));
   }
   const double backward_start = forward_backward - micro_batch_seconds + timing.forward;
   struct Unit {
@@ -464,7 +477,18 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   lateness = std::max(lateness, 0.0);
   const double offload_overhead =
       c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
-  pred.step_seconds = step_device_end + lateness + offload_overhead;
+  double step = step_device_end + lateness + offload_overhead;
+  // The node's DRAM serves every rank's copies and every rank's CPU AdamW within one step; when
+  // that traffic needs longer than the step, the step stretches to it (a roofline, not a lane).
+  double dram_stretch = 0;
+  if (!p.cpu_device && c.offload != OffloadMode::kNone) {
+    const double dram = static_cast<double>(p.cpu_cores_per_node) * hw.cpu_adam_params_per_core *
+                        kAdamBytesPerParam;
+    const double bytes =
+        static_cast<double>(c.procs_per_node) * (pcie_bytes + sh.cpu_params * kAdamBytesPerParam);
+    dram_stretch = std::max(0.0, bytes / dram - step);
+  }
+  pred.step_seconds = step + dram_stretch;
 
   auto& time = pred.time;
   time.compute = c.grad_accum * timing.compute;
@@ -480,7 +504,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.transfer_total = copy_total + copy_window;
   const double tail_share = cpu_total + copy_total > 0 ? cpu_total / (cpu_total + copy_total) : 1;
   time.optimizer_cpu_exposed = lateness * tail_share;
-  time.transfer_exposed = window_stall + lateness * (1 - tail_share) + offload_overhead;
+  time.transfer_exposed =
+      window_stall + lateness * (1 - tail_share) + offload_overhead + dram_stretch;
   pred.pcie_bytes_per_step = pcie_bytes;
 
   const double tokens = static_cast<double>(p.global_batch) * m.seq_len;

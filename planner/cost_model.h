@@ -91,6 +91,9 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c);
 
 // Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
 double rank_flops_per_second(const Problem& p, const ParallelConfig& c);
+// Host<->device bandwidth one rank gets per direction: its PCIe link, or its share of the node's
+// DRAM bandwidth when all GPUs copy both ways at once, whichever is smaller.
+double host_link_bandwidth(const Problem& p, const ParallelConfig& c);
 // Device memory a rank may use.
 double device_capacity(const Problem& p, const ParallelConfig& c);
 
