@@ -35,12 +35,18 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string describe_json(const Json& value) {
   switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return value.get<bool>() ? "true" : "false";
-    case Json::value_t::string: return "\"" + value.get<std::string>() + "\"";
-    case Json::value_t::array: return "a list";
-    case Json::value_t::object: return "a map";
-    default: return value.dump();
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return value.get<bool>() ? "true" : "false";
+    case Json::value_t::string:
+      return "\"" + value.get<std::string>() + "\"";
+    case Json::value_t::array:
+      return "a list";
+    case Json::value_t::object:
+      return "a map";
+    default:
+      return value.dump();
   }
 }
 
@@ -74,8 +80,7 @@ const Json* ObjectReader::field(const std::string& key) {
 std::optional<std::string> ObjectReader::string(const std::string& key) {
   const Json* v = field(key);
   if (!v) return std::nullopt;
-  if (!v->is_string())
-    throw FieldError(path_of(key), "must be a string, got " + describe_json(*v));
+  if (!v->is_string()) throw FieldError(path_of(key), "must be a string, got " + describe_json(*v));
   return v->get<std::string>();
 }
 

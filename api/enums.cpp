@@ -22,7 +22,9 @@ struct Names<DeviceKind> {
 template <>
 struct Names<Recompute> {
   static constexpr std::array<std::pair<Recompute, std::string_view>, 3> kTable{
-      {{Recompute::kNone, "none"}, {Recompute::kCommAware, "commAware"}, {Recompute::kFull, "full"}}};
+      {{Recompute::kNone, "none"},
+       {Recompute::kCommAware, "commAware"},
+       {Recompute::kFull, "full"}}};
 };
 template <>
 struct Names<OffloadMode> {
@@ -39,7 +41,8 @@ struct Names<DataSource> {
 template <>
 struct Names<CleanPodPolicy> {
   static constexpr std::array<std::pair<CleanPodPolicy, std::string_view>, 3> kTable{
-      {{CleanPodPolicy::kAll, "All"}, {CleanPodPolicy::kRunning, "Running"},
+      {{CleanPodPolicy::kAll, "All"},
+       {CleanPodPolicy::kRunning, "Running"},
        {CleanPodPolicy::kNone, "None"}}};
 };
 template <>
@@ -75,7 +78,9 @@ std::string enum_choices() {
 }
 
 #define KT_ENUM(E)                                                \
-  std::string_view to_string(E v) { return name_of(v); }          \
+  std::string_view to_string(E v) {                               \
+    return name_of(v);                                            \
+  }                                                               \
   template std::optional<E> parse_enum<E>(std::string_view text); \
   template std::string enum_choices<E>();
 

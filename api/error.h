@@ -44,7 +44,7 @@ class ValidationError : public Error {
 
 }  // namespace kt
 
-#define KT_CHECK(cond, msg)                                        \
-  do {                                                             \
+#define KT_CHECK(cond, msg)                                            \
+  do {                                                                 \
     if (!(cond)) ::kt::check_failed(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

@@ -22,8 +22,8 @@ struct HardwareProfile {
   bool is_cpu = false;               // a CPU-only node: one "slot" per core, no device memory
 
   // Compute. For a GPU: per device. For the cpu profile: per core.
-  double peak_bf16_flops = 0;  // dense tensor-core bf16 (fp16 where the GPU has no bf16)
-  double peak_fp32_flops = 0;  // dense fp32 (non-tensor-core)
+  double peak_bf16_flops = 0;      // dense tensor-core bf16 (fp16 where the GPU has no bf16)
+  double peak_fp32_flops = 0;      // dense fp32 (non-tensor-core)
   double achieved_fraction = 0.5;  // η: sustained fraction of peak in transformer GEMMs
   bool has_bf16 = true;            // false: bf16 is emulated / planned with the fp16 peak
 

@@ -26,8 +26,8 @@ void resolve_hardware(Node& node, const std::string& node_path, const std::strin
     profile = find_profile(node.gpu_product);
     if (!profile)
       throw FieldError(product_path, "unknown GPU product \"" + node.gpu_product +
-                                         "\" with no hardware profile (known: " +
-                                         known_products() + ")");
+                                         "\" with no hardware profile (known: " + known_products() +
+                                         ")");
   }
   node.hardware = apply_overrides(*profile, node.annotations, node_path);
   if (gpu_memory_bytes > 0 && !node.is_cpu_node()) node.hardware.memory_bytes = gpu_memory_bytes;
@@ -83,7 +83,8 @@ Inventory decode_inventory(const Json& doc) {
     const auto name = n.string("name");
     if (!name || name->empty()) throw FieldError(path + ".name", "required");
     const int64_t replicas = n.integer("replicas").value_or(1);
-    if (replicas < 1) throw FieldError(path + ".replicas", std::to_string(replicas) + " must be >= 1");
+    if (replicas < 1)
+      throw FieldError(path + ".replicas", std::to_string(replicas) + " must be >= 1");
     ObjectReader gpu = n.object("gpu");
     node.gpu_product = gpu.string("product").value_or("");
     node.gpu_count = gpu.integer("count").value_or(0);
@@ -109,8 +110,10 @@ Inventory decode_inventory(const Json& doc) {
     resolve_hardware(node, path, path + ".gpu.product", gpu_memory);
     for (int64_t k = 0; k < replicas; ++k) {
       Node copy = node;
-      if (replicas > 1) copy.name = *name + "-" + std::to_string(k);
-      else copy.name = *name;
+      if (replicas > 1)
+        copy.name = *name + "-" + std::to_string(k);
+      else
+        copy.name = *name;
       inv.nodes.push_back(std::move(copy));
     }
   }
@@ -182,7 +185,8 @@ Inventory decode_kubectl_nodes(const Json& doc) {
     }
     if (node.cpu_cores <= 0)
       throw FieldError(path + ".status.allocatable.cpu", "must be at least 1 core");
-    if (!(node.memory_bytes > 0)) throw FieldError(path + ".status.allocatable.memory", "must be > 0");
+    if (!(node.memory_bytes > 0))
+      throw FieldError(path + ".status.allocatable.memory", "must be > 0");
     resolve_hardware(node, path + ".metadata", label_path + "nvidia.com/gpu.product", gpu_memory);
     inv.nodes.push_back(std::move(node));
   }
@@ -200,7 +204,8 @@ Inventory inventory_from_document(const Json& doc, const std::string& source) {
   else
     throw Error(source + ": kind \"" + kind +
                 "\" is not a cluster (expected kind: Inventory, or `kubectl get nodes -o json`)");
-  if (inv.nodes.empty()) throw FieldError(kind == "Inventory" ? "nodes" : "items", "the cluster has no nodes");
+  if (inv.nodes.empty())
+    throw FieldError(kind == "Inventory" ? "nodes" : "items", "the cluster has no nodes");
   if (inv.name.empty()) inv.name = source;
   return inv;
 }

@@ -95,8 +95,8 @@ Json to_json(const Prediction& p) {
             {"reserve", m.reserve},
             {"total", m.total()},
             {"capacity", p.device_capacity_bytes}}},
-          {"hostMemoryPerNodeBytes", {{"used", p.host_bytes_per_node},
-                                      {"capacity", p.host_capacity_bytes}}},
+          {"hostMemoryPerNodeBytes",
+           {{"used", p.host_bytes_per_node}, {"capacity", p.host_capacity_bytes}}},
           {"pcieBytesPerStep", p.pcie_bytes_per_step}};
 }
 
@@ -121,7 +121,8 @@ static Json executed_part(const Plan& plan) {
         {"paddedVocab", m.padded_vocab()},
         {"seqLen", m.seq_len},
         {"parameters", plan.parameters}}},
-      {"batch", {{"global", plan.global_batch}, {"micro", c.micro_batch}, {"gradAccum", c.grad_accum}}},
+      {"batch",
+       {{"global", plan.global_batch}, {"micro", c.micro_batch}, {"gradAccum", c.grad_accum}}},
       {"world", plan.world},
       {"nodes", c.nodes},
       {"procsPerNode", c.procs_per_node},
@@ -148,8 +149,8 @@ static Json executed_part(const Plan& plan) {
         {"gradClip", t.grad_clip},
         {"seed", t.seed}}},
       {"data", data},
-      {"checkpoint", {{"intervalSteps", plan.checkpoint.interval_steps},
-                      {"keep", plan.checkpoint.keep}}},
+      {"checkpoint",
+       {{"intervalSteps", plan.checkpoint.interval_steps}, {"keep", plan.checkpoint.keep}}},
   };
 }
 
@@ -200,8 +201,8 @@ Plan decode_plan(const Json& doc) {
     if (!v || *v <= 0) throw FieldError(model.path_of(key), "required, must be > 0");
     return *v;
   };
-  plan.model = {dim("layers"), dim("hidden"), dim("heads"), dim("ffnHidden"), dim("vocab"),
-                dim("seqLen")};
+  plan.model = {dim("layers"),    dim("hidden"), dim("heads"),
+                dim("ffnHidden"), dim("vocab"),  dim("seqLen")};
   model.integer("paddedVocab");
   plan.parameters = model.integer("parameters").value_or(parameter_count(plan.model));
   model.finish();
@@ -209,7 +210,8 @@ Plan decode_plan(const Json& doc) {
   plan.world = r.integer("world").value_or(plan.config.nodes * plan.config.procs_per_node);
   Json placement = r.raw("placement");
   if (placement.is_array())
-    for (const auto& p : placement) plan.placement.push_back(p.is_string() ? p.get<std::string>() : "");
+    for (const auto& p : placement)
+      plan.placement.push_back(p.is_string() ? p.get<std::string>() : "");
   plan.hardware = r.string("hardware").value_or("");
   ObjectReader off = r.object("offload");
   plan.config.offload = read_enum_field(off, "mode", OffloadMode::kNone);
@@ -219,13 +221,13 @@ Plan decode_plan(const Json& doc) {
   plan.embeddings = decode_placement(off.object("embeddings"));
   Json layers = off.raw("layers");
   for (size_t i = 0; layers.is_array() && i < layers.size(); ++i)
-    plan.layers.push_back(
-        decode_placement(ObjectReader(layers[i], "plan.offload.layers[" + std::to_string(i) + "]")));
+    plan.layers.push_back(decode_placement(
+        ObjectReader(layers[i], "plan.offload.layers[" + std::to_string(i) + "]")));
   off.finish();
   if (!plan.layers.empty() && static_cast<int64_t>(plan.layers.size()) != plan.model.layers)
     throw FieldError("plan.offload.layers", "has " + std::to_string(plan.layers.size()) +
-                                                " entries for " + std::to_string(plan.model.layers) +
-                                                " layers");
+                                                " entries for " +
+                                                std::to_string(plan.model.layers) + " layers");
   if (plan.layers.empty()) plan.layers.assign(plan.model.layers, LayerPlacement{});
   int64_t gpu_units = plan.embeddings.update == UpdateDevice::kGpu ? 1 : 0;
   for (const auto& l : plan.layers) gpu_units += l.update == UpdateDevice::kGpu ? 1 : 0;

@@ -36,13 +36,13 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
-struct TimeBreakdown {  // seconds per optimizer step, per rank
-  double compute = 0;            // forward + backward + recompute, incl. what comm hides behind
-  double tp_comm_total = 0;      // all TP all-reduce time, hidden or not
-  double tp_comm_exposed = 0;    // the part that adds to the step
+struct TimeBreakdown {         // seconds per optimizer step, per rank
+  double compute = 0;          // forward + backward + recompute, incl. what comm hides behind
+  double tp_comm_total = 0;    // all TP all-reduce time, hidden or not
+  double tp_comm_exposed = 0;  // the part that adds to the step
   double dp_comm_total = 0;
   double dp_comm_exposed = 0;
-  double transfer_total = 0;     // host<->device copies
+  double transfer_total = 0;  // host<->device copies
   double transfer_exposed = 0;
   double optimizer_gpu = 0;
   double optimizer_cpu_total = 0;
@@ -61,14 +61,14 @@ struct Prediction {
   double device_capacity_bytes = 0;  // what a rank may use (budget or device memory)
   double host_bytes_per_node = 0;    // offloaded state, pinned buffers
   double host_capacity_bytes = 0;
-  double pcie_bytes_per_step = 0;    // per rank, both directions
-  double tokens_per_second = 0;      // whole job
-  double mfu = 0;                    // model FLOPs (6·P·tokens + attention) / peak
+  double pcie_bytes_per_step = 0;  // per rank, both directions
+  double tokens_per_second = 0;    // whole job
+  double mfu = 0;                  // model FLOPs (6·P·tokens + attention) / peak
 };
 
 struct LayerPlacement {
-  bool resident = true;                        // params always on the device
-  UpdateDevice update = UpdateDevice::kGpu;    // where AdamW runs
+  bool resident = true;                      // params always on the device
+  UpdateDevice update = UpdateDevice::kGpu;  // where AdamW runs
 };
 
 struct Alternative {
@@ -92,7 +92,7 @@ struct Plan {
   std::string hardware;                // profile name ("H200", "cpu")
   Precision precision = Precision::kBf16;
   DeviceKind device = DeviceKind::kCuda;
-  double gpu_update_fraction = 1.0;    // parameter fraction updated on the device
+  double gpu_update_fraction = 1.0;  // parameter fraction updated on the device
   LayerPlacement embeddings;
   std::vector<LayerPlacement> layers;  // per transformer layer
   int64_t cpu_threads = 1;             // CPU optimizer / compute threads per rank

@@ -12,9 +12,9 @@ std::optional<E> read_enum(ObjectReader& r, const std::string& key, bool allow_a
   auto text = r.string(key);
   if (!text || (allow_auto && *text == "auto")) return std::nullopt;
   if (auto v = parse_enum<E>(*text)) return v;
-  throw FieldError(r.path_of(key), "unknown value \"" + *text + "\" (one of: " +
-                                       std::string(allow_auto ? "auto, " : "") + enum_choices<E>() +
-                                       ")");
+  throw FieldError(r.path_of(key), "unknown value \"" + *text +
+                                       "\" (one of: " + std::string(allow_auto ? "auto, " : "") +
+                                       enum_choices<E>() + ")");
 }
 
 std::optional<bool> read_on_off(ObjectReader& r, const std::string& key) {
@@ -142,20 +142,30 @@ void check_positive(std::vector<FieldError>& errors, const std::string& path,
   if (v && *v <= 0) errors.emplace_back(path, std::to_string(*v) + " must be > 0");
 }
 
-std::string format_double(double v) { return Json(v).dump(); }
+std::string format_double(double v) {
+  return Json(v).dump();
+}
 
 }  // namespace
 
 std::string_view to_string(JobPhase p) {
   switch (p) {
-    case JobPhase::kPending: return "Pending";
-    case JobPhase::kPlanning: return "Planning";
-    case JobPhase::kStarting: return "Starting";
-    case JobPhase::kRunning: return "Running";
-    case JobPhase::kRestarting: return "Restarting";
-    case JobPhase::kSucceeded: return "Succeeded";
-    case JobPhase::kFailed: return "Failed";
-    case JobPhase::kSuspended: return "Suspended";
+    case JobPhase::kPending:
+      return "Pending";
+    case JobPhase::kPlanning:
+      return "Planning";
+    case JobPhase::kStarting:
+      return "Starting";
+    case JobPhase::kRunning:
+      return "Running";
+    case JobPhase::kRestarting:
+      return "Restarting";
+    case JobPhase::kSucceeded:
+      return "Succeeded";
+    case JobPhase::kFailed:
+      return "Failed";
+    case JobPhase::kSuspended:
+      return "Suspended";
   }
   return "?";
 }
@@ -204,12 +214,10 @@ ModelDims resolve_model(const ModelSpec& spec) {
     const std::optional<int64_t>& value;
     int64_t& out;
   };
-  const Field fields[] = {{"layers", spec.layers, dims.layers},
-                          {"hidden", spec.hidden, dims.hidden},
-                          {"heads", spec.heads, dims.heads},
-                          {"ffnHidden", spec.ffn_hidden, dims.ffn_hidden},
-                          {"vocab", spec.vocab, dims.vocab},
-                          {"seqLen", spec.seq_len, dims.seq_len}};
+  const Field fields[] = {
+      {"layers", spec.layers, dims.layers}, {"hidden", spec.hidden, dims.hidden},
+      {"heads", spec.heads, dims.heads},    {"ffnHidden", spec.ffn_hidden, dims.ffn_hidden},
+      {"vocab", spec.vocab, dims.vocab},    {"seqLen", spec.seq_len, dims.seq_len}};
   for (const auto& f : fields) {
     if (f.value) f.out = *f.value;
   }
@@ -217,8 +225,7 @@ ModelDims resolve_model(const ModelSpec& spec) {
   if (spec.preset.empty() && !spec.ffn_hidden) dims.ffn_hidden = 4 * dims.hidden;
   for (const auto& f : fields) {
     const std::string path = std::string("spec.model.") + f.name;
-    if (f.out == 0 && !f.value)
-      throw FieldError(path, "required (or set spec.model.preset)");
+    if (f.out == 0 && !f.value) throw FieldError(path, "required (or set spec.model.preset)");
     if (f.out <= 0) throw FieldError(path, std::to_string(f.out) + " must be > 0");
   }
   if (dims.hidden % dims.heads != 0)
@@ -247,24 +254,27 @@ std::vector<FieldError> validate(const TrainingJob& job) {
 
   const auto& t = job.spec.training;
   if (t.steps <= 0)
-    errors.emplace_back("spec.training.steps", t.steps == 0 ? "required, must be > 0"
-                                                            : std::to_string(t.steps) + " must be > 0");
+    errors.emplace_back("spec.training.steps", t.steps == 0
+                                                   ? "required, must be > 0"
+                                                   : std::to_string(t.steps) + " must be > 0");
   if (t.global_batch_size <= 0)
     errors.emplace_back("spec.training.globalBatchSize",
                         std::to_string(t.global_batch_size) + " must be > 0");
   check_positive(errors, "spec.training.microBatchSize", t.micro_batch_size);
   if (t.micro_batch_size && *t.micro_batch_size > 0 && t.global_batch_size > 0 &&
       t.global_batch_size % *t.micro_batch_size != 0)
-    errors.emplace_back("spec.training.microBatchSize",
-                        std::to_string(*t.micro_batch_size) + " does not divide globalBatchSize " +
-                            std::to_string(t.global_batch_size));
+    errors.emplace_back("spec.training.microBatchSize", std::to_string(*t.micro_batch_size) +
+                                                            " does not divide globalBatchSize " +
+                                                            std::to_string(t.global_batch_size));
   if (!(t.learning_rate > 0))
-    errors.emplace_back("spec.training.learningRate", format_double(t.learning_rate) + " must be > 0");
+    errors.emplace_back("spec.training.learningRate",
+                        format_double(t.learning_rate) + " must be > 0");
   if (t.warmup_steps && *t.warmup_steps < 0)
     errors.emplace_back("spec.training.warmupSteps",
                         std::to_string(*t.warmup_steps) + " must be >= 0");
   if (t.weight_decay < 0)
-    errors.emplace_back("spec.training.weightDecay", format_double(t.weight_decay) + " must be >= 0");
+    errors.emplace_back("spec.training.weightDecay",
+                        format_double(t.weight_decay) + " must be >= 0");
   if (t.grad_clip < 0)
     errors.emplace_back("spec.training.gradClip",
                         format_double(t.grad_clip) + " must be >= 0 (0 disables clipping)");
@@ -283,13 +293,13 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   if (dims && p.tensor_parallel && *p.tensor_parallel > 0) {
     const int64_t tp = *p.tensor_parallel;
     if (dims->heads % tp != 0)
-      errors.emplace_back("spec.parallelism.tensorParallel",
-                          std::to_string(tp) + " does not divide heads " +
-                              std::to_string(dims->heads));
+      errors.emplace_back(
+          "spec.parallelism.tensorParallel",
+          std::to_string(tp) + " does not divide heads " + std::to_string(dims->heads));
     else if (dims->ffn_hidden % tp != 0)
-      errors.emplace_back("spec.parallelism.tensorParallel",
-                          std::to_string(tp) + " does not divide ffnHidden " +
-                              std::to_string(dims->ffn_hidden));
+      errors.emplace_back(
+          "spec.parallelism.tensorParallel",
+          std::to_string(tp) + " does not divide ffnHidden " + std::to_string(dims->ffn_hidden));
   }
   if (dims && p.offload_window && *p.offload_window > dims->layers)
     errors.emplace_back("spec.parallelism.offloadWindow",
@@ -305,8 +315,9 @@ std::vector<FieldError> validate(const TrainingJob& job) {
       errors.emplace_back("spec.parallelism.gpuUpdateFraction",
                           format_double(f) + " must be between 0 and 1");
     else if (p.offload && *p.offload == OffloadMode::kNone && f < 1.0)
-      errors.emplace_back("spec.parallelism.gpuUpdateFraction",
-                          format_double(f) + " needs offload: optimizer or window (offload is none)");
+      errors.emplace_back(
+          "spec.parallelism.gpuUpdateFraction",
+          format_double(f) + " needs offload: optimizer or window (offload is none)");
   }
   if (p.gpu_memory_budget_bytes && !(*p.gpu_memory_budget_bytes > 0))
     errors.emplace_back("spec.parallelism.gpuMemoryBudget", "must be > 0");
@@ -315,7 +326,8 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   if (c.interval_steps < 0)
     errors.emplace_back("spec.checkpoint.intervalSteps",
                         std::to_string(c.interval_steps) + " must be >= 0 (0: only at the end)");
-  if (c.keep < 1) errors.emplace_back("spec.checkpoint.keep", std::to_string(c.keep) + " must be >= 1");
+  if (c.keep < 1)
+    errors.emplace_back("spec.checkpoint.keep", std::to_string(c.keep) + " must be >= 1");
 
   const auto& rp = job.spec.run_policy;
   if (rp.backoff_limit < 0)
@@ -440,9 +452,10 @@ Json to_json(const TrainingJobStatus& s) {
                    {"dp", p.dp},
                    {"overlap", p.overlap},
                    {"recompute", std::string(to_string(p.recompute))},
-                   {"offload", {{"mode", std::string(to_string(p.offload))},
-                                {"window", p.offload_window},
-                                {"gpuUpdateFraction", p.gpu_update_fraction}}},
+                   {"offload",
+                    {{"mode", std::string(to_string(p.offload))},
+                     {"window", p.offload_window},
+                     {"gpuUpdateFraction", p.gpu_update_fraction}}},
                    {"predictedStepSeconds", p.predicted_step_seconds},
                    {"predictedTokensPerSecond", p.predicted_tokens_per_second},
                    {"configMap", p.config_map},
@@ -501,9 +514,11 @@ TrainingJobStatus decode_status(const Json& value) {
     ps.tp = p.integer("tp").value_or(0);
     ps.dp = p.integer("dp").value_or(0);
     ps.overlap = p.boolean("overlap").value_or(false);
-    if (auto rc = p.string("recompute")) ps.recompute = parse_enum<Recompute>(*rc).value_or(Recompute::kNone);
+    if (auto rc = p.string("recompute"))
+      ps.recompute = parse_enum<Recompute>(*rc).value_or(Recompute::kNone);
     ObjectReader off = p.object("offload");
-    if (auto mode = off.string("mode")) ps.offload = parse_enum<OffloadMode>(*mode).value_or(OffloadMode::kNone);
+    if (auto mode = off.string("mode"))
+      ps.offload = parse_enum<OffloadMode>(*mode).value_or(OffloadMode::kNone);
     ps.offload_window = off.integer("window").value_or(0);
     ps.gpu_update_fraction = off.number("gpuUpdateFraction").value_or(1.0);
     off.finish();

@@ -40,14 +40,14 @@ struct ModelSpec {
 };
 
 struct TrainingSpec {
-  int64_t steps = 0;                       // required
-  int64_t global_batch_size = 32;          // sequences per optimizer step
-  std::optional<int64_t> micro_batch_size; // auto
-  double learning_rate = 6e-4;             // GPT-3 paper's value for 125M-350M
-  std::optional<int64_t> warmup_steps;     // default: min(steps/10, 2000), resolved by the planner
+  int64_t steps = 0;                        // required
+  int64_t global_batch_size = 32;           // sequences per optimizer step
+  std::optional<int64_t> micro_batch_size;  // auto
+  double learning_rate = 6e-4;              // GPT-3 paper's value for 125M-350M
+  std::optional<int64_t> warmup_steps;      // default: min(steps/10, 2000), resolved by the planner
   double weight_decay = 0.1;
-  double grad_clip = 1.0;                  // 0 disables clipping
-  std::optional<Precision> precision;      // auto: bf16 on GPUs, fp32 on CPUs
+  double grad_clip = 1.0;              // 0 disables clipping
+  std::optional<Precision> precision;  // auto: bf16 on GPUs, fp32 on CPUs
   int64_t seed = 1337;
 };
 
@@ -62,10 +62,10 @@ struct ResourcesSpec {
   std::optional<int64_t> gpus_per_node;  // auto
   bool cpu_only = false;
   std::map<std::string, std::string> node_selector;
-  Json tolerations;  // passed through
-  Json affinity;     // passed through
+  Json tolerations;   // passed through
+  Json affinity;      // passed through
   std::string image;  // empty: the operator's default worker image
-  Json resources;    // core/v1 ResourceRequirements overrides, passed through
+  Json resources;     // core/v1 ResourceRequirements overrides, passed through
 };
 
 struct ParallelismSpec {
@@ -105,8 +105,16 @@ struct TrainingJobSpec {
 
 // ---- status ----------------------------------------------------------------------------------
 
-enum class JobPhase { kPending, kPlanning, kStarting, kRunning, kRestarting, kSucceeded, kFailed,
-                      kSuspended };
+enum class JobPhase {
+  kPending,
+  kPlanning,
+  kStarting,
+  kRunning,
+  kRestarting,
+  kSucceeded,
+  kFailed,
+  kSuspended
+};
 std::string_view to_string(JobPhase p);
 
 struct Condition {  // metav1.Condition

@@ -66,10 +66,10 @@ Json convert(const YAML::Node& node) {
 }
 
 bool reads_as_non_string(const std::string& s) {
-  return std::regex_match(s, kNull) || std::regex_match(s, kTrue) ||
-         std::regex_match(s, kFalse) || std::regex_match(s, kInt) ||
-         std::regex_match(s, kFloat) || s.find_first_of(":#\n'\"{}[]&*!|>%@`") != std::string::npos ||
-         s.front() == ' ' || s.back() == ' ' || s.front() == '-' || s.front() == '?';
+  return std::regex_match(s, kNull) || std::regex_match(s, kTrue) || std::regex_match(s, kFalse) ||
+         std::regex_match(s, kInt) || std::regex_match(s, kFloat) ||
+         s.find_first_of(":#\n'\"{}[]&*!|>%@`") != std::string::npos || s.front() == ' ' ||
+         s.back() == ' ' || s.front() == '-' || s.front() == '?';
 }
 
 void emit(YAML::Emitter& out, const Json& v) {

@@ -18,8 +18,9 @@ namespace {
 kt::api::TrainingJob job(const std::string& model, int64_t global_batch) {
   return kt::api::decode_training_job(kt::api::yaml_to_json(
       "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: bench}\nspec:\n"
-      "  model: " + model + "\n  training: {steps: 1000, globalBatchSize: " +
-      std::to_string(global_batch) + "}\n"));
+      "  model: " +
+      model + "\n  training: {steps: 1000, globalBatchSize: " + std::to_string(global_batch) +
+      "}\n"));
 }
 
 }  // namespace
@@ -36,7 +37,8 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {
       {"gpt2-124m on h200-single", job("{preset: gpt2-124m}", 512), "h200-single"},
       {"gpt-7b on 3090x32-pcie", job("{preset: gpt-7b}", 512), "3090x32-pcie"},
-      {"175B on 128 x 8 H100", job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", 1536),
+      {"175B on 128 x 8 H100",
+       job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", 1536),
        "h100x1024"},
   };
   std::printf("%-28s %12s %12s %12s  %s\n", "case", "median ms", "min ms", "max ms", "result");
@@ -45,13 +47,13 @@ int main(int argc, char** argv) {
   cases.push_back({"175B on 128 x 8 H100, 4Ti", cases.back().job, ""});
   for (auto& c : cases) {
     const auto inv =
-        *c.cluster ? kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml")
-                   : kt::api::inventory_from_document(
-                         kt::api::yaml_to_json(
-                             "kind: Inventory\nnodes:\n- name: dgx\n  replicas: 128\n"
-                             "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
-                             "  cpu: {cores: 112}\n  memory: 4Ti\n"),
-                         "h100x1024-4Ti");
+        *c.cluster
+            ? kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml")
+            : kt::api::inventory_from_document(
+                  kt::api::yaml_to_json("kind: Inventory\nnodes:\n- name: dgx\n  replicas: 128\n"
+                                        "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
+                                        "  cpu: {cores: 112}\n  memory: 4Ti\n"),
+                  "h100x1024-4Ti");
     std::vector<double> ms;
     std::string result;
     for (int i = 0; i < reps; ++i) {
@@ -60,7 +62,8 @@ int main(int argc, char** argv) {
         const auto plan = kt::planner::best_plan(c.job, inv);
         char buf[160];
         std::snprintf(buf, sizeof buf, "tp%lld dp%lld mb%lld sb%lld %s/%s, %.0f tokens/s",
-                      static_cast<long long>(plan.config.tp), static_cast<long long>(plan.config.dp),
+                      static_cast<long long>(plan.config.tp),
+                      static_cast<long long>(plan.config.dp),
                       static_cast<long long>(plan.config.micro_batch),
                       static_cast<long long>(plan.config.sub_batches),
                       std::string(kt::api::to_string(plan.config.recompute)).c_str(),
@@ -70,11 +73,12 @@ int main(int argc, char** argv) {
       } catch (const kt::Error& e) {
         result = std::string("infeasible: ") + e.what();
       }
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());
-    std::printf("%-28s %12.2f %12.2f %12.2f  %s\n", c.name, ms[ms.size() / 2], ms.front(), ms.back(),
-                result.substr(0, 160).c_str());
+    std::printf("%-28s %12.2f %12.2f %12.2f  %s\n", c.name, ms[ms.size() / 2], ms.front(),
+                ms.back(), result.substr(0, 160).c_str());
   }
   return 0;
 }

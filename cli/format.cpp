@@ -21,7 +21,9 @@ std::string pad(const std::string& s, size_t width) {
   return cps >= width ? s + " " : s + std::string(width - cps, ' ');
 }
 
-std::string gib(double bytes) { return fmt("%.1f", bytes / api::kGiB); }
+std::string gib(double bytes) {
+  return fmt("%.1f", bytes / api::kGiB);
+}
 
 std::string grouped(double v) {
   const long long n = static_cast<long long>(v + 0.5);
@@ -37,8 +39,8 @@ std::string config_cell(const api::ParallelConfig& c) {
   std::string s = std::to_string(c.nodes) + "×" + std::to_string(c.procs_per_node) + " tp" +
                   std::to_string(c.tp) + " dp" + std::to_string(c.dp) + " mb" +
                   std::to_string(c.micro_batch) + "×" + std::to_string(c.grad_accum) +
-                  (c.sub_batches == 2 ? " overlap" : "") + " rc:" +
-                  std::string(api::to_string(c.recompute));
+                  (c.sub_batches == 2 ? " overlap" : "") +
+                  " rc:" + std::string(api::to_string(c.recompute));
   if (c.offload == api::OffloadMode::kOptimizer) s += " off:opt";
   if (c.offload == api::OffloadMode::kWindow) s += " off:win" + std::to_string(c.window);
   return s;
@@ -52,8 +54,8 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
   const auto& m = plan.model;
   const auto& p = plan.predicted;
   const std::string rank = plan.device == api::DeviceKind::kCpu ? "rank" : "GPU";
-  out << "Plan for TrainingJob " << plan.job_namespace << "/" << plan.job_name << " on "
-      << cluster << "\n\n";
+  out << "Plan for TrainingJob " << plan.job_namespace << "/" << plan.job_name << " on " << cluster
+      << "\n\n";
   out << "  model        L=" << m.layers << " h=" << m.hidden << " heads=" << m.heads
       << " ffn=" << m.ffn_hidden << " vocab=" << m.vocab << " (padded " << m.padded_vocab()
       << ") seq=" << m.seq_len << ", " << fmt("%.3f", plan.parameters / 1e9) << " B parameters\n";
@@ -81,8 +83,8 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
     out << (i ? ", " : "") << plan.placement[i];
   }
   out << "\n\n";
-  out << "  predicted    " << fmt("%.3f", p.step_seconds) << " s/step, " << grouped(p.tokens_per_second)
-      << " tokens/s, MFU " << fmt("%.1f%%", 100 * p.mfu) << "\n";
+  out << "  predicted    " << fmt("%.3f", p.step_seconds) << " s/step, "
+      << grouped(p.tokens_per_second) << " tokens/s, MFU " << fmt("%.1f%%", 100 * p.mfu) << "\n";
   const auto& t = p.time;
   out << "  step (s)     compute " << fmt("%.3f", t.compute) << " | TP all-reduce exposed "
       << fmt("%.3f", t.tp_comm_exposed) << " of " << fmt("%.3f", t.tp_comm_total)
@@ -103,9 +105,9 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
 
   out << "\n  " << pad("plan", 14) << pad("configuration", 52) << pad("s/step", 10)
       << pad("tokens/s", 12) << pad("vs chosen", 11) << pad(rank + " GiB", 9) << "\n";
-  out << "  " << pad("chosen", 14) << pad(config_cell(c), 52) << pad(fmt("%.3f", p.step_seconds), 10)
-      << pad(grouped(p.tokens_per_second), 12) << pad("1.00×", 11) << pad(gib(mem.total()), 9)
-      << "\n";
+  out << "  " << pad("chosen", 14) << pad(config_cell(c), 52)
+      << pad(fmt("%.3f", p.step_seconds), 10) << pad(grouped(p.tokens_per_second), 12)
+      << pad("1.00×", 11) << pad(gib(mem.total()), 9) << "\n";
   for (const auto& a : plan.alternatives) {
     out << "  " << pad(a.name, 14);
     if (a.feasible) {

@@ -1,7 +1,6 @@
 // The `kubetrain` command. Subcommands: plan, validate, profiles, presets, version.
 // Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits), 2 bad usage.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 
@@ -46,12 +45,13 @@ int cmd_validate(const std::string& job_path, const std::string& format) {
     return 0;
   }
   const kt::api::ModelDims m = kt::api::resolve_model(job.spec.model);
-  std::printf("%s: valid TrainingJob %s/%s (model: %lld layers, hidden %lld, %.3f B parameters; "
-              "%lld steps of %lld sequences)\n",
-              job_path.c_str(), job.metadata.namespace_.c_str(), job.metadata.name.c_str(),
-              static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
-              kt::api::parameter_count(m) / 1e9, static_cast<long long>(job.spec.training.steps),
-              static_cast<long long>(job.spec.training.global_batch_size));
+  std::printf(
+      "%s: valid TrainingJob %s/%s (model: %lld layers, hidden %lld, %.3f B parameters; "
+      "%lld steps of %lld sequences)\n",
+      job_path.c_str(), job.metadata.namespace_.c_str(), job.metadata.name.c_str(),
+      static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
+      kt::api::parameter_count(m) / 1e9, static_cast<long long>(job.spec.training.steps),
+      static_cast<long long>(job.spec.training.global_batch_size));
   return 0;
 }
 
@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
   std::string job_path, cluster_path, format = "table", validate_format;
 
   CLI::App* plan = app.add_subcommand(
-      "plan", "Plan how to train JOB on CLUSTER: the chosen plan, its predicted step time, "
-              "tokens/s and memory per GPU, the baselines side by side, and why");
+      "plan",
+      "Plan how to train JOB on CLUSTER: the chosen plan, its predicted step time, "
+      "tokens/s and memory per GPU, the baselines side by side, and why");
   plan->add_option("job", job_path, "TrainingJob manifest (YAML or JSON)")
       ->required()
       ->check(CLI::ExistingFile);

@@ -101,7 +101,9 @@ double host_link_bandwidth(const Problem& p, const ParallelConfig& c) {
   return std::min(p.hw.host_link_bandwidth, dram / (2.0 * static_cast<double>(c.procs_per_node)));
 }
 
-int64_t bytes_per_element(api::Precision p) { return p == api::Precision::kBf16 ? 2 : 4; }
+int64_t bytes_per_element(api::Precision p) {
+  return p == api::Precision::kBf16 ? 2 : 4;
+}
 
 double layer_forward_flops(const ModelDims& m, double b, int64_t t) {
   const double s = m.seq_len, h = m.hidden, f = m.ffn_hidden;
@@ -115,8 +117,10 @@ double logits_forward_flops(const ModelDims& m, double b, int64_t t) {
 
 double layer_recompute_flops(const ModelDims& m, double b, int64_t t, Recompute r) {
   switch (r) {
-    case Recompute::kNone: return 0;
-    case Recompute::kFull: return layer_forward_flops(m, b, t);
+    case Recompute::kNone:
+      return 0;
+    case Recompute::kFull:
+      return layer_forward_flops(m, b, t);
     case Recompute::kCommAware: {
       // The outputs of the row-parallel GEMMs (attention projection 2bsh², fc2 2bshf) are the
       // saved post-all-reduce tensors, so those two GEMMs are not recomputed.
@@ -130,9 +134,12 @@ double layer_recompute_flops(const ModelDims& m, double b, int64_t t, Recompute 
 double layer_activation_bytes(const ModelDims& m, double b, int64_t t, Recompute r) {
   const double s = m.seq_len, h = m.hidden, a = m.heads;
   switch (r) {
-    case Recompute::kNone: return s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t));
-    case Recompute::kFull: return 2 * s * b * h;
-    case Recompute::kCommAware: return 6 * s * b * h;
+    case Recompute::kNone:
+      return s * b * h * (10 + 24.0 / t + 5 * a * s / (h * t));
+    case Recompute::kFull:
+      return 2 * s * b * h;
+    case Recompute::kCommAware:
+      return 6 * s * b * h;
   }
   return 0;
 }
@@ -180,9 +187,8 @@ double rank_flops_per_second(const Problem& p, const ParallelConfig& c) {
 }
 
 double device_capacity(const Problem& p, const ParallelConfig& c) {
-  double capacity = p.cpu_device
-                        ? kHostUsableFraction * p.host_memory_per_node / c.procs_per_node
-                        : p.hw.memory_bytes;
+  double capacity = p.cpu_device ? kHostUsableFraction * p.host_memory_per_node / c.procs_per_node
+                                 : p.hw.memory_bytes;
   if (p.memory_budget > 0) capacity = std::min(capacity, p.memory_budget);
   return capacity;
 }
@@ -400,9 +406,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     // layers' gradients down, S activation checkpoints down and up. Per step: the W layers
     // left in the slots by the last backward are fetched once more after the CPU update.
     const double reloads = static_cast<double>(streamed - slots);
-    pcie_bytes = c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * bpe +
-                                 2 * streamed * act_layer) +
-                 slots * lay * bpe;
+    pcie_bytes =
+        c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * bpe + 2 * streamed * act_layer) +
+        slots * lay * bpe;
   }
   const double forward_backward = c.grad_accum * micro_batch_seconds;
 
@@ -475,8 +481,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // Gradients of CPU-updated units must also be final before the step ends.
   lateness = std::max(lateness, last_final - step_device_end);
   lateness = std::max(lateness, 0.0);
-  const double offload_overhead =
-      c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
+  const double offload_overhead = c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
   double step = step_device_end + lateness + offload_overhead;
   // The node's DRAM serves every rank's copies and every rank's CPU AdamW within one step; when
   // that traffic needs longer than the step, the step stretches to it (a roofline, not a lane).
@@ -499,7 +504,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.dp_comm_exposed = gpu_ready - forward_backward;
   time.optimizer_gpu = gpu_adam;
   time.optimizer_cpu_total = cpu_total;
-  const double window_stall = c.grad_accum * (micro_batch_seconds - timing.forward - timing.backward);
+  const double window_stall =
+      c.grad_accum * (micro_batch_seconds - timing.forward - timing.backward);
   const double copy_window = window ? pcie_bytes / pcie : 0;
   time.transfer_total = copy_total + copy_window;
   const double tail_share = cpu_total + copy_total > 0 ? cpu_total / (cpu_total + copy_total) : 1;

@@ -25,8 +25,8 @@ struct Problem {
   ModelDims model;
   int64_t global_batch = 1;
   api::Precision precision = api::Precision::kBf16;
-  api::HardwareProfile hw;          // resolved for the node group
-  bool cpu_device = false;          // ranks are CPU processes (device memory = host memory)
+  api::HardwareProfile hw;  // resolved for the node group
+  bool cpu_device = false;  // ranks are CPU processes (device memory = host memory)
   int64_t cpu_cores_per_node = 1;
   double host_memory_per_node = 0;  // bytes
   double memory_budget = 0;         // per-rank device budget in bytes; 0: the device's memory
@@ -74,11 +74,11 @@ struct Evaluation {
 // The timing of one micro-batch's forward+backward under the TP schedule (with or without the
 // 2-sub-batch overlap). Depends only on (t, b, sub-batches, recompute); cached by the search.
 struct MicroBatchTiming {
-  double forward = 0;        // wall time of the forward pass (incl. exposed TP comm)
-  double backward = 0;       // wall time of backward incl. recompute
-  double compute = 0;        // sum of compute op time
-  double tp_comm = 0;        // sum of TP all-reduce time
-  int64_t allreduces = 0;    // TP all-reduces issued per micro-batch (all sub-batches)
+  double forward = 0;      // wall time of the forward pass (incl. exposed TP comm)
+  double backward = 0;     // wall time of backward incl. recompute
+  double compute = 0;      // sum of compute op time
+  double tp_comm = 0;      // sum of TP all-reduce time
+  int64_t allreduces = 0;  // TP all-reduces issued per micro-batch (all sub-batches)
 };
 
 MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c);

@@ -48,7 +48,8 @@ std::string describe_miss(const Candidate& miss, bool cpu_device) {
 }
 
 std::vector<std::string> explain(const Candidate& chosen, const std::string& hardware,
-                                 bool cpu_device, const std::optional<Candidate>& fastest_any_memory,
+                                 bool cpu_device,
+                                 const std::optional<Candidate>& fastest_any_memory,
                                  const std::optional<Candidate>& runner_up,
                                  const std::vector<api::Alternative>& alternatives) {
   std::vector<std::string> lines;
@@ -64,19 +65,18 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
       (fastest_any_memory->eval.device_ratio > 1 || fastest_any_memory->eval.host_ratio > 1) &&
       fastest_any_memory->eval.predicted.step_seconds < p.step_seconds * 0.98) {
     const auto& f = *fastest_any_memory;
-    lines.push_back("Memory binds: the fastest configuration (" + describe_config(f.config) +
-                    ", " + fmt("%.0f", f.eval.predicted.tokens_per_second) +
-                    " tokens/s) needs " + api::format_bytes(f.eval.predicted.memory.total()) +
-                    " per " + rank + " but " + api::format_bytes(f.eval.predicted.device_capacity_bytes) +
-                    " is available" +
+    lines.push_back("Memory binds: the fastest configuration (" + describe_config(f.config) + ", " +
+                    fmt("%.0f", f.eval.predicted.tokens_per_second) + " tokens/s) needs " +
+                    api::format_bytes(f.eval.predicted.memory.total()) + " per " + rank + " but " +
+                    api::format_bytes(f.eval.predicted.device_capacity_bytes) + " is available" +
                     (f.eval.host_ratio > 1 ? " (and more host memory than the nodes have)" : "") +
                     ".");
   } else {
     const double step = p.step_seconds;
     lines.push_back(
         "Time binds: the plan uses " + api::format_bytes(p.memory.total()) + " of " +
-        api::format_bytes(p.device_capacity_bytes) + " per " + rank + "; its " +
-        seconds(step) + " step is " + fmt("%.0f%%", 100 * p.time.compute / step) + " compute, " +
+        api::format_bytes(p.device_capacity_bytes) + " per " + rank + "; its " + seconds(step) +
+        " step is " + fmt("%.0f%%", 100 * p.time.compute / step) + " compute, " +
         fmt("%.0f%%", 100 * p.time.tp_comm_exposed / step) + " exposed TP all-reduce, " +
         fmt("%.0f%%", 100 * p.time.dp_comm_exposed / step) + " exposed DP all-reduce, " +
         fmt("%.0f%%", 100 * (p.time.transfer_exposed + p.time.optimizer_cpu_exposed) / step) +
@@ -106,14 +106,15 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
     for (const auto& d : deltas)
       if (d.other - d.chosen > worst->other - worst->chosen) worst = &d;
     if (r.tokens_per_second >= p.tokens_per_second * 0.999) {
-      lines.push_back("Runner-up: " + describe_config(runner_up->config) +
-                      " ties within 0.1% (" + fmt("%.0f", r.tokens_per_second) +
+      lines.push_back("Runner-up: " + describe_config(runner_up->config) + " ties within 0.1% (" +
+                      fmt("%.0f", r.tokens_per_second) +
                       " tokens/s); the simpler plan is preferred.");
-    } else lines.push_back("Runner-up: " + describe_config(runner_up->config) + " at " +
-                    fmt("%.0f", r.tokens_per_second) + " tokens/s (" +
-                    fmt("%.2f×", r.tokens_per_second / p.tokens_per_second) +
-                    "); it loses mostly on " + worst->what + ": " + seconds(worst->other) +
-                    " vs " + seconds(worst->chosen) + " per step.");
+    } else
+      lines.push_back("Runner-up: " + describe_config(runner_up->config) + " at " +
+                      fmt("%.0f", r.tokens_per_second) + " tokens/s (" +
+                      fmt("%.2f×", r.tokens_per_second / p.tokens_per_second) +
+                      "); it loses mostly on " + worst->what + ": " + seconds(worst->other) +
+                      " vs " + seconds(worst->chosen) + " per step.");
   } else {
     lines.push_back("Runner-up: none; no other kind of plan fits.");
   }
@@ -121,8 +122,7 @@ std::vector<std::string> explain(const Candidate& chosen, const std::string& har
   for (const auto& a : alternatives) {
     if (!baselines.empty()) baselines += "; ";
     if (a.feasible)
-      baselines += a.name + " " +
-                   fmt("%.2f×", p.tokens_per_second / a.predicted.tokens_per_second);
+      baselines += a.name + " " + fmt("%.2f×", p.tokens_per_second / a.predicted.tokens_per_second);
     else
       baselines += a.name + " infeasible";
   }

@@ -17,7 +17,8 @@ std::string describe_config(const ParallelConfig& c);
 std::string describe_miss(const Candidate& miss, bool cpu_device);
 
 std::vector<std::string> explain(const Candidate& chosen, const std::string& hardware,
-                                 bool cpu_device, const std::optional<Candidate>& fastest_any_memory,
+                                 bool cpu_device,
+                                 const std::optional<Candidate>& fastest_any_memory,
                                  const std::optional<Candidate>& runner_up,
                                  const std::vector<api::Alternative>& alternatives);
 

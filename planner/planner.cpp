@@ -22,14 +22,13 @@ struct NodeGroup {
   std::vector<std::string> nodes;
 };
 
-std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memory,
-                      int64_t slots) {
+std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memory, int64_t slots) {
   std::ostringstream key;
-  key << hw.name << '|' << hw.peak_bf16_flops << '|' << hw.peak_fp32_flops << '|'
-      << hw.memory_bytes << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw
-      << '|' << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
-      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << cores << '|'
-      << memory << '|' << slots;
+  key << hw.name << '|' << hw.peak_bf16_flops << '|' << hw.peak_fp32_flops << '|' << hw.memory_bytes
+      << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw << '|'
+      << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
+      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << cores << '|' << memory
+      << '|' << slots;
   return key.str();
 }
 
@@ -53,9 +52,9 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
   }
   if (usable.empty()) {
     if (!res.node_selector.empty())
-      throw kt::FieldError("spec.resources.nodeSelector",
-                            "no schedulable node of the " + std::to_string(inv.nodes.size()) +
-                                " in the cluster matches");
+      throw kt::FieldError("spec.resources.nodeSelector", "no schedulable node of the " +
+                                                              std::to_string(inv.nodes.size()) +
+                                                              " in the cluster matches");
     throw Error("the cluster has no schedulable node");
   }
   const bool any_gpu = std::any_of(usable.begin(), usable.end(),
@@ -79,8 +78,8 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
       g.problem.model = model;
       g.problem.global_batch = job.spec.training.global_batch_size;
       g.problem.cpu_device = cpu;
-      g.problem.precision = job.spec.training.precision.value_or(
-          cpu ? api::Precision::kFp32 : api::Precision::kBf16);
+      g.problem.precision =
+          job.spec.training.precision.value_or(cpu ? api::Precision::kFp32 : api::Precision::kBf16);
       g.problem.hw = hw;
       g.problem.cpu_cores_per_node = node->cpu_cores;
       g.problem.host_memory_per_node = node->memory_bytes;
@@ -131,36 +130,36 @@ void check_hints(const api::TrainingJob& job, const NodeGroup& g, int64_t max_no
   const int64_t procs = job.spec.resources.gpus_per_node.value_or(g.slots);
   if (job.spec.resources.gpus_per_node && *job.spec.resources.gpus_per_node > g.slots)
     throw kt::FieldError("spec.resources.gpusPerNode",
-                          std::to_string(*job.spec.resources.gpus_per_node) + " but the nodes have " +
-                              std::to_string(g.slots) + " " + slot);
+                         std::to_string(*job.spec.resources.gpus_per_node) +
+                             " but the nodes have " + std::to_string(g.slots) + " " + slot);
   if (p.tensor_parallel) {
     const int64_t t = *p.tensor_parallel;
     if (procs % t)
       throw kt::FieldError("spec.parallelism.tensorParallel",
-                            std::to_string(t) + " does not divide the " + std::to_string(procs) +
-                                " ranks per node (TP groups stay inside a node)");
+                           std::to_string(t) + " does not divide the " + std::to_string(procs) +
+                               " ranks per node (TP groups stay inside a node)");
     if (m.padded_vocab() % t)
       throw kt::FieldError("spec.parallelism.tensorParallel",
-                            std::to_string(t) + " does not divide the padded vocabulary " +
-                                std::to_string(m.padded_vocab()));
+                           std::to_string(t) + " does not divide the padded vocabulary " +
+                               std::to_string(m.padded_vocab()));
   }
   if (p.data_parallel) {
     const int64_t d = *p.data_parallel;
     const int64_t t = p.tensor_parallel.value_or(1);
     if (job.spec.training.global_batch_size % d)
       throw kt::FieldError("spec.parallelism.dataParallel",
-                            std::to_string(d) + " does not divide globalBatchSize " +
-                                std::to_string(job.spec.training.global_batch_size));
+                           std::to_string(d) + " does not divide globalBatchSize " +
+                               std::to_string(job.spec.training.global_batch_size));
     if (p.tensor_parallel && (d * t) % procs != 0 && d * t > procs)
       throw kt::FieldError("spec.parallelism.dataParallel",
-                            "tensorParallel × dataParallel = " + std::to_string(d * t) +
-                                " is not a whole number of nodes of " + std::to_string(procs) +
-                                " ranks");
+                           "tensorParallel × dataParallel = " + std::to_string(d * t) +
+                               " is not a whole number of nodes of " + std::to_string(procs) +
+                               " ranks");
     if (p.tensor_parallel && d * t > procs * max_nodes)
       throw kt::FieldError("spec.parallelism.dataParallel",
-                            "tensorParallel × dataParallel = " + std::to_string(d * t) +
-                                " ranks but at most " + std::to_string(procs * max_nodes) +
-                                " are available");
+                           "tensorParallel × dataParallel = " + std::to_string(d * t) +
+                               " ranks but at most " + std::to_string(procs * max_nodes) +
+                               " are available");
   }
 }
 
@@ -173,8 +172,10 @@ std::string hints_summary(const api::TrainingJob& job) {
   if (p.recompute) parts.push_back("recompute=" + std::string(api::to_string(*p.recompute)));
   if (p.offload) parts.push_back("offload=" + std::string(api::to_string(*p.offload)));
   if (p.offload_window) parts.push_back("offloadWindow=" + std::to_string(*p.offload_window));
-  if (p.gpu_update_fraction) parts.push_back("gpuUpdateFraction=" + api::Json(*p.gpu_update_fraction).dump());
-  if (p.gpu_memory_budget_bytes) parts.push_back("gpuMemoryBudget=" + api::format_bytes(*p.gpu_memory_budget_bytes));
+  if (p.gpu_update_fraction)
+    parts.push_back("gpuUpdateFraction=" + api::Json(*p.gpu_update_fraction).dump());
+  if (p.gpu_memory_budget_bytes)
+    parts.push_back("gpuMemoryBudget=" + api::format_bytes(*p.gpu_memory_budget_bytes));
   if (job.spec.training.micro_batch_size)
     parts.push_back("microBatchSize=" + std::to_string(*job.spec.training.micro_batch_size));
   if (job.spec.resources.gpus_per_node)
@@ -256,8 +257,10 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
     s.recompute = {Recompute::kCommAware};
     s.offload = {OffloadMode::kNone};
     if (s.tp.empty()) {
-      api::Alternative alt{"oases", "Oases: overlapped TP with comm-aware recomputation, no offload",
-                           false, "needs at least 2 ranks per node for tensor parallelism", {}, {}};
+      api::Alternative alt{
+          "oases", "Oases: overlapped TP with comm-aware recomputation, no offload",
+          false,   "needs at least 2 ranks per node for tensor parallelism",
+          {},      {}};
       out.push_back(alt);
     } else {
       run("oases", "Oases: overlapped TP (2 sub-batches) with comm-aware recomputation, no offload",
@@ -278,8 +281,8 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   std::optional<Candidate> best, nearest, fastest_any;
   std::string structural_error;
   for (const NodeGroup& g : groups) {
-    const int64_t max_nodes = std::min<int64_t>(
-        static_cast<int64_t>(g.nodes.size()), job.spec.resources.max_nodes.value_or(INT64_MAX));
+    const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
+                                                job.spec.resources.max_nodes.value_or(INT64_MAX));
     try {
       check_hints(job, g, max_nodes);
     } catch (const kt::FieldError& e) {

@@ -28,8 +28,8 @@ std::vector<int64_t> divisors(int64_t n) {
 // no overlap, less recompute, larger micro-batches.
 auto simplicity(const ParallelConfig& c) {
   return std::make_tuple(c.nodes * c.procs_per_node, static_cast<int>(c.offload), c.tp,
-                         c.sub_batches, static_cast<int>(c.recompute), -c.micro_batch,
-                         -c.gpu_units, -c.window);
+                         c.sub_batches, static_cast<int>(c.recompute), -c.micro_batch, -c.gpu_units,
+                         -c.window);
 }
 
 bool better(const Candidate& a, const Candidate& b) {
@@ -62,8 +62,8 @@ struct Searcher {
   }
 
   const MicroBatchTiming& timing(const ParallelConfig& c) {
-    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
-                                     static_cast<int>(c.recompute));
+    const auto key =
+        std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute));
     auto it = timings.find(key);
     if (it == timings.end()) it = timings.emplace(key, time_micro_batch(problem, c)).first;
     return it->second;
@@ -124,8 +124,10 @@ struct Searcher {
         while (lo < hi) {
           const int64_t mid = (lo + hi + 1) / 2;
           c.window = mid;
-          if (evaluate_memory(problem, c).fits) lo = mid;
-          else hi = mid - 1;
+          if (evaluate_memory(problem, c).fits)
+            lo = mid;
+          else
+            hi = mid - 1;
         }
         c.window = lo;
         consider(c);
@@ -151,8 +153,9 @@ struct Searcher {
     std::sort(procs.rbegin(), procs.rend());
     // Total training FLOPs of one step (forward + backward, no recompute): a lower bound on
     // any configuration's compute, divided evenly among the ranks.
-    const double step_flops = 3.0 * problem.global_batch *
-                              (m.layers * layer_forward_flops(m, 1, 1) + logits_forward_flops(m, 1, 1));
+    const double step_flops =
+        3.0 * problem.global_batch *
+        (m.layers * layer_forward_flops(m, 1, 1) + logits_forward_flops(m, 1, 1));
 
     for (int64_t n : nodes) {
       if (n > max_nodes) continue;
@@ -177,8 +180,8 @@ struct Searcher {
         for (int64_t t : tps) {
           const int64_t d = world / t;
           if (!space.dp.empty() && !contains(space.dp, d)) {
-            note("dataParallel " + list(space.dp) + " needs " +
-                 std::to_string(space.dp[0] * t) + " ranks at TP " + std::to_string(t));
+            note("dataParallel " + list(space.dp) + " needs " + std::to_string(space.dp[0] * t) +
+                 " ranks at TP " + std::to_string(t));
             continue;
           }
           if (problem.global_batch % d) {

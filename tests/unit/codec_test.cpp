@@ -16,8 +16,10 @@ using api::Json;
 // The message of the first validation error (or decode error) of a manifest.
 std::string first_error(const std::string& spec_yaml, const std::string& metadata = "{name: j}") {
   try {
-    auto job = test::job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
-                                   "metadata: " + metadata + "\nspec:\n" + spec_yaml);
+    auto job = test::job_from_yaml(
+        "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
+        "metadata: " +
+        metadata + "\nspec:\n" + spec_yaml);
     auto errors = api::validate(job);
     return errors.empty() ? "" : errors.front().what();
   } catch (const Error& e) {
@@ -26,7 +28,8 @@ std::string first_error(const std::string& spec_yaml, const std::string& metadat
 }
 
 TEST(Yaml, PlainScalarsAreTypedQuotedOnesStayStrings) {
-  const Json v = api::yaml_to_json("a: 12\nb: '12'\nc: 1.5e-4\nd: true\ne: ~\nf: auto\ng: \"on\"\n");
+  const Json v =
+      api::yaml_to_json("a: 12\nb: '12'\nc: 1.5e-4\nd: true\ne: ~\nf: auto\ng: \"on\"\n");
   EXPECT_TRUE(v["a"].is_number_integer());
   EXPECT_EQ(v["b"], "12");
   EXPECT_DOUBLE_EQ(v["c"].get<double>(), 1.5e-4);
@@ -37,8 +40,9 @@ TEST(Yaml, PlainScalarsAreTypedQuotedOnesStayStrings) {
 }
 
 TEST(Yaml, RoundTripsThroughTheEmitter) {
-  const Json v = {{"s", "123"}, {"t", "true"}, {"n", 3}, {"x", 0.1}, {"l", {1, "a: b", nullptr}},
-                  {"m", Json::object()}, {"e", ""}};
+  const Json v = {
+      {"s", "123"},          {"t", "true"}, {"n", 3}, {"x", 0.1}, {"l", {1, "a: b", nullptr}},
+      {"m", Json::object()}, {"e", ""}};
   EXPECT_EQ(api::yaml_to_json(api::json_to_yaml(v)), v);
 }
 
@@ -98,7 +102,8 @@ TEST(TrainingJob, JsonRoundTripKeepsEverything) {
                            "[{key: k, operator: Exists}]}\n"
                            "  runPolicy: {backoffLimit: 5, activeDeadlineSeconds: 600}\n");
   job.status.phase = api::JobPhase::kRunning;
-  job.status.conditions.push_back({"Planned", "True", "PlanChosen", "tp=2", 1, "2026-11-30T00:00:00Z"});
+  job.status.conditions.push_back(
+      {"Planned", "True", "PlanChosen", "tp=2", 1, "2026-11-30T00:00:00Z"});
   job.status.progress.loss = 3.25;
   const Json encoded = api::to_json(job);
   const auto again = api::decode_training_job(encoded);
@@ -110,9 +115,10 @@ TEST(Validation, NamesTheFieldAndTheValue) {
   EXPECT_EQ(first_error("  model: {layers: 12, hidden: 768, heads: 7, vocab: 50257, seqLen: 1024}\n"
                         "  training: {steps: 10}\n"),
             "spec.model.heads: 7 does not divide hidden 768");
-  EXPECT_EQ(first_error("  model: {layers: -2, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}\n"
-                        "  training: {steps: 10}\n"),
-            "spec.model.layers: -2 must be > 0");
+  EXPECT_EQ(
+      first_error("  model: {layers: -2, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}\n"
+                  "  training: {steps: 10}\n"),
+      "spec.model.layers: -2 must be > 0");
   EXPECT_EQ(first_error("  model: {preset: gpt2-124m, hidden: 0}\n  training: {steps: 10}\n"),
             "spec.model.hidden: 0 must be > 0");
   EXPECT_EQ(first_error("  model: {preset: gpt3}\n  training: {steps: 10}\n").substr(0, 43),
@@ -123,9 +129,10 @@ TEST(Validation, NamesTheFieldAndTheValue) {
             "spec.training.stpes: unknown field (did you mean \"steps\"?)");
   EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: ten}\n"),
             "spec.training.steps: must be an integer, got \"ten\"");
-  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
-                        "  parallelism: {recompute: some}\n"),
-            "spec.parallelism.recompute: unknown value \"some\" (one of: auto, none, commAware, full)");
+  EXPECT_EQ(
+      first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                  "  parallelism: {recompute: some}\n"),
+      "spec.parallelism.recompute: unknown value \"some\" (one of: auto, none, commAware, full)");
   EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
                         "  parallelism: {tensorParallel: 3}\n"),
             "spec.parallelism.tensorParallel: 3 does not divide heads 4");

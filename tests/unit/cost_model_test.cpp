@@ -1,8 +1,9 @@
+#include "planner/cost_model.h"
+
 #include <gtest/gtest.h>
 
 #include "api/hardware.h"
 #include "api/quantity.h"
-#include "planner/cost_model.h"
 
 namespace kt {
 namespace {

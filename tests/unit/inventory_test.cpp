@@ -1,8 +1,9 @@
+#include "api/inventory.h"
+
 #include <gtest/gtest.h>
 
 #include "api/error.h"
 #include "api/hardware.h"
-#include "api/inventory.h"
 #include "api/quantity.h"
 #include "test_util.h"
 
@@ -25,7 +26,8 @@ TEST(Inventory, LinksOverrideTheProfile) {
   const auto pcie = test::cluster("3090x32-pcie");
   const auto nvlink = test::cluster("3090x32-nvlink");
   EXPECT_EQ(nvlink.nodes[0].hardware.intra_link, api::LinkKind::kNvlink);
-  EXPECT_GT(nvlink.nodes[0].hardware.intra_allreduce_busbw, pcie.nodes[0].hardware.intra_allreduce_busbw);
+  EXPECT_GT(nvlink.nodes[0].hardware.intra_allreduce_busbw,
+            pcie.nodes[0].hardware.intra_allreduce_busbw);
 }
 
 TEST(Inventory, ReadsKubectlNodesWithGpuFeatureDiscoveryLabels) {
@@ -36,7 +38,7 @@ TEST(Inventory, ReadsKubectlNodesWithGpuFeatureDiscoveryLabels) {
   EXPECT_EQ(gpu.cpu_cores, 111);  // 111500m, whole cores
   EXPECT_EQ(gpu.hardware.name, "H100-SXM");
   EXPECT_DOUBLE_EQ(gpu.hardware.memory_bytes, 81559 * api::kMiB);  // the label wins
-  EXPECT_DOUBLE_EQ(gpu.hardware.inter_node_bandwidth, 100e9);        // the annotation wins
+  EXPECT_DOUBLE_EQ(gpu.hardware.inter_node_bandwidth, 100e9);      // the annotation wins
   const auto& cpu = inv.nodes[1];
   EXPECT_TRUE(cpu.is_cpu_node());
   EXPECT_FALSE(cpu.schedulable);
@@ -73,10 +75,10 @@ TEST(Inventory, BadAnnotationNamesTheKey) {
 }
 
 TEST(Hardware, ProfilesMatchGfdNamesAndCarrySources) {
-  for (const char* name : {"NVIDIA-H200", "nvidia h200", "H200", "NVIDIA-H100-80GB-HBM3",
-                           "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-PCIE-40GB", "NVIDIA-L40S",
-                           "NVIDIA-L4", "NVIDIA-GeForce-RTX-4090", "NVIDIA-GeForce-RTX-3090",
-                           "Tesla-V100-SXM2-32GB", "Tesla-T4", "NVIDIA-H100-PCIe"}) {
+  for (const char* name :
+       {"NVIDIA-H200", "nvidia h200", "H200", "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB",
+        "NVIDIA-A100-PCIE-40GB", "NVIDIA-L40S", "NVIDIA-L4", "NVIDIA-GeForce-RTX-4090",
+        "NVIDIA-GeForce-RTX-3090", "Tesla-V100-SXM2-32GB", "Tesla-T4", "NVIDIA-H100-PCIe"}) {
     EXPECT_NE(api::find_profile(name), nullptr) << name;
   }
   EXPECT_EQ(api::find_profile("NVIDIA-L4")->name, "L4");

@@ -1,6 +1,7 @@
+#include "api/model.h"
+
 #include <gtest/gtest.h>
 
-#include "api/model.h"
 #include "planner/cost_model.h"
 
 namespace kt {
@@ -32,7 +33,8 @@ TEST(Model, PresetsAreConsistent) {
     EXPECT_GT(api::parameter_count(p.dims), 0) << p.name;
   }
   // gpt-7b is GPT-3 6.7B's shape: 6.66 B parameters with the GPT-2 vocabulary.
-  const double p7 = static_cast<double>(api::parameter_count(api::find_model_preset("gpt-7b")->dims));
+  const double p7 =
+      static_cast<double>(api::parameter_count(api::find_model_preset("gpt-7b")->dims));
   EXPECT_NEAR(p7 / 1e9, 6.66, 0.01);
   EXPECT_EQ(api::find_model_preset("gpt-9b"), nullptr);
 }
@@ -46,9 +48,9 @@ TEST(Formulas, LayerForwardFlopsIs24bsh2Plus4bs2hOverT) {
     EXPECT_DOUBLE_EQ(planner::logits_forward_flops(m, b, t), 2 * b * s * h * 50304 / t);
   }
   // commAware skips the projection (2bsh²) and fc2 (2bshf) GEMMs of the recomputed forward.
-  EXPECT_DOUBLE_EQ(planner::layer_recompute_flops(m, b, 2, api::Recompute::kCommAware),
-                   (24 * b * s * h * h + 4 * b * s * s * h - 2 * b * s * h * h -
-                    2 * b * s * h * 4096) / 2);
+  EXPECT_DOUBLE_EQ(
+      planner::layer_recompute_flops(m, b, 2, api::Recompute::kCommAware),
+      (24 * b * s * h * h + 4 * b * s * s * h - 2 * b * s * h * h - 2 * b * s * h * 4096) / 2);
   EXPECT_DOUBLE_EQ(planner::layer_recompute_flops(m, b, 2, api::Recompute::kFull),
                    planner::layer_forward_flops(m, b, 2));
   EXPECT_EQ(planner::layer_recompute_flops(m, b, 2, api::Recompute::kNone), 0);
@@ -73,7 +75,8 @@ TEST(Formulas, RingAllReduceCost) {
 
 TEST(Formulas, ShardedParametersSumToTheModel) {
   const ModelDims m = api::find_model_preset("gpt2-774m")->dims;
-  const double whole = planner::embedding_unit_params(m, 1) + m.layers * planner::layer_unit_params(m, 1);
+  const double whole =
+      planner::embedding_unit_params(m, 1) + m.layers * planner::layer_unit_params(m, 1);
   EXPECT_DOUBLE_EQ(whole, static_cast<double>(api::parameter_count(m)));
   // With t = 4 each rank holds a quarter of the sharded tensors plus the replicated ones.
   const double h = m.hidden;
@@ -90,7 +93,8 @@ TEST(Formulas, GpuUpdateFractionGrid) {
   // The embeddings (wte + wpe + lnf) are 31.7% of gpt2-124m: f = 0.3 takes exactly that unit.
   EXPECT_EQ(planner::gpu_units_for_fraction(m, 1, 0.3), 1);
   for (double f = 0; f <= 1.0; f += 0.05)
-    EXPECT_GE(planner::gpu_update_fraction(m, 1, planner::gpu_units_for_fraction(m, 1, f)), f - 1e-9);
+    EXPECT_GE(planner::gpu_update_fraction(m, 1, planner::gpu_units_for_fraction(m, 1, f)),
+              f - 1e-9);
 }
 
 }  // namespace

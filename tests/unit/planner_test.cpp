@@ -1,8 +1,9 @@
+#include "planner/planner.h"
+
 #include <gtest/gtest.h>
 
 #include "api/error.h"
 #include "api/quantity.h"
-#include "planner/planner.h"
 #include "test_util.h"
 
 namespace kt {
@@ -63,11 +64,12 @@ TEST(Planner, OnTheOasesTestbedA1_2bGptOverlapsAndBeatsMegatronBy1_3x) {
 
 TEST(Planner, OnOneV100A5bGptNeedsWindowOffload) {
   const auto v100 = test::cluster("v100-32gb-single");
-  const std::string none = plan_error(
-      test::gpt_job(kGpt5b, "  parallelism: {offload: none}\n", 8), v100);
+  const std::string none =
+      plan_error(test::gpt_job(kGpt5b, "  parallelism: {offload: none}\n", 8), v100);
   EXPECT_NE(none.find("no plan fits"), std::string::npos) << none;
   EXPECT_NE(none.find("per GPU with the best plan"), std::string::npos) << none;
-  const auto plan = planner::best_plan(test::gpt_job(kGpt5b, "  parallelism: {offload: window}\n", 8), v100);
+  const auto plan =
+      planner::best_plan(test::gpt_job(kGpt5b, "  parallelism: {offload: window}\n", 8), v100);
   EXPECT_EQ(plan.config.offload, OffloadMode::kWindow);
   EXPECT_LE(plan.predicted.memory.total(), plan.predicted.device_capacity_bytes);
   int64_t streamed = 0;
@@ -75,11 +77,13 @@ TEST(Planner, OnOneV100A5bGptNeedsWindowOffload) {
   EXPECT_GT(streamed, 0);
   EXPECT_LT(plan.config.window, streamed);
   // Left to itself the planner offloads too.
-  EXPECT_NE(planner::best_plan(test::gpt_job(kGpt5b, "", 8), v100).config.offload, OffloadMode::kNone);
+  EXPECT_NE(planner::best_plan(test::gpt_job(kGpt5b, "", 8), v100).config.offload,
+            OffloadMode::kNone);
 }
 
 TEST(Planner, OnOneH200Gpt2SmallNeedsNoOffload) {
-  const auto plan = planner::best_plan(test::gpt_job("{preset: gpt2-124m}"), test::cluster("h200-single"));
+  const auto plan =
+      planner::best_plan(test::gpt_job("{preset: gpt2-124m}"), test::cluster("h200-single"));
   EXPECT_EQ(plan.config.offload, OffloadMode::kNone);
   EXPECT_EQ(plan.world, 1);
   EXPECT_EQ(plan.device, api::DeviceKind::kCuda);
@@ -101,16 +105,28 @@ TEST(Planner, MoreMemoryBandwidthOrFasterLinksNeverPredictSlower) {
   };
   for (const auto& c : cases) {
     const auto job = test::gpt_job(c.model, "", c.batch);
-    const double base =
-        planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw, c.inter))
-            .predicted.tokens_per_second;
+    const double base = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory,
+                                                            c.pcie, c.busbw, c.inter))
+                            .predicted.tokens_per_second;
     const double scales[] = {1.25, 1.5, 2.0, 4.0};
     for (double k : scales) {
       SCOPED_TRACE(c.product + " ×" + std::to_string(k));
-      const double more_memory = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory * k, c.pcie, c.busbw, c.inter)).predicted.tokens_per_second;
-      const double more_pcie = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie * k, c.busbw, c.inter)).predicted.tokens_per_second;
-      const double more_busbw = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw * k, c.inter)).predicted.tokens_per_second;
-      const double more_inter = planner::best_plan(job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw, c.inter * k)).predicted.tokens_per_second;
+      const double more_memory =
+          planner::best_plan(
+              job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory * k, c.pcie, c.busbw, c.inter))
+              .predicted.tokens_per_second;
+      const double more_pcie =
+          planner::best_plan(
+              job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie * k, c.busbw, c.inter))
+              .predicted.tokens_per_second;
+      const double more_busbw =
+          planner::best_plan(
+              job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw * k, c.inter))
+              .predicted.tokens_per_second;
+      const double more_inter =
+          planner::best_plan(
+              job, gpu_cluster(c.product, c.nodes, c.gpus, c.memory, c.pcie, c.busbw, c.inter * k))
+              .predicted.tokens_per_second;
       EXPECT_GE(more_memory, base * (1 - 1e-12));
       EXPECT_GE(more_pcie, base * (1 - 1e-12));
       EXPECT_GE(more_busbw, base * (1 - 1e-12));
@@ -142,24 +158,30 @@ TEST(Planner, ExplicitHintsAreObeyed) {
 
 TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
   // gpt-7b without recompute or offload at micro-batch 32 on one H200.
-  const auto job = test::gpt_job(
-      "{preset: gpt-7b}",
-      "  parallelism: {recompute: none, offload: none}\n"
-      "  training: {steps: 10, globalBatchSize: 32, microBatchSize: 32}\n");
+  const auto job =
+      test::gpt_job("{preset: gpt-7b}",
+                    "  parallelism: {recompute: none, offload: none}\n"
+                    "  training: {steps: 10, globalBatchSize: 32, microBatchSize: 32}\n");
   const std::string e = plan_error(job, test::cluster("h200-single"));
-  EXPECT_EQ(e.rfind("no plan fits with recompute=none, offload=none, microBatchSize=32: needs ", 0), 0u) << e;
-  EXPECT_NE(e.find(" per GPU with the best plan (TP 1 × DP 1, micro-batch 32"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("no plan fits with recompute=none, offload=none, microBatchSize=32: needs ", 0),
+            0u)
+      << e;
+  EXPECT_NE(e.find(" per GPU with the best plan (TP 1 × DP 1, micro-batch 32"), std::string::npos)
+      << e;
   EXPECT_NE(e.find("nodes have 141.0 GiB"), std::string::npos) << e;
   // A tensor-parallel degree the node cannot hold.
-  const std::string tp = plan_error(
-      test::gpt_job("{preset: gpt2-124m}", "  parallelism: {tensorParallel: 4}\n"),
-      test::cluster("h200-single"));
-  EXPECT_EQ(tp, "spec.parallelism.tensorParallel: 4 does not divide the 1 ranks per node (TP groups stay inside a node)");
+  const std::string tp =
+      plan_error(test::gpt_job("{preset: gpt2-124m}", "  parallelism: {tensorParallel: 4}\n"),
+                 test::cluster("h200-single"));
+  EXPECT_EQ(tp,
+            "spec.parallelism.tensorParallel: 4 does not divide the 1 ranks per node (TP groups "
+            "stay inside a node)");
 }
 
 TEST(Planner, AModelThatFitsNowhereNamesTheNearestMiss) {
   // 60 B parameters with 16 GiB of host memory: neither the GPU nor the host can hold it.
-  const auto job = test::gpt_job("{layers: 48, hidden: 10240, heads: 80, vocab: 50257, seqLen: 2048}", "", 8);
+  const auto job =
+      test::gpt_job("{layers: 48, hidden: 10240, heads: 80, vocab: 50257, seqLen: 2048}", "", 8);
   const auto inv = test::inventory_from_yaml(
       "kind: Inventory\nnodes:\n- name: small\n  gpu: {product: NVIDIA-L4, count: 1}\n"
       "  cpu: {cores: 8}\n  memory: 16Gi\n");
@@ -197,7 +219,8 @@ TEST(Planner, CpuNodesGetCpuPlansForEveryForcedMode) {
     EXPECT_LE(plan.config.procs_per_node, 2);
   }
   const auto window = planner::best_plan(
-      test::gpt_job("{preset: tiny}", "  parallelism: {offload: window, offloadWindow: 1}\n", 8), cpu);
+      test::gpt_job("{preset: tiny}", "  parallelism: {offload: window, offloadWindow: 1}\n", 8),
+      cpu);
   EXPECT_EQ(window.config.offload, OffloadMode::kWindow);
   EXPECT_EQ(window.config.window, 1);
   EXPECT_FALSE(window.layers.back().resident);
@@ -208,16 +231,18 @@ TEST(Planner, CpuNodesGetCpuPlansForEveryForcedMode) {
 }
 
 TEST(Planner, CpuOnlyIgnoresGpus) {
-  const auto plan = planner::best_plan(
-      test::gpt_job("{preset: tiny}", "  resources: {cpuOnly: true}\n", 8), test::cluster("h200-single"));
+  const auto plan =
+      planner::best_plan(test::gpt_job("{preset: tiny}", "  resources: {cpuOnly: true}\n", 8),
+                         test::cluster("h200-single"));
   EXPECT_EQ(plan.device, api::DeviceKind::kCpu);
   EXPECT_LE(plan.config.procs_per_node, 16);
 }
 
 TEST(Planner, NodeSelectorThatMatchesNothingNamesTheField) {
   try {
-    planner::best_plan(test::gpt_job("{preset: tiny}", "  resources: {nodeSelector: {pool: x}}\n", 8),
-                       test::cluster("cpu-local"));
+    planner::best_plan(
+        test::gpt_job("{preset: tiny}", "  resources: {nodeSelector: {pool: x}}\n", 8),
+        test::cluster("cpu-local"));
     FAIL();
   } catch (const FieldError& e) {
     EXPECT_EQ(e.path(), "spec.resources.nodeSelector");
@@ -227,7 +252,8 @@ TEST(Planner, NodeSelectorThatMatchesNothingNamesTheField) {
 TEST(Planner, ExplanationSaysWhatBindsAndComparesTheRunnerUp) {
   const auto plan = planner::best_plan(test::gpt_job(kGpt1_2b), test::cluster("3090x32-pcie"));
   ASSERT_GE(plan.explanation.size(), 3u);
-  EXPECT_EQ(plan.explanation[0].rfind("Chosen: 8 node(s) × 4 RTX-3090", 0), 0u) << plan.explanation[0];
+  EXPECT_EQ(plan.explanation[0].rfind("Chosen: 8 node(s) × 4 RTX-3090", 0), 0u)
+      << plan.explanation[0];
   bool binds = false, runner = false;
   for (const auto& line : plan.explanation) {
     binds |= line.rfind("Memory binds", 0) == 0 || line.rfind("Time binds", 0) == 0;

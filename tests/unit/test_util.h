@@ -22,12 +22,14 @@ inline api::TrainingJob gpt_job(const std::string& model_yaml, const std::string
                                 int global_batch = 256) {
   // `extra` may bring its own training section.
   const bool own_training = extra.find("  training:") != std::string::npos;
-  return job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
-                       "metadata: {name: t}\nspec:\n  model: " + model_yaml + "\n" +
-                       (own_training ? std::string()
-                                     : "  training: {steps: 100, globalBatchSize: " +
-                                           std::to_string(global_batch) + "}\n") +
-                       extra);
+  return job_from_yaml(
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
+      "metadata: {name: t}\nspec:\n  model: " +
+      model_yaml + "\n" +
+      (own_training
+           ? std::string()
+           : "  training: {steps: 100, globalBatchSize: " + std::to_string(global_batch) + "}\n") +
+      extra);
 }
 
 inline api::Inventory cluster(const std::string& name) {
