@@ -49,6 +49,12 @@ std::optional<double> parse_quantity(std::string_view text) {
   return std::nullopt;
 }
 
+std::string fmt(const char* format, double value) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, format, value);
+  return buf;
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;

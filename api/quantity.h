@@ -11,6 +11,9 @@ namespace kt::api {
 // or an exponent). Returns nullopt when `text` is not a quantity.
 std::optional<double> parse_quantity(std::string_view text);
 
+// printf-style formatting of one number: fmt("%.2f×", 1.234) == "1.23×".
+std::string fmt(const char* format, double value);
+
 // Formats bytes for people: "93.1 GiB", "512.0 MiB".
 std::string format_bytes(double bytes);
 

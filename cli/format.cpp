@@ -8,11 +8,7 @@
 namespace kt::cli {
 namespace {
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
+using api::fmt;
 
 std::string pad(const std::string& s, size_t width) {
   // Width in code points, so that "×" and "µ" do not break the columns.

@@ -8,11 +8,7 @@
 namespace kt::planner {
 namespace {
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
+using api::fmt;
 
 std::string seconds(double s) {
   if (s < 1e-3) return fmt("%.0f µs", s * 1e6);
