@@ -1,0 +1,226 @@
+// Every CPU kernel against the float64 run of the reference loops, on fresh random inputs
+// (the seed is printed on failure). Error measure: ‖fast − ref64‖ / ‖ref64‖ < 1e-5.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/reference.h"
+
+namespace kt {
+namespace {
+
+namespace ref = kernels::reference;
+namespace cpu = kernels::cpu;
+
+using F = std::vector<float>;
+using D = std::vector<double>;
+
+class Kernels : public ::testing::Test {
+ protected:
+  Kernels() : seed_(std::random_device{}()), rng_(seed_) {}
+  void SetUp() override { RecordProperty("seed", std::to_string(seed_)); }
+
+  F random(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    F out(n);
+    for (auto& x : out) x = dist(rng_);
+    return out;
+  }
+  std::vector<int32_t> tokens(size_t n, int32_t vocab) {
+    std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+    std::vector<int32_t> out(n);
+    for (auto& x : out) x = dist(rng_);
+    return out;
+  }
+  static D widen(const F& x) { return D(x.begin(), x.end()); }
+  // Norm-wise relative error of a float result against the float64 reference.
+  static double error(const F& got, const D& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+  }
+  void expect_close(const F& got, const D& want, const char* what, double tol = 1e-5) {
+    EXPECT_LT(error(got, want), tol) << what << " (seed " << seed_ << ")";
+  }
+  unsigned seed_;
+  std::mt19937 rng_;
+};
+
+TEST_F(Kernels, Matmul) {
+  const int64_t BT = 37, C = 96, OC = 130;  // odd sizes on purpose
+  F inp = random(BT * C), w = random(OC * C, 0.1f), bias = random(OC), dout = random(BT * OC);
+  F out(BT * OC), dinp = random(BT * C), dw = random(OC * C), db = random(OC);
+  D out64(BT * OC), dinp64 = widen(dinp), dw64 = widen(dw), db64 = widen(db);
+  const D inp64 = widen(inp), w64 = widen(w), bias64 = widen(bias), dout64 = widen(dout);
+  cpu::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), BT, C, OC);
+  ref::matmul_forward(out64.data(), inp64.data(), w64.data(), bias64.data(), BT, C, OC);
+  expect_close(out, out64, "forward");
+  cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), BT, C,
+                       OC);
+  ref::matmul_backward(dinp64.data(), dw64.data(), db64.data(), dout64.data(), inp64.data(),
+                       w64.data(), BT, C, OC);
+  expect_close(dinp, dinp64, "dinp");
+  expect_close(dw, dw64, "dweight");
+  expect_close(db, db64, "dbias");
+  // Without a bias.
+  cpu::matmul_forward(out.data(), inp.data(), w.data(), nullptr, BT, C, OC);
+  ref::matmul_forward(out64.data(), inp64.data(), w64.data(), static_cast<const double*>(nullptr),
+                      BT, C, OC);
+  expect_close(out, out64, "forward without bias");
+}
+
+TEST_F(Kernels, LayerNorm) {
+  const int64_t BT = 29, C = 72;
+  F inp = random(BT * C, 2.0f), w = random(C), b = random(C), dout = random(BT * C);
+  for (auto& x : inp) x += 0.5f;  // a non-zero mean
+  F out(BT * C), mean(BT), rstd(BT), dinp = random(BT * C), dw = random(C), db = random(C);
+  D out64(BT * C), mean64(BT), rstd64(BT), dinp64 = widen(dinp), dw64 = widen(dw), db64 = widen(db);
+  const D inp64 = widen(inp), w64 = widen(w), b64 = widen(b), dout64 = widen(dout);
+  cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), BT,
+                         C);
+  ref::layernorm_forward(out64.data(), mean64.data(), rstd64.data(), inp64.data(), w64.data(),
+                         b64.data(), BT, C);
+  expect_close(out, out64, "out");
+  expect_close(mean, mean64, "mean");
+  expect_close(rstd, rstd64, "rstd");
+  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                          mean.data(), rstd.data(), BT, C);
+  ref::layernorm_backward(dinp64.data(), dw64.data(), db64.data(), dout64.data(), inp64.data(),
+                          w64.data(), mean64.data(), rstd64.data(), BT, C);
+  expect_close(dinp, dinp64, "dinp");
+  expect_close(dw, dw64, "dweight");
+  expect_close(db, db64, "dbias");
+}
+
+TEST_F(Kernels, GeluAndResidual) {
+  const int64_t N = 1000;
+  F x = random(N, 2.0f), y = random(N), dout = random(N);
+  F out(N), dinp = random(N), da = random(N), db = random(N);
+  D out64(N), dinp64 = widen(dinp), da64 = widen(da), db64 = widen(db);
+  const D x64 = widen(x), y64 = widen(y), dout64 = widen(dout);
+  cpu::gelu_forward(out.data(), x.data(), N);
+  ref::gelu_forward(out64.data(), x64.data(), N);
+  expect_close(out, out64, "gelu forward");
+  cpu::gelu_backward(dinp.data(), x.data(), dout.data(), N);
+  ref::gelu_backward(dinp64.data(), x64.data(), dout64.data(), N);
+  expect_close(dinp, dinp64, "gelu backward");
+  cpu::residual_forward(out.data(), x.data(), y.data(), N);
+  ref::residual_forward(out64.data(), x64.data(), y64.data(), N);
+  expect_close(out, out64, "residual forward");
+  cpu::residual_backward(da.data(), db.data(), dout.data(), N);
+  ref::residual_backward(da64.data(), db64.data(), dout64.data(), N);
+  expect_close(da, da64, "residual da");
+  expect_close(db, db64, "residual db");
+}
+
+TEST_F(Kernels, Embedding) {
+  const int64_t B = 3, T = 11, C = 40, V = 17;  // few tokens: repeats exercise the accumulation
+  const auto tok = tokens(B * T, V);
+  F wte = random(V * C), wpe = random(T * C), dout = random(B * T * C);
+  F out(B * T * C), dwte = random(V * C), dwpe = random(T * C);
+  D out64(B * T * C), dwte64 = widen(dwte), dwpe64 = widen(dwpe);
+  const D wte64 = widen(wte), wpe64 = widen(wpe), dout64 = widen(dout);
+  cpu::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  ref::embedding_forward(out64.data(), tok.data(), wte64.data(), wpe64.data(), B, T, C);
+  expect_close(out, out64, "forward");
+  cpu::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  ref::embedding_backward(dwte64.data(), dwpe64.data(), dout64.data(), tok.data(), B, T, C);
+  expect_close(dwte, dwte64, "dwte");
+  expect_close(dwpe, dwpe64, "dwpe");
+}
+
+TEST_F(Kernels, CausalAttention) {
+  const int64_t B = 2, T = 13, C = 48, NH = 4;
+  F inp = random(B * T * 3 * C), dout = random(B * T * C);
+  F out(B * T * C), pre(B * NH * T * T), att(B * NH * T * T);
+  F dinp = random(B * T * 3 * C), dpre(B * NH * T * T, 0.0f), datt(B * NH * T * T, 0.0f);
+  D out64(B * T * C), pre64(B * NH * T * T), att64(B * NH * T * T);
+  D dinp64 = widen(dinp), dpre64(B * NH * T * T, 0.0), datt64(B * NH * T * T, 0.0);
+  const D inp64 = widen(inp), dout64 = widen(dout);
+  cpu::attention_forward(out.data(), pre.data(), att.data(), inp.data(), B, T, C, NH);
+  ref::attention_forward(out64.data(), pre64.data(), att64.data(), inp64.data(), B, T, C, NH);
+  expect_close(out, out64, "out");
+  expect_close(att, att64, "att");
+  cpu::attention_backward(dinp.data(), dpre.data(), datt.data(), dout.data(), inp.data(),
+                          att.data(), B, T, C, NH);
+  ref::attention_backward(dinp64.data(), dpre64.data(), datt64.data(), dout64.data(), inp64.data(),
+                          att64.data(), B, T, C, NH);
+  expect_close(dinp, dinp64, "dinp");
+  // Causality: the output at t must not depend on inputs after t.
+  F inp2 = inp;
+  for (int64_t c = 0; c < 3 * C; ++c) inp2[(T - 1) * 3 * C + c] += 1.0f;  // change token T-1, b 0
+  F out2(B * T * C);
+  cpu::attention_forward(out2.data(), pre.data(), att.data(), inp2.data(), B, T, C, NH);
+  for (int64_t i = 0; i < (T - 1) * C; ++i) ASSERT_EQ(out[i], out2[i]) << i;
+}
+
+TEST_F(Kernels, SoftmaxCrossEntropy) {
+  const int64_t BT = 19, V = 90, Vp = 128;
+  F logits = random(BT * Vp, 3.0f);
+  const auto tgt = tokens(BT, static_cast<int32_t>(V));
+  const float dloss = 1.0f / BT;
+  F losses(BT), dlogits(BT * Vp);
+  D losses64(BT), dlogits64(BT * Vp);
+  const D logits64 = widen(logits);
+  cpu::softmax_cross_entropy(losses.data(), dlogits.data(), logits.data(), tgt.data(), BT, V, Vp,
+                             dloss);
+  ref::softmax_cross_entropy(losses64.data(), dlogits64.data(), logits64.data(), tgt.data(), BT, V,
+                             Vp, static_cast<double>(dloss));
+  expect_close(losses, losses64, "losses");
+  expect_close(dlogits, dlogits64, "dlogits");
+  for (int64_t i = 0; i < BT; ++i)
+    for (int64_t v = V; v < Vp; ++v) ASSERT_EQ(dlogits[i * Vp + v], 0.0f);
+  // In place (dlogits aliasing logits), and loss only.
+  F inplace = logits, loss_only(BT);
+  cpu::softmax_cross_entropy(losses.data(), inplace.data(), inplace.data(), tgt.data(), BT, V, Vp,
+                             dloss);
+  expect_close(inplace, dlogits64, "in-place dlogits");
+  cpu::softmax_cross_entropy(loss_only.data(), nullptr, logits.data(), tgt.data(), BT, V, Vp,
+                             dloss);
+  expect_close(loss_only, losses64, "loss only");
+}
+
+TEST_F(Kernels, AdamW) {
+  const int64_t N = 1031;
+  F p = random(N), g = random(N), m = random(N, 0.01f), v = random(N, 0.01f);
+  for (auto& x : v) x = std::fabs(x);
+  D p64 = widen(p), m64 = widen(m), v64 = widen(v);
+  const D g64 = widen(g);
+  kernels::AdamWStep step;
+  step.learning_rate = 1e-3f;
+  step.weight_decay = 0.1f;
+  step.grad_scale = 0.5f;
+  for (int64_t t = 1; t <= 3; ++t) {
+    step.t = t;
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), N, step);
+    ref::adamw_update(p64.data(), g64.data(), m64.data(), v64.data(), N, step);
+  }
+  expect_close(p, p64, "params");
+  expect_close(m, m64, "m");
+  expect_close(v, v64, "v");
+  const F x = random(N);
+  const double want = ref::sum_of_squares(widen(x).data(), N);
+  EXPECT_NEAR(cpu::sum_of_squares(x.data(), N), want, 1e-9 * want);
+}
+
+TEST_F(Kernels, ReferenceFloat32AgreesWithFloat64) {
+  // The reference loops themselves, in float32, against their float64 run.
+  const int64_t BT = 16, C = 64, OC = 80;
+  F inp = random(BT * C), w = random(OC * C, 0.1f);
+  F out(BT * OC);
+  D out64(BT * OC);
+  ref::matmul_forward(out.data(), inp.data(), w.data(), static_cast<const float*>(nullptr), BT, C,
+                      OC);
+  ref::matmul_forward(out64.data(), widen(inp).data(), widen(w).data(),
+                      static_cast<const double*>(nullptr), BT, C, OC);
+  expect_close(out, out64, "reference matmul in float32");
+}
+
+}  // namespace
+}  // namespace kt
