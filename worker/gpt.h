@@ -1,0 +1,86 @@
+// GPT-2 on one rank, llm.c style: one allocation for all parameters (in llm.c's order and shapes,
+// so llm.c checkpoints import and export), one for their gradients, one for the activations of a
+// B×T batch and one for the activations' gradients. Letters: B batch, T time, C channels, L
+// layers, NH heads, F ffn hidden, V vocabulary, Vp padded vocabulary.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/model.h"
+#include "worker/device.h"
+#include "worker/tensor_view.h"
+
+namespace kt::worker {
+
+struct GptConfig {
+  int64_t max_seq_len = 0;  // maxT: rows of wpe
+  int64_t vocab = 0;        // V
+  int64_t padded_vocab = 0; // Vp
+  int64_t layers = 0;       // L
+  int64_t heads = 0;        // NH
+  int64_t channels = 0;     // C
+  int64_t ffn = 0;          // F (4C in GPT-2)
+  static GptConfig from(const api::ModelDims& m);
+};
+
+// The 16 parameter tensors, in llm.c's order.
+inline constexpr int kNumParamTensors = 16;
+inline constexpr std::array<const char*, kNumParamTensors> kParamNames = {
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw", "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+class Gpt {
+ public:
+  Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device);
+
+  // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
+  // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1.
+  void init_weights(uint64_t seed);
+
+  // Forward on inputs (B,T) → mean loss over targets (B,T).
+  float evaluate(const int32_t* inputs, const int32_t* targets);
+  // Forward and backward of one micro-batch; parameter gradients are ACCUMULATED, each scaled by
+  // `loss_scale` (1 / gradient-accumulation steps for a mean over the whole step). Returns the
+  // micro-batch's mean loss.
+  float train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale);
+  void zero_grad();
+
+  const GptConfig& config() const { return config_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  int64_t num_parameters() const { return num_params_; }
+  float* params() const { return params_.data(); }
+  float* grads() const { return grads_.data(); }
+  // Views of the 16 tensors of the parameters (or of their gradients), llm.c's order and shapes.
+  std::vector<TensorView> parameter_views() const { return views(params_.data()); }
+  std::vector<TensorView> gradient_views() const { return views(grads_.data()); }
+  // Same layout over an external buffer of num_parameters() floats (AdamW moments).
+  std::vector<TensorView> views(float* base) const;
+  // Whether AdamW decays a tensor: matrices yes, biases and LayerNorm parameters no.
+  static bool decays(int tensor_index);
+  // Training FLOPs of one B×T micro-batch (forward + backward): 6·P·BT + attention 12·L·C·T·BT.
+  double flops_per_micro_step() const;
+
+ private:
+  struct Params;  // pointers into params_ (or grads_)
+  struct Acts;    // pointers into an activation buffer
+  Params params_at(float* base) const;
+  Acts acts_at(float* base) const;
+  void forward(const int32_t* inputs, const int32_t* targets, float* dlogits, float dloss);
+  void backward(const int32_t* inputs);
+
+  GptConfig config_;
+  int64_t B_, T_;
+  std::shared_ptr<Device> device_;
+  std::array<int64_t, kNumParamTensors> param_sizes_{};
+  int64_t num_params_ = 0;
+  DeviceBuffer params_, grads_, acts_, grad_acts_;
+  std::vector<int32_t> targets_;
+  float mean_loss_ = 0;
+};
+
+}  // namespace kt::worker
