@@ -28,6 +28,7 @@ test: build
 
 bench: build
 	$(BUILD)/bin/bench_planner
+	$(BUILD)/bin/bench_worker
 
 clean:
 	rm -rf $(BUILD)

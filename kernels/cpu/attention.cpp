@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
@@ -31,7 +32,7 @@ KT_SIMD_CLONES void attention_forward(float* out, float* preatt, float* att, con
         }
         float sum = 0;
         for (int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(pre[t2] - maxval);
+          a[t2] = fast_exp(pre[t2] - maxval);
           sum += a[t2];
         }
         const float inv = 1.0f / sum;

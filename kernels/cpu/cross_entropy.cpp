@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
@@ -24,7 +25,7 @@ KT_SIMD_CLONES void softmax_cross_entropy(float* losses, float* dlogits, const f
       const float target_logit = x[target];  // read before d overwrites it when aliased
 #pragma omp simd reduction(+ : sum)
       for (int64_t v = 0; v < V; ++v) {
-        d[v] = std::exp(x[v] - maxval);
+        d[v] = fast_exp(x[v] - maxval);
         sum += d[v];
       }
       losses[i] = std::log(sum) - (target_logit - maxval);
@@ -36,7 +37,7 @@ KT_SIMD_CLONES void softmax_cross_entropy(float* losses, float* dlogits, const f
       for (int64_t v = V; v < Vp; ++v) d[v] = 0;
     } else {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - maxval);
+      for (int64_t v = 0; v < V; ++v) sum += fast_exp(x[v] - maxval);
       losses[i] = std::log(sum) - (x[target] - maxval);
     }
   }

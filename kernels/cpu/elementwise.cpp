@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
@@ -14,7 +15,7 @@ KT_SIMD_CLONES void gelu_forward(float* out, const float* inp, int64_t N) {
 #pragma omp parallel for simd
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
   }
 }
 
@@ -22,7 +23,7 @@ KT_SIMD_CLONES void gelu_backward(float* dinp, const float* inp, const float* do
 #pragma omp parallel for simd
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
-    const float th = std::tanh(kGeluScale * (x + 0.044715f * x * x * x));
+    const float th = fast_tanh(kGeluScale * (x + 0.044715f * x * x * x));
     const float sech2 = 1.0f - th * th;
     const float grad =
         0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);

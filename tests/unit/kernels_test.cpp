@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/ops.h"
 #include "kernels/reference.h"
 
@@ -207,6 +208,22 @@ TEST_F(Kernels, AdamW) {
   const F x = random(N);
   const double want = ref::sum_of_squares(widen(x).data(), N);
   EXPECT_NEAR(cpu::sum_of_squares(x.data(), N), want, 1e-9 * want);
+}
+
+TEST_F(Kernels, FastExpAndTanhAreAccurate) {
+  std::uniform_real_distribution<float> wide(-80.0f, 80.0f), narrow(-6.0f, 6.0f);
+  double worst_exp = 0, worst_tanh = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i % 2 ? wide(rng_) : narrow(rng_);
+    const double e = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::fabs(cpu::fast_exp(x) - e) / e);
+    worst_tanh = std::max(worst_tanh, std::fabs(cpu::fast_tanh(x) - std::tanh(static_cast<double>(x))));
+  }
+  EXPECT_LT(worst_exp, 5e-7) << "seed " << seed_;
+  EXPECT_LT(worst_tanh, 1e-6) << "seed " << seed_;
+  EXPECT_EQ(cpu::fast_tanh(50.0f), 1.0f);
+  EXPECT_EQ(cpu::fast_tanh(-50.0f), -1.0f);
+  EXPECT_LT(cpu::fast_exp(-200.0f), 1e-37f);
 }
 
 TEST_F(Kernels, ReferenceFloat32AgreesWithFloat64) {
