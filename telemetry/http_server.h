@@ -1,0 +1,63 @@
+// A tiny HTTP/1.1 server for GET endpoints (/metrics, /healthz): kubetrain's adapter over the
+// HTTP library. Only http_server.cpp knows the library (cpprestsdk today, archived upstream, so
+// it may be swapped); this header must stay free of it.
+//
+//   HttpServer server("127.0.0.1", 0);                  // port 0: pick a free port
+//   server.handle("/healthz", [](const Request&) { return Response{200, "text/plain", "ok"}; });
+//   server.start();                                     // throws kt::Error if it cannot listen
+//   ... server.port() ...
+//   server.stop();
+//
+// Requests for a path without a handler get 404, methods other than GET get 405, and a handler
+// that throws gets 500 with the exception's message. Handlers run on the library's worker
+// threads, concurrently with each other and with the caller.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace kt::telemetry {
+
+struct Request {
+  std::string method;  // "GET"
+  std::string path;    // "/metrics", percent-encoding left as sent
+  std::string query;   // "a=1&b=2" without '?', or ""
+};
+
+struct Response {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+
+class HttpServer {
+ public:
+  using Handler = std::function<Response(const Request&)>;
+
+  // `address`: the IPv4 address to bind ("127.0.0.1"; "0.0.0.0" in a pod). `port` 0 picks a
+  // free port when start() runs: the adapter binds a socket to port 0, reads the port the
+  // kernel chose, closes it and then listens there. Another process may take the port in that
+  // instant; start() then throws like for any port in use.
+  HttpServer(std::string address, int port);
+  ~HttpServer();  // stops
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Serves `path` (exact match) with `handler`; replaces an earlier handler for the same path.
+  void handle(std::string path, Handler handler);
+
+  // Starts listening; throws kt::Error("cannot listen on ADDRESS:PORT: why") on failure.
+  void start();
+  // Stops listening and waits for the listener to close. Idempotent.
+  void stop();
+
+  // The port served (the chosen one after start() when constructed with 0).
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kt::telemetry
