@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     model.train_micro_step(x.data(), y.data(), 1.0f);
     const double fb = seconds_since(t0);
     const auto t1 = Clock::now();
-    const double norm = std::sqrt(kt::kernels::cpu::sum_of_squares(model.grads(), model.num_parameters()));
+    const double norm =
+        std::sqrt(kt::kernels::cpu::sum_of_squares(model.grads(), model.num_parameters()));
     kt::kernels::AdamWStep s;
     s.t = i + 1;
     s.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;

@@ -8,11 +8,16 @@ namespace kt::worker {
 
 const char* to_string(MemoryKind kind) {
   switch (kind) {
-    case MemoryKind::kParams: return "params";
-    case MemoryKind::kGrads: return "grads";
-    case MemoryKind::kOptimizer: return "optimizer";
-    case MemoryKind::kActivations: return "activations";
-    case MemoryKind::kWorkspace: return "workspace";
+    case MemoryKind::kParams:
+      return "params";
+    case MemoryKind::kGrads:
+      return "grads";
+    case MemoryKind::kOptimizer:
+      return "optimizer";
+    case MemoryKind::kActivations:
+      return "activations";
+    case MemoryKind::kWorkspace:
+      return "workspace";
   }
   return "?";
 }
@@ -47,7 +52,9 @@ void Device::release(size_t bytes, MemoryKind kind) {
   in_use_[kind] -= bytes;
 }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept {
+  *this = std::move(other);
+}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {

@@ -50,11 +50,28 @@ namespace {
 
 std::array<int64_t, 22> activation_sizes(const GptConfig& c, int64_t B, int64_t T) {
   const int64_t BT = B * T, L = c.layers, C = c.channels, F = c.ffn;
-  return {BT * C,     L * BT * C, L * BT,     L * BT,     L * BT * 3 * C,
-          L * BT * C, L * B * c.heads * T * T, L * B * c.heads * T * T,
-          L * BT * C, L * BT * C, L * BT * C, L * BT,     L * BT,
-          L * BT * F, L * BT * F, L * BT * C, L * BT * C, BT * C,
-          BT,         BT,         BT * c.padded_vocab,    BT};
+  return {BT * C,
+          L * BT * C,
+          L * BT,
+          L * BT,
+          L * BT * 3 * C,
+          L * BT * C,
+          L * B * c.heads * T * T,
+          L * B * c.heads * T * T,
+          L * BT * C,
+          L * BT * C,
+          L * BT * C,
+          L * BT,
+          L * BT,
+          L * BT * F,
+          L * BT * F,
+          L * BT * C,
+          L * BT * C,
+          BT * C,
+          BT,
+          BT,
+          BT * c.padded_vocab,
+          BT};
 }
 
 int64_t total(const std::array<int64_t, 22>& sizes) {
@@ -71,8 +88,8 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   KT_CHECK(T <= c.max_seq_len, "sequence length exceeds the model's positions");
   KT_CHECK(c.channels % c.heads == 0, "heads must divide channels");
   const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn, maxT = c.max_seq_len;
-  param_sizes_ = {Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-                  L * C,  L * C,    L * F * C, L * F, L * C * F, L * C, C, C};
+  param_sizes_ = {Vp * C, maxT * C, L * C,     L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+                  L * C,  L * C,    L * F * C, L * F, L * C * F,     L * C,     C,         C};
   for (int64_t s : param_sizes_) num_params_ += s;
   params_ = device_->allocate_floats(num_params_, MemoryKind::kParams);
   grads_ = device_->allocate_floats(num_params_, MemoryKind::kGrads);
@@ -106,9 +123,14 @@ Gpt::Acts Gpt::acts_at(float* base) const {
 std::vector<TensorView> Gpt::views(float* base) const {
   const auto& c = config_;
   const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
-  const std::vector<std::vector<int64_t>> shapes = {
-      {Vp, C}, {c.max_seq_len, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C}, {L, C, C}, {L, C},
-      {L, C},  {L, C},             {L, F, C}, {L, F}, {L, C, F},  {L, C},     {C},       {C}};
+  const std::vector<std::vector<int64_t>> shapes = {{Vp, C},       {c.max_seq_len, C},
+                                                    {L, C},        {L, C},
+                                                    {L, 3 * C, C}, {L, 3 * C},
+                                                    {L, C, C},     {L, C},
+                                                    {L, C},        {L, C},
+                                                    {L, F, C},     {L, F},
+                                                    {L, C, F},     {L, C},
+                                                    {C},           {C}};
   std::vector<TensorView> out;
   for (int i = 0; i < kNumParamTensors; ++i) {
     out.push_back({kParamNames[i], shapes[i], base, {}, {}});
@@ -139,18 +161,25 @@ void Gpt::init_weights(uint64_t seed) {
     const bool layernorm_weight = name == "ln1w" || name == "ln2w" || name == "lnfw";
     const bool bias = name.back() == 'b';  // qkvb, fcb, ...: biases and LayerNorm biases
     for (int64_t j = 0; j < t.numel(); ++j) {
-      if (layernorm_weight) t.data[j] = 1.0f;
-      else if (bias) t.data[j] = 0.0f;
-      else if (name == "attprojw" || name == "fcprojw") t.data[j] = residual_std * normal(rng);
-      else t.data[j] = 0.02f * normal(rng);
+      if (layernorm_weight)
+        t.data[j] = 1.0f;
+      else if (bias)
+        t.data[j] = 0.0f;
+      else if (name == "attprojw" || name == "fcprojw")
+        t.data[j] = residual_std * normal(rng);
+      else
+        t.data[j] = 0.02f * normal(rng);
     }
   }
   // The padded vocabulary rows are never targets; llm.c keeps them at zero.
-  for (int64_t j = config_.vocab * config_.channels; j < config_.padded_vocab * config_.channels; ++j)
+  for (int64_t j = config_.vocab * config_.channels; j < config_.padded_vocab * config_.channels;
+       ++j)
     params_.data()[j] = 0.0f;
 }
 
-void Gpt::zero_grad() { std::memset(grads_.data(), 0, num_params_ * sizeof(float)); }
+void Gpt::zero_grad() {
+  std::memset(grads_.data(), 0, num_params_ * sizeof(float));
+}
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
   forward(inputs, targets, nullptr, 0.0f);

@@ -17,21 +17,21 @@
 namespace kt::worker {
 
 struct GptConfig {
-  int64_t max_seq_len = 0;  // maxT: rows of wpe
-  int64_t vocab = 0;        // V
-  int64_t padded_vocab = 0; // Vp
-  int64_t layers = 0;       // L
-  int64_t heads = 0;        // NH
-  int64_t channels = 0;     // C
-  int64_t ffn = 0;          // F (4C in GPT-2)
+  int64_t max_seq_len = 0;   // maxT: rows of wpe
+  int64_t vocab = 0;         // V
+  int64_t padded_vocab = 0;  // Vp
+  int64_t layers = 0;        // L
+  int64_t heads = 0;         // NH
+  int64_t channels = 0;      // C
+  int64_t ffn = 0;           // F (4C in GPT-2)
   static GptConfig from(const api::ModelDims& m);
 };
 
 // The 16 parameter tensors, in llm.c's order.
 inline constexpr int kNumParamTensors = 16;
 inline constexpr std::array<const char*, kNumParamTensors> kParamNames = {
-    "wte",  "wpe",  "ln1w", "ln1b", "qkvw", "qkvb",    "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
 class Gpt {
  public:

@@ -1,4 +1,6 @@
 // The whole model: gradients against finite differences, and the parameter layout llm.c uses.
+#include "worker/gpt.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "api/model.h"
-#include "worker/gpt.h"
 
 namespace kt {
 namespace {
@@ -91,7 +92,8 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
       direction[i] = 1.0f;
       const float h = 2e-3f;
       const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
-      EXPECT_NEAR(fd, grad[i], 3e-2 * std::fabs(grad[i]) + 2e-4) << v.name << "[" << i - offset << "]";
+      EXPECT_NEAR(fd, grad[i], 3e-2 * std::fabs(grad[i]) + 2e-4)
+          << v.name << "[" << i - offset << "]";
       ++checked;
     }
     offset += v.numel();

@@ -1,0 +1,125 @@
+// The training loop end to end on the CPU: it learns the synthetic chain down to its entropy
+// rate, resumes from a checkpoint with exactly the same losses, and refuses plans it cannot run.
+#include "worker/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <string>
+
+#include "api/error.h"
+#include "planner/planner.h"
+#include "test_util.h"
+#include "worker/data.h"
+
+namespace kt {
+namespace {
+
+namespace fs = std::filesystem;
+
+api::Plan tiny_plan(int steps, const std::string& extra = "", int global_batch = 16) {
+  const auto job = test::job_from_yaml(
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: tiny}\nspec:\n"
+      "  model: {preset: tiny}\n"
+      "  training: {steps: " +
+      std::to_string(steps) + ", globalBatchSize: " + std::to_string(global_batch) +
+      ", learningRate: 0.005, warmupSteps: 20, seed: 7}\n" +
+      (extra.find("resources:") == std::string::npos ? "  resources: {gpusPerNode: 1}\n" : "") +
+      extra);
+  return planner::best_plan(job, test::cluster("cpu-local"));
+}
+
+std::string temp_dir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("kt-" + name + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+void quiet(const std::string&) {}
+
+TEST(Trainer, LearnsTheSyntheticChainDownToItsEntropyRate) {
+  const api::Plan plan = tiny_plan(800, "", 32);
+  worker::TrainOptions options;
+  options.log_every = 0;
+  const auto result = worker::train(plan, options, quiet);
+  ASSERT_EQ(result.losses.size(), 800u);
+  // The same generator the trainer uses (worker/trainer.cpp: order 1, 8 successors).
+  const worker::SyntheticMarkov chain(static_cast<int>(plan.model.vocab), 1, 8,
+                                      static_cast<uint64_t>(plan.training.seed), 0, 1);
+  const double entropy = chain.entropy_rate();
+  const double last = std::accumulate(result.losses.end() - 20, result.losses.end(), 0.0) / 20;
+  EXPECT_LT(result.losses.front(), std::log(256.0) + 0.1);
+  EXPECT_LT(last - entropy, 0.15) << "mean loss of the last 20 steps " << last << ", entropy rate "
+                                  << entropy;
+  EXPECT_GT(last - entropy, -0.05) << "a loss below the entropy rate means the data leak";
+}
+
+TEST(Trainer, ResumeContinuesWithIdenticalLosses) {
+  const api::Plan plan = tiny_plan(24, "  checkpoint: {intervalSteps: 5, keep: 2}\n");
+  worker::TrainOptions straight;
+  straight.log_every = 0;
+  straight.checkpoint_dir = temp_dir("straight");
+  const auto reference = worker::train(plan, straight, quiet);
+
+  worker::TrainOptions interrupted = straight;
+  interrupted.checkpoint_dir = temp_dir("interrupted");
+  interrupted.on_step = [](const worker::StepReport& r) {
+    if (r.step == 13) worker::request_stop();  // like SIGTERM during step 13
+  };
+  const auto first = worker::train(plan, interrupted, quiet);
+  EXPECT_TRUE(first.interrupted);
+  EXPECT_EQ(first.steps_done, 13);
+  interrupted.on_step = nullptr;
+  const auto second = worker::train(plan, interrupted, quiet);
+  EXPECT_FALSE(second.interrupted);
+  EXPECT_EQ(second.steps_done, 24);
+  ASSERT_EQ(first.losses.size() + second.losses.size(), reference.losses.size());
+  for (size_t i = 0; i < reference.losses.size(); ++i) {
+    const double got =
+        i < first.losses.size() ? first.losses[i] : second.losses[i - first.losses.size()];
+    EXPECT_EQ(got, reference.losses[i]) << "step " << i + 1;
+  }
+  fs::remove_all(straight.checkpoint_dir);
+  fs::remove_all(interrupted.checkpoint_dir);
+}
+
+TEST(Trainer, RefusesPlansItCannotExecute) {
+  auto expect_refusal = [](const api::Plan& plan, const std::string& words) {
+    try {
+      worker::check_executable(plan);
+      FAIL() << "expected a refusal mentioning " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal(
+      tiny_plan(10, "  parallelism: {tensorParallel: 2}\n  resources: {gpusPerNode: 2}\n"),
+      "multi-rank worker");
+  expect_refusal(tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n"),
+                 "offload engine");
+  expect_refusal(tiny_plan(10, "  parallelism: {recompute: full}\n"), "recompute full");
+  api::Plan gpu = tiny_plan(10);
+  gpu.device = api::DeviceKind::kCuda;
+  expect_refusal(gpu, "device is cuda");
+  EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
+}
+
+TEST(Trainer, LearningRateWarmsUpThenDecaysToATenth) {
+  api::TrainingSpec t;
+  t.steps = 110;
+  t.learning_rate = 1e-3;
+  t.warmup_steps = 10;
+  EXPECT_DOUBLE_EQ(worker::learning_rate_at(t, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(worker::learning_rate_at(t, 9), 1e-3);
+  EXPECT_NEAR(worker::learning_rate_at(t, 10), 1e-3, 1e-12);
+  EXPECT_NEAR(worker::learning_rate_at(t, 109), 1e-4, 1e-12);
+  for (int64_t s = 11; s < 110; ++s)
+    EXPECT_LE(worker::learning_rate_at(t, s), worker::learning_rate_at(t, s - 1));
+}
+
+}  // namespace
+}  // namespace kt

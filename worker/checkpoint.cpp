@@ -1,0 +1,907 @@
+// Checkpoints (safetensors shards + metadata.json, docs/CHECKPOINTS.md) and llm.c model files.
+#include "worker/checkpoint.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "api/error.h"
+#include "worker/safetensors.h"
+
+namespace kt::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint and llm.c files hold little-endian data written straight from memory");
+
+constexpr const char* kFormat = "kubetrain-checkpoint/v1";
+constexpr const char* kShardName = "rank-00000.safetensors";
+constexpr const char* kMetadataName = "metadata.json";
+constexpr const char* kTmpPrefix = ".tmp-";
+constexpr size_t kScratchBytes = 16 << 20;  // read size for bytes that are only checksummed
+
+// ---- errors -------------------------------------------------------------------------------------
+
+// A failed system call; `err` is its errno. The loader counts some of these as damage.
+class IoError : public Error {
+ public:
+  IoError(const std::string& message, int err) : Error(message), err_(err) {}
+  int err() const { return err_; }
+
+ private:
+  int err_;
+};
+
+[[noreturn]] void throw_io(const std::string& action, const std::string& path, int err = errno) {
+  throw IoError("cannot " + action + " " + path + ": " + std::strerror(err), err);
+}
+
+// A damaged checkpoint (as opposed to one that does not fit the model): the loader reports it and
+// tries the previous one.
+class Corrupt : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void warn(const std::string& line) {
+  std::fprintf(stderr, "kubetrain-worker: %s\n", line.c_str());
+}
+
+// ---- files --------------------------------------------------------------------------------------
+
+class File {
+ public:
+  File(std::string path, int flags, mode_t mode = 0644) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) throw_io("open", path_);
+  }
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  void write_all(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_io("write", path_);
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+  }
+  // Reads exactly `bytes`; false when the file ends first.
+  bool read_exact(void* data, size_t bytes) {
+    char* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::read(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw_io("read", path_);
+      if (n == 0) return false;
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+  uint64_t size() const {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) throw_io("stat", path_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+  void sync() {
+    if (::fsync(fd_) != 0) throw_io("fsync", path_);
+  }
+  // close(2) can report a failed delayed write: check it when writing.
+  void close() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw_io("close", path_);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Without this, a crash can lose a rename or a newly created file even after the file's fsync.
+void sync_dir(const std::string& path) {
+  File(path, O_RDONLY | O_DIRECTORY).sync();
+}
+
+void write_file_synced(const std::string& path, const std::string& content) {
+  File file(path, O_WRONLY | O_CREAT | O_TRUNC);
+  file.write_all(content.data(), content.size());
+  file.sync();
+  file.close();
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) throw_io("rename " + from + " to", to);
+}
+
+// Best effort: a leftover is harmless (and removed by the next save), so it only warrants a line.
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) warn("cannot remove " + path + ": " + ec.message());
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) return true;
+  if (errno != ENOENT) throw_io("stat", path);
+  return false;
+}
+
+std::string pid_text() {
+  return std::to_string(::getpid());
+}
+
+// ---- SHA-256 (OpenSSL libcrypto) ----------------------------------------------------------------
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) {
+      EVP_MD_CTX_free(ctx_);
+      throw Error("cannot initialise SHA-256 (OpenSSL)");
+    }
+  }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  void update(const void* data, size_t bytes) {
+    if (EVP_DigestUpdate(ctx_, data, bytes) != 1) throw Error("SHA-256 (OpenSSL) failed");
+  }
+  std::string hex_digest() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(ctx_, digest, &length) != 1) throw Error("SHA-256 (OpenSSL) failed");
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string hex;
+    for (unsigned int i = 0; i < length; ++i) {
+      hex += kHex[digest[i] >> 4];
+      hex += kHex[digest[i] & 15];
+    }
+    return hex;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+// ---- tensors ------------------------------------------------------------------------------------
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return Json(shape).dump();
+}
+
+// Where a view sits in its logical tensor; a view with no logical_shape is the whole tensor.
+struct Slice {
+  std::vector<int64_t> logical_shape;
+  std::vector<int64_t> offset;
+  bool operator==(const Slice&) const = default;
+};
+
+Slice slice_of(const TensorView& view) {
+  if (view.logical_shape.empty()) return {view.shape, std::vector<int64_t>(view.shape.size(), 0)};
+  return {view.logical_shape, view.offset};
+}
+
+std::string slice_json(const Slice& slice) {
+  return Json{{"logical_shape", slice.logical_shape}, {"offset", slice.offset}}.dump();
+}
+
+// A view under its checkpoint name ("param/h.0.qkvw").
+struct NamedView {
+  std::string name;
+  const TensorView* view;
+};
+
+void check_view(const std::string& name, const TensorView& view) {
+  const std::string where = "checkpoint tensor " + name + ": ";
+  for (int64_t d : view.shape) {
+    if (d < 0) throw Error(where + "negative dimension in shape " + shape_text(view.shape));
+  }
+  if (view.data == nullptr && view.numel() > 0) throw Error(where + "no data");
+  if (view.logical_shape.empty()) return;
+  const size_t rank = view.shape.size();
+  if (view.logical_shape.size() != rank || view.offset.size() != rank) {
+    throw Error(where + "shape " + shape_text(view.shape) + ", logical_shape " +
+                shape_text(view.logical_shape) + " and offset " + shape_text(view.offset) +
+                " differ in rank");
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    if (view.offset[i] < 0 || view.offset[i] + view.shape[i] > view.logical_shape[i]) {
+      throw Error(where + "slice at offset " + shape_text(view.offset) + " of shape " +
+                  shape_text(view.shape) + " exceeds the logical shape " +
+                  shape_text(view.logical_shape));
+    }
+  }
+}
+
+// The tensors in file order: params, then the moments (which are optional but, when given, must
+// mirror the params).
+std::vector<NamedView> named_views(const CheckpointTensors& tensors) {
+  std::vector<NamedView> views;
+  for (const TensorView& p : tensors.params) views.push_back({"param/" + p.name, &p});
+  auto add_moments = [&](const std::vector<TensorView>& moments, const std::string& prefix) {
+    if (moments.empty()) return;
+    if (moments.size() != tensors.params.size()) {
+      throw Error("checkpoint tensors: " + std::to_string(moments.size()) + " " + prefix +
+                  " tensors for " + std::to_string(tensors.params.size()) + " params");
+    }
+    for (size_t i = 0; i < moments.size(); ++i) {
+      const TensorView& p = tensors.params[i];
+      if (moments[i].name != p.name || moments[i].shape != p.shape) {
+        throw Error("checkpoint tensor " + prefix + moments[i].name + " " +
+                    shape_text(moments[i].shape) + " does not mirror param/" + p.name + " " +
+                    shape_text(p.shape));
+      }
+      views.push_back({prefix + moments[i].name, &moments[i]});
+    }
+  };
+  add_moments(tensors.adam_m, "adam_m/");
+  add_moments(tensors.adam_v, "adam_v/");
+  std::map<std::string, int> seen;
+  for (const NamedView& v : views) {
+    if (seen[v.name]++) throw Error("checkpoint tensor " + v.name + " is given twice");
+    check_view(v.name, *v.view);
+  }
+  return views;
+}
+
+size_t view_bytes(const TensorView& view) {
+  return static_cast<size_t>(view.numel()) * 4;
+}
+
+// ---- directory names ----------------------------------------------------------------------------
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// The step of a directory named exactly as step_dir_name writes it.
+std::optional<int64_t> parse_step_dir_name(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return std::nullopt;
+  int64_t step = 0;
+  const char* first = name.data() + 5;
+  const char* last = name.data() + name.size();
+  const auto [end, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || end != last || step < 0 || step_dir_name(step) != name) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+// step → directory path of every step-* directory under root.
+std::map<int64_t, std::string> list_step_dirs(const std::string& root) {
+  std::map<int64_t, std::string> steps;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const auto step = parse_step_dir_name(name);
+    std::error_code dir_ec;
+    if (step && it->is_directory(dir_ec)) steps[*step] = root + "/" + name;
+  }
+  if (ec) throw Error("cannot list " + root + ": " + ec.message());
+  return steps;
+}
+
+std::vector<std::string> list_tmp_entries(const std::string& root) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kTmpPrefix, 0) == 0) paths.push_back(root + "/" + name);
+  }
+  if (ec) throw Error("cannot list " + root + ": " + ec.message());
+  return paths;
+}
+
+// ---- saving -------------------------------------------------------------------------------------
+
+struct WrittenFile {
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+WrittenFile write_shard(const std::string& path, const std::vector<NamedView>& views) {
+  std::vector<safetensors::TensorInfo> infos;
+  std::map<std::string, std::string> metadata = {{"rank", "0"}, {"world", "1"}};
+  for (const NamedView& v : views) {
+    infos.push_back({v.name, v.view->shape});
+    metadata["slice/" + v.name] = slice_json(slice_of(*v.view));
+  }
+  const std::string header = safetensors::encode_header(infos, metadata);
+  File file(path, O_WRONLY | O_CREAT | O_TRUNC);
+  Sha256 sha;
+  WrittenFile written;
+  file.write_all(header.data(), header.size());
+  sha.update(header.data(), header.size());
+  written.bytes = header.size();
+  for (const NamedView& v : views) {
+    file.write_all(v.view->data, view_bytes(*v.view));
+    sha.update(v.view->data, view_bytes(*v.view));
+    written.bytes += view_bytes(*v.view);
+  }
+  file.sync();
+  file.close();
+  written.sha256 = sha.hex_digest();
+  return written;
+}
+
+// Moves the finished temp directory to `final_dir`. Re-saving a step (after a resume) swaps the
+// two atomically, so the step never disappears; where the filesystem cannot, the old one is
+// moved aside to a .tmp- name first (a crash then leaves it for the next save to remove).
+void publish_dir(const std::string& tmp, const std::string& final_dir, const std::string& root) {
+  if (!path_exists(final_dir)) {
+    rename_path(tmp, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    sync_dir(root);
+    remove_tree(tmp);  // now the old checkpoint
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    throw_io("exchange " + tmp + " with", final_dir);
+  }
+  const std::string old =
+      root + "/" + kTmpPrefix + "old-" + fs::path(final_dir).filename().string() + "-" + pid_text();
+  remove_tree(old);
+  rename_path(final_dir, old);
+  rename_path(tmp, final_dir);
+  sync_dir(root);
+  remove_tree(old);
+}
+
+// Keeps the checkpoint just written and the keep-1 newest below it. Step directories above it
+// belong to an abandoned timeline (the run resumed from an earlier checkpoint because they were
+// corrupt or because `latest` was rolled back): the loader ignores them, so they go too. Each is
+// first renamed to a .tmp- name so that a crash never leaves a half-deleted step directory.
+void remove_old_checkpoints(const std::string& root, int64_t newest_step, int keep) {
+  const auto steps = list_step_dirs(root);
+  int kept = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->first <= newest_step && kept < keep) {
+      ++kept;
+      continue;
+    }
+    const std::string retired = root + "/" + kTmpPrefix + "retired-" +
+                                fs::path(it->second).filename().string() + "-" + pid_text();
+    if (::rename(it->second.c_str(), retired.c_str()) != 0) {
+      warn("cannot remove old checkpoint " + it->second + ": " + std::strerror(errno));
+    }
+  }
+  // Temp directories of interrupted saves, and the ones just retired.
+  for (const std::string& path : list_tmp_entries(root)) remove_tree(path);
+}
+
+// ---- loading ------------------------------------------------------------------------------------
+
+Json read_metadata_json(const std::string& dir) {
+  const std::string path = dir + "/" + kMetadataName;
+  if (!path_exists(path)) throw Corrupt(std::string(kMetadataName) + " is missing");
+  File file(path, O_RDONLY);
+  std::string text(file.size(), '\0');
+  if (!file.read_exact(text.data(), text.size())) {
+    throw Corrupt(std::string(kMetadataName) + " shrank while being read");
+  }
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw Corrupt(std::string(kMetadataName) + " is not valid JSON (" + e.what() + ")");
+  }
+}
+
+CheckpointMeta decode_metadata(const Json& doc, const std::string& dir, int64_t step) {
+  if (!doc.is_object()) throw Corrupt(std::string(kMetadataName) + " is not an object");
+  for (const char* key :
+       {"format", "step", "dataCursor", "rng", "planHash", "loss", "extra", "files"}) {
+    if (!doc.contains(key)) throw Corrupt(std::string(kMetadataName) + " has no " + key);
+  }
+  const Json& format = doc["format"];
+  if (!format.is_string()) throw Corrupt(std::string(kMetadataName) + " has a bad format");
+  if (format != kFormat) {
+    throw Error("checkpoint " + dir + " has format " + format.get<std::string>() +
+                "; this kubetrain reads " + kFormat);
+  }
+  if (!doc["step"].is_number_integer() || doc["step"].get<int64_t>() != step) {
+    throw Corrupt(std::string(kMetadataName) + " has step " + doc["step"].dump() +
+                  ", not the directory's " + std::to_string(step));
+  }
+  if (!doc["planHash"].is_string() || !(doc["loss"].is_number() || doc["loss"].is_null()) ||
+      !doc["files"].is_object() || doc["files"].empty()) {
+    throw Corrupt(std::string(kMetadataName) + " has a bad planHash, loss or files");
+  }
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.data_cursor = doc["dataCursor"];
+  meta.rng = doc["rng"];
+  meta.plan_hash = doc["planHash"].get<std::string>();
+  meta.loss =
+      doc["loss"].is_null() ? std::numeric_limits<double>::quiet_NaN() : doc["loss"].get<double>();
+  meta.extra = doc["extra"];
+  return meta;
+}
+
+// One shard, opened, its size checked and its header parsed; `sha` has consumed the header.
+struct Shard {
+  std::string name;
+  std::string checksum;
+  std::unique_ptr<File> file;
+  safetensors::Header header;
+  Sha256 sha;
+  std::vector<Slice> slices;               // per header.tensors
+  std::vector<const TensorView*> targets;  // per header.tensors; null: checksum only
+};
+
+std::unique_ptr<Shard> open_shard(const std::string& dir, const std::string& name,
+                                  const Json& record) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    throw Corrupt(std::string(kMetadataName) + " lists a bad file name " + Json(name).dump());
+  }
+  if (!record.is_object() || !record.contains("bytes") || !record["bytes"].is_number_unsigned() ||
+      !record.contains("checksum") || !record["checksum"].is_string()) {
+    throw Corrupt(std::string(kMetadataName) + " has a bad record for " + name);
+  }
+  auto shard = std::make_unique<Shard>();
+  shard->name = name;
+  shard->checksum = record["checksum"].get<std::string>();
+  const std::string path = dir + "/" + name;
+  if (!path_exists(path)) throw Corrupt(name + " is missing");
+  shard->file = std::make_unique<File>(path, O_RDONLY);
+  const uint64_t bytes = shard->file->size();
+  const uint64_t recorded = record["bytes"].get<uint64_t>();
+  if (bytes != recorded) {
+    throw Corrupt(name + " has " + std::to_string(bytes) + " bytes but " + kMetadataName +
+                  " records " + std::to_string(recorded) + (bytes < recorded ? ": truncated" : ""));
+  }
+  try {
+    unsigned char first8[8];
+    if (!shard->file->read_exact(first8, 8)) throw Error(name + ": shorter than 8 bytes");
+    const uint64_t n = safetensors::decode_header_length(first8, bytes, name);
+    std::string json(n, '\0');
+    if (!shard->file->read_exact(json.data(), n)) throw Error(name + ": truncated header");
+    shard->header = safetensors::decode_header(json, bytes, name);
+    shard->sha.update(first8, 8);
+    shard->sha.update(json.data(), json.size());
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Corrupt(e.what());
+  }
+  for (const safetensors::TensorInfo& t : shard->header.tensors) {
+    const auto found = shard->header.metadata.find("slice/" + t.name);
+    Slice slice{t.shape, std::vector<int64_t>(t.shape.size(), 0)};
+    if (found != shard->header.metadata.end()) {
+      try {
+        const Json s = Json::parse(found->second);
+        slice = {s.at("logical_shape").get<std::vector<int64_t>>(),
+                 s.at("offset").get<std::vector<int64_t>>()};
+      } catch (const Json::exception& e) {
+        throw Corrupt(name + ": bad slice metadata for " + t.name + " (" + e.what() + ")");
+      }
+    }
+    shard->slices.push_back(std::move(slice));
+  }
+  shard->targets.assign(shard->header.tensors.size(), nullptr);
+  return shard;
+}
+
+// Points each view at the stored tensor that holds exactly its slice. Returns the first way the
+// checkpoint does not fit the model, or "" when it fits.
+std::string match_views(std::vector<std::unique_ptr<Shard>>& shards,
+                        const std::vector<NamedView>& views, bool check_extra_params) {
+  struct Stored {
+    Shard* shard;
+    size_t index;
+  };
+  std::map<std::string, std::vector<Stored>> by_name;
+  for (auto& shard : shards) {
+    for (size_t i = 0; i < shard->header.tensors.size(); ++i) {
+      by_name[shard->header.tensors[i].name].push_back({shard.get(), i});
+    }
+  }
+  std::map<std::string, bool> wanted;
+  for (const NamedView& v : views) {
+    wanted[v.name] = true;
+    const auto found = by_name.find(v.name);
+    if (found == by_name.end()) {
+      return "tensor " + v.name + " is missing (the model expects shape " +
+             shape_text(v.view->shape) + ")";
+    }
+    const Slice want = slice_of(*v.view);
+    const Stored* match = nullptr;
+    const Stored* same_logical = nullptr;
+    for (const Stored& s : found->second) {
+      const Slice& have = s.shard->slices[s.index];
+      if (have.logical_shape == want.logical_shape && !same_logical) same_logical = &s;
+      if (have == want) {
+        match = &s;
+        break;
+      }
+    }
+    if (!same_logical) {  // a different model
+      const Stored& s = found->second.front();
+      const Slice& have = s.shard->slices[s.index];
+      const bool whole = v.view->logical_shape.empty() &&
+                         have.logical_shape == s.shard->header.tensors[s.index].shape;
+      return "tensor " + v.name + " has " + (whole ? "shape " : "logical shape ") +
+             shape_text(have.logical_shape) + " but the model expects " +
+             shape_text(want.logical_shape);
+    }
+    if (!match) {
+      const Slice& have = same_logical->shard->slices[same_logical->index];
+      return "tensor " + v.name + " is stored as the slice at " + shape_text(have.offset) + " of " +
+             shape_text(have.logical_shape) + " but this rank holds the slice at " +
+             shape_text(want.offset) + " of " + shape_text(want.logical_shape) +
+             " (resharding is not supported yet)";
+    }
+    const std::vector<int64_t>& stored_shape = match->shard->header.tensors[match->index].shape;
+    if (stored_shape != v.view->shape) {
+      return "tensor " + v.name + " has shape " + shape_text(stored_shape) +
+             " but the model expects " + shape_text(v.view->shape);
+    }
+    match->shard->targets[match->index] = v.view;
+  }
+  if (check_extra_params) {
+    for (const auto& [name, stored] : by_name) {
+      if (name.rfind("param/", 0) == 0 && !wanted.count(name)) {
+        return "tensor " + name + " is not in the model";
+      }
+    }
+  }
+  return "";
+}
+
+// Streams the rest of the shard through its checksum, reading matched tensors straight into
+// their views (when `copy`).
+void read_shard_data(Shard& shard, bool copy) {
+  std::vector<char> scratch;
+  for (size_t i = 0; i < shard.header.tensors.size(); ++i) {
+    const safetensors::TensorInfo& t = shard.header.tensors[i];
+    uint64_t left = t.end - t.begin;
+    if (copy && shard.targets[i]) {
+      if (!shard.file->read_exact(shard.targets[i]->data, left)) {
+        throw Corrupt(shard.name + ": truncated in " + t.name);
+      }
+      shard.sha.update(shard.targets[i]->data, left);
+      continue;
+    }
+    while (left > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratchBytes));
+      scratch.resize(std::max(scratch.size(), n));
+      if (!shard.file->read_exact(scratch.data(), n)) {
+        throw Corrupt(shard.name + ": truncated in " + t.name);
+      }
+      shard.sha.update(scratch.data(), n);
+      left -= n;
+    }
+  }
+  const std::string sha = shard.sha.hex_digest();
+  if (sha != shard.checksum) {
+    throw Corrupt(shard.name + ": checksum mismatch (sha256 " + sha + ", " + kMetadataName +
+                  " records " + shard.checksum + ")");
+  }
+}
+
+// Loads one checkpoint directory. Throws Corrupt for damage, kt::Error when it does not fit the
+// model. A mismatch is reported only after the checksums pass, so that damage to a header is
+// called damage.
+CheckpointMeta load_checkpoint_dir(const std::string& dir, int64_t step,
+                                   const std::vector<NamedView>& views, bool check_extra_params) {
+  if (!path_exists(dir)) throw Corrupt("the directory is missing");
+  const Json doc = read_metadata_json(dir);
+  CheckpointMeta meta = decode_metadata(doc, dir, step);
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (const auto& [name, record] : doc["files"].items()) {
+    shards.push_back(open_shard(dir, name, record));
+  }
+  const std::string mismatch = match_views(shards, views, check_extra_params);
+  for (auto& shard : shards) read_shard_data(*shard, mismatch.empty());
+  if (!mismatch.empty()) throw Error("checkpoint " + dir + ": " + mismatch);
+  return meta;
+}
+
+// Errors of the file system that mean the checkpoint's files are gone or damaged.
+bool is_damage(int err) {
+  return err == ENOENT || err == ENOTDIR || err == EIO;
+}
+
+// ---- llm.c --------------------------------------------------------------------------------------
+
+// llm.c's model file (train_gpt2.c: gpt2_build_from_checkpoint, gpt2_write_to_checkpoint).
+constexpr int32_t kLlmcMagic = 20240326;
+constexpr int32_t kLlmcVersionFp32 = 3;
+constexpr int32_t kLlmcVersionBf16 = 5;
+constexpr size_t kLlmcHeaderInts = 256;
+constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+constexpr std::array<const char*, 16> kLlmcNames = {
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
+
+// Parameter shapes in llm.c's order (train_gpt2.c: fill_in_parameter_sizes).
+std::array<std::vector<int64_t>, 16> llmc_shapes(const LlmcDims& d) {
+  const int64_t maxT = d.max_seq_len, L = d.num_layers, C = d.channels;
+  const int64_t Vp = d.padded_vocab_size;
+  return {{{Vp, C},
+           {maxT, C},
+           {L, C},
+           {L, C},
+           {L, 3 * C, C},
+           {L, 3 * C},
+           {L, C, C},
+           {L, C},
+           {L, C},
+           {L, C},
+           {L, 4 * C, C},
+           {L, 4 * C},
+           {L, C, 4 * C},
+           {L, C},
+           {C},
+           {C}}};
+}
+
+std::string dims_text(const LlmcDims& d) {
+  return "maxT=" + std::to_string(d.max_seq_len) + " V=" + std::to_string(d.vocab_size) +
+         " L=" + std::to_string(d.num_layers) + " NH=" + std::to_string(d.num_heads) +
+         " C=" + std::to_string(d.channels) + " Vp=" + std::to_string(d.padded_vocab_size);
+}
+
+// Checks the dims and returns the file size they imply.
+uint64_t llmc_file_bytes(const LlmcDims& d, const std::string& path) {
+  if (d.max_seq_len <= 0 || d.vocab_size <= 0 || d.num_layers <= 0 || d.num_heads <= 0 ||
+      d.channels <= 0 || d.padded_vocab_size < d.vocab_size || d.channels % d.num_heads != 0) {
+    throw Error(path + ": invalid llm.c dims " + dims_text(d));
+  }
+  // Every dim is below 2^31, so each tensor is below 2^95 elements: count in 128 bits.
+  unsigned __int128 floats = 0;
+  for (const auto& shape : llmc_shapes(d)) {
+    unsigned __int128 n = 1;
+    for (int64_t x : shape) n *= static_cast<uint64_t>(x);
+    floats += n;
+  }
+  const unsigned __int128 bytes = kLlmcHeaderBytes + floats * 4;
+  if (bytes > std::numeric_limits<int64_t>::max()) {
+    throw Error(path + ": llm.c dims " + dims_text(d) + " are too large");
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+void check_llmc_views(const std::string& path, const LlmcDims& d,
+                      const std::vector<TensorView>& params) {
+  if (params.size() != kLlmcNames.size()) {
+    throw Error(path + ": llm.c files hold 16 parameter tensors, the model gave " +
+                std::to_string(params.size()));
+  }
+  const auto shapes = llmc_shapes(d);
+  for (size_t i = 0; i < params.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t x : shapes[i]) n *= x;
+    if (params[i].numel() != n || (n > 0 && params[i].data == nullptr)) {
+      throw Error(path + ": tensor " + params[i].name + " has shape " +
+                  shape_text(params[i].shape) + " but llm.c's " + kLlmcNames[i] + " is " +
+                  shape_text(shapes[i]) + " for " + dims_text(d));
+    }
+  }
+}
+
+// Reads and checks the header of an open llm.c file; the file is then at the first parameter.
+LlmcDims read_llmc_header(File& file, const std::string& path) {
+  const uint64_t size = file.size();
+  std::array<int32_t, kLlmcHeaderInts> header{};
+  if (size < kLlmcHeaderBytes || !file.read_exact(header.data(), kLlmcHeaderBytes)) {
+    throw Error(path + ": truncated: " + std::to_string(size) + " bytes, less than llm.c's " +
+                std::to_string(kLlmcHeaderBytes) + "-byte header");
+  }
+  if (header[0] != kLlmcMagic) {
+    throw Error(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
+                std::to_string(kLlmcMagic) + " (llm.c model file)");
+  }
+  if (header[1] == kLlmcVersionBf16) {
+    throw Error(path + ": version 5 is llm.c's bf16 model file; only version 3 (fp32) is " +
+                "supported");
+  }
+  if (header[1] != kLlmcVersionFp32) {
+    throw Error(path + ": unsupported llm.c model file version " + std::to_string(header[1]) +
+                "; only version 3 (fp32) is supported");
+  }
+  const LlmcDims d{header[2], header[3], header[4], header[5], header[6], header[7]};
+  const uint64_t expected = llmc_file_bytes(d, path);
+  if (size != expected) {
+    throw Error(path + ": " + std::to_string(size) + " bytes but its header (" + dims_text(d) +
+                ") needs " + std::to_string(expected) + (size < expected ? ": truncated" : ""));
+  }
+  return d;
+}
+
+}  // namespace
+
+// ---- checkpoints --------------------------------------------------------------------------------
+
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
+                            const CheckpointTensors& tensors, int keep) {
+  if (keep < 1) throw Error("checkpoint keep must be at least 1, got " + std::to_string(keep));
+  if (meta.step < 0) throw Error("checkpoint step must be >= 0, got " + std::to_string(meta.step));
+  const std::vector<NamedView> views = named_views(tensors);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw Error("cannot create " + root + ": " + ec.message());
+
+  const std::string name = step_dir_name(meta.step);
+  const std::string tmp = root + "/" + kTmpPrefix + name + "-" + pid_text();
+  const std::string final_dir = root + "/" + name;
+  try {
+    fs::remove_all(tmp, ec);  // left by an earlier failed save of this process
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io("create", tmp);
+    const WrittenFile shard = write_shard(tmp + "/" + kShardName, views);
+    const Json doc = {
+        {"format", kFormat},
+        {"step", meta.step},
+        {"dataCursor", meta.data_cursor},
+        {"rng", meta.rng},
+        {"planHash", meta.plan_hash},
+        {"loss", std::isfinite(meta.loss) ? Json(meta.loss) : Json(nullptr)},
+        {"extra", meta.extra},
+        {"checksumAlgorithm", "sha256"},
+        {"files", {{kShardName, {{"bytes", shard.bytes}, {"checksum", shard.sha256}}}}}};
+    write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
+    sync_dir(tmp);
+    publish_dir(tmp, final_dir, root);
+  } catch (const Error&) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  sync_dir(root);
+  // The commit point: `latest` names the new checkpoint.
+  const std::string latest_tmp = root + "/latest.tmp";
+  write_file_synced(latest_tmp, name + "\n");
+  rename_path(latest_tmp, root + "/latest");
+  sync_dir(root);
+  remove_old_checkpoints(root, meta.step, keep);
+  return final_dir;
+}
+
+std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
+                                                     const CheckpointTensors& tensors) {
+  const std::vector<NamedView> views = named_views(tensors);
+  if (!path_exists(root)) return std::nullopt;
+  const auto steps = list_step_dirs(root);
+
+  // `latest` names the committed checkpoint; older ones are the fallbacks.
+  std::vector<std::pair<int64_t, std::string>> candidates;  // newest first
+  std::vector<std::string> failures;
+  std::optional<int64_t> pointed;
+  const std::string latest = root + "/latest";
+  if (path_exists(latest)) {
+    File file(latest, O_RDONLY);
+    std::string text(std::min<uint64_t>(file.size(), 64), '\0');
+    text.resize(file.read_exact(text.data(), text.size()) ? text.size() : 0);
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    pointed = parse_step_dir_name(text);
+    if (!pointed) {
+      const std::string why = "it holds " + Json(text).dump() + ", not a step directory name";
+      warn("checkpoint pointer " + latest + " is corrupt (" + why + "); trying the newest step " +
+           "directory");
+      failures.push_back(latest + " (" + why + ")");
+    }
+  }
+  if (pointed) candidates.emplace_back(*pointed, root + "/" + step_dir_name(*pointed));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (!pointed || it->first < *pointed) {
+      candidates.emplace_back(*it);
+    } else if (it->first > *pointed) {
+      warn("ignoring checkpoint " + it->second + ": it is newer than " + latest +
+           " (an interrupted save or an abandoned run)");
+    }
+  }
+  if (candidates.empty() && failures.empty()) return std::nullopt;
+
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& [step, dir] = candidates[i];
+    std::string why;
+    try {
+      return load_checkpoint_dir(dir, step, views, !tensors.params.empty());
+    } catch (const Corrupt& e) {
+      why = e.what();
+    } catch (const IoError& e) {
+      if (!is_damage(e.err())) throw;
+      why = e.what();
+    }
+    const bool last = i + 1 == candidates.size();
+    warn("checkpoint " + dir + " is corrupt (" + why + "); " +
+         (last ? "no previous one is left" : "trying the previous one"));
+    failures.push_back(dir + " (" + why + ")");
+  }
+  std::string list;
+  for (const std::string& f : failures) list += (list.empty() ? "" : "; ") + f;
+  throw Error("no valid checkpoint under " + root + ", all are corrupt: " + list +
+              " (move them away to start from scratch)");
+}
+
+// ---- llm.c --------------------------------------------------------------------------------------
+
+void export_llmc(const std::string& path, const LlmcDims& dims,
+                 const std::vector<TensorView>& params) {
+  llmc_file_bytes(dims, path);
+  check_llmc_views(path, dims, params);
+  std::array<int32_t, kLlmcHeaderInts> header{};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersionFp32;
+  header[2] = dims.max_seq_len;
+  header[3] = dims.vocab_size;
+  header[4] = dims.num_layers;
+  header[5] = dims.num_heads;
+  header[6] = dims.channels;
+  header[7] = dims.padded_vocab_size;
+  const std::string tmp = path + ".tmp-" + pid_text();
+  try {
+    File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    file.write_all(header.data(), kLlmcHeaderBytes);
+    for (const TensorView& p : params) file.write_all(p.data, view_bytes(p));
+    file.sync();
+    file.close();
+    rename_path(tmp, path);
+  } catch (const Error&) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const std::string parent = fs::path(path).parent_path().string();
+  sync_dir(parent.empty() ? "." : parent);
+}
+
+LlmcDims read_llmc_dims(const std::string& path) {
+  File file(path, O_RDONLY);
+  return read_llmc_header(file, path);
+}
+
+void import_llmc(const std::string& path, const LlmcDims& expected,
+                 const std::vector<TensorView>& params) {
+  File file(path, O_RDONLY);
+  const LlmcDims d = read_llmc_header(file, path);
+  std::string differences;
+  auto compare = [&](const char* name, int have, int want) {
+    if (have == want) return;
+    differences += std::string(differences.empty() ? "" : ", ") + name + "=" +
+                   std::to_string(have) + " (the model has " + std::to_string(want) + ")";
+  };
+  compare("maxT", d.max_seq_len, expected.max_seq_len);
+  compare("V", d.vocab_size, expected.vocab_size);
+  compare("L", d.num_layers, expected.num_layers);
+  compare("NH", d.num_heads, expected.num_heads);
+  compare("C", d.channels, expected.channels);
+  compare("Vp", d.padded_vocab_size, expected.padded_vocab_size);
+  if (!differences.empty()) throw Error(path + ": the file's dims differ: " + differences);
+  check_llmc_views(path, d, params);
+  for (const TensorView& p : params) {
+    if (!file.read_exact(p.data, view_bytes(p))) {
+      throw Error(path + ": truncated in " + p.name);
+    }
+  }
+}
+
+}  // namespace kt::worker

@@ -1,0 +1,166 @@
+// kubetrain-worker: the pod entry point. `train` runs one rank of a Plan; `export-llmc` writes a
+// checkpoint's weights in llm.c's model format. Exit codes: 0 done, 1 a user-facing error (bad
+// plan, unreadable data), 2 bad usage, 143 stopped by SIGTERM after checkpointing.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "api/error.h"
+#include "api/plan.h"
+#include "api/yaml_json.h"
+#include "telemetry/http_server.h"
+#include "telemetry/metrics.h"
+#include "telemetry/metrics_endpoint.h"
+#include "telemetry/worker_metrics.h"
+#include "worker/checkpoint.h"
+#include "worker/gpt.h"
+#include "worker/trainer.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+kt::api::Plan load_plan(const std::string& path) {
+  return kt::api::decode_plan(kt::api::load_document(path));
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, int metrics_port,
+              const std::string& metrics_address, const std::string& init_from, int log_every) {
+  const kt::api::Plan plan = load_plan(plan_path);
+  kt::worker::check_executable(plan);
+
+  // Metrics: constant labels as DESIGN.md §10 (the operator sets NODE_RANK; rank 0 of world 1).
+  kt::telemetry::Registry registry({{"job", plan.job_name},
+                                    {"namespace", plan.job_namespace},
+                                    {"rank", "0"},
+                                    {"node_rank", env_or("NODE_RANK", "0")}});
+  kt::telemetry::WorkerMetrics metrics(registry);
+  metrics.predicted_step_seconds.set(plan.predicted.step_seconds);
+  std::unique_ptr<kt::telemetry::HttpServer> server;
+  if (metrics_port >= 0) {
+    server = std::make_unique<kt::telemetry::HttpServer>(metrics_address, metrics_port);
+    kt::telemetry::serve_metrics(*server, registry);
+    server->start();
+    std::printf("metrics on http://%s:%d/metrics\n", metrics_address.c_str(), server->port());
+  }
+
+  std::printf(
+      "kubetrain-worker %s: plan %s for %s/%s: %lld steps of %lld sequences × %lld "
+      "tokens (micro-batch %lld × %lld), %.2f M parameters, %lld CPU thread(s)\n",
+      kVersion, plan.plan_hash.c_str(), plan.job_namespace.c_str(), plan.job_name.c_str(),
+      static_cast<long long>(plan.training.steps), static_cast<long long>(plan.global_batch),
+      static_cast<long long>(plan.model.seq_len), static_cast<long long>(plan.config.micro_batch),
+      static_cast<long long>(plan.config.grad_accum), plan.parameters / 1e6,
+      static_cast<long long>(plan.cpu_threads));
+  std::fflush(stdout);
+
+  kt::worker::TrainOptions options;
+  options.checkpoint_dir = checkpoint_dir;
+  options.init_from_llmc = init_from;
+  options.log_every = log_every;
+  options.on_step = [&](const kt::worker::StepReport& r) {
+    metrics.steps.inc();
+    metrics.step_seconds.observe(r.seconds);
+    metrics.tokens.inc(static_cast<double>(r.tokens));
+    metrics.tokens_per_second.set(r.tokens_per_second);
+    metrics.loss.set(r.loss);
+    metrics.mfu_ratio.set(r.mfu);
+    metrics.optimizer_seconds.with({"cpu"}).inc(r.optimizer_seconds);
+  };
+  options.on_checkpoint = [&](int64_t step, double seconds) {
+    metrics.checkpoint_seconds.set(seconds);
+    metrics.last_checkpoint_step.set(static_cast<double>(step));
+  };
+  options.on_memory = [&](const std::map<std::string, double>& bytes) {
+    for (const auto& [kind, n] : bytes) metrics.memory_bytes.with({"cpu", kind}).set(n);
+  };
+  kt::worker::install_stop_handlers();
+  const auto result = kt::worker::train(plan, options, [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  });
+  if (server) server->stop();
+  if (result.interrupted) return 143;  // 128 + SIGTERM: retryable, resumes from the checkpoint
+  std::printf("done: %lld steps, final loss %.4f\n", static_cast<long long>(result.steps_done),
+              result.last_loss);
+  return 0;
+}
+
+int cmd_export_llmc(const std::string& plan_path, const std::string& checkpoint_dir,
+                    const std::string& out) {
+  const kt::api::Plan plan = load_plan(plan_path);
+  const auto& m = plan.model;
+  if (m.ffn_hidden != 4 * m.hidden)
+    throw kt::Error("llm.c's format needs ffnHidden = 4 × hidden; this model has " +
+                    std::to_string(m.ffn_hidden));
+  kt::worker::Gpt model(kt::worker::GptConfig::from(m), 1, 1, kt::worker::Device::cpu());
+  auto device = kt::worker::Device::cpu();
+  auto adam_m = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
+  auto adam_v = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
+  const kt::worker::CheckpointTensors tensors{model.parameter_views(), model.views(adam_m.data()),
+                                              model.views(adam_v.data())};
+  const auto meta = kt::worker::load_latest_checkpoint(checkpoint_dir, tensors);
+  if (!meta) throw kt::Error("no checkpoint in " + checkpoint_dir);
+  const kt::worker::LlmcDims dims{static_cast<int>(m.seq_len), static_cast<int>(m.vocab),
+                                  static_cast<int>(m.layers),  static_cast<int>(m.heads),
+                                  static_cast<int>(m.hidden),  static_cast<int>(m.padded_vocab())};
+  kt::worker::export_llmc(out, dims, model.parameter_views());
+  std::printf("wrote %s from step %lld of %s\n", out.c_str(), static_cast<long long>(meta->step),
+              checkpoint_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kubetrain-worker: runs one rank of a kubetrain Plan (CPU path)."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kVersion);
+  std::string plan_path, checkpoint_dir, init_from, out, metrics_address = "0.0.0.0";
+  int metrics_port = -1, log_every = 1;
+
+  CLI::App* train = app.add_subcommand("train", "Train one rank of PLAN (device: cpu, world 1)");
+  train->add_option("--plan", plan_path, "Plan JSON (kubetrain plan -o json)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  train->add_option("--checkpoint-dir", checkpoint_dir,
+                    "checkpoints go here; the run resumes from the latest one");
+  train->add_option("--metrics-port", metrics_port,
+                    "serve /metrics and /healthz on this port (0: any free port)");
+  train->add_option("--metrics-address", metrics_address, "address to listen on")
+      ->capture_default_str();
+  train->add_option("--init-from-llmc", init_from, "start from an llm.c model file")
+      ->check(CLI::ExistingFile);
+  train->add_option("--log-every", log_every, "print progress every N steps")
+      ->capture_default_str();
+
+  CLI::App* exp =
+      app.add_subcommand("export-llmc", "Write the latest checkpoint as llm.c's model file");
+  exp->add_option("--plan", plan_path, "Plan JSON")->required()->check(CLI::ExistingFile);
+  exp->add_option("--checkpoint-dir", checkpoint_dir, "checkpoint directory")->required();
+  exp->add_option("--out", out, "output file (llm.c .bin)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "kubetrain-worker: %s (see kubetrain-worker --help)\n", e.what());
+    return 2;
+  }
+  try {
+    if (*train)
+      return cmd_train(plan_path, checkpoint_dir, metrics_port, metrics_address, init_from,
+                       log_every);
+    if (*exp) return cmd_export_llmc(plan_path, checkpoint_dir, out);
+  } catch (const kt::Error& e) {
+    std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,250 @@
+#include "worker/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+
+#include "api/error.h"
+#include "api/hardware.h"
+#include "kernels/ops.h"
+#include "worker/checkpoint.h"
+#include "worker/data.h"
+#include "worker/device.h"
+#include "worker/gpt.h"
+
+namespace kt::worker {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_stop_signal(int) {
+  g_stop.store(true);
+}
+
+// The synthetic generator of every job: an order-1 chain with 8 successors per token
+// (docs/DATA.md gives its entropy rate).
+constexpr int kMarkovOrder = 1;
+constexpr int kMarkovBranching = 8;
+
+std::unique_ptr<DataSource> make_data(const api::Plan& plan) {
+  const auto& d = plan.data;
+  const int vocab = static_cast<int>(plan.model.vocab);
+  const uint64_t seed = static_cast<uint64_t>(plan.training.seed);
+  if (d.source == api::DataSource::kTokens)
+    return std::make_unique<TokenShards>(d.path, vocab, seed, 0, 1);
+  return std::make_unique<SyntheticMarkov>(vocab, kMarkovOrder, kMarkovBranching, seed, 0, 1);
+}
+
+std::string format_step(const StepReport& r) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | "
+                "MFU %.1f%%",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
+                r.learning_rate, r.grad_norm, r.seconds * 1e3, r.tokens_per_second, 100 * r.mfu);
+  return line;
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+void request_stop() {
+  g_stop.store(true);
+}
+
+void check_executable(const api::Plan& plan) {
+  auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
+  if (plan.device != api::DeviceKind::kCpu)
+    refuse("device is " + std::string(api::to_string(plan.device)) +
+           "; this worker runs device: cpu plans (the CUDA runtime is issue #7)");
+  if (plan.world != 1 || plan.config.tp != 1 || plan.config.dp != 1)
+    refuse("tp=" + std::to_string(plan.config.tp) + ", dp=" + std::to_string(plan.config.dp) +
+           " needs the multi-rank worker (issue #4); this one runs world 1");
+  if (plan.config.sub_batches != 1)
+    refuse("overlap (2 sub-batches) needs tensor parallelism (issue #4)");
+  if (plan.config.recompute != api::Recompute::kNone)
+    refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
+           " is not implemented by this worker yet");
+  if (plan.config.offload != api::OffloadMode::kNone)
+    refuse("offload " + std::string(api::to_string(plan.config.offload)) +
+           " needs the offload engine (issue #5)");
+  if (plan.precision != api::Precision::kFp32)
+    refuse("precision " + std::string(api::to_string(plan.precision)) +
+           "; the CPU path computes in fp32");
+  if (plan.config.micro_batch * plan.config.grad_accum * plan.config.dp != plan.global_batch)
+    refuse("batch: micro " + std::to_string(plan.config.micro_batch) + " × accumulation " +
+           std::to_string(plan.config.grad_accum) + " ≠ global " +
+           std::to_string(plan.global_batch));
+}
+
+double learning_rate_at(const api::TrainingSpec& t, int64_t step) {
+  const double lr = t.learning_rate;
+  const int64_t warmup = t.warmup_steps.value_or(0);
+  if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const double min_lr = 0.1 * lr;
+  const int64_t decay_steps = std::max<int64_t>(1, t.steps - warmup - 1);
+  const double progress =
+      std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps));
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+TrainResult train(const api::Plan& plan, const TrainOptions& options,
+                  const std::function<void(const std::string&)>& log) {
+  check_executable(plan);
+  g_stop.store(false);  // a stop request belongs to one run
+  const auto& t = plan.training;
+  const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
+  const int64_t accum = plan.config.grad_accum;
+  auto device = Device::cpu();
+  Gpt model(GptConfig::from(plan.model), B, T, device);
+  DeviceBuffer adam_m = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  DeviceBuffer adam_v = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  const auto params = model.parameter_views();
+  const auto grads = model.gradient_views();
+  const auto ms = model.views(adam_m.data());
+  const auto vs = model.views(adam_v.data());
+  const CheckpointTensors ckpt_tensors{params, ms, vs};
+  std::unique_ptr<DataSource> data = make_data(plan);
+
+  int64_t start_step = 0;
+  std::optional<CheckpointMeta> resumed;
+  if (!options.checkpoint_dir.empty())
+    resumed = load_latest_checkpoint(options.checkpoint_dir, ckpt_tensors);
+  if (resumed) {
+    if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
+      log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
+          plan.plan_hash);
+    start_step = resumed->step;
+    data->restore(resumed->data_cursor);
+    log("resumed from step " + std::to_string(start_step) + " (loss " +
+        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
+  } else if (!options.init_from_llmc.empty()) {
+    const LlmcDims dims{
+        static_cast<int>(plan.model.seq_len), static_cast<int>(plan.model.vocab),
+        static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
+        static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
+    import_llmc(options.init_from_llmc, dims, params);
+    log("initialised from llm.c model " + options.init_from_llmc);
+  } else {
+    model.init_weights(static_cast<uint64_t>(t.seed));
+  }
+  if (options.on_memory) {
+    std::map<std::string, double> bytes;
+    for (const auto& [kind, n] : device->bytes_in_use()) bytes[to_string(kind)] = n;
+    options.on_memory(bytes);
+  }
+
+  // Data for the next micro-batch is produced on its own stream while the model computes; the
+  // cursor recorded with it is the position after every batch already consumed.
+  Stream loader("data");
+  std::vector<int32_t> batch, next;
+  nlohmann::json next_cursor;
+  auto prefetch = [&] {
+    loader.enqueue([&] {
+      next_cursor = data->cursor();
+      data->next_batch(static_cast<int>(B), static_cast<int>(T), next);
+    });
+  };
+  prefetch();
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+
+  const double peak = api::cpu_profile().peak_fp32_flops *
+                      static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
+  TrainResult result;
+  result.steps_done = start_step;
+  auto save = [&](int64_t steps_done, double loss) {
+    if (options.checkpoint_dir.empty()) return;
+    loader.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    CheckpointMeta meta;
+    meta.step = steps_done;
+    meta.data_cursor = next_cursor;
+    meta.rng = {{"seed", t.seed}};
+    meta.plan_hash = plan.plan_hash;
+    meta.loss = loss;
+    meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}}};
+    const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+                                            static_cast<int>(plan.checkpoint.keep));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
+    log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
+  };
+
+  for (int64_t step = start_step; step < t.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grad();
+    double loss = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      loader.synchronize();
+      batch.swap(next);
+      prefetch();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < T; ++i) {
+          inputs[b * T + i] = batch[b * (T + 1) + i];
+          targets[b * T + i] = batch[b * (T + 1) + i + 1];
+        }
+      loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / accum) / accum;
+    }
+    const auto t_opt = std::chrono::steady_clock::now();
+    double sumsq = 0;
+    for (const auto& g : grads) sumsq += kernels::cpu::sum_of_squares(g.data, g.numel());
+    const double norm = std::sqrt(sumsq);
+    kernels::AdamWStep adam;
+    adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
+    adam.t = step + 1;
+    adam.grad_scale =
+        t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
+    for (int i = 0; i < kNumParamTensors; ++i) {
+      adam.weight_decay = Gpt::decays(i) ? static_cast<float>(t.weight_decay) : 0.0f;
+      kernels::cpu::adamw_update(params[i].data, grads[i].data, ms[i].data, vs[i].data,
+                                 params[i].numel(), adam);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!std::isfinite(loss))
+      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                  " (diverged; lower spec.training.learningRate)");
+
+    StepReport r;
+    r.step = step + 1;
+    r.total_steps = t.steps;
+    r.loss = loss;
+    r.learning_rate = adam.learning_rate;
+    r.grad_norm = norm;
+    r.seconds = std::chrono::duration<double>(t1 - t0).count();
+    r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+    r.tokens = B * T * accum;
+    r.tokens_per_second = r.tokens / r.seconds;
+    r.mfu = model.flops_per_micro_step() * accum / r.seconds / peak;
+    result.losses.push_back(loss);
+    result.last_loss = loss;
+    result.steps_done = step + 1;
+    if (options.on_step) options.on_step(r);
+    if (options.log_every > 0 &&
+        (r.step % options.log_every == 0 || r.step == t.steps || r.step == 1))
+      log(format_step(r));
+
+    const int64_t interval = plan.checkpoint.interval_steps;
+    const bool last = step + 1 == t.steps;
+    if (g_stop.load()) {
+      save(step + 1, loss);
+      result.interrupted = true;
+      log("stopped by signal after step " + std::to_string(step + 1));
+      break;
+    }
+    if (last || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
+  }
+  loader.synchronize();
+  return result;
+}
+
+}  // namespace kt::worker

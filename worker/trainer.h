@@ -1,0 +1,63 @@
+// The training loop of one rank: executes a Plan (device cpu, world 1 for now) — gradient
+// accumulation to the global batch, global-norm clipping, linear warmup then cosine decay,
+// AdamW — with checkpoints every intervalSteps and on SIGTERM, resume from the latest, and the
+// worker metrics of DESIGN.md §10.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/plan.h"
+
+namespace kt::worker {
+
+// What one optimizer step did, for metrics and logs.
+struct StepReport {
+  int64_t step = 0;  // 1-based: steps completed
+  int64_t total_steps = 0;
+  double loss = 0;
+  double learning_rate = 0;
+  double grad_norm = 0;
+  double seconds = 0;
+  int64_t tokens = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;  // model FLOPs / (seconds · peak of the rank's cores)
+  double optimizer_seconds = 0;
+};
+
+struct TrainOptions {
+  std::string checkpoint_dir;  // empty: no checkpoints
+  std::string init_from_llmc;  // start from an llm.c model file (ignored when resuming)
+  int log_every = 1;           // print a progress line every N steps
+  std::function<void(const StepReport&)> on_step;                       // optional
+  std::function<void(int64_t step, double seconds)> on_checkpoint;      // optional
+  std::function<void(const std::map<std::string, double>&)> on_memory;  // bytes by kind
+};
+
+// Throws kt::Error saying why this worker cannot execute the plan exactly as written.
+void check_executable(const api::Plan& plan);
+
+// The learning rate at 0-based `step`: linear warmup over warmupSteps to learningRate, then a
+// cosine decay to 10 % of it at the last step (GPT-3, Brown et al. 2020, Appendix B).
+double learning_rate_at(const api::TrainingSpec& training, int64_t step);
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  double last_loss = 0;
+  bool interrupted = false;    // stopped by SIGTERM/SIGINT after checkpointing
+  std::vector<double> losses;  // per step run in this process
+};
+
+// Runs the plan to its last step (or until SIGTERM/SIGINT). Progress lines go to `log`.
+TrainResult train(const api::Plan& plan, const TrainOptions& options,
+                  const std::function<void(const std::string&)>& log);
+
+// Install SIGTERM/SIGINT handlers that make train() checkpoint and return after the current step.
+void install_stop_handlers();
+// Ask a running train() to stop after the current step (what the handlers do; for tests).
+void request_stop();
+
+}  // namespace kt::worker
