@@ -28,8 +28,11 @@ struct AdamWStep {
   /* out (BT,OC) = inp (BT,C) · weight (OC,C)ᵀ + bias (OC); bias may be null */                \
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,       \
                       int64_t BT, int64_t C, int64_t OC);                                         \
+  /* dweight is accumulated into, or overwritten when accumulate_dweight is false (the first */ \
+  /* micro-batch of a step: no memset of the weight gradients, no read of them)               */ \
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,              \
-                       const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC); \
+                       const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,  \
+                       bool accumulate_dweight = true);                                           \
   /* out (BT,C), mean (BT), rstd (BT) */                                                          \
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,                  \
                          const float* weight, const float* bias, int64_t BT, int64_t C);          \

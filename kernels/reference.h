@@ -24,7 +24,10 @@ void matmul_forward(Real* out, const Real* inp, const Real* weight, const Real* 
 
 template <class Real>
 void matmul_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
-                     const Real* weight, int64_t BT, int64_t C, int64_t OC) {
+                     const Real* weight, int64_t BT, int64_t C, int64_t OC,
+                     bool accumulate_dweight = true) {
+  if (!accumulate_dweight)
+    for (int64_t j = 0; j < OC * C; ++j) dweight[j] = Real(0);
   for (int64_t i = 0; i < BT; ++i)
     for (int64_t o = 0; o < OC; ++o) {
       const Real d = dout[i * OC + o];

@@ -98,6 +98,26 @@ void Stream::enqueue(std::function<void()> task) {
   changed_.notify_all();
 }
 
+bool Event::ready() const {
+  return !done_.valid() || done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+void Event::synchronize() const {
+  if (done_.valid()) done_.wait();
+}
+
+Event Stream::record() {
+  auto promise = std::make_shared<std::promise<void>>();
+  Event event;
+  event.done_ = promise->get_future().share();
+  enqueue([promise] { promise->set_value(); });
+  return event;
+}
+
+void Stream::wait(const Event& event) {
+  enqueue([event] { event.synchronize(); });
+}
+
 void Stream::synchronize() {
   std::unique_lock lock(mutex_);
   const size_t target = enqueued_;

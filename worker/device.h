@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,19 @@ class DeviceBuffer {
   MemoryKind kind_ = MemoryKind::kWorkspace;
 };
 
+// A point in a stream's work: done when everything enqueued before it has run (cudaEvent_t's
+// CPU analogue). Cheap to copy; every copy sees the same point.
+class Event {
+ public:
+  Event() = default;
+  bool ready() const;
+  void synchronize() const;  // blocks until ready
+
+ private:
+  friend class Stream;
+  std::shared_future<void> done_;
+};
+
 // Work that completes in order on its own thread (a CUDA stream's CPU analogue). Owned by whoever
 // created it; the destructor finishes queued work, then joins.
 class Stream {
@@ -71,6 +85,10 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   void enqueue(std::function<void()> task);
+  // An event that becomes ready when the work enqueued so far has run.
+  Event record();
+  // Work enqueued after this waits until `event` is ready (which may belong to another stream).
+  void wait(const Event& event);
   // Blocks until everything enqueued so far has run. Rethrows the first exception a task threw.
   void synchronize();
 

@@ -178,7 +178,14 @@ void Gpt::init_weights(uint64_t seed) {
 }
 
 void Gpt::zero_grad() {
-  std::memset(grads_.data(), 0, num_params_ * sizeof(float));
+  // wte (written first by the LM head's dW), qkvw, attprojw, fcw and fcprojw are overwritten by
+  // their matmul's first backward; everything else is accumulated into and must start at zero.
+  auto grads = gradient_views();
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const bool matmul_weight = i == 0 || i == 4 || i == 6 || i == 10 || i == 12;
+    if (!matmul_weight) std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
+  }
+  overwrite_weight_grads_ = true;
 }
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
@@ -187,8 +194,10 @@ float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
 }
 
 float Gpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale) {
-  std::memset(grad_acts_.data(), 0, grad_acts_.size() * sizeof(float));
+  // Backward kernels accumulate into the activation gradients, so they start at zero — all but
+  // dlogits, which the fused cross-entropy writes in full, and dlosses, which nothing reads.
   Acts grad = acts_at(grad_acts_.data());
+  std::memset(grad_acts_.data(), 0, (grad.logits - grad_acts_.data()) * sizeof(float));
   // d(mean loss · loss_scale)/d(loss of one token) = loss_scale / (B·T)
   forward(inputs, targets, grad.logits, loss_scale / static_cast<float>(B_ * T_));
   backward(inputs);
@@ -253,7 +262,9 @@ void Gpt::backward(const int32_t* inputs) {
   const Params g = params_at(grads_.data());
   const Acts a = acts_at(acts_.data());
   const Acts d = acts_at(grad_acts_.data());  // d.logits already holds dloss/dlogits
-  k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vp);
+  const bool acc = !overwrite_weight_grads_;
+  overwrite_weight_grads_ = false;
+  k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vp, acc);
   const float* last = a.residual3 + (L - 1) * BT * C;
   float* dlast = d.residual3 + (L - 1) * BT * C;
   k::layernorm_backward(dlast, g.lnfw, g.lnfb, d.lnf, last, p.lnfw, a.lnf_mean, a.lnf_rstd, BT, C);
@@ -263,21 +274,22 @@ void Gpt::backward(const int32_t* inputs) {
     const int64_t lc = l * BT * C, lf = l * BT * F;
     k::residual_backward(d.residual2 + lc, d.fcproj + lc, d.residual3 + lc, BT * C);
     k::matmul_backward(d.fch_gelu + lf, g.fcprojw + l * C * F, g.fcprojb + l * C, d.fcproj + lc,
-                       a.fch_gelu + lf, p.fcprojw + l * C * F, BT, F, C);
+                       a.fch_gelu + lf, p.fcprojw + l * C * F, BT, F, C, acc);
     k::gelu_backward(d.fch + lf, a.fch + lf, d.fch_gelu + lf, BT * F);
     k::matmul_backward(d.ln2 + lc, g.fcw + l * F * C, g.fcb + l * F, d.fch + lf, a.ln2 + lc,
-                       p.fcw + l * F * C, BT, C, F);
+                       p.fcw + l * F * C, BT, C, F, acc);
     k::layernorm_backward(d.residual2 + lc, g.ln2w + l * C, g.ln2b + l * C, d.ln2 + lc,
                           a.residual2 + lc, p.ln2w + l * C, a.ln2_mean + l * BT,
                           a.ln2_rstd + l * BT, BT, C);
     k::residual_backward(dresidual, d.attproj + lc, d.residual2 + lc, BT * C);
     k::matmul_backward(d.atty + lc, g.attprojw + l * C * C, g.attprojb + l * C, d.attproj + lc,
-                       a.atty + lc, p.attprojw + l * C * C, BT, C, C);
+                       a.atty + lc, p.attprojw + l * C * C, BT, C, C, acc);
     const int64_t la = l * B * NH * T * T;
     k::attention_backward(d.qkv + l * BT * 3 * C, d.preatt + la, d.att + la, d.atty + lc,
                           a.qkv + l * BT * 3 * C, a.att + la, B, T, C, NH);
     k::matmul_backward(d.ln1 + lc, g.qkvw + l * 3 * C * C, g.qkvb + l * 3 * C,
-                       d.qkv + l * BT * 3 * C, a.ln1 + lc, p.qkvw + l * 3 * C * C, BT, C, 3 * C);
+                       d.qkv + l * BT * 3 * C, a.ln1 + lc, p.qkvw + l * 3 * C * C, BT, C, 3 * C,
+                       acc);
     k::layernorm_backward(dresidual, g.ln1w + l * C, g.ln1b + l * C, d.ln1 + lc, residual,
                           p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
   }

@@ -47,6 +47,8 @@ class Gpt {
   // `loss_scale` (1 / gradient-accumulation steps for a mean over the whole step). Returns the
   // micro-batch's mean loss.
   float train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale);
+  // Starts a new accumulation: the small tensors are zeroed now; the matmul weights' gradients
+  // are overwritten (not accumulated) by the next backward, which saves a 4·P-byte memset.
   void zero_grad();
 
   const GptConfig& config() const { return config_; }
@@ -81,6 +83,7 @@ class Gpt {
   DeviceBuffer params_, grads_, acts_, grad_acts_;
   std::vector<int32_t> targets_;
   float mean_loss_ = 0;
+  bool overwrite_weight_grads_ = false;  // set by zero_grad, cleared by the next backward
 };
 
 }  // namespace kt::worker

@@ -2,7 +2,6 @@
 #include <dnnl.h>
 
 #include <algorithm>
-
 #include <cstdio>
 #include <cstdlib>
 
@@ -54,11 +53,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t BT, int64_t C, int64_t OC) {
+                     const float* weight, int64_t BT, int64_t C, int64_t OC,
+                     bool accumulate_dweight) {
   // dinp (BT,C) += dout (BT,OC) · weight (OC,C)
   sgemm('N', 'N', BT, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
   // dweight (OC,C) += dout (BT,OC)ᵀ · inp (BT,C)
-  sgemm('T', 'N', OC, C, BT, dout, OC, inp, C, 1.0f, dweight, C);
+  sgemm('T', 'N', OC, C, BT, dout, OC, inp, C, accumulate_dweight ? 1.0f : 0.0f, dweight, C);
   if (dbias) column_sums(dbias, dout, BT, OC);
 }
 

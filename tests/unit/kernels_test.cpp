@@ -69,6 +69,14 @@ TEST_F(Kernels, Matmul) {
   expect_close(dinp, dinp64, "dinp");
   expect_close(dw, dw64, "dweight");
   expect_close(db, db64, "dbias");
+  // Overwriting the weight gradient instead of accumulating (the first micro-batch of a step).
+  F dw2 = random(OC * C), dinp2 = dinp;
+  D dw2_64 = widen(dw2), dinp2_64 = dinp64;
+  cpu::matmul_backward(dinp2.data(), dw2.data(), nullptr, dout.data(), inp.data(), w.data(), BT, C,
+                       OC, false);
+  ref::matmul_backward(dinp2_64.data(), dw2_64.data(), static_cast<double*>(nullptr), dout64.data(),
+                       inp64.data(), w64.data(), BT, C, OC, false);
+  expect_close(dw2, dw2_64, "dweight overwritten");
   // Without a bias.
   cpu::matmul_forward(out.data(), inp.data(), w.data(), nullptr, BT, C, OC);
   ref::matmul_forward(out64.data(), inp64.data(), w64.data(), static_cast<const double*>(nullptr),
@@ -217,7 +225,8 @@ TEST_F(Kernels, FastExpAndTanhAreAccurate) {
     const float x = i % 2 ? wide(rng_) : narrow(rng_);
     const double e = std::exp(static_cast<double>(x));
     worst_exp = std::max(worst_exp, std::fabs(cpu::fast_exp(x) - e) / e);
-    worst_tanh = std::max(worst_tanh, std::fabs(cpu::fast_tanh(x) - std::tanh(static_cast<double>(x))));
+    worst_tanh =
+        std::max(worst_tanh, std::fabs(cpu::fast_tanh(x) - std::tanh(static_cast<double>(x))));
   }
   EXPECT_LT(worst_exp, 5e-7) << "seed " << seed_;
   EXPECT_LT(worst_tanh, 1e-6) << "seed " << seed_;
