@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/model.h"
+#include "worker/comm.h"
 #include "worker/device.h"
 #include "worker/tensor_view.h"
 
@@ -33,12 +34,28 @@ inline constexpr std::array<const char*, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
+// Tensor parallelism in Megatron's layout (Shoeybi et al. 2019): qkv and fc are column-parallel
+// (each rank holds NH/t heads and F/t hidden units), attention projection and fc2 row-parallel
+// (partial sums all-reduced; their biases added once, by TP rank 0), the token embedding and LM
+// head vocab-parallel (Vp/t rows each) with a vocab-parallel cross-entropy. LayerNorms, wpe and
+// the row-parallel biases are replicated. Per layer and micro-batch: 2 all-reduces forward and 2
+// backward, plus one for the embedding and one for the LM head's input gradient, plus two small
+// ones (B·T and 2·B·T floats) for the cross-entropy's max and sums.
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+  Communicator* group = nullptr;  // required when size > 1
+};
+
 class Gpt {
  public:
-  Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device);
+  Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
+      TensorParallel tp = {});
 
   // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
-  // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1.
+  // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1. A TP rank
+  // draws the whole logical tensor and keeps its slice, so every TP degree starts from the same
+  // model.
   void init_weights(uint64_t seed);
 
   // Forward on inputs (B,T) → mean loss over targets (B,T).
@@ -57,13 +74,17 @@ class Gpt {
   int64_t num_parameters() const { return num_params_; }
   float* params() const { return params_.data(); }
   float* grads() const { return grads_.data(); }
-  // Views of the 16 tensors of the parameters (or of their gradients), llm.c's order and shapes.
+  // Views of the 16 tensors of the parameters (or of their gradients), llm.c's order and shapes;
+  // with TP > 1 the sharded ones carry their slice of the logical tensor (qkv as (L, 3, C, C)).
   std::vector<TensorView> parameter_views() const { return views(params_.data()); }
   std::vector<TensorView> gradient_views() const { return views(grads_.data()); }
   // Same layout over an external buffer of num_parameters() floats (AdamW moments).
   std::vector<TensorView> views(float* base) const;
   // Whether AdamW decays a tensor: matrices yes, biases and LayerNorm parameters no.
   static bool decays(int tensor_index);
+  // Whether a tensor is split across TP ranks (else every TP rank holds the same values).
+  bool sharded(int tensor_index) const;
+  const TensorParallel& tensor_parallel() const { return tp_; }
   // Training FLOPs of one B×T micro-batch (forward + backward): 6·P·BT + attention 12·L·C·T·BT.
   double flops_per_micro_step() const;
 
@@ -74,9 +95,16 @@ class Gpt {
   Acts acts_at(float* base) const;
   void forward(const int32_t* inputs, const int32_t* targets, float* dlogits, float dloss);
   void backward(const int32_t* inputs);
+  void tp_allreduce(float* data, int64_t count, ReduceOp op = ReduceOp::kSum);
+  void vocab_parallel_cross_entropy(float* losses, float* dlogits, const float* logits,
+                                    const int32_t* targets, float dloss);
 
   GptConfig config_;
   int64_t B_, T_;
+  TensorParallel tp_;
+  // Per-rank dims: attention channels C/t, heads NH/t, ffn F/t, vocabulary rows Vp/t.
+  int64_t Cl_, NHl_, Fl_, Vl_, vocab_offset_;
+  std::vector<float> ce_scratch_;  // vocab-parallel cross-entropy: max, sum, target logit
   std::shared_ptr<Device> device_;
   std::array<int64_t, kNumParamTensors> param_sizes_{};
   int64_t num_params_ = 0;

@@ -1,0 +1,116 @@
+// Tensor parallelism in the model: t ranks (threads) holding slices compute the same loss and
+// the same gradients (slice by slice) as one rank holding everything.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "thread_comm.h"
+#include "worker/gpt.h"
+
+namespace kt {
+namespace {
+
+using worker::Gpt;
+using worker::GptConfig;
+using worker::TensorView;
+
+// Reads the slice `view` describes out of the logical tensor `full` (row-major).
+std::vector<float> slice_of(const TensorView& full, const TensorView& view) {
+  std::vector<float> out;
+  const auto& S = view.shape;
+  const auto& Lg = view.logical_shape;
+  std::vector<int64_t> index(S.size(), 0);
+  for (;;) {
+    int64_t src = 0;
+    for (size_t d = 0; d < S.size(); ++d) src = src * Lg[d] + view.offset[d] + index[d];
+    out.push_back(full.data[src]);
+    int d = static_cast<int>(S.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < S[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return out;
+}
+
+double relative_error(const std::vector<float>& got, const float* want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += std::pow(double(got[i]) - want[i], 2);
+    den += std::pow(double(want[i]), 2);
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+void check_tensor_parallel(int t) {
+  // 4 heads, ffn 32, vocab 70 padded to 128: divisible by 2 and 4.
+  const GptConfig config{16, 70, 128, 2, 4, 16, 32};
+  const int64_t B = 2, T = 6;
+  std::mt19937 rng(t * 101);
+  std::uniform_int_distribution<int32_t> tok(0, 69);
+  std::vector<int32_t> x(B * T), y(B * T);
+  for (auto& v : x) v = tok(rng);
+  for (auto& v : y) v = tok(rng);
+
+  Gpt whole(config, B, T, worker::Device::cpu());
+  whole.init_weights(5);
+  whole.zero_grad();
+  const float loss = whole.train_micro_step(x.data(), y.data(), 1.0f);
+  const auto whole_params = whole.parameter_views();
+  const auto whole_grads = whole.gradient_views();
+
+  test::ThreadGroup group(t);
+  std::vector<float> losses(t);
+  std::vector<std::string> failures(t);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < t; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = group.member(r);
+      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()});
+      part.init_weights(5);
+      part.zero_grad();
+      losses[r] = part.train_micro_step(x.data(), y.data(), 1.0f);
+      const auto params = part.parameter_views();
+      const auto grads = part.gradient_views();
+      for (int i = 0; i < worker::kNumParamTensors; ++i) {
+        const bool sharded = part.sharded(i);
+        const auto want_p = sharded ? slice_of(whole_params[i], params[i])
+                                    : std::vector<float>(whole_params[i].data,
+                                                         whole_params[i].data + params[i].numel());
+        const std::vector<float> got_p(params[i].data, params[i].data + params[i].numel());
+        if (got_p != want_p) failures[r] += std::string(" param ") + worker::kParamNames[i];
+        const auto want_g = sharded ? slice_of(whole_grads[i], grads[i])
+                                    : std::vector<float>(whole_grads[i].data,
+                                                         whole_grads[i].data + grads[i].numel());
+        const std::vector<float> got_g(grads[i].data, grads[i].data + grads[i].numel());
+        const double err = relative_error(got_g, want_g.data(), want_g.size());
+        if (err > 1e-5)
+          failures[r] +=
+              std::string(" grad ") + worker::kParamNames[i] + " (" + std::to_string(err) + ")";
+      }
+      const auto stats = comm->stats();
+      // 4 per layer + embedding + LM head + the cross-entropy's max and sums.
+      if (stats.allreduces != 4 * config.layers + 2 + 2)
+        failures[r] += " allreduces=" + std::to_string(stats.allreduces);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < t; ++r) {
+    EXPECT_NEAR(losses[r], loss, 1e-6 * std::fabs(loss)) << "rank " << r;
+    EXPECT_EQ(failures[r], "") << "rank " << r;
+  }
+}
+
+TEST(TensorParallel, TwoRanksEqualOne) {
+  check_tensor_parallel(2);
+}
+TEST(TensorParallel, FourRanksEqualOne) {
+  check_tensor_parallel(4);
+}
+
+}  // namespace
+}  // namespace kt

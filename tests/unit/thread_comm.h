@@ -1,0 +1,102 @@
+// A Communicator over threads of one process, for tests of the parallel model code without
+// processes or sockets: every collective is a rendezvous of the group's threads on shared slots.
+#pragma once
+
+#include <barrier>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "worker/comm.h"
+
+namespace kt::test {
+
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), barrier_(size), slots_(size) {}
+  std::unique_ptr<worker::Communicator> member(int rank, std::string name = "tp");
+
+ private:
+  friend class ThreadCommunicator;
+  int size_;
+  std::barrier<> barrier_;
+  std::vector<std::vector<float>> slots_;
+  std::mutex mutex_;
+  worker::CommStats stats_total_;
+};
+
+class ThreadCommunicator : public worker::Communicator {
+ public:
+  ThreadCommunicator(ThreadGroup& group, int rank, std::string name)
+      : group_(group), rank_(rank), name_(std::move(name)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_.size_; }
+  const std::string& name() const override { return name_; }
+
+  std::shared_ptr<worker::CommWork> allreduce_async(float* data, size_t count,
+                                                    worker::ReduceOp op) override {
+    group_.slots_[rank_].assign(data, data + count);
+    group_.barrier_.arrive_and_wait();
+    for (size_t i = 0; i < count; ++i) {
+      float acc = group_.slots_[0][i];
+      for (int r = 1; r < group_.size_; ++r) {
+        const float x = group_.slots_[r][i];
+        acc = op == worker::ReduceOp::kSum ? acc + x : std::max(acc, x);
+      }
+      data[i] = acc;
+    }
+    group_.barrier_.arrive_and_wait();
+    ++stats_.collectives;
+    ++stats_.allreduces;
+    stats_.bytes += static_cast<int64_t>(count * sizeof(float));
+    struct Done : worker::CommWork {
+      void wait() override {}
+    };
+    return std::make_shared<Done>();
+  }
+  void allgather(const float* in, float* out, size_t count) override {
+    group_.slots_[rank_].assign(in, in + count);
+    group_.barrier_.arrive_and_wait();
+    for (int r = 0; r < group_.size_; ++r)
+      std::memcpy(out + r * count, group_.slots_[r].data(), count * sizeof(float));
+    group_.barrier_.arrive_and_wait();
+    ++stats_.collectives;
+  }
+  void reduce_scatter(const float* in, float* out, size_t count) override {
+    group_.slots_[rank_].assign(in, in + count * group_.size_);
+    group_.barrier_.arrive_and_wait();
+    for (size_t i = 0; i < count; ++i) {
+      float acc = 0;
+      for (int r = 0; r < group_.size_; ++r) acc += group_.slots_[r][rank_ * count + i];
+      out[i] = acc;
+    }
+    group_.barrier_.arrive_and_wait();
+    ++stats_.collectives;
+  }
+  void broadcast(float* data, size_t count, int root) override {
+    if (rank_ == root) group_.slots_[root].assign(data, data + count);
+    group_.barrier_.arrive_and_wait();
+    if (rank_ != root) std::memcpy(data, group_.slots_[root].data(), count * sizeof(float));
+    group_.barrier_.arrive_and_wait();
+    ++stats_.collectives;
+  }
+  void barrier() override {
+    group_.barrier_.arrive_and_wait();
+    ++stats_.collectives;
+  }
+  worker::CommStats stats() const override { return stats_; }
+
+ private:
+  ThreadGroup& group_;
+  int rank_;
+  std::string name_;
+  worker::CommStats stats_;
+};
+
+inline std::unique_ptr<worker::Communicator> ThreadGroup::member(int rank, std::string name) {
+  return std::make_unique<ThreadCommunicator>(*this, rank, std::move(name));
+}
+
+}  // namespace kt::test

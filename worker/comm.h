@@ -1,0 +1,81 @@
+// Collective communication between the ranks of a job (DESIGN.md §7): one interface, a Gloo
+// backend over TCP for CPU ranks now (an NCCL backend later), process groups for tensor and data
+// parallelism from the Plan (TP groups are consecutive ranks inside a node), and the counters the
+// comm metrics need.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kt::worker {
+
+enum class ReduceOp { kSum, kMax };
+
+// An asynchronous collective in flight. wait() blocks until it completed (rethrowing its error);
+// the time a caller spends blocked in wait() is the group's "exposed" communication time.
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  virtual void wait() = 0;
+};
+
+struct CommStats {
+  int64_t collectives = 0;  // operations issued (all kinds)
+  int64_t allreduces = 0;   // of which all-reduces
+  int64_t bytes = 0;        // payload bytes of this rank's buffers
+  double seconds = 0;       // time the operations took on the communication thread
+  double exposed_seconds = 0;  // time callers were blocked waiting for them
+};
+
+// One process group. Operations are executed in issue order on the group's communication
+// thread; every rank of the group must issue the same operations in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // within the group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;  // "tp", "dp", "world"
+
+  // In place over `count` floats at `data`, which must stay valid until wait() returns.
+  virtual std::shared_ptr<CommWork> allreduce_async(float* data, size_t count, ReduceOp op) = 0;
+  void allreduce(float* data, size_t count, ReduceOp op = ReduceOp::kSum) {
+    allreduce_async(data, count, op)->wait();
+  }
+  // out[r·count .. (r+1)·count) = rank r's in[0 .. count).
+  virtual void allgather(const float* in, float* out, size_t count) = 0;
+  // out[0 .. count) = Σ_ranks in[rank·count .. (rank+1)·count).
+  virtual void reduce_scatter(const float* in, float* out, size_t count) = 0;
+  virtual void broadcast(float* data, size_t count, int root) = 0;
+  virtual void barrier() = 0;
+
+  virtual CommStats stats() const = 0;
+};
+
+// A group of one rank: every collective is the identity (TP = 1 or DP = 1).
+std::unique_ptr<Communicator> make_single_rank_communicator(const std::string& name);
+
+// How a rank finds the others: the rendezvous store on rank 0 at MASTER_ADDR:MASTER_PORT.
+struct RendezvousConfig {
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int rank = 0;
+  int world_size = 1;
+  std::string job_id = "job";  // prefixes every key: attempts and jobs never collide
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  static RendezvousConfig from_env();  // MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, KUBETRAIN_JOB_ID
+};
+
+// The groups of one rank: world, its TP group (ranks ⌊rank/tp⌋·tp .. +tp-1) and its DP group
+// (ranks with the same rank % tp). tp · dp must equal world_size.
+struct ProcessGroups {
+  std::unique_ptr<Communicator> world, tp, dp;
+};
+// Connects to the others (rank 0 also hosts the store). Throws kt::Error with a clear message
+// on a timeout (naming MASTER_ADDR:MASTER_PORT and the missing ranks), a port in use, or a
+// world-size mismatch between ranks.
+ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp);
+
+}  // namespace kt::worker
