@@ -28,13 +28,14 @@ extern "C" void on_stop_signal(int) {
 constexpr int kMarkovOrder = 1;
 constexpr int kMarkovBranching = 8;
 
-std::unique_ptr<DataSource> make_data(const api::Plan& plan) {
+std::unique_ptr<DataSource> make_data(const api::Plan& plan, int dp_rank, int dp) {
   const auto& d = plan.data;
   const int vocab = static_cast<int>(plan.model.vocab);
   const uint64_t seed = static_cast<uint64_t>(plan.training.seed);
   if (d.source == api::DataSource::kTokens)
-    return std::make_unique<TokenShards>(d.path, vocab, seed, 0, 1);
-  return std::make_unique<SyntheticMarkov>(vocab, kMarkovOrder, kMarkovBranching, seed, 0, 1);
+    return std::make_unique<TokenShards>(d.path, vocab, seed, dp_rank, dp);
+  return std::make_unique<SyntheticMarkov>(vocab, kMarkovOrder, kMarkovBranching, seed, dp_rank,
+                                           dp);
 }
 
 std::string format_step(const StepReport& r) {
@@ -66,11 +67,11 @@ void check_executable(const api::Plan& plan) {
   if (plan.device != api::DeviceKind::kCpu)
     refuse("device is " + std::string(api::to_string(plan.device)) +
            "; this worker runs device: cpu plans (the CUDA runtime is issue #7)");
-  if (plan.world != 1 || plan.config.tp != 1 || plan.config.dp != 1)
-    refuse("tp=" + std::to_string(plan.config.tp) + ", dp=" + std::to_string(plan.config.dp) +
-           " needs the multi-rank worker (issue #4); this one runs world 1");
+  if (plan.config.tp * plan.config.dp != plan.world)
+    refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
+           std::to_string(plan.world));
   if (plan.config.sub_batches != 1)
-    refuse("overlap (2 sub-batches) needs tensor parallelism (issue #4)");
+    refuse("the overlapped schedule (2 sub-batches) is not implemented by this worker yet");
   if (plan.config.recompute != api::Recompute::kNone)
     refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
            " is not implemented by this worker yet");
@@ -104,8 +105,26 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const auto& t = plan.training;
   const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
   const int64_t accum = plan.config.grad_accum;
+  const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
+  if (plan.world > 1 && !options.groups)
+    throw Error("a plan of " + std::to_string(plan.world) + " ranks needs its process groups");
+  if (plan.world > 1 && !options.checkpoint_dir.empty())
+    throw Error(
+        "checkpoints of multi-rank plans are not implemented yet; run without "
+        "--checkpoint-dir");
+  ProcessGroups single;
+  if (!options.groups) {
+    single.world = make_single_rank_communicator("world");
+    single.tp = make_single_rank_communicator("tp");
+    single.dp = make_single_rank_communicator("dp");
+  }
+  ProcessGroups& groups = options.groups ? *options.groups : single;
+  KT_CHECK(groups.tp->size() == tp && groups.dp->size() == dp,
+           "process groups do not match the plan");
+  const int dp_rank = groups.dp->rank();
   auto device = Device::cpu();
-  Gpt model(GptConfig::from(plan.model), B, T, device);
+  Gpt model(GptConfig::from(plan.model), B, T, device,
+            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr});
   DeviceBuffer adam_m = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   DeviceBuffer adam_v = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   const auto params = model.parameter_views();
@@ -113,7 +132,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const auto ms = model.views(adam_m.data());
   const auto vs = model.views(adam_v.data());
   const CheckpointTensors ckpt_tensors{params, ms, vs};
-  std::unique_ptr<DataSource> data = make_data(plan);
+  std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
 
   int64_t start_step = 0;
   std::optional<CheckpointMeta> resumed;
@@ -193,12 +212,24 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
           inputs[b * T + i] = batch[b * (T + 1) + i];
           targets[b * T + i] = batch[b * (T + 1) + i + 1];
         }
-      loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / accum) / accum;
+      // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the sum below.
+      loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
+    }
+    if (dp > 1) {
+      // Data parallel: sum the gradients (already scaled by 1/dp) and the losses over the group.
+      groups.dp->allreduce(model.grads(), static_cast<size_t>(model.num_parameters()));
+      float step_loss = static_cast<float>(loss);
+      groups.dp->allreduce(&step_loss, 1);
+      loss = step_loss / dp;
     }
     const auto t_opt = std::chrono::steady_clock::now();
-    double sumsq = 0;
-    for (const auto& g : grads) sumsq += kernels::cpu::sum_of_squares(g.data, g.numel());
-    const double norm = std::sqrt(sumsq);
+    // Global norm: the slices of sharded tensors summed over the TP group, replicated ones once.
+    float sumsq[2] = {0, 0};  // [sharded, replicated]
+    for (int i = 0; i < kNumParamTensors; ++i)
+      sumsq[model.sharded(i) ? 0 : 1] +=
+          static_cast<float>(kernels::cpu::sum_of_squares(grads[i].data, grads[i].numel()));
+    if (tp > 1) groups.tp->allreduce(&sumsq[0], 1);
+    const double norm = std::sqrt(static_cast<double>(sumsq[0]) + sumsq[1]);
     kernels::AdamWStep adam;
     adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
     adam.t = step + 1;
@@ -244,6 +275,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (last || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
   loader.synchronize();
+  if (options.on_finish) options.on_finish(params);
   return result;
 }
 

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "api/plan.h"
+#include "worker/comm.h"
+#include "worker/tensor_view.h"
 
 namespace kt::worker {
 
@@ -35,9 +37,16 @@ struct TrainOptions {
   std::function<void(const StepReport&)> on_step;                       // optional
   std::function<void(int64_t step, double seconds)> on_checkpoint;      // optional
   std::function<void(const std::map<std::string, double>&)> on_memory;  // bytes by kind
+  // This rank's process groups when the plan has more than one rank (kubetrain-worker connects
+  // them from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; tests may pass in-process ones).
+  ProcessGroups* groups = nullptr;
+  // Called once at the end with this rank's parameters (for tests and exports).
+  std::function<void(const std::vector<TensorView>& params)> on_finish;
+  int rank = 0;  // global rank
 };
 
-// Throws kt::Error saying why this worker cannot execute the plan exactly as written.
+// Throws kt::Error saying why this worker cannot execute the plan exactly as written. Ranks of a
+// TP × DP plan are supported; the Oases overlap, recompute and offload are not yet.
 void check_executable(const api::Plan& plan);
 
 // The learning rate at 0-based `step`: linear warmup over warmupSteps to learningRate, then a
