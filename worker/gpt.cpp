@@ -85,8 +85,13 @@ int64_t total(const std::array<int64_t, 22>& sizes) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-         TensorParallel tp)
-    : config_(config), B_(B), T_(T), device_(std::move(device)), tp_(tp) {
+         TensorParallel tp, int sub_batches)
+    : config_(config),
+      B_(B),
+      T_(T),
+      device_(std::move(device)),
+      tp_(tp),
+      sub_batches_(sub_batches) {
   const auto& c = config_;
   KT_CHECK(T <= c.max_seq_len, "sequence length exceeds the model's positions");
   KT_CHECK(c.channels % c.heads == 0, "heads must divide channels");
@@ -95,6 +100,8 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   KT_CHECK(t == 1 || tp_.group != nullptr, "tensor parallelism needs a TP communicator");
   KT_CHECK(c.heads % t == 0 && c.ffn % t == 0 && c.padded_vocab % t == 0,
            "the TP degree must divide heads, ffn and the padded vocabulary");
+  KT_CHECK(sub_batches == 1 || (sub_batches == 2 && B % 2 == 0),
+           "two sub-batches need an even micro-batch");
   Cl_ = c.channels / t;
   NHl_ = c.heads / t;
   Fl_ = c.ffn / t;
@@ -107,11 +114,14 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   for (int64_t s : param_sizes_) num_params_ += s;
   params_ = device_->allocate_floats(num_params_, MemoryKind::kParams);
   grads_ = device_->allocate_floats(num_params_, MemoryKind::kGrads);
-  const int64_t acts = total(activation_sizes(c, B, T, Cl_, NHl_, Fl_, Vl_));
-  acts_ = device_->allocate_floats(acts, MemoryKind::kActivations);
-  grad_acts_ = device_->allocate_floats(acts, MemoryKind::kActivations);
-  targets_.resize(B * T);
-  if (t > 1) ce_scratch_.resize(3 * B * T);
+  lanes_.resize(sub_batches);
+  for (auto& lane : lanes_) {
+    lane.B = B / sub_batches;
+    const int64_t acts = total(activation_sizes(c, lane.B, T, Cl_, NHl_, Fl_, Vl_));
+    lane.acts = device_->allocate_floats(acts, MemoryKind::kActivations);
+    lane.grad_acts = device_->allocate_floats(acts, MemoryKind::kActivations);
+    if (t > 1) lane.ce_scratch.resize(3 * lane.B * T);
+  }
 }
 
 Gpt::Params Gpt::params_at(float* base) const {
@@ -124,8 +134,8 @@ Gpt::Params Gpt::params_at(float* base) const {
           p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15]};
 }
 
-Gpt::Acts Gpt::acts_at(float* base) const {
-  const auto sizes = activation_sizes(config_, B_, T_, Cl_, NHl_, Fl_, Vl_);
+Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
+  const auto sizes = activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_);
   float* a[22];
   for (int i = 0; i < 22; ++i) {
     a[i] = base;
@@ -265,80 +275,136 @@ void Gpt::zero_grad() {
 }
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
-  forward(inputs, targets, nullptr, 0.0f);
-  return mean_loss_;
+  start(inputs, targets, 0.0f);
+  run(forward_ops(), &Gpt::forward_op);
+  return finish_loss();
 }
 
 float Gpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale) {
-  // Backward kernels accumulate into the activation gradients, so they start at zero — all but
-  // dlogits, which the fused cross-entropy writes in full, and dlosses, which nothing reads.
-  Acts grad = acts_at(grad_acts_.data());
-  std::memset(grad_acts_.data(), 0, (grad.logits - grad_acts_.data()) * sizeof(float));
   // d(mean loss · loss_scale)/d(loss of one token) = loss_scale / (B·T)
-  forward(inputs, targets, grad.logits, loss_scale / static_cast<float>(B_ * T_));
-  backward(inputs);
-  return mean_loss_;
+  start(inputs, targets, loss_scale / static_cast<float>(B_ * T_));
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    // Backward kernels accumulate into the activation gradients, so they start at zero — all
+    // but dlogits, which the cross-entropy writes in full, and dlosses, which nothing reads.
+    const Acts grad = acts_at(lane, lane.grad_acts.data());
+    std::memset(lane.grad_acts.data(), 0, (grad.logits - lane.grad_acts.data()) * sizeof(float));
+    lane.accumulate = !(overwrite_weight_grads_ && i == 0);
+  }
+  overwrite_weight_grads_ = false;
+  run(forward_ops(), &Gpt::forward_op);
+  run(backward_ops(), &Gpt::backward_op);
+  return finish_loss();
+}
+
+void Gpt::start(const int32_t* inputs, const int32_t* targets, float dloss) {
+  const int64_t V = config_.vocab, BT = B_ * T_;
+  for (int64_t i = 0; i < BT; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V)
+      throw Error("token out of range [0, " + std::to_string(V) + ") at position " +
+                  std::to_string(i));
+  }
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    lane.inputs = inputs + i * lane.B * T_;
+    lane.targets = targets + i * lane.B * T_;
+    lane.dloss = dloss;
+  }
+}
+
+float Gpt::finish_loss() {
+  double sum = 0;
+  for (const auto& lane : lanes_) sum += static_cast<double>(lane.mean_loss) * lane.B;
+  return static_cast<float>(sum / B_);
+}
+
+void Gpt::run(int64_t ops, std::pair<float*, int64_t> (Gpt::*op)(Lane&, int64_t)) {
+  if (tp_.size == 1 || lanes_.size() == 1) {
+    for (int64_t k = 0; k < ops; ++k)
+      for (auto& lane : lanes_) {
+        const auto [buffer, count] = (this->*op)(lane, k);
+        if (buffer) tp_allreduce(buffer, count);
+      }
+    return;
+  }
+  // The Oases schedule: A's op k, B's op k, A's op k+1 (once A's all-reduce is done), ...
+  for (int64_t k = 0; k < ops; ++k)
+    for (auto& lane : lanes_) {
+      if (lane.pending) {
+        lane.pending->wait();
+        lane.pending.reset();
+      }
+      const auto [buffer, count] = (this->*op)(lane, k);
+      if (buffer) lane.pending = tp_.group->allreduce_async(buffer, count, ReduceOp::kSum);
+    }
+  for (auto& lane : lanes_)
+    if (lane.pending) {
+      lane.pending->wait();
+      lane.pending.reset();
+    }
 }
 
 void Gpt::tp_allreduce(float* data, int64_t count, ReduceOp op) {
   if (tp_.size > 1) tp_.group->allreduce(data, static_cast<size_t>(count), op);
 }
 
-void Gpt::vocab_parallel_cross_entropy(float* losses, float* dlogits, const float* logits,
-                                       const int32_t* targets, float dloss) {
+void Gpt::vocab_parallel_cross_entropy(Lane& lane, float* losses, float* dlogits,
+                                       const float* logits) {
   // Each rank holds logits for vocabulary rows [offset, offset + Vl). The softmax needs the
   // row's global max and sum: one all-reduce (max) of B·T floats, one (sum) of 2·B·T floats
   // carrying the sums of exponentials and the target's logit (0 on the ranks that lack it).
-  const int64_t BT = B_ * T_, V = config_.vocab, lo = vocab_offset_;
-  const int64_t valid = std::max<int64_t>(0, std::min(Vl_, V - lo));  // real vocabulary here
-  float* row_max = ce_scratch_.data();
+  const int64_t BT = lane.B * T_, V = config_.vocab, lo = vocab_offset_, Vl = Vl_;
+  const int64_t valid = std::max<int64_t>(0, std::min(Vl, V - lo));  // real vocabulary here
+  const int32_t* targets = lane.targets;
+  const float dloss = lane.dloss;
+  float* row_max = lane.ce_scratch.data();
   float* sums = row_max + BT;  // [sum of exp (BT) | target logit (BT)]
 #pragma omp parallel for
   for (int64_t i = 0; i < BT; ++i) {
     float m = -INFINITY;
-    for (int64_t v = 0; v < valid; ++v) m = std::max(m, logits[i * Vl_ + v]);
+    for (int64_t v = 0; v < valid; ++v) m = std::max(m, logits[i * Vl + v]);
     row_max[i] = m;
   }
   tp_allreduce(row_max, BT, ReduceOp::kMax);
 #pragma omp parallel for
   for (int64_t i = 0; i < BT; ++i) {
-    const float* x = logits + i * Vl_;
+    const float* x = logits + i * Vl;
     float sum = 0;
     for (int64_t v = 0; v < valid; ++v) sum += std::exp(x[v] - row_max[i]);
     sums[i] = sum;
     const int64_t target = targets[i] - lo;
-    sums[BT + i] = target >= 0 && target < Vl_ ? x[target] : 0.0f;
+    sums[BT + i] = target >= 0 && target < Vl ? x[target] : 0.0f;
   }
   tp_allreduce(sums, 2 * BT);
 #pragma omp parallel for
   for (int64_t i = 0; i < BT; ++i) {
     losses[i] = std::log(sums[i]) - (sums[BT + i] - row_max[i]);
     if (!dlogits) continue;
-    const float* x = logits + i * Vl_;
-    float* d = dlogits + i * Vl_;
+    const float* x = logits + i * Vl;
+    float* d = dlogits + i * Vl;
     const float norm = dloss / sums[i];
     for (int64_t v = 0; v < valid; ++v) d[v] = std::exp(x[v] - row_max[i]) * norm;
-    for (int64_t v = valid; v < Vl_; ++v) d[v] = 0;
+    for (int64_t v = valid; v < Vl; ++v) d[v] = 0;
     const int64_t target = targets[i] - lo;
-    if (target >= 0 && target < Vl_) d[target] -= dloss;
+    if (target >= 0 && target < Vl) d[target] -= dloss;
   }
 }
 
-void Gpt::forward(const int32_t* inputs, const int32_t* targets, float* dlogits, float dloss) {
+// Forward ops: 0 embedding | 1+2l attention block of layer l | 2+2l MLP block | 2L+1 head.
+// Each op first finishes what the previous op's all-reduce completed.
+std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
   const auto& c = config_;
-  const int64_t B = B_, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
-  const int64_t V = c.vocab, Vl = Vl_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
+  const int64_t L = c.layers, Vl = Vl_;
   const bool first = tp_.rank == 0;  // adds the row-parallel biases (once, before the sum)
-  for (int64_t i = 0; i < BT; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V)
-      throw Error("token out of range [0, " + std::to_string(V) + ") at position " +
-                  std::to_string(i));
-  }
   const Params p = params_at(params_.data());
-  const Acts a = acts_at(acts_.data());
-  if (tp_.size == 1) {
-    k::embedding_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
-  } else {
+  const Acts a = acts_at(lane, lane.acts.data());
+  const int32_t* inputs = lane.inputs;
+  if (k == 0) {
+    if (tp_.size == 1) {
+      k::embedding_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
+      return {nullptr, 0};
+    }
     // Vocab-parallel lookup: rows this rank holds, zeros elsewhere, summed over the TP group;
     // the (replicated) positions are added after the sum.
 #pragma omp parallel for
@@ -350,110 +416,133 @@ void Gpt::forward(const int32_t* inputs, const int32_t* targets, float* dlogits,
       else
         std::memset(out, 0, C * sizeof(float));
     }
-    tp_allreduce(a.encoded, BT * C);
-#pragma omp parallel for
-    for (int64_t i = 0; i < BT; ++i)
-      for (int64_t ch = 0; ch < C; ++ch) a.encoded[i * C + ch] += p.wpe[(i % T) * C + ch];
+    return {a.encoded, BT * C};
   }
-  for (int64_t l = 0; l < c.layers; ++l) {
+  if (k == 2 * L + 1) {  // final LayerNorm, LM head, cross-entropy
+    float* last = a.residual3 + (L - 1) * BT * C;
+    k::residual_forward(last, a.residual2 + (L - 1) * BT * C, a.fcproj + (L - 1) * BT * C, BT * C);
+    k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
+    k::matmul_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
+    const Acts d = acts_at(lane, lane.grad_acts.data());
+    float* dlogits = lane.dloss != 0 ? d.logits : nullptr;
+    if (tp_.size == 1)
+      k::softmax_cross_entropy(a.losses, dlogits, a.logits, lane.targets, BT, c.vocab, Vl,
+                               lane.dloss);
+    else
+      vocab_parallel_cross_entropy(lane, a.losses, dlogits, a.logits);
+    double sum = 0;
+    for (int64_t i = 0; i < BT; ++i) sum += a.losses[i];
+    lane.mean_loss = static_cast<float>(sum / BT);
+    return {nullptr, 0};
+  }
+  const int64_t l = (k - 1) / 2;
+  const int64_t lc = l * BT * C;
+  if (k % 2 == 1) {  // attention block of layer l
+    if (l == 0 && tp_.size > 1) {
+#pragma omp parallel for
+      for (int64_t i = 0; i < BT; ++i)
+        for (int64_t ch = 0; ch < C; ++ch) a.encoded[i * C + ch] += p.wpe[(i % T) * C + ch];
+    }
+    if (l > 0)  // the previous layer's MLP output has been summed
+      k::residual_forward(a.residual3 + (l - 1) * BT * C, a.residual2 + (l - 1) * BT * C,
+                          a.fcproj + (l - 1) * BT * C, BT * C);
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    float* ln1 = a.ln1 + l * BT * C;
-    float* ln1_mean = a.ln1_mean + l * BT;
-    float* ln1_rstd = a.ln1_rstd + l * BT;
+    float* ln1 = a.ln1 + lc;
     float* qkv = a.qkv + l * BT * 3 * Cl;
     float* atty = a.atty + l * BT * Cl;
-    float* preatt = a.preatt + l * B * NHl * T * T;
-    float* att = a.att + l * B * NHl * T * T;
-    float* attproj = a.attproj + l * BT * C;
-    float* residual2 = a.residual2 + l * BT * C;
-    float* ln2 = a.ln2 + l * BT * C;
-    float* ln2_mean = a.ln2_mean + l * BT;
-    float* ln2_rstd = a.ln2_rstd + l * BT;
-    float* fch = a.fch + l * BT * Fl;
-    float* fch_gelu = a.fch_gelu + l * BT * Fl;
-    float* fcproj = a.fcproj + l * BT * C;
-    float* residual3 = a.residual3 + l * BT * C;
-    k::layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, BT, C);
+    const int64_t lh = l * B * NHl * T * T;
+    k::layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + l * C,
+                         p.ln1b + l * C, BT, C);
     k::matmul_forward(qkv, ln1, p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl, BT, C, 3 * Cl);
-    k::attention_forward(atty, preatt, att, qkv, B, T, Cl, NHl);
-    k::matmul_forward(attproj, atty, p.attprojw + l * C * Cl, first ? p.attprojb + l * C : nullptr,
-                      BT, Cl, C);
-    tp_allreduce(attproj, BT * C);  // row-parallel: sum the partial projections
-    k::residual_forward(residual2, residual, attproj, BT * C);
-    k::layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, BT, C);
-    k::matmul_forward(fch, ln2, p.fcw + l * Fl * C, p.fcb + l * Fl, BT, C, Fl);
-    k::gelu_forward(fch_gelu, fch, BT * Fl);
-    k::matmul_forward(fcproj, fch_gelu, p.fcprojw + l * C * Fl, first ? p.fcprojb + l * C : nullptr,
-                      BT, Fl, C);
-    tp_allreduce(fcproj, BT * C);  // row-parallel fc2
-    k::residual_forward(residual3, residual2, fcproj, BT * C);
+    k::attention_forward(atty, a.preatt + lh, a.att + lh, qkv, B, T, Cl, NHl);
+    k::matmul_forward(a.attproj + lc, atty, p.attprojw + l * C * Cl,
+                      first ? p.attprojb + l * C : nullptr, BT, Cl, C);
+    return {tp_.size > 1 ? a.attproj + lc : nullptr, BT * C};  // row-parallel projection
   }
-  const float* last = a.residual3 + (c.layers - 1) * BT * C;
-  k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
-  k::matmul_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
-  if (tp_.size == 1)
-    k::softmax_cross_entropy(a.losses, dlogits, a.logits, targets, BT, V, Vl, dloss);
-  else
-    vocab_parallel_cross_entropy(a.losses, dlogits, a.logits, targets, dloss);
-  double sum = 0;
-  for (int64_t i = 0; i < BT; ++i) sum += a.losses[i];
-  mean_loss_ = static_cast<float>(sum / BT);
+  // MLP block of layer l
+  const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  float* residual2 = a.residual2 + lc;
+  float* ln2 = a.ln2 + lc;
+  float* fch = a.fch + l * BT * Fl;
+  float* fch_gelu = a.fch_gelu + l * BT * Fl;
+  k::residual_forward(residual2, residual, a.attproj + lc, BT * C);
+  k::layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + l * C,
+                       p.ln2b + l * C, BT, C);
+  k::matmul_forward(fch, ln2, p.fcw + l * Fl * C, p.fcb + l * Fl, BT, C, Fl);
+  k::gelu_forward(fch_gelu, fch, BT * Fl);
+  k::matmul_forward(a.fcproj + lc, fch_gelu, p.fcprojw + l * C * Fl,
+                    first ? p.fcprojb + l * C : nullptr, BT, Fl, C);
+  return {tp_.size > 1 ? a.fcproj + lc : nullptr, BT * C};  // row-parallel fc2
 }
 
-void Gpt::backward(const int32_t* inputs) {
+// Backward ops: 0 LM head | 1+2j MLP block of layer L-1-j | 2+2j attention block | 2L+1
+// embedding. Each op first finishes the LayerNorm backward whose input gradient was summed.
+std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   const auto& c = config_;
-  const int64_t B = B_, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
   const int64_t Vl = Vl_, L = c.layers;
+  const bool acc = lane.accumulate;
   const Params p = params_at(params_.data());
   const Params g = params_at(grads_.data());
-  const Acts a = acts_at(acts_.data());
-  const Acts d = acts_at(grad_acts_.data());  // d.logits already holds dloss/dlogits
-  const bool acc = !overwrite_weight_grads_;
-  overwrite_weight_grads_ = false;
-  k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, acc);
-  tp_allreduce(d.lnf, BT * C);  // the LM head is column-parallel over the vocabulary
-  const float* last = a.residual3 + (L - 1) * BT * C;
-  float* dlast = d.residual3 + (L - 1) * BT * C;
-  k::layernorm_backward(dlast, g.lnfw, g.lnfb, d.lnf, last, p.lnfw, a.lnf_mean, a.lnf_rstd, BT, C);
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    float* dresidual = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
-    const int64_t lc = l * BT * C, lf = l * BT * Fl, lq = l * BT * 3 * Cl, la = l * BT * Cl;
-    const int64_t lh = l * B * NHl * T * T;
+  const Acts a = acts_at(lane, lane.acts.data());
+  const Acts d = acts_at(lane, lane.grad_acts.data());  // d.logits holds dloss/dlogits
+  const int32_t* inputs = lane.inputs;
+  if (k == 0) {
+    k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, acc);
+    return {tp_.size > 1 ? d.lnf : nullptr, BT * C};  // vocab-parallel LM head
+  }
+  if (k == 2 * L + 1) {
+    k::layernorm_backward(d.encoded, g.ln1w, g.ln1b, d.ln1, a.encoded, p.ln1w, a.ln1_mean,
+                          a.ln1_rstd, BT, C);
+    if (tp_.size == 1) {
+      k::embedding_backward(g.wte, g.wpe, d.encoded, inputs, B, T, C);
+      return {nullptr, 0};
+    }
+    for (int64_t i = 0; i < BT; ++i) {  // vocab-parallel: only the rows this rank holds
+      const int64_t row = inputs[i] - vocab_offset_;
+      const float* dout = d.encoded + i * C;
+      float* dpos = g.wpe + (i % T) * C;
+      for (int64_t ch = 0; ch < C; ++ch) dpos[ch] += dout[ch];
+      if (row < 0 || row >= Vl) continue;
+      float* drow = g.wte + row * C;
+      for (int64_t ch = 0; ch < C; ++ch) drow[ch] += dout[ch];
+    }
+    return {nullptr, 0};
+  }
+  const int64_t l = L - 1 - (k - 1) / 2;
+  const int64_t lc = l * BT * C, lf = l * BT * Fl, lq = l * BT * 3 * Cl, la = l * BT * Cl;
+  const int64_t lh = l * B * NHl * T * T;
+  if (k % 2 == 1) {  // MLP block of layer l
+    if (l == L - 1) {
+      k::layernorm_backward(d.residual3 + lc, g.lnfw, g.lnfb, d.lnf, a.residual3 + lc, p.lnfw,
+                            a.lnf_mean, a.lnf_rstd, BT, C);
+    } else {  // layer l+1's ln1: its input is this layer's output
+      const int64_t nc = (l + 1) * BT * C;
+      k::layernorm_backward(d.residual3 + lc, g.ln1w + (l + 1) * C, g.ln1b + (l + 1) * C,
+                            d.ln1 + nc, a.residual3 + lc, p.ln1w + (l + 1) * C,
+                            a.ln1_mean + (l + 1) * BT, a.ln1_rstd + (l + 1) * BT, BT, C);
+    }
     k::residual_backward(d.residual2 + lc, d.fcproj + lc, d.residual3 + lc, BT * C);
     k::matmul_backward(d.fch_gelu + lf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + lc,
                        a.fch_gelu + lf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
     k::gelu_backward(d.fch + lf, a.fch + lf, d.fch_gelu + lf, BT * Fl);
     k::matmul_backward(d.ln2 + lc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + lf, a.ln2 + lc,
                        p.fcw + l * Fl * C, BT, C, Fl, acc);
-    tp_allreduce(d.ln2 + lc, BT * C);  // column-parallel fc1: sum the input gradients
-    k::layernorm_backward(d.residual2 + lc, g.ln2w + l * C, g.ln2b + l * C, d.ln2 + lc,
-                          a.residual2 + lc, p.ln2w + l * C, a.ln2_mean + l * BT,
-                          a.ln2_rstd + l * BT, BT, C);
-    k::residual_backward(dresidual, d.attproj + lc, d.residual2 + lc, BT * C);
-    k::matmul_backward(d.atty + la, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + lc,
-                       a.atty + la, p.attprojw + l * C * Cl, BT, Cl, C, acc);
-    k::attention_backward(d.qkv + lq, d.preatt + lh, d.att + lh, d.atty + la, a.qkv + lq,
-                          a.att + lh, B, T, Cl, NHl);
-    k::matmul_backward(d.ln1 + lc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + lq,
-                       a.ln1 + lc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
-    tp_allreduce(d.ln1 + lc, BT * C);  // column-parallel qkv
-    k::layernorm_backward(dresidual, g.ln1w + l * C, g.ln1b + l * C, d.ln1 + lc, residual,
-                          p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, BT, C);
+    return {tp_.size > 1 ? d.ln2 + lc : nullptr, BT * C};  // column-parallel fc1
   }
-  if (tp_.size == 1) {
-    k::embedding_backward(g.wte, g.wpe, d.encoded, inputs, B, T, C);
-    return;
-  }
-  for (int64_t i = 0; i < BT; ++i) {  // vocab-parallel: only the rows this rank holds
-    const int64_t row = inputs[i] - vocab_offset_;
-    const float* dout = d.encoded + i * C;
-    float* dpos = g.wpe + (i % T) * C;
-    for (int64_t ch = 0; ch < C; ++ch) dpos[ch] += dout[ch];
-    if (row < 0 || row >= Vl) continue;
-    float* drow = g.wte + row * C;
-    for (int64_t ch = 0; ch < C; ++ch) drow[ch] += dout[ch];
-  }
+  // Attention block of layer l
+  float* dresidual = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
+  k::layernorm_backward(d.residual2 + lc, g.ln2w + l * C, g.ln2b + l * C, d.ln2 + lc,
+                        a.residual2 + lc, p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT,
+                        BT, C);
+  k::residual_backward(dresidual, d.attproj + lc, d.residual2 + lc, BT * C);
+  k::matmul_backward(d.atty + la, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + lc,
+                     a.atty + la, p.attprojw + l * C * Cl, BT, Cl, C, acc);
+  k::attention_backward(d.qkv + lq, d.preatt + lh, d.att + lh, d.atty + la, a.qkv + lq, a.att + lh,
+                        B, T, Cl, NHl);
+  k::matmul_backward(d.ln1 + lc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + lq,
+                     a.ln1 + lc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
+  return {tp_.size > 1 ? d.ln1 + lc : nullptr, BT * C};  // column-parallel qkv
 }
 
 }  // namespace kt::worker

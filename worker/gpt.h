@@ -49,8 +49,11 @@ struct TensorParallel {
 
 class Gpt {
  public:
+  // `sub_batches` = 2 splits every micro-batch in two halves whose TP all-reduces overlap the
+  // other half's compute (Oases); B must then be even. Results equal sub_batches = 1 up to
+  // floating-point reassociation.
   Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-      TensorParallel tp = {});
+      TensorParallel tp = {}, int sub_batches = 1);
 
   // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
   // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1. A TP rank
@@ -91,26 +94,45 @@ class Gpt {
  private:
   struct Params;  // pointers into params_ (or grads_)
   struct Acts;    // pointers into an activation buffer
+  // One sub-batch in flight: its activations, their gradients, and its pending all-reduce.
+  struct Lane {
+    int64_t B = 0;
+    DeviceBuffer acts, grad_acts;
+    std::vector<float> ce_scratch;  // vocab-parallel cross-entropy: max, sums, target logits
+    const int32_t* inputs = nullptr;
+    const int32_t* targets = nullptr;
+    float dloss = 0;         // d(loss)/d(token loss); 0: forward only
+    bool accumulate = true;  // weight gradients: accumulate (else overwrite)
+    float mean_loss = 0;
+    std::shared_ptr<CommWork> pending;
+  };
   Params params_at(float* base) const;
-  Acts acts_at(float* base) const;
-  void forward(const int32_t* inputs, const int32_t* targets, float* dlogits, float dloss);
-  void backward(const int32_t* inputs);
+  Acts acts_at(const Lane& lane, float* base) const;
+  // The forward and backward passes as sequences of ops; op k of a lane returns the buffer to
+  // all-reduce over the TP group after it (or {nullptr, 0}). Op k+1 of a lane starts only when
+  // that all-reduce is done; with two lanes, one lane's all-reduce runs while the other lane
+  // computes (the Oases schedule).
+  int64_t forward_ops() const { return 2 * config_.layers + 2; }
+  int64_t backward_ops() const { return 2 * config_.layers + 2; }
+  std::pair<float*, int64_t> forward_op(Lane& lane, int64_t k);
+  std::pair<float*, int64_t> backward_op(Lane& lane, int64_t k);
+  void run(int64_t ops, std::pair<float*, int64_t> (Gpt::*op)(Lane&, int64_t));
+  void start(const int32_t* inputs, const int32_t* targets, float dloss);
+  float finish_loss();
   void tp_allreduce(float* data, int64_t count, ReduceOp op = ReduceOp::kSum);
-  void vocab_parallel_cross_entropy(float* losses, float* dlogits, const float* logits,
-                                    const int32_t* targets, float dloss);
+  void vocab_parallel_cross_entropy(Lane& lane, float* losses, float* dlogits, const float* logits);
 
   GptConfig config_;
   int64_t B_, T_;
-  TensorParallel tp_;
-  // Per-rank dims: attention channels C/t, heads NH/t, ffn F/t, vocabulary rows Vp/t.
-  int64_t Cl_, NHl_, Fl_, Vl_, vocab_offset_;
-  std::vector<float> ce_scratch_;  // vocab-parallel cross-entropy: max, sum, target logit
   std::shared_ptr<Device> device_;
+  TensorParallel tp_;
+  int sub_batches_;
+  // Per-rank dims: attention channels C/t, heads NH/t, ffn F/t, vocabulary rows Vp/t.
+  int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_offset_ = 0;
   std::array<int64_t, kNumParamTensors> param_sizes_{};
   int64_t num_params_ = 0;
-  DeviceBuffer params_, grads_, acts_, grad_acts_;
-  std::vector<int32_t> targets_;
-  float mean_loss_ = 0;
+  DeviceBuffer params_, grads_;
+  std::vector<Lane> lanes_;
   bool overwrite_weight_grads_ = false;  // set by zero_grad, cleared by the next backward
 };
 

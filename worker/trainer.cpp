@@ -70,8 +70,11 @@ void check_executable(const api::Plan& plan) {
   if (plan.config.tp * plan.config.dp != plan.world)
     refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
            std::to_string(plan.world));
-  if (plan.config.sub_batches != 1)
-    refuse("the overlapped schedule (2 sub-batches) is not implemented by this worker yet");
+  if (plan.config.sub_batches != 1 &&
+      (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
+    refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
+           std::to_string(plan.config.micro_batch) + ", sub-batches " +
+           std::to_string(plan.config.sub_batches) + ")");
   if (plan.config.recompute != api::Recompute::kNone)
     refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
            " is not implemented by this worker yet");
@@ -124,7 +127,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int dp_rank = groups.dp->rank();
   auto device = Device::cpu();
   Gpt model(GptConfig::from(plan.model), B, T, device,
-            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr});
+            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
+            static_cast<int>(plan.config.sub_batches));
   DeviceBuffer adam_m = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   DeviceBuffer adam_v = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   const auto params = model.parameter_views();

@@ -78,7 +78,8 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
     return static_cast<double>(model.evaluate(inputs.data(), targets.data()));
   };
   const double measured = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
-  EXPECT_NEAR(measured, predicted, 1e-2 * std::fabs(predicted)) << "directional derivative";
+  // 1 % of the derivative, plus the float32 finite-difference floor for small derivatives.
+  EXPECT_NEAR(measured, predicted, 1e-2 * std::fabs(predicted) + 1e-3) << "directional derivative";
 
   // Per tensor: a few coordinates each, where the gradient is not negligible.
   const auto views = model.gradient_views();

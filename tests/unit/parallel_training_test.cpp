@@ -22,7 +22,7 @@ api::Plan plan_for(const std::string& parallelism) {
       "  model: {preset: tiny}\n"
       "  training: {steps: 6, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.003, "
       "warmupSteps: 2, seed: 3}\n"
-      "  parallelism: {overlap: off, " +
+      "  parallelism: {" +
       parallelism + "}\n");
   const auto four_cores = test::inventory_from_yaml(
       "kind: Inventory\nnodes:\n- name: box\n  cpu: {cores: 4}\n  memory: 16Gi\n");
@@ -86,7 +86,7 @@ float logical_at(const std::vector<float>& full, const worker::TensorView& view,
 
 void expect_same_training(const std::string& parallelism) {
   SCOPED_TRACE(parallelism);
-  const Run single = run(plan_for("tensorParallel: 1, dataParallel: 1"));
+  const Run single = run(plan_for("tensorParallel: 1, dataParallel: 1, overlap: off"));
   const api::Plan plan = plan_for(parallelism);
   const Run parallel = run(plan);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());
@@ -118,13 +118,20 @@ void expect_same_training(const std::string& parallelism) {
 }
 
 TEST(ParallelTraining, TensorParallelTwoEqualsOneRank) {
-  expect_same_training("tensorParallel: 2, dataParallel: 1");
+  expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: off");
 }
 TEST(ParallelTraining, DataParallelTwoEqualsOneRank) {
-  expect_same_training("tensorParallel: 1, dataParallel: 2");
+  expect_same_training("tensorParallel: 1, dataParallel: 2, overlap: off");
 }
 TEST(ParallelTraining, TwoByTwoEqualsOneRank) {
-  expect_same_training("tensorParallel: 2, dataParallel: 2");
+  expect_same_training("tensorParallel: 2, dataParallel: 2, overlap: off");
+}
+// The Oases schedule (2 sub-batches, all-reduces issued asynchronously) against one rank.
+TEST(ParallelTraining, OverlappedTensorParallelEqualsOneRank) {
+  expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: on");
+}
+TEST(ParallelTraining, OverlappedTwoByTwoEqualsOneRank) {
+  expect_same_training("tensorParallel: 2, dataParallel: 2, overlap: on");
 }
 
 }  // namespace

@@ -46,10 +46,10 @@ double relative_error(const std::vector<float>& got, const float* want, size_t n
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-void check_tensor_parallel(int t) {
+void check_tensor_parallel(int t, int sub_batches = 1) {
   // 4 heads, ffn 32, vocab 70 padded to 128: divisible by 2 and 4.
   const GptConfig config{16, 70, 128, 2, 4, 16, 32};
-  const int64_t B = 2, T = 6;
+  const int64_t B = 4, T = 6;
   std::mt19937 rng(t * 101);
   std::uniform_int_distribution<int32_t> tok(0, 69);
   std::vector<int32_t> x(B * T), y(B * T);
@@ -70,7 +70,7 @@ void check_tensor_parallel(int t) {
   for (int r = 0; r < t; ++r) {
     threads.emplace_back([&, r] {
       auto comm = group.member(r);
-      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()});
+      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()}, sub_batches);
       part.init_weights(5);
       part.zero_grad();
       losses[r] = part.train_micro_step(x.data(), y.data(), 1.0f);
@@ -93,8 +93,8 @@ void check_tensor_parallel(int t) {
               std::string(" grad ") + worker::kParamNames[i] + " (" + std::to_string(err) + ")";
       }
       const auto stats = comm->stats();
-      // 4 per layer + embedding + LM head + the cross-entropy's max and sums.
-      if (stats.allreduces != 4 * config.layers + 2 + 2)
+      // Per sub-batch: 4 per layer + embedding + LM head, and the cross-entropy's max and sums.
+      if (stats.allreduces != sub_batches * (4 * config.layers + 2 + 2))
         failures[r] += " allreduces=" + std::to_string(stats.allreduces);
     });
   }
@@ -110,6 +110,13 @@ TEST(TensorParallel, TwoRanksEqualOne) {
 }
 TEST(TensorParallel, FourRanksEqualOne) {
   check_tensor_parallel(4);
+}
+// The Oases schedule: two half-batches, each all-reduce issued while the other half computes.
+TEST(TensorParallel, OverlappedTwoSubBatchesEqualOne) {
+  check_tensor_parallel(2, 2);
+}
+TEST(TensorParallel, OverlappedFourRanksEqualOne) {
+  check_tensor_parallel(4, 2);
 }
 
 }  // namespace

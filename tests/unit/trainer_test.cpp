@@ -96,10 +96,6 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_refusal(tiny_plan(10,
-                           "  parallelism: {tensorParallel: 2, overlap: on}\n"
-                           "  resources: {gpusPerNode: 2}\n"),
-                 "overlapped schedule");
   expect_refusal(tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n"),
                  "offload engine");
   expect_refusal(tiny_plan(10, "  parallelism: {recompute: full}\n"), "recompute full");
