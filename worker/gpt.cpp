@@ -49,25 +49,28 @@ struct Gpt::Acts {
 namespace {
 
 // Per-rank activation sizes; Cl = C/t attention channels, NHl heads, Fl ffn units, Vl vocab rows.
+// Lw layers of working set (L, or 1 when recomputing), Lp layers of attproj/fcproj (L, or 1 with
+// full recompute); the layer inputs (encoded, residual3) are always kept for every layer.
 std::array<int64_t, 22> activation_sizes(const GptConfig& c, int64_t B, int64_t T, int64_t Cl,
-                                         int64_t NHl, int64_t Fl, int64_t Vl) {
+                                         int64_t NHl, int64_t Fl, int64_t Vl, int64_t Lw,
+                                         int64_t Lp) {
   const int64_t BT = B * T, L = c.layers, C = c.channels;
   return {BT * C,
-          L * BT * C,
-          L * BT,
-          L * BT,
-          L * BT * 3 * Cl,
-          L * BT * Cl,
-          L * B * NHl * T * T,
-          L * B * NHl * T * T,
-          L * BT * C,
-          L * BT * C,
-          L * BT * C,
-          L * BT,
-          L * BT,
-          L * BT * Fl,
-          L * BT * Fl,
-          L * BT * C,
+          Lw * BT * C,
+          Lw * BT,
+          Lw * BT,
+          Lw * BT * 3 * Cl,
+          Lw * BT * Cl,
+          Lw * B * NHl * T * T,
+          Lw * B * NHl * T * T,
+          Lp * BT * C,
+          Lw * BT * C,
+          Lw * BT * C,
+          Lw * BT,
+          Lw * BT,
+          Lw * BT * Fl,
+          Lw * BT * Fl,
+          Lp * BT * C,
           L * BT * C,
           BT * C,
           BT,
@@ -85,13 +88,14 @@ int64_t total(const std::array<int64_t, 22>& sizes) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-         TensorParallel tp, int sub_batches)
+         TensorParallel tp, int sub_batches, api::Recompute recompute)
     : config_(config),
       B_(B),
       T_(T),
       device_(std::move(device)),
       tp_(tp),
-      sub_batches_(sub_batches) {
+      sub_batches_(sub_batches),
+      recompute_(recompute) {
   const auto& c = config_;
   KT_CHECK(T <= c.max_seq_len, "sequence length exceeds the model's positions");
   KT_CHECK(c.channels % c.heads == 0, "heads must divide channels");
@@ -117,7 +121,8 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   lanes_.resize(sub_batches);
   for (auto& lane : lanes_) {
     lane.B = B / sub_batches;
-    const int64_t acts = total(activation_sizes(c, lane.B, T, Cl_, NHl_, Fl_, Vl_));
+    const int64_t acts =
+        total(activation_sizes(c, lane.B, T, Cl_, NHl_, Fl_, Vl_, slot(1) + 1, proj_slot(1) + 1));
     lane.acts = device_->allocate_floats(acts, MemoryKind::kActivations);
     lane.grad_acts = device_->allocate_floats(acts, MemoryKind::kActivations);
     if (t > 1) lane.ce_scratch.resize(3 * lane.B * T);
@@ -135,7 +140,8 @@ Gpt::Params Gpt::params_at(float* base) const {
 }
 
 Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
-  const auto sizes = activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_);
+  const auto sizes =
+      activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, slot(1) + 1, proj_slot(1) + 1);
   float* a[22];
   for (int i = 0; i < 22; ++i) {
     a[i] = base;
@@ -394,9 +400,8 @@ void Gpt::vocab_parallel_cross_entropy(Lane& lane, float* losses, float* dlogits
 // Each op first finishes what the previous op's all-reduce completed.
 std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
   const auto& c = config_;
-  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels;
   const int64_t L = c.layers, Vl = Vl_;
-  const bool first = tp_.rank == 0;  // adds the row-parallel biases (once, before the sum)
   const Params p = params_at(params_.data());
   const Acts a = acts_at(lane, lane.acts.data());
   const int32_t* inputs = lane.inputs;
@@ -420,7 +425,8 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
   }
   if (k == 2 * L + 1) {  // final LayerNorm, LM head, cross-entropy
     float* last = a.residual3 + (L - 1) * BT * C;
-    k::residual_forward(last, a.residual2 + (L - 1) * BT * C, a.fcproj + (L - 1) * BT * C, BT * C);
+    k::residual_forward(last, a.residual2 + slot(L - 1) * BT * C,
+                        a.fcproj + proj_slot(L - 1) * BT * C, BT * C);
     k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
     k::matmul_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
     const Acts d = acts_at(lane, lane.grad_acts.data());
@@ -436,7 +442,6 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
     return {nullptr, 0};
   }
   const int64_t l = (k - 1) / 2;
-  const int64_t lc = l * BT * C;
   if (k % 2 == 1) {  // attention block of layer l
     if (l == 0 && tp_.size > 1) {
 #pragma omp parallel for
@@ -444,54 +449,78 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
         for (int64_t ch = 0; ch < C; ++ch) a.encoded[i * C + ch] += p.wpe[(i % T) * C + ch];
     }
     if (l > 0)  // the previous layer's MLP output has been summed
-      k::residual_forward(a.residual3 + (l - 1) * BT * C, a.residual2 + (l - 1) * BT * C,
-                          a.fcproj + (l - 1) * BT * C, BT * C);
-    const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    float* ln1 = a.ln1 + lc;
-    float* qkv = a.qkv + l * BT * 3 * Cl;
-    float* atty = a.atty + l * BT * Cl;
-    const int64_t lh = l * B * NHl * T * T;
-    k::layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + l * C,
-                         p.ln1b + l * C, BT, C);
-    k::matmul_forward(qkv, ln1, p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl, BT, C, 3 * Cl);
-    k::attention_forward(atty, a.preatt + lh, a.att + lh, qkv, B, T, Cl, NHl);
-    k::matmul_forward(a.attproj + lc, atty, p.attprojw + l * C * Cl,
-                      first ? p.attprojb + l * C : nullptr, BT, Cl, C);
-    return {tp_.size > 1 ? a.attproj + lc : nullptr, BT * C};  // row-parallel projection
+      k::residual_forward(a.residual3 + (l - 1) * BT * C, a.residual2 + slot(l - 1) * BT * C,
+                          a.fcproj + proj_slot(l - 1) * BT * C, BT * C);
+    return attention_forward_block(lane, l, true);
   }
-  // MLP block of layer l
+  return mlp_forward_block(lane, l, true);
+}
+
+// Layer l's attention block from its input to the (partial) projection; `project` = false skips
+// the projection GEMM (commAware recompute: its summed output was kept).
+std::pair<float*, int64_t> Gpt::attention_forward_block(Lane& lane, int64_t l, bool project) {
+  const auto& c = config_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, NHl = NHl_;
+  const Params p = params_at(params_.data());
+  const Acts a = acts_at(lane, lane.acts.data());
+  const int64_t s = slot(l);
   const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-  float* residual2 = a.residual2 + lc;
-  float* ln2 = a.ln2 + lc;
-  float* fch = a.fch + l * BT * Fl;
-  float* fch_gelu = a.fch_gelu + l * BT * Fl;
-  k::residual_forward(residual2, residual, a.attproj + lc, BT * C);
-  k::layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + l * C,
+  float* ln1 = a.ln1 + s * BT * C;
+  float* qkv = a.qkv + s * BT * 3 * Cl;
+  float* atty = a.atty + s * BT * Cl;
+  const int64_t sh = s * B * NHl * T * T;
+  k::layernorm_forward(ln1, a.ln1_mean + s * BT, a.ln1_rstd + s * BT, residual, p.ln1w + l * C,
+                       p.ln1b + l * C, BT, C);
+  k::matmul_forward(qkv, ln1, p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+  k::attention_forward(atty, a.preatt + sh, a.att + sh, qkv, B, T, Cl, NHl);
+  if (!project) return {nullptr, 0};
+  float* attproj = a.attproj + proj_slot(l) * BT * C;
+  k::matmul_forward(attproj, atty, p.attprojw + l * C * Cl,
+                    tp_.rank == 0 ? p.attprojb + l * C : nullptr, BT, Cl, C);
+  return {tp_.size > 1 ? attproj : nullptr, BT * C};  // row-parallel projection
+}
+
+// Layer l's MLP block from the summed projection to the (partial) fc2 output; `project` = false
+// skips fc2 (commAware recompute).
+std::pair<float*, int64_t> Gpt::mlp_forward_block(Lane& lane, int64_t l, bool project) {
+  const auto& c = config_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Fl = Fl_;
+  const Params p = params_at(params_.data());
+  const Acts a = acts_at(lane, lane.acts.data());
+  const int64_t s = slot(l);
+  const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  float* residual2 = a.residual2 + s * BT * C;
+  float* ln2 = a.ln2 + s * BT * C;
+  float* fch = a.fch + s * BT * Fl;
+  float* fch_gelu = a.fch_gelu + s * BT * Fl;
+  k::residual_forward(residual2, residual, a.attproj + proj_slot(l) * BT * C, BT * C);
+  k::layernorm_forward(ln2, a.ln2_mean + s * BT, a.ln2_rstd + s * BT, residual2, p.ln2w + l * C,
                        p.ln2b + l * C, BT, C);
   k::matmul_forward(fch, ln2, p.fcw + l * Fl * C, p.fcb + l * Fl, BT, C, Fl);
   k::gelu_forward(fch_gelu, fch, BT * Fl);
-  k::matmul_forward(a.fcproj + lc, fch_gelu, p.fcprojw + l * C * Fl,
-                    first ? p.fcprojb + l * C : nullptr, BT, Fl, C);
-  return {tp_.size > 1 ? a.fcproj + lc : nullptr, BT * C};  // row-parallel fc2
+  if (!project) return {nullptr, 0};
+  float* fcproj = a.fcproj + proj_slot(l) * BT * C;
+  k::matmul_forward(fcproj, fch_gelu, p.fcprojw + l * C * Fl,
+                    tp_.rank == 0 ? p.fcprojb + l * C : nullptr, BT, Fl, C);
+  return {tp_.size > 1 ? fcproj : nullptr, BT * C};  // row-parallel fc2
 }
 
-// Backward ops: 0 LM head | 1+2j MLP block of layer L-1-j | 2+2j attention block | 2L+1
-// embedding. Each op first finishes the LayerNorm backward whose input gradient was summed.
+// Backward ops. Without recompute: 0 LM head | 1+2j MLP block of layer L-1-j | 2+2j attention
+// block | 2L+1 embedding. With recompute, each layer is 4 ops: recompute its attention half and
+// its MLP half (full: with their all-reduces), then the MLP and attention backward.
 std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   const auto& c = config_;
-  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
-  const int64_t Vl = Vl_, L = c.layers;
-  const bool acc = lane.accumulate;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Vl = Vl_, L = c.layers;
   const Params p = params_at(params_.data());
   const Params g = params_at(grads_.data());
   const Acts a = acts_at(lane, lane.acts.data());
   const Acts d = acts_at(lane, lane.grad_acts.data());  // d.logits holds dloss/dlogits
   const int32_t* inputs = lane.inputs;
   if (k == 0) {
-    k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, acc);
+    k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, lane.accumulate);
     return {tp_.size > 1 ? d.lnf : nullptr, BT * C};  // vocab-parallel LM head
   }
-  if (k == 2 * L + 1) {
+  if (k == backward_ops() - 1) {
     k::layernorm_backward(d.encoded, g.ln1w, g.ln1b, d.ln1, a.encoded, p.ln1w, a.ln1_mean,
                           a.ln1_rstd, BT, C);
     if (tp_.size == 1) {
@@ -509,40 +538,96 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
     }
     return {nullptr, 0};
   }
-  const int64_t l = L - 1 - (k - 1) / 2;
-  const int64_t lc = l * BT * C, lf = l * BT * Fl, lq = l * BT * 3 * Cl, la = l * BT * Cl;
-  const int64_t lh = l * B * NHl * T * T;
-  if (k % 2 == 1) {  // MLP block of layer l
-    if (l == L - 1) {
-      k::layernorm_backward(d.residual3 + lc, g.lnfw, g.lnfb, d.lnf, a.residual3 + lc, p.lnfw,
-                            a.lnf_mean, a.lnf_rstd, BT, C);
-    } else {  // layer l+1's ln1: its input is this layer's output
-      const int64_t nc = (l + 1) * BT * C;
-      k::layernorm_backward(d.residual3 + lc, g.ln1w + (l + 1) * C, g.ln1b + (l + 1) * C,
-                            d.ln1 + nc, a.residual3 + lc, p.ln1w + (l + 1) * C,
-                            a.ln1_mean + (l + 1) * BT, a.ln1_rstd + (l + 1) * BT, BT, C);
-    }
-    k::residual_backward(d.residual2 + lc, d.fcproj + lc, d.residual3 + lc, BT * C);
-    k::matmul_backward(d.fch_gelu + lf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + lc,
-                       a.fch_gelu + lf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
-    k::gelu_backward(d.fch + lf, a.fch + lf, d.fch_gelu + lf, BT * Fl);
-    k::matmul_backward(d.ln2 + lc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + lf, a.ln2 + lc,
-                       p.fcw + l * Fl * C, BT, C, Fl, acc);
-    return {tp_.size > 1 ? d.ln2 + lc : nullptr, BT * C};  // column-parallel fc1
+  if (recompute_ == api::Recompute::kNone) {
+    const int64_t l = L - 1 - (k - 1) / 2;
+    return layer_backward_op(lane, l, k % 2 == 1, true);
   }
-  // Attention block of layer l
+  const int64_t l = L - 1 - (k - 1) / 4;
+  switch ((k - 1) % 4) {
+    case 0: {
+      // The gradient of this layer's output is finished first: it needs the working set of the
+      // layer above (or the final LayerNorm), which the recompute is about to overwrite.
+      layer_norm_prologue(lane, l);
+      const bool full = recompute_ == api::Recompute::kFull;
+      return attention_forward_block(lane, l, full);
+    }
+    case 1:
+      return mlp_forward_block(lane, l, recompute_ == api::Recompute::kFull);
+    case 2:
+      return layer_backward_op(lane, l, true, false);
+    default:
+      return layer_backward_op(lane, l, false, true);
+  }
+}
+
+// d(layer l's output) = d(input of the layer above through its ln1), or through lnf for the last.
+void Gpt::layer_norm_prologue(Lane& lane, int64_t l) {
+  const auto& c = config_;
+  const int64_t BT = lane.B * T_, C = c.channels, L = c.layers;
+  const Params p = params_at(params_.data());
+  const Params g = params_at(grads_.data());
+  const Acts a = acts_at(lane, lane.acts.data());
+  const Acts d = acts_at(lane, lane.grad_acts.data());
+  const int64_t lc = l * BT * C;
+  if (l == L - 1) {
+    k::layernorm_backward(d.residual3 + lc, g.lnfw, g.lnfb, d.lnf, a.residual3 + lc, p.lnfw,
+                          a.lnf_mean, a.lnf_rstd, BT, C);
+  } else {  // layer l+1's ln1: its input is this layer's output
+    const int64_t s = slot(l + 1);
+    k::layernorm_backward(d.residual3 + lc, g.ln1w + (l + 1) * C, g.ln1b + (l + 1) * C,
+                          d.ln1 + s * BT * C, a.residual3 + lc, p.ln1w + (l + 1) * C,
+                          a.ln1_mean + s * BT, a.ln1_rstd + s * BT, BT, C);
+  }
+  if (recompute_ != api::Recompute::kNone) {
+    // The shared working set's gradients start again from zero for this layer.
+    const auto sizes =
+        activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, 1, proj_slot(1) + 1);
+    float* base = lane.grad_acts.data();
+    for (int i = 0; i < 22; ++i) {
+      const bool working = (i >= 1 && i <= 7) || (i >= 9 && i <= 14) ||
+                           ((i == 8 || i == 15) && recompute_ == api::Recompute::kFull);
+      if (working) std::memset(base, 0, sizes[i] * sizeof(float));
+      base += sizes[i];
+    }
+  }
+}
+
+// The MLP half (`mlp_half`) or the attention half of layer l's backward. The MLP half starts with
+// the output's LayerNorm backward unless a recompute op already did it (`prologue` = false).
+std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool mlp_half,
+                                                  bool prologue) {
+  const auto& c = config_;
+  const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
+  const bool acc = lane.accumulate;
+  const Params p = params_at(params_.data());
+  const Params g = params_at(grads_.data());
+  const Acts a = acts_at(lane, lane.acts.data());
+  const Acts d = acts_at(lane, lane.grad_acts.data());
+  const int64_t s = slot(l), ps = proj_slot(l);
+  const int64_t lc = l * BT * C, sc = s * BT * C, pc = ps * BT * C, sf = s * BT * Fl;
+  const int64_t sq = s * BT * 3 * Cl, sa = s * BT * Cl, sh = s * B * NHl * T * T;
+  if (mlp_half) {
+    if (prologue) layer_norm_prologue(lane, l);
+    k::residual_backward(d.residual2 + sc, d.fcproj + pc, d.residual3 + lc, BT * C);
+    k::matmul_backward(d.fch_gelu + sf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + pc,
+                       a.fch_gelu + sf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
+    k::gelu_backward(d.fch + sf, a.fch + sf, d.fch_gelu + sf, BT * Fl);
+    k::matmul_backward(d.ln2 + sc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + sf, a.ln2 + sc,
+                       p.fcw + l * Fl * C, BT, C, Fl, acc);
+    return {tp_.size > 1 ? d.ln2 + sc : nullptr, BT * C};  // column-parallel fc1
+  }
   float* dresidual = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
-  k::layernorm_backward(d.residual2 + lc, g.ln2w + l * C, g.ln2b + l * C, d.ln2 + lc,
-                        a.residual2 + lc, p.ln2w + l * C, a.ln2_mean + l * BT, a.ln2_rstd + l * BT,
+  k::layernorm_backward(d.residual2 + sc, g.ln2w + l * C, g.ln2b + l * C, d.ln2 + sc,
+                        a.residual2 + sc, p.ln2w + l * C, a.ln2_mean + s * BT, a.ln2_rstd + s * BT,
                         BT, C);
-  k::residual_backward(dresidual, d.attproj + lc, d.residual2 + lc, BT * C);
-  k::matmul_backward(d.atty + la, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + lc,
-                     a.atty + la, p.attprojw + l * C * Cl, BT, Cl, C, acc);
-  k::attention_backward(d.qkv + lq, d.preatt + lh, d.att + lh, d.atty + la, a.qkv + lq, a.att + lh,
+  k::residual_backward(dresidual, d.attproj + pc, d.residual2 + sc, BT * C);
+  k::matmul_backward(d.atty + sa, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + pc,
+                     a.atty + sa, p.attprojw + l * C * Cl, BT, Cl, C, acc);
+  k::attention_backward(d.qkv + sq, d.preatt + sh, d.att + sh, d.atty + sa, a.qkv + sq, a.att + sh,
                         B, T, Cl, NHl);
-  k::matmul_backward(d.ln1 + lc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + lq,
-                     a.ln1 + lc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
-  return {tp_.size > 1 ? d.ln1 + lc : nullptr, BT * C};  // column-parallel qkv
+  k::matmul_backward(d.ln1 + sc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + sq,
+                     a.ln1 + sc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
+  return {tp_.size > 1 ? d.ln1 + sc : nullptr, BT * C};  // column-parallel qkv
 }
 
 }  // namespace kt::worker

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/enums.h"
 #include "api/model.h"
 #include "worker/comm.h"
 #include "worker/device.h"
@@ -52,8 +53,14 @@ class Gpt {
   // `sub_batches` = 2 splits every micro-batch in two halves whose TP all-reduces overlap the
   // other half's compute (Oases); B must then be even. Results equal sub_batches = 1 up to
   // floating-point reassociation.
+  // `recompute`: kNone keeps every layer's activations; kFull keeps each layer's input and
+  // recomputes the layer's forward (with its 2 all-reduces) before its backward; kCommAware also
+  // keeps the post-all-reduce outputs of the attention projection and fc2, so the recompute
+  // needs neither those GEMMs nor any all-reduce (Oases). With recompute, one layer's working
+  // set is shared by all layers.
   Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-      TensorParallel tp = {}, int sub_batches = 1);
+      TensorParallel tp = {}, int sub_batches = 1,
+      api::Recompute recompute = api::Recompute::kNone);
 
   // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
   // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1. A TP rank
@@ -113,7 +120,16 @@ class Gpt {
   // that all-reduce is done; with two lanes, one lane's all-reduce runs while the other lane
   // computes (the Oases schedule).
   int64_t forward_ops() const { return 2 * config_.layers + 2; }
-  int64_t backward_ops() const { return 2 * config_.layers + 2; }
+  int64_t backward_ops() const {
+    return (recompute_ == api::Recompute::kNone ? 2 : 4) * config_.layers + 2;
+  }
+  // Layer l's offset (in layers) into a working-set tensor and into attproj/fcproj.
+  int64_t slot(int64_t l) const { return recompute_ == api::Recompute::kNone ? l : 0; }
+  int64_t proj_slot(int64_t l) const { return recompute_ == api::Recompute::kFull ? 0 : l; }
+  std::pair<float*, int64_t> attention_forward_block(Lane& lane, int64_t l, bool project);
+  std::pair<float*, int64_t> mlp_forward_block(Lane& lane, int64_t l, bool project);
+  std::pair<float*, int64_t> layer_backward_op(Lane& lane, int64_t l, bool mlp_half, bool prologue);
+  void layer_norm_prologue(Lane& lane, int64_t l);
   std::pair<float*, int64_t> forward_op(Lane& lane, int64_t k);
   std::pair<float*, int64_t> backward_op(Lane& lane, int64_t k);
   void run(int64_t ops, std::pair<float*, int64_t> (Gpt::*op)(Lane&, int64_t));
@@ -127,6 +143,7 @@ class Gpt {
   std::shared_ptr<Device> device_;
   TensorParallel tp_;
   int sub_batches_;
+  api::Recompute recompute_;
   // Per-rank dims: attention channels C/t, heads NH/t, ffn F/t, vocabulary rows Vp/t.
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_offset_ = 0;
   std::array<int64_t, kNumParamTensors> param_sizes_{};

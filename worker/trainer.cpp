@@ -75,9 +75,6 @@ void check_executable(const api::Plan& plan) {
     refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
            std::to_string(plan.config.micro_batch) + ", sub-batches " +
            std::to_string(plan.config.sub_batches) + ")");
-  if (plan.config.recompute != api::Recompute::kNone)
-    refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
-           " is not implemented by this worker yet");
   if (plan.config.offload != api::OffloadMode::kNone)
     refuse("offload " + std::string(api::to_string(plan.config.offload)) +
            " needs the offload engine (issue #5)");
@@ -128,7 +125,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   auto device = Device::cpu();
   Gpt model(GptConfig::from(plan.model), B, T, device,
             TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
-            static_cast<int>(plan.config.sub_batches));
+            static_cast<int>(plan.config.sub_batches), plan.config.recompute);
   DeviceBuffer adam_m = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   DeviceBuffer adam_v = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   const auto params = model.parameter_views();

@@ -46,7 +46,7 @@ struct TrainOptions {
 };
 
 // Throws kt::Error saying why this worker cannot execute the plan exactly as written. Ranks of a
-// TP × DP plan are supported; the Oases overlap, recompute and offload are not yet.
+// TP × DP plan, the Oases overlap and every recompute mode are supported; offload is not yet.
 void check_executable(const api::Plan& plan);
 
 // The learning rate at 0-based `step`: linear warmup over warmupSteps to learningRate, then a

@@ -130,6 +130,11 @@ TEST(ParallelTraining, TwoByTwoEqualsOneRank) {
 TEST(ParallelTraining, OverlappedTensorParallelEqualsOneRank) {
   expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: on");
 }
+TEST(ParallelTraining, RecomputeModesEqualOneRank) {
+  expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: off, recompute: full");
+  expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: on, recompute: commAware");
+  expect_same_training("tensorParallel: 1, dataParallel: 2, overlap: off, recompute: full");
+}
 TEST(ParallelTraining, OverlappedTwoByTwoEqualsOneRank) {
   expect_same_training("tensorParallel: 2, dataParallel: 2, overlap: on");
 }

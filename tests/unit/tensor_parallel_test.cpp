@@ -46,7 +46,8 @@ double relative_error(const std::vector<float>& got, const float* want, size_t n
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
-void check_tensor_parallel(int t, int sub_batches = 1) {
+void check_tensor_parallel(int t, int sub_batches = 1,
+                           api::Recompute recompute = api::Recompute::kNone) {
   // 4 heads, ffn 32, vocab 70 padded to 128: divisible by 2 and 4.
   const GptConfig config{16, 70, 128, 2, 4, 16, 32};
   const int64_t B = 4, T = 6;
@@ -70,7 +71,7 @@ void check_tensor_parallel(int t, int sub_batches = 1) {
   for (int r = 0; r < t; ++r) {
     threads.emplace_back([&, r] {
       auto comm = group.member(r);
-      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()}, sub_batches);
+      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()}, sub_batches, recompute);
       part.init_weights(5);
       part.zero_grad();
       losses[r] = part.train_micro_step(x.data(), y.data(), 1.0f);
@@ -93,8 +94,11 @@ void check_tensor_parallel(int t, int sub_batches = 1) {
               std::string(" grad ") + worker::kParamNames[i] + " (" + std::to_string(err) + ")";
       }
       const auto stats = comm->stats();
-      // Per sub-batch: 4 per layer + embedding + LM head, and the cross-entropy's max and sums.
-      if (stats.allreduces != sub_batches * (4 * config.layers + 2 + 2))
+      // Per sub-batch: 4 per layer (6 with full recompute) + embedding + LM head, and the
+      // cross-entropy's max and sums. None with one rank.
+      const int64_t per_layer = recompute == api::Recompute::kFull ? 6 : 4;
+      const int64_t expected = t == 1 ? 0 : sub_batches * (per_layer * config.layers + 2 + 2);
+      if (stats.allreduces != expected)
         failures[r] += " allreduces=" + std::to_string(stats.allreduces);
     });
   }
@@ -117,6 +121,18 @@ TEST(TensorParallel, OverlappedTwoSubBatchesEqualOne) {
 }
 TEST(TensorParallel, OverlappedFourRanksEqualOne) {
   check_tensor_parallel(4, 2);
+}
+// Recomputation: full (re-running the layer's all-reduces) and commAware (keeping the summed
+// projections, so the recompute needs no all-reduce), alone and with TP and the overlap.
+TEST(TensorParallel, FullRecomputeEqualsStoredActivations) {
+  check_tensor_parallel(1, 1, api::Recompute::kFull);
+  check_tensor_parallel(2, 1, api::Recompute::kFull);
+  check_tensor_parallel(2, 2, api::Recompute::kFull);
+}
+TEST(TensorParallel, CommAwareRecomputeEqualsStoredActivations) {
+  check_tensor_parallel(1, 1, api::Recompute::kCommAware);
+  check_tensor_parallel(2, 1, api::Recompute::kCommAware);
+  check_tensor_parallel(4, 2, api::Recompute::kCommAware);
 }
 
 }  // namespace

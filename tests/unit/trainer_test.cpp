@@ -98,7 +98,6 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   };
   expect_refusal(tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n"),
                  "offload engine");
-  expect_refusal(tiny_plan(10, "  parallelism: {recompute: full}\n"), "recompute full");
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   expect_refusal(gpu, "device is cuda");
