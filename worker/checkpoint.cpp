@@ -21,6 +21,7 @@
 #include <stdexcept>
 
 #include "api/error.h"
+#include "api/yaml_json.h"
 #include "worker/safetensors.h"
 
 namespace kt::worker {
@@ -783,6 +784,69 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   rename_path(latest_tmp, root + "/latest");
   sync_dir(root);
   remove_old_checkpoints(root, meta.step, keep);
+  return final_dir;
+}
+
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
+                            const CheckpointTensors& tensors, int keep, const ShardedSave& save) {
+  if (save.shard_count == 1 && save.writes && save.leader && !save.barrier)
+    return save_checkpoint(root, meta, tensors, keep);
+  if (keep < 1) throw Error("checkpoint keep must be at least 1, got " + std::to_string(keep));
+  if (!save.barrier) throw Error("a sharded checkpoint needs a barrier over the job's ranks");
+  const std::string name = step_dir_name(meta.step);
+  // Deterministic (no pid): every rank must find the same directory.
+  const std::string tmp = root + "/" + kTmpPrefix + name + "-sharded";
+  const std::string final_dir = root + "/" + name;
+  char shard_name[64], info_name[64];
+  std::snprintf(shard_name, sizeof shard_name, "rank-%05d.safetensors", save.shard_index);
+  std::snprintf(info_name, sizeof info_name, "rank-%05d.json", save.shard_index);
+  std::error_code ec;
+  if (save.leader) {
+    fs::create_directories(root, ec);
+    if (ec) throw Error("cannot create " + root + ": " + ec.message());
+    fs::remove_all(tmp, ec);
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io("create", tmp);
+    sync_dir(root);
+  }
+  save.barrier();  // the directory exists
+  if (save.writes) {
+    const WrittenFile shard = write_shard(tmp + "/" + shard_name, named_views(tensors));
+    const Json info = {{"bytes", shard.bytes}, {"checksum", shard.sha256}};
+    write_file_synced(tmp + "/" + info_name, info.dump() + "\n");
+  }
+  save.barrier();  // every shard is on disk
+  if (save.leader) {
+    Json files = Json::object();
+    for (int i = 0; i < save.shard_count; ++i) {
+      char shard[64], info[64];
+      std::snprintf(shard, sizeof shard, "rank-%05d.safetensors", i);
+      std::snprintf(info, sizeof info, "rank-%05d.json", i);
+      const std::string info_path = tmp + "/" + info;
+      if (!path_exists(info_path))
+        throw Error("checkpoint " + tmp + ": shard " + shard + " is missing");
+      files[shard] = Json::parse(api::read_file(info_path));
+      fs::remove(info_path, ec);
+    }
+    const Json doc = {{"format", kFormat},
+                      {"step", meta.step},
+                      {"dataCursor", meta.data_cursor},
+                      {"rng", meta.rng},
+                      {"planHash", meta.plan_hash},
+                      {"loss", std::isfinite(meta.loss) ? Json(meta.loss) : Json(nullptr)},
+                      {"extra", meta.extra},
+                      {"checksumAlgorithm", "sha256"},
+                      {"files", files}};
+    write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
+    sync_dir(tmp);
+    publish_dir(tmp, final_dir, root);
+    sync_dir(root);
+    const std::string latest_tmp = root + "/latest.tmp";
+    write_file_synced(latest_tmp, name + "\n");
+    rename_path(latest_tmp, root + "/latest");
+    sync_dir(root);
+    remove_old_checkpoints(root, meta.step, keep);
+  }
+  save.barrier();  // committed
   return final_dir;
 }
 

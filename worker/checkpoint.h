@@ -42,6 +42,22 @@ struct CheckpointTensors {
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
                             const CheckpointTensors& tensors, int keep);
 
+// Several ranks, one checkpoint: the ranks holding distinct slices (the TP ranks of DP group 0)
+// each write their shard, rank-<shard_index>.safetensors with a small rank-<i>.json (bytes,
+// checksum), into one temporary directory on the shared checkpoint volume; after `barrier` the
+// leader (global rank 0) writes metadata.json listing every shard, publishes the directory and
+// replaces `latest`; a second barrier keeps the others from running ahead of the commit. Every
+// rank of the job must call it with the same step. Returns the checkpoint's directory.
+struct ShardedSave {
+  int shard_index = 0;
+  int shard_count = 1;
+  bool writes = true;  // false on DP replicas: their slices are already written
+  bool leader = true;
+  std::function<void()> barrier;  // over all ranks of the job
+};
+std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
+                            const CheckpointTensors& tensors, int keep, const ShardedSave& save);
+
 // Loads the newest valid checkpoint into `tensors` (names and shapes must match; throws
 // kt::Error naming the tensor otherwise). A checkpoint whose checksum or structure is bad is
 // reported on stderr and the previous one is tried. nullopt when there is none.

@@ -108,10 +108,6 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
   if (plan.world > 1 && !options.groups)
     throw Error("a plan of " + std::to_string(plan.world) + " ranks needs its process groups");
-  if (plan.world > 1 && !options.checkpoint_dir.empty())
-    throw Error(
-        "checkpoints of multi-rank plans are not implemented yet; run without "
-        "--checkpoint-dir");
   ProcessGroups single;
   if (!options.groups) {
     single.world = make_single_rank_communicator("world");
@@ -192,8 +188,14 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     meta.plan_hash = plan.plan_hash;
     meta.loss = loss;
     meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}}};
+    ShardedSave sharding;
+    sharding.shard_index = groups.tp->rank();
+    sharding.shard_count = tp;
+    sharding.writes = dp_rank == 0;  // DP replicas hold the same slices
+    sharding.leader = groups.world->rank() == 0;
+    if (plan.world > 1) sharding.barrier = [&] { groups.world->barrier(); };
     const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
-                                            static_cast<int>(plan.checkpoint.keep));
+                                            static_cast<int>(plan.checkpoint.keep), sharding);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
@@ -267,7 +269,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
 
     const int64_t interval = plan.checkpoint.interval_steps;
     const bool last = step + 1 == t.steps;
-    if (g_stop.load()) {
+    // Every rank must stop after the same step (a signal reaches them at different moments,
+    // and a rank that ran one step further would wait forever in its collectives).
+    float stop = g_stop.load() ? 1.0f : 0.0f;
+    if (plan.world > 1) groups.world->allreduce(&stop, 1, ReduceOp::kMax);
+    if (stop > 0) {
       save(step + 1, loss);
       result.interrupted = true;
       log("stopped by signal after step " + std::to_string(step + 1));

@@ -2,8 +2,10 @@
 // (ranks as threads over in-process communicators) give the single-rank run's losses and
 // parameters, step after step, with the same global batch and seed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -29,16 +31,16 @@ api::Plan plan_for(const std::string& parallelism) {
   return planner::best_plan(job, four_cores);
 }
 
-struct Run {
+struct RunResult {
   std::vector<double> losses;
   std::vector<std::vector<worker::TensorView>> params;  // per rank (views copied to storage)
   std::vector<std::vector<std::vector<float>>> values;
 };
 
-Run run(const api::Plan& plan) {
+RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int stop_after = 0) {
   const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
   const int world = tp * dp;
-  Run out;
+  RunResult out;
   out.params.resize(world);
   out.values.resize(world);
   std::vector<std::unique_ptr<test::ThreadGroup>> tp_groups, dp_groups;
@@ -57,6 +59,11 @@ Run run(const api::Plan& plan) {
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
       options.rank = r;
+      options.checkpoint_dir = checkpoint_dir;
+      if (stop_after > 0 && r == world - 1)  // one rank "gets SIGTERM"
+        options.on_step = [stop_after](const worker::StepReport& report) {
+          if (report.step == stop_after) worker::request_stop();
+        };
       options.on_finish = [&, r](const std::vector<worker::TensorView>& params) {
         out.params[r] = params;
         for (const auto& v : params) out.values[r].emplace_back(v.data, v.data + v.numel());
@@ -86,9 +93,9 @@ float logical_at(const std::vector<float>& full, const worker::TensorView& view,
 
 void expect_same_training(const std::string& parallelism) {
   SCOPED_TRACE(parallelism);
-  const Run single = run(plan_for("tensorParallel: 1, dataParallel: 1, overlap: off"));
+  const RunResult single = run(plan_for("tensorParallel: 1, dataParallel: 1, overlap: off"));
   const api::Plan plan = plan_for(parallelism);
-  const Run parallel = run(plan);
+  const RunResult parallel = run(plan);
   ASSERT_EQ(parallel.losses.size(), single.losses.size());
   for (size_t i = 0; i < single.losses.size(); ++i)
     EXPECT_NEAR(parallel.losses[i], single.losses[i], 2e-5 * std::fabs(single.losses[i]))
@@ -115,6 +122,24 @@ void expect_same_training(const std::string& parallelism) {
           << std::sqrt(num / std::max(den, 1e-30)) << ", max abs " << max_abs;
     }
   }
+}
+
+TEST(ParallelTraining, ShardedCheckpointResumesTwoByTwoExactly) {
+  const api::Plan plan = plan_for("tensorParallel: 2, dataParallel: 2, overlap: on");
+  const RunResult straight = run(plan);
+  const std::string dir = ::testing::TempDir() + "kt-sharded-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const RunResult first = run(plan, dir, 3);
+  ASSERT_EQ(first.losses.size(), 3u);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000003/rank-00000.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000003/rank-00001.safetensors"));
+  const RunResult second = run(plan, dir);
+  ASSERT_EQ(first.losses.size() + second.losses.size(), straight.losses.size());
+  for (size_t i = 0; i < straight.losses.size(); ++i) {
+    const double got = i < 3 ? first.losses[i] : second.losses[i - 3];
+    EXPECT_EQ(got, straight.losses[i]) << "step " << i + 1;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ParallelTraining, TensorParallelTwoEqualsOneRank) {
