@@ -1,9 +1,11 @@
-// kubetrain-worker: the pod entry point. `train` runs one rank of a Plan; `export-llmc` writes a
-// checkpoint's weights in llm.c's model format. Exit codes: 0 done, 1 a user-facing error (bad
-// plan, unreadable data), 2 bad usage, 143 stopped by SIGTERM after checkpointing.
+// kubetrain-worker: the pod entry point. `launch` runs a node's ranks; `train` runs one rank of a
+// Plan; `export-llmc` writes a checkpoint's weights in llm.c's model format. Exit codes: 0 done,
+// 1 a user-facing error (bad plan, unreadable data), 2 bad usage, 143 stopped by SIGTERM after
+// checkpointing; `launch` exits with its failed rank's code.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "api/error.h"
@@ -15,6 +17,7 @@
 #include "telemetry/worker_metrics.h"
 #include "worker/checkpoint.h"
 #include "worker/gpt.h"
+#include "worker/launch.h"
 #include "worker/trainer.h"
 
 namespace {
@@ -34,11 +37,18 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
               const std::string& metrics_address, const std::string& init_from, int log_every) {
   const kt::api::Plan plan = load_plan(plan_path);
   kt::worker::check_executable(plan);
+  // Multi-rank plans find their peers through RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+  // (set by `kubetrain-worker launch` or the operator).
+  const auto rendezvous = kt::worker::RendezvousConfig::from_env();
+  if (rendezvous.world_size != plan.world)
+    throw kt::Error("the plan has " + std::to_string(plan.world) + " rank(s) but WORLD_SIZE is " +
+                    std::to_string(rendezvous.world_size) +
+                    (plan.world > 1 ? " (start the ranks with kubetrain-worker launch)" : ""));
 
-  // Metrics: constant labels as DESIGN.md §10 (the operator sets NODE_RANK; rank 0 of world 1).
+  // Metrics: constant labels as DESIGN.md §10 (the operator sets NODE_RANK).
   kt::telemetry::Registry registry({{"job", plan.job_name},
                                     {"namespace", plan.job_namespace},
-                                    {"rank", "0"},
+                                    {"rank", std::to_string(rendezvous.rank)},
                                     {"node_rank", env_or("NODE_RANK", "0")}});
   kt::telemetry::WorkerMetrics metrics(registry);
   metrics.predicted_step_seconds.set(plan.predicted.step_seconds);
@@ -60,10 +70,18 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
       static_cast<long long>(plan.cpu_threads));
   std::fflush(stdout);
 
+  kt::worker::ProcessGroups groups;
+  if (plan.world > 1)
+    groups = kt::worker::connect_process_groups(rendezvous, static_cast<int>(plan.config.tp),
+                                                static_cast<int>(plan.config.dp));
   kt::worker::TrainOptions options;
+  options.groups = plan.world > 1 ? &groups : nullptr;
+  options.rank = rendezvous.rank;
+  if (rendezvous.rank != 0) log_every = 0;  // one progress line per step, from rank 0
   options.checkpoint_dir = checkpoint_dir;
   options.init_from_llmc = init_from;
   options.log_every = log_every;
+  std::map<std::string, kt::worker::CommStats> last_stats;
   options.on_step = [&](const kt::worker::StepReport& r) {
     metrics.steps.inc();
     metrics.step_seconds.observe(r.seconds);
@@ -72,6 +90,16 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.loss.set(r.loss);
     metrics.mfu_ratio.set(r.mfu);
     metrics.optimizer_seconds.with({"cpu"}).inc(r.optimizer_seconds);
+    // Communication: the groups' totals since the last step.
+    for (kt::worker::Communicator* group : {groups.tp.get(), groups.dp.get()}) {
+      if (!group || group->size() == 1) continue;
+      const auto now = group->stats();
+      auto& last = last_stats[group->name()];
+      metrics.comm_seconds.with({group->name()}).inc(now.seconds - last.seconds);
+      metrics.comm_exposed_seconds.with({group->name()})
+          .inc(now.exposed_seconds - last.exposed_seconds);
+      last = now;
+    }
   };
   options.on_checkpoint = [&](int64_t step, double seconds) {
     metrics.checkpoint_seconds.set(seconds);
@@ -116,6 +144,40 @@ int cmd_export_llmc(const std::string& plan_path, const std::string& checkpoint_
   return 0;
 }
 
+// The pod entry: one `train` process per rank of this node (worker/launch.h). The program the
+// ranks run is this binary, or KUBETRAIN_LAUNCH_CHILD (tests put a fake rank there).
+int cmd_launch(const std::string& plan_path, const std::string& checkpoint_dir, int metrics_port,
+               const std::string& metrics_address) {
+  const kt::api::Plan plan = load_plan(plan_path);
+  kt::worker::LaunchOptions options;
+  options.child_program = env_or("KUBETRAIN_LAUNCH_CHILD", "/proc/self/exe");
+  options.child_args = {"train", "--plan", plan_path};
+  if (!checkpoint_dir.empty()) {
+    options.child_args.insert(options.child_args.end(), {"--checkpoint-dir", checkpoint_dir});
+  }
+  // Each rank serves its own metrics on a free local port; the launcher merges them.
+  options.child_args.insert(options.child_args.end(),
+                            {"--metrics-port", "0", "--metrics-address", "127.0.0.1"});
+  options.procs_per_node = static_cast<int>(plan.config.procs_per_node);
+  options.world_size = static_cast<int>(plan.world);
+  const std::string node_rank = env_or("NODE_RANK", "0");
+  try {
+    options.node_rank = std::stoi(node_rank);
+  } catch (const std::exception&) {
+    throw kt::Error("NODE_RANK=" + node_rank + " is not a number");
+  }
+  options.master_addr = env_or("MASTER_ADDR", "127.0.0.1");
+  const std::string master_port = env_or("MASTER_PORT", "29500");
+  try {
+    options.master_port = std::stoi(master_port);
+  } catch (const std::exception&) {
+    throw kt::Error("MASTER_PORT=" + master_port + " is not a number");
+  }
+  options.metrics_port = metrics_port;
+  options.metrics_address = metrics_address;
+  return kt::worker::launch_ranks(options);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,6 +208,15 @@ int main(int argc, char** argv) {
   exp->add_option("--checkpoint-dir", checkpoint_dir, "checkpoint directory")->required();
   exp->add_option("--out", out, "output file (llm.c .bin)")->required();
 
+  CLI::App* launch = app.add_subcommand(
+      "launch", "Run this node's ranks of PLAN (procsPerNode `train` processes; the pod entry)");
+  launch->add_option("--plan", plan_path, "Plan JSON")->required()->check(CLI::ExistingFile);
+  launch->add_option("--checkpoint-dir", checkpoint_dir, "passed to every rank");
+  launch->add_option("--metrics-port", metrics_port,
+                     "serve the ranks' merged /metrics and /healthz on this port (0: any)");
+  launch->add_option("--metrics-address", metrics_address, "address to listen on")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -158,6 +229,7 @@ int main(int argc, char** argv) {
       return cmd_train(plan_path, checkpoint_dir, metrics_port, metrics_address, init_from,
                        log_every);
     if (*exp) return cmd_export_llmc(plan_path, checkpoint_dir, out);
+    if (*launch) return cmd_launch(plan_path, checkpoint_dir, metrics_port, metrics_address);
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());
     return 1;

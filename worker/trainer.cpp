@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <omp.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -102,6 +104,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
                   const std::function<void(const std::string&)>& log) {
   check_executable(plan);
   g_stop.store(false);  // a stop request belongs to one run
+  // The rank's share of the node's cores (the planner's cpuThreads), not every core per rank.
+  omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, plan.cpu_threads)));
   const auto& t = plan.training;
   const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
   const int64_t accum = plan.config.grad_accum;

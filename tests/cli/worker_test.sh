@@ -88,10 +88,18 @@ first_imported=$(grep -m1 '^step ' "$DIR/log3" | sed 's/.*| loss \([0-9.]*\) .*/
 python3 -c "import sys; sys.exit(0 if float('$first_imported') < float('$first') - 1.0 else 1)" ||
   fail "imported weights do not start trained: loss $first_imported"
 
-# A plan this worker cannot execute is refused with a clear message.
+# A plan this worker cannot execute is refused with a clear message; a multi-rank plan started
+# without its ranks says how to start it.
+sed 's/gpusPerNode: 1/gpusPerNode: 1}\n  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5/' "$DIR/job.yaml" > "$DIR/off.yaml"
+"$KT" plan "$DIR/off.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/off.json" || fail "plan offload"
+"$WORKER" train --plan "$DIR/off.json" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -q "cannot execute this plan: offload optimizer needs the offload engine" "$DIR/err" ||
+  fail "offload not refused clearly (rc $rc): $(cat "$DIR/err")"
 sed 's/gpusPerNode: 1/gpusPerNode: 2}\n  parallelism: {tensorParallel: 2/' "$DIR/job.yaml" > "$DIR/tp.yaml"
 "$KT" plan "$DIR/tp.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/tp.json" || fail "plan tp2"
 "$WORKER" train --plan "$DIR/tp.json" > "$DIR/out" 2> "$DIR/err"
 rc=$?
-[[ $rc -eq 1 ]] && grep -q "cannot execute this plan: tp=2" "$DIR/err" || fail "tp=2 not refused clearly (rc $rc): $(cat "$DIR/err")"
+[[ $rc -eq 1 ]] && grep -q "the plan has 2 rank(s) but WORLD_SIZE is 1 (start the ranks with kubetrain-worker launch)" "$DIR/err" ||
+  fail "tp=2 without launch not explained (rc $rc): $(cat "$DIR/err")"
 echo "worker ok: stopped at step $stopped, loss $first -> $last, resumed and finished, llm.c export ok"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Two real ranks through `kubetrain-worker launch`: a TP=2 tiny plan with the Oases overlap trains
+# with a falling loss and one /metrics that shows both ranks (promtool-clean); killing one rank
+# makes launch fail within the timeout, naming the rank.
+set -u
+KT=$1
+WORKER=$2
+DIR=$(mktemp -d)
+PID=
+trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+fail() { echo "FAIL: $*"; tail -20 "$DIR/log" "$DIR/log2" 2>/dev/null; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+cat > "$DIR/job.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: tiny-tp2}
+spec:
+  model: {preset: tiny}
+  training: {steps: 80, globalBatchSize: 8, learningRate: 0.005, warmupSteps: 5, seed: 4}
+  parallelism: {tensorParallel: 2, overlap: on, recompute: commAware}
+YAML
+"$KT" plan "$DIR/job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/plan.json" ||
+  fail "planning"
+METRICS=$(free_port)
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/plan.json" --metrics-port "$METRICS" \
+  > "$DIR/log" 2>&1 &
+PID=$!
+for _ in $(seq 100); do
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$METRICS/metrics', timeout=5).read().decode())" \
+    > "$DIR/metrics" 2>/dev/null || true
+  grep -q 'kubetrain_worker_steps_total{.*rank="1".*} [1-9]' "$DIR/metrics" && break
+  sleep 0.2
+done
+for r in 0 1; do
+  grep -q "^kubetrain_worker_steps_total{job=\"tiny-tp2\",namespace=\"default\",rank=\"$r\"" "$DIR/metrics" ||
+    fail "rank $r missing from the launcher's /metrics: $(head -c 400 "$DIR/metrics")"
+done
+grep -q '^kubetrain_worker_comm_seconds_total{.*group="tp"}' "$DIR/metrics" || fail "no tp comm metric"
+promtool check metrics < "$DIR/metrics" || fail "promtool rejected the merged /metrics"
+wait $PID
+rc=$?
+PID=
+[[ $rc -eq 0 ]] || fail "launch exited $rc"
+first=$(grep -m1 '\[rank 0\] step ' "$DIR/log" | sed 's/.*| loss \([0-9.]*\) .*/\1/')
+last=$(grep '\[rank 0\] step ' "$DIR/log" | tail -1 | sed 's/.*| loss \([0-9.]*\) .*/\1/')
+python3 -c "import sys; sys.exit(0 if float('$last') < float('$first') - 1.0 else 1)" ||
+  fail "loss did not fall: $first -> $last"
+grep -q '\[rank 1\] done: 80 steps' "$DIR/log" || fail "rank 1 did not finish"
+
+# A dead rank: the launcher stops the job and names it.
+sed 's/steps: 80/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
+"$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
+PORT2=$(free_port)
+MASTER_PORT=$PORT2 KUBETRAIN_COMM_TIMEOUT_SECONDS=20 "$WORKER" launch --plan "$DIR/long.json" \
+  > "$DIR/log2" 2>&1 &
+PID=$!
+for _ in $(seq 100); do grep -q '\[rank 0\] step  *5/' "$DIR/log2" && break; sleep 0.1; done
+victim=$(pgrep -P $PID | sort -n | tail -1)  # rank 1: rank 0 hosts the store
+[[ -n $victim ]] || fail "no rank processes"
+start=$(date +%s)
+kill -9 "$victim"
+wait $PID
+rc=$?
+PID=
+elapsed=$(( $(date +%s) - start ))
+[[ $rc -ne 0 ]] || fail "launch exited 0 after a rank was killed"
+grep -q 'kubetrain-worker launch: rank [01] exited' "$DIR/log2" || fail "the dead rank is not named"
+[[ $elapsed -le 45 ]] || fail "launch took ${elapsed}s to notice"
+echo "launch ok: loss $first -> $last; killed rank noticed in ${elapsed}s (exit $rc): $(grep -m1 'launch: rank' "$DIR/log2")"
