@@ -29,6 +29,7 @@ test: build
 bench: build
 	$(BUILD)/bin/bench_planner
 	$(BUILD)/bin/bench_worker
+	$(BUILD)/bin/bench_overlap
 
 clean:
 	rm -rf $(BUILD)
