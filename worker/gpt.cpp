@@ -198,6 +198,20 @@ bool Gpt::sharded(int tensor_index) const {
          tensor_index == 10 || tensor_index == 11 || tensor_index == 12;
 }
 
+std::vector<std::pair<float*, int64_t>> Gpt::layer_gradient_slices(int64_t l) const {
+  // Tensors 2..13 are stacked (L, ...): layer l's slice is the l-th of L equal parts.
+  std::vector<std::pair<float*, int64_t>> out;
+  float* base = grads_.data();
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    if (i >= 2 && i <= 13) {
+      const int64_t per_layer = param_sizes_[i] / config_.layers;
+      out.emplace_back(base + l * per_layer, per_layer);
+    }
+    base += param_sizes_[i];
+  }
+  return out;
+}
+
 bool Gpt::decays(int tensor_index) {
   // wte, wpe, qkvw, attprojw, fcw, fcprojw
   return tensor_index == 0 || tensor_index == 1 || tensor_index == 4 || tensor_index == 6 ||
@@ -523,6 +537,8 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   if (k == backward_ops() - 1) {
     k::layernorm_backward(d.encoded, g.ln1w, g.ln1b, d.ln1, a.encoded, p.ln1w, a.ln1_mean,
                           a.ln1_rstd, BT, C);
+    // Layer 0's last gradients (its ln1) are final once every sub-batch got here.
+    if (&lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(0);
     if (tp_.size == 1) {
       k::embedding_backward(g.wte, g.wpe, d.encoded, inputs, B, T, C);
       return {nullptr, 0};
@@ -578,6 +594,8 @@ void Gpt::layer_norm_prologue(Lane& lane, int64_t l) {
                           d.ln1 + s * BT * C, a.residual3 + lc, p.ln1w + (l + 1) * C,
                           a.ln1_mean + s * BT, a.ln1_rstd + s * BT, BT, C);
   }
+  // Layer l+1's gradients are complete with its ln1 (the last thing its backward computes).
+  if (l < L - 1 && &lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(l + 1);
   if (recompute_ != api::Recompute::kNone) {
     // The shared working set's gradients start again from zero for this layer.
     const auto sizes =

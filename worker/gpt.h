@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,12 @@ class Gpt {
   // Starts a new accumulation: the small tensors are zeroed now; the matmul weights' gradients
   // are overwritten (not accumulated) by the next backward, which saves a 4·P-byte memset.
   void zero_grad();
+  // Called with l once layer l's parameter gradients are final in a train_micro_step (after
+  // every sub-batch's backward through it), so that their data-parallel all-reduce can start
+  // while the backward goes on through the layers below. Empty: no calls.
+  std::function<void(int64_t layer)> on_layer_grads_ready;
+  // The pieces of layer l's gradients (one slice of each stacked per-layer tensor).
+  std::vector<std::pair<float*, int64_t>> layer_gradient_slices(int64_t l) const;
 
   const GptConfig& config() const { return config_; }
   int64_t batch() const { return B_; }

@@ -220,11 +220,27 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
           targets[b * T + i] = batch[b * (T + 1) + i + 1];
         }
       // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the sum below.
+      // Data parallel: during the last micro-batch's backward, each layer's gradients (already
+      // scaled by 1/dp) start their all-reduce as soon as they are final, bucket by bucket,
+      // hidden behind the backward of the layers below.
+      std::vector<std::shared_ptr<CommWork>> buckets;
+      if (dp > 1 && micro == accum - 1)
+        model.on_layer_grads_ready = [&](int64_t layer) {
+          for (const auto& [data, count] : model.layer_gradient_slices(layer))
+            buckets.push_back(groups.dp->allreduce_async(data, count, ReduceOp::kSum));
+        };
       loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
+      model.on_layer_grads_ready = nullptr;
+      if (dp > 1 && micro == accum - 1) {
+        // The embeddings (wte also takes the LM head's gradient) and the final LayerNorm.
+        const auto views = model.gradient_views();
+        for (int i : {0, 1, 14, 15})
+          buckets.push_back(
+              groups.dp->allreduce_async(views[i].data, views[i].numel(), ReduceOp::kSum));
+        for (auto& work : buckets) work->wait();
+      }
     }
     if (dp > 1) {
-      // Data parallel: sum the gradients (already scaled by 1/dp) and the losses over the group.
-      groups.dp->allreduce(model.grads(), static_cast<size_t>(model.num_parameters()));
       float step_loss = static_cast<float>(loss);
       groups.dp->allreduce(&step_loss, 1);
       loss = step_loss / dp;

@@ -48,6 +48,21 @@ python3 -c "import sys; sys.exit(0 if float('$last') < float('$first') - 1.0 els
   fail "loss did not fall: $first -> $last"
 grep -q '\[rank 1\] done: 80 steps' "$DIR/log" || fail "rank 1 did not finish"
 
+# Multi-process equivalence: the same job as one rank and as DP=2 (Gloo, bucketed gradient
+# all-reduce) ends with the TP=2 + overlap + commAware run's loss (printed to 4 decimals).
+tp_final=$(sed -n 's/^\[rank 0\] done: 80 steps, final loss \([0-9.]*\)$/\1/p' "$DIR/log")
+sed 's/parallelism: {.*}/parallelism: {tensorParallel: 1, dataParallel: 1}/; s/tiny-tp2/tiny-one/' \
+  "$DIR/job.yaml" > "$DIR/one.yaml"
+sed 's/parallelism: {.*}/parallelism: {tensorParallel: 1, dataParallel: 2}/; s/tiny-tp2/tiny-dp2/' \
+  "$DIR/job.yaml" > "$DIR/dp.yaml"
+"$KT" plan "$DIR/one.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/one.json"
+"$KT" plan "$DIR/dp.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/dp.json"
+one_final=$("$WORKER" train --plan "$DIR/one.json" --log-every 0 | sed -n 's/^done: 80 steps, final loss \([0-9.]*\)$/\1/p')
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/dp.json" > "$DIR/dp.log" 2>&1 || fail "dp=2 launch"
+dp_final=$(sed -n 's/^\[rank 0\] done: 80 steps, final loss \([0-9.]*\)$/\1/p' "$DIR/dp.log")
+[[ -n $one_final && $one_final == "$tp_final" && $one_final == "$dp_final" ]] ||
+  fail "final losses differ: one rank '$one_final', TP=2 '$tp_final', DP=2 '$dp_final'"
+
 # A dead rank: the launcher stops the job and names it.
 sed 's/steps: 80/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
 "$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
@@ -67,4 +82,4 @@ elapsed=$(( $(date +%s) - start ))
 [[ $rc -ne 0 ]] || fail "launch exited 0 after a rank was killed"
 grep -q 'kubetrain-worker launch: rank [01] exited' "$DIR/log2" || fail "the dead rank is not named"
 [[ $elapsed -le 45 ]] || fail "launch took ${elapsed}s to notice"
-echo "launch ok: loss $first -> $last; killed rank noticed in ${elapsed}s (exit $rc): $(grep -m1 'launch: rank' "$DIR/log2")"
+echo "launch ok: loss $first -> $last (final $one_final for 1 rank, TP=2 and DP=2); killed rank noticed in ${elapsed}s (exit $rc): $(grep -m1 'launch: rank' "$DIR/log2")"
