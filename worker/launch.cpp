@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -257,12 +258,16 @@ int launch_ranks(const LaunchOptions& options) {
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
       throw Error(std::string("cannot create pipes for rank output: ") + std::strerror(errno));
     }
+    const pid_t launcher = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw Error(std::string("cannot start a rank: ") + std::strerror(errno));
     if (pid == 0) {
       // Own process group: a terminal's Ctrl-C reaches only the launcher, which forwards it
       // once, instead of every rank getting it twice.
       ::setpgid(0, 0);
+      // A rank must not outlive its launcher (killed with SIGKILL, it cannot stop them).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);  // it died before prctl
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
       ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
