@@ -740,6 +740,19 @@ LlmcDims read_llmc_header(File& file, const std::string& path) {
   return d;
 }
 
+// metadata.json: the run's state and every shard file with its size and SHA-256.
+Json metadata_document(const CheckpointMeta& meta, const Json& files) {
+  return {{"format", kFormat},
+          {"step", meta.step},
+          {"dataCursor", meta.data_cursor},
+          {"rng", meta.rng},
+          {"planHash", meta.plan_hash},
+          {"loss", std::isfinite(meta.loss) ? Json(meta.loss) : Json(nullptr)},
+          {"extra", meta.extra},
+          {"checksumAlgorithm", "sha256"},
+          {"files", files}};
+}
+
 }  // namespace
 
 // ---- checkpoints --------------------------------------------------------------------------------
@@ -760,16 +773,8 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
     fs::remove_all(tmp, ec);  // left by an earlier failed save of this process
     if (::mkdir(tmp.c_str(), 0755) != 0) throw_io("create", tmp);
     const WrittenFile shard = write_shard(tmp + "/" + kShardName, views);
-    const Json doc = {
-        {"format", kFormat},
-        {"step", meta.step},
-        {"dataCursor", meta.data_cursor},
-        {"rng", meta.rng},
-        {"planHash", meta.plan_hash},
-        {"loss", std::isfinite(meta.loss) ? Json(meta.loss) : Json(nullptr)},
-        {"extra", meta.extra},
-        {"checksumAlgorithm", "sha256"},
-        {"files", {{kShardName, {{"bytes", shard.bytes}, {"checksum", shard.sha256}}}}}};
+    const Json doc = metadata_document(
+        meta, {{kShardName, {{"bytes", shard.bytes}, {"checksum", shard.sha256}}}});
     write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
     sync_dir(tmp);
     publish_dir(tmp, final_dir, root);
@@ -827,15 +832,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
       files[shard] = Json::parse(api::read_file(info_path));
       fs::remove(info_path, ec);
     }
-    const Json doc = {{"format", kFormat},
-                      {"step", meta.step},
-                      {"dataCursor", meta.data_cursor},
-                      {"rng", meta.rng},
-                      {"planHash", meta.plan_hash},
-                      {"loss", std::isfinite(meta.loss) ? Json(meta.loss) : Json(nullptr)},
-                      {"extra", meta.extra},
-                      {"checksumAlgorithm", "sha256"},
-                      {"files", files}};
+    const Json doc = metadata_document(meta, files);
     write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
     sync_dir(tmp);
     publish_dir(tmp, final_dir, root);
