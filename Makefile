@@ -30,6 +30,7 @@ bench: build
 	$(BUILD)/bin/bench_planner
 	$(BUILD)/bin/bench_worker
 	$(BUILD)/bin/bench_overlap
+	$(BUILD)/bin/bench_adamw
 
 clean:
 	rm -rf $(BUILD)
