@@ -740,6 +740,17 @@ LlmcDims read_llmc_header(File& file, const std::string& path) {
   return d;
 }
 
+// The commit point: `latest` names the published checkpoint `name` (write temp, fsync, rename,
+// fsync the root); then the old ones go.
+void commit_latest(const std::string& root, const std::string& name, int64_t step, int keep) {
+  sync_dir(root);
+  const std::string latest_tmp = root + "/latest.tmp";
+  write_file_synced(latest_tmp, name + "\n");
+  rename_path(latest_tmp, root + "/latest");
+  sync_dir(root);
+  remove_old_checkpoints(root, step, keep);
+}
+
 // metadata.json: the run's state and every shard file with its size and SHA-256.
 Json metadata_document(const CheckpointMeta& meta, const Json& files) {
   return {{"format", kFormat},
@@ -782,13 +793,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
     fs::remove_all(tmp, ec);
     throw;
   }
-  sync_dir(root);
-  // The commit point: `latest` names the new checkpoint.
-  const std::string latest_tmp = root + "/latest.tmp";
-  write_file_synced(latest_tmp, name + "\n");
-  rename_path(latest_tmp, root + "/latest");
-  sync_dir(root);
-  remove_old_checkpoints(root, meta.step, keep);
+  commit_latest(root, name, meta.step, keep);
   return final_dir;
 }
 
@@ -836,12 +841,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
     write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
     sync_dir(tmp);
     publish_dir(tmp, final_dir, root);
-    sync_dir(root);
-    const std::string latest_tmp = root + "/latest.tmp";
-    write_file_synced(latest_tmp, name + "\n");
-    rename_path(latest_tmp, root + "/latest");
-    sync_dir(root);
-    remove_old_checkpoints(root, meta.step, keep);
+    commit_latest(root, name, meta.step, keep);
   }
   save.barrier();  // committed
   return final_dir;

@@ -94,7 +94,6 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
       T_(T),
       device_(std::move(device)),
       tp_(tp),
-      sub_batches_(sub_batches),
       recompute_(recompute) {
   const auto& c = config_;
   KT_CHECK(T <= c.max_seq_len, "sequence length exceeds the model's positions");

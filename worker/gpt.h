@@ -149,7 +149,6 @@ class Gpt {
   int64_t B_, T_;
   std::shared_ptr<Device> device_;
   TensorParallel tp_;
-  int sub_batches_;
   api::Recompute recompute_;
   // Per-rank dims: attention channels C/t, heads NH/t, ffn F/t, vocabulary rows Vp/t.
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_offset_ = 0;

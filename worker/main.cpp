@@ -76,7 +76,6 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
                                                 static_cast<int>(plan.config.dp));
   kt::worker::TrainOptions options;
   options.groups = plan.world > 1 ? &groups : nullptr;
-  options.rank = rendezvous.rank;
   if (rendezvous.rank != 0) log_every = 0;  // one progress line per step, from rank 0
   options.checkpoint_dir = checkpoint_dir;
   options.init_from_llmc = init_from;

@@ -42,7 +42,6 @@ struct TrainOptions {
   ProcessGroups* groups = nullptr;
   // Called once at the end with this rank's parameters (for tests and exports).
   std::function<void(const std::vector<TensorView>& params)> on_finish;
-  int rank = 0;  // global rank
 };
 
 // Throws kt::Error saying why this worker cannot execute the plan exactly as written. Ranks of a

@@ -58,7 +58,6 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
       worker::TrainOptions options;
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
-      options.rank = r;
       options.checkpoint_dir = checkpoint_dir;
       if (stop_after > 0 && r == world - 1)  // one rank "gets SIGTERM"
         options.on_step = [stop_after](const worker::StepReport& report) {
