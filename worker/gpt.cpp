@@ -197,16 +197,40 @@ bool Gpt::sharded(int tensor_index) const {
          tensor_index == 10 || tensor_index == 11 || tensor_index == 12;
 }
 
-std::vector<std::pair<float*, int64_t>> Gpt::layer_gradient_slices(int64_t l) const {
+std::vector<Gpt::Slice> Gpt::unit_slices(int64_t unit) const {
   // Tensors 2..13 are stacked (L, ...): layer l's slice is the l-th of L equal parts.
-  std::vector<std::pair<float*, int64_t>> out;
-  float* base = grads_.data();
+  KT_CHECK(unit >= 0 && unit <= config_.layers, "offload unit out of range");
+  std::vector<Slice> out;
+  int64_t offset = 0;
   for (int i = 0; i < kNumParamTensors; ++i) {
-    if (i >= 2 && i <= 13) {
+    const bool layer_tensor = i >= 2 && i <= 13;
+    if (unit == 0 && !layer_tensor) out.push_back({i, offset, param_sizes_[i]});
+    if (unit > 0 && layer_tensor) {
       const int64_t per_layer = param_sizes_[i] / config_.layers;
-      out.emplace_back(base + l * per_layer, per_layer);
+      out.push_back({i, offset + (unit - 1) * per_layer, per_layer});
     }
-    base += param_sizes_[i];
+    offset += param_sizes_[i];
+  }
+  return out;
+}
+
+std::vector<std::pair<float*, int64_t>> Gpt::layer_gradient_slices(int64_t l) const {
+  std::vector<std::pair<float*, int64_t>> out;
+  for (const Slice& s : unit_slices(l + 1)) out.emplace_back(grads_.data() + s.offset, s.count);
+  return out;
+}
+
+std::vector<std::pair<float*, int64_t>> Gpt::layer_checkpoint_slices(int64_t l) const {
+  std::vector<std::pair<float*, int64_t>> out;
+  if (recompute_ == api::Recompute::kNone) return out;
+  for (const Lane& lane : lanes_) {
+    const int64_t BTC = lane.B * T_ * config_.channels;
+    const Acts a = acts_at(lane, lane.acts.data());
+    out.emplace_back(l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC, BTC);
+    if (recompute_ == api::Recompute::kCommAware) {
+      out.emplace_back(a.attproj + proj_slot(l) * BTC, BTC);
+      out.emplace_back(a.fcproj + proj_slot(l) * BTC, BTC);
+    }
   }
   return out;
 }
@@ -295,7 +319,7 @@ void Gpt::zero_grad() {
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
   start(inputs, targets, 0.0f);
-  run(forward_ops(), &Gpt::forward_op);
+  run(false);
   return finish_loss();
 }
 
@@ -311,8 +335,8 @@ float Gpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float
     lane.accumulate = !(overwrite_weight_grads_ && i == 0);
   }
   overwrite_weight_grads_ = false;
-  run(forward_ops(), &Gpt::forward_op);
-  run(backward_ops(), &Gpt::backward_op);
+  run(false);
+  run(true);
   return finish_loss();
 }
 
@@ -337,30 +361,60 @@ float Gpt::finish_loss() {
   return static_cast<float>(sum / B_);
 }
 
-void Gpt::run(int64_t ops, std::pair<float*, int64_t> (Gpt::*op)(Lane&, int64_t)) {
-  if (tp_.size == 1 || lanes_.size() == 1) {
-    for (int64_t k = 0; k < ops; ++k)
-      for (auto& lane : lanes_) {
-        const auto [buffer, count] = (this->*op)(lane, k);
-        if (buffer) tp_allreduce(buffer, count);
-      }
-    return;
-  }
-  // The Oases schedule: A's op k, B's op k, A's op k+1 (once A's all-reduce is done), ...
-  for (int64_t k = 0; k < ops; ++k)
-    for (auto& lane : lanes_) {
-      if (lane.pending) {
-        lane.pending->wait();
-        lane.pending.reset();
-      }
-      const auto [buffer, count] = (this->*op)(lane, k);
-      if (buffer) lane.pending = tp_.group->allreduce_async(buffer, count, ReduceOp::kSum);
-    }
-  for (auto& lane : lanes_)
+int64_t Gpt::op_unit(bool backward, int64_t k) const {
+  const int64_t L = config_.layers;
+  if (!backward) return k == 0 || k == 2 * L + 1 ? 0 : (k - 1) / 2 + 1;
+  const int64_t per_layer = recompute_ == api::Recompute::kNone ? 3 : 5;
+  if (k < 2 || k == backward_ops() - 1) return 0;
+  return L - (k - 2) / per_layer;
+}
+
+void Gpt::run(bool backward) {
+  const int64_t ops = backward ? backward_ops() : forward_ops();
+  auto op = backward ? &Gpt::backward_op : &Gpt::forward_op;
+  // With two lanes and TP, the Oases schedule: A's op k, B's op k, A's op k+1 (once A's
+  // all-reduce is done), ... Otherwise every all-reduce completes before the next op.
+  const bool overlap = tp_.size > 1 && lanes_.size() > 1;
+  auto finish = [](Lane& lane) {
     if (lane.pending) {
       lane.pending->wait();
       lane.pending.reset();
     }
+  };
+  UnitObserver* observer = unit_observer;
+  int64_t previous = -1;
+  for (int64_t k = 0; k < ops; ++k) {
+    const int64_t unit = op_unit(backward, k);
+    const bool changes = unit != previous;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      Lane& lane = lanes_[i];
+      finish(lane);
+      if (observer && changes) {
+        if (i == 0) {
+          if (!backward && previous >= 0) observer->forward_params_done(previous);
+          if (backward)
+            observer->before_backward(unit);
+          else
+            observer->before_forward(unit);
+        }
+        // Every lane's all-reduces of the previous unit are done once the last lane got here.
+        if (!backward && previous >= 0 && i + 1 == lanes_.size())
+          observer->forward_activations_done(previous);
+      }
+      const auto [buffer, count] = (this->*op)(lane, k);
+      if (!buffer) continue;
+      if (overlap)
+        lane.pending = tp_.group->allreduce_async(buffer, count, ReduceOp::kSum);
+      else
+        tp_allreduce(buffer, count);
+    }
+    previous = unit;
+  }
+  for (auto& lane : lanes_) finish(lane);
+  if (observer && !backward) {
+    observer->forward_params_done(previous);
+    observer->forward_activations_done(previous);
+  }
 }
 
 void Gpt::tp_allreduce(float* data, int64_t count, ReduceOp op) {
@@ -518,9 +572,10 @@ std::pair<float*, int64_t> Gpt::mlp_forward_block(Lane& lane, int64_t l, bool pr
   return {tp_.size > 1 ? fcproj : nullptr, BT * C};  // row-parallel fc2
 }
 
-// Backward ops. Without recompute: 0 LM head | 1+2j MLP block of layer L-1-j | 2+2j attention
-// block | 2L+1 embedding. With recompute, each layer is 4 ops: recompute its attention half and
-// its MLP half (full: with their all-reduces), then the MLP and attention backward.
+// Backward ops: 0 LM head | 1 final LayerNorm | per layer l = L-1 … 0: [recompute its attention
+// half, recompute its MLP half,] MLP backward, attention backward, ln1 backward | embedding. Each
+// layer's ops read only that layer's parameters (the offload engine relies on it); the ln1
+// backward is an op of its own because it needs the qkv input gradient summed over the TP group.
 std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   const auto& c = config_;
   const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Vl = Vl_, L = c.layers;
@@ -533,11 +588,13 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
     k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, lane.accumulate);
     return {tp_.size > 1 ? d.lnf : nullptr, BT * C};  // vocab-parallel LM head
   }
+  if (k == 1) {
+    const int64_t last = (L - 1) * BT * C;
+    k::layernorm_backward(d.residual3 + last, g.lnfw, g.lnfb, d.lnf, a.residual3 + last, p.lnfw,
+                          a.lnf_mean, a.lnf_rstd, BT, C);
+    return {nullptr, 0};
+  }
   if (k == backward_ops() - 1) {
-    k::layernorm_backward(d.encoded, g.ln1w, g.ln1b, d.ln1, a.encoded, p.ln1w, a.ln1_mean,
-                          a.ln1_rstd, BT, C);
-    // Layer 0's last gradients (its ln1) are final once every sub-batch got here.
-    if (&lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(0);
     if (tp_.size == 1) {
       k::embedding_backward(g.wte, g.wpe, d.encoded, inputs, B, T, C);
       return {nullptr, 0};
@@ -553,66 +610,56 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
     }
     return {nullptr, 0};
   }
-  if (recompute_ == api::Recompute::kNone) {
-    const int64_t l = L - 1 - (k - 1) / 2;
-    return layer_backward_op(lane, l, k % 2 == 1, true);
-  }
-  const int64_t l = L - 1 - (k - 1) / 4;
-  switch ((k - 1) % 4) {
-    case 0: {
-      // The gradient of this layer's output is finished first: it needs the working set of the
-      // layer above (or the final LayerNorm), which the recompute is about to overwrite.
-      layer_norm_prologue(lane, l);
-      const bool full = recompute_ == api::Recompute::kFull;
+  const bool recomputes = recompute_ != api::Recompute::kNone;
+  const int64_t per_layer = recomputes ? 5 : 3;
+  const int64_t l = L - 1 - (k - 2) / per_layer;
+  int64_t phase = (k - 2) % per_layer;
+  if (recomputes) {
+    const bool full = recompute_ == api::Recompute::kFull;
+    if (phase == 0) {
+      zero_working_set_grads(lane);
       return attention_forward_block(lane, l, full);
     }
-    case 1:
-      return mlp_forward_block(lane, l, recompute_ == api::Recompute::kFull);
-    case 2:
-      return layer_backward_op(lane, l, true, false);
-    default:
-      return layer_backward_op(lane, l, false, true);
+    if (phase == 1) return mlp_forward_block(lane, l, full);
+    phase -= 2;
   }
+  if (phase == 0) return layer_backward_op(lane, l, true);
+  if (phase == 1) return layer_backward_op(lane, l, false);
+  ln1_backward(lane, l);
+  return {nullptr, 0};
 }
 
-// d(layer l's output) = d(input of the layer above through its ln1), or through lnf for the last.
-void Gpt::layer_norm_prologue(Lane& lane, int64_t l) {
-  const auto& c = config_;
-  const int64_t BT = lane.B * T_, C = c.channels, L = c.layers;
+// Layer l's ln1 backward, from the summed gradient of its output into the gradient of its input
+// (the layer below's output, or the embedding). Layer l's gradients are then complete.
+void Gpt::ln1_backward(Lane& lane, int64_t l) {
+  const int64_t BT = lane.B * T_, C = config_.channels;
   const Params p = params_at(params_.data());
   const Params g = params_at(grads_.data());
   const Acts a = acts_at(lane, lane.acts.data());
   const Acts d = acts_at(lane, lane.grad_acts.data());
-  const int64_t lc = l * BT * C;
-  if (l == L - 1) {
-    k::layernorm_backward(d.residual3 + lc, g.lnfw, g.lnfb, d.lnf, a.residual3 + lc, p.lnfw,
-                          a.lnf_mean, a.lnf_rstd, BT, C);
-  } else {  // layer l+1's ln1: its input is this layer's output
-    const int64_t s = slot(l + 1);
-    k::layernorm_backward(d.residual3 + lc, g.ln1w + (l + 1) * C, g.ln1b + (l + 1) * C,
-                          d.ln1 + s * BT * C, a.residual3 + lc, p.ln1w + (l + 1) * C,
-                          a.ln1_mean + s * BT, a.ln1_rstd + s * BT, BT, C);
-  }
-  // Layer l+1's gradients are complete with its ln1 (the last thing its backward computes).
-  if (l < L - 1 && &lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(l + 1);
-  if (recompute_ != api::Recompute::kNone) {
-    // The shared working set's gradients start again from zero for this layer.
-    const auto sizes =
-        activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, 1, proj_slot(1) + 1);
-    float* base = lane.grad_acts.data();
-    for (int i = 0; i < 22; ++i) {
-      const bool working = (i >= 1 && i <= 7) || (i >= 9 && i <= 14) ||
-                           ((i == 8 || i == 15) && recompute_ == api::Recompute::kFull);
-      if (working) std::memset(base, 0, sizes[i] * sizeof(float));
-      base += sizes[i];
-    }
+  const int64_t s = slot(l);
+  const float* input = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  float* dinput = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
+  k::layernorm_backward(dinput, g.ln1w + l * C, g.ln1b + l * C, d.ln1 + s * BT * C, input,
+                        p.ln1w + l * C, a.ln1_mean + s * BT, a.ln1_rstd + s * BT, BT, C);
+  if (&lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(l);
+}
+
+// With recompute, one layer's working set is shared by all layers: its gradients start again
+// from zero for every layer.
+void Gpt::zero_working_set_grads(Lane& lane) {
+  const auto sizes = activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, 1, proj_slot(1) + 1);
+  float* base = lane.grad_acts.data();
+  for (int i = 0; i < 22; ++i) {
+    const bool working = (i >= 1 && i <= 7) || (i >= 9 && i <= 14) ||
+                         ((i == 8 || i == 15) && recompute_ == api::Recompute::kFull);
+    if (working) std::memset(base, 0, sizes[i] * sizeof(float));
+    base += sizes[i];
   }
 }
 
-// The MLP half (`mlp_half`) or the attention half of layer l's backward. The MLP half starts with
-// the output's LayerNorm backward unless a recompute op already did it (`prologue` = false).
-std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool mlp_half,
-                                                  bool prologue) {
+// The MLP half (`mlp_half`) or the attention half of layer l's backward (without its ln1).
+std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool mlp_half) {
   const auto& c = config_;
   const int64_t B = lane.B, T = T_, BT = B * T, C = c.channels, Cl = Cl_, Fl = Fl_, NHl = NHl_;
   const bool acc = lane.accumulate;
@@ -624,7 +671,6 @@ std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool ml
   const int64_t lc = l * BT * C, sc = s * BT * C, pc = ps * BT * C, sf = s * BT * Fl;
   const int64_t sq = s * BT * 3 * Cl, sa = s * BT * Cl, sh = s * B * NHl * T * T;
   if (mlp_half) {
-    if (prologue) layer_norm_prologue(lane, l);
     k::residual_backward(d.residual2 + sc, d.fcproj + pc, d.residual3 + lc, BT * C);
     k::matmul_backward(d.fch_gelu + sf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + pc,
                        a.fch_gelu + sf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);

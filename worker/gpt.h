@@ -82,6 +82,35 @@ class Gpt {
   // every sub-batch's backward through it), so that their data-parallel all-reduce can start
   // while the backward goes on through the layers below. Empty: no calls.
   std::function<void(int64_t layer)> on_layer_grads_ready;
+  // The offload engine's view of the schedule, by offload unit (0: embeddings, wpe and the final
+  // LayerNorm; l + 1: layer l). Every op reads the parameters of exactly one unit. before_*(u)
+  // runs before the first op of unit u in a pass (any sub-batch), after_forward(u) once every
+  // sub-batch's last forward op of u has run and its all-reduce is done, so u's activations are
+  // final. Null: no calls.
+  struct UnitObserver {
+    virtual ~UnitObserver() = default;
+    // Before the first op of unit u in the forward (lane 0 is about to run it).
+    virtual void before_forward(int64_t unit) = 0;
+    // No op of this forward reads unit u's parameters any more (its last op ran on every lane).
+    virtual void forward_params_done(int64_t unit) = 0;
+    // Unit u's activations of this forward are final (every lane's all-reduces done).
+    virtual void forward_activations_done(int64_t unit) = 0;
+    // Before the first op of unit u in the backward.
+    virtual void before_backward(int64_t unit) = 0;
+  };
+  UnitObserver* unit_observer = nullptr;
+  // The slices of layer l's activation checkpoint: what its backward needs from its forward with
+  // recompute (its input; with commAware also its attention projection and fc2 outputs), over
+  // every sub-batch. Empty without recompute.
+  std::vector<std::pair<float*, int64_t>> layer_checkpoint_slices(int64_t l) const;
+  // The pieces of layer l's parameters (one slice of each stacked per-layer tensor), and those of
+  // the embedding unit (wte, wpe, lnfw, lnfb), with the tensor index of each piece.
+  struct Slice {
+    int tensor;
+    int64_t offset;  // floats from the start of the parameter (or gradient) buffer
+    int64_t count;
+  };
+  std::vector<Slice> unit_slices(int64_t unit) const;
   // The pieces of layer l's gradients (one slice of each stacked per-layer tensor).
   std::vector<std::pair<float*, int64_t>> layer_gradient_slices(int64_t l) const;
 
@@ -128,18 +157,21 @@ class Gpt {
   // computes (the Oases schedule).
   int64_t forward_ops() const { return 2 * config_.layers + 2; }
   int64_t backward_ops() const {
-    return (recompute_ == api::Recompute::kNone ? 2 : 4) * config_.layers + 2;
+    return (recompute_ == api::Recompute::kNone ? 3 : 5) * config_.layers + 3;
   }
+  // The offload unit op k of a pass reads (0: embeddings and head, l + 1: layer l).
+  int64_t op_unit(bool backward, int64_t k) const;
   // Layer l's offset (in layers) into a working-set tensor and into attproj/fcproj.
   int64_t slot(int64_t l) const { return recompute_ == api::Recompute::kNone ? l : 0; }
   int64_t proj_slot(int64_t l) const { return recompute_ == api::Recompute::kFull ? 0 : l; }
   std::pair<float*, int64_t> attention_forward_block(Lane& lane, int64_t l, bool project);
   std::pair<float*, int64_t> mlp_forward_block(Lane& lane, int64_t l, bool project);
-  std::pair<float*, int64_t> layer_backward_op(Lane& lane, int64_t l, bool mlp_half, bool prologue);
-  void layer_norm_prologue(Lane& lane, int64_t l);
+  std::pair<float*, int64_t> layer_backward_op(Lane& lane, int64_t l, bool mlp_half);
+  void ln1_backward(Lane& lane, int64_t l);
+  void zero_working_set_grads(Lane& lane);
   std::pair<float*, int64_t> forward_op(Lane& lane, int64_t k);
   std::pair<float*, int64_t> backward_op(Lane& lane, int64_t k);
-  void run(int64_t ops, std::pair<float*, int64_t> (Gpt::*op)(Lane&, int64_t));
+  void run(bool backward);
   void start(const int32_t* inputs, const int32_t* targets, float dloss);
   float finish_loss();
   void tp_allreduce(float* data, int64_t count, ReduceOp op = ReduceOp::kSum);
