@@ -102,8 +102,10 @@ struct Searcher {
           consider(c);
           continue;
         }
-        // Window: resident embeddings, at least one streamed layer.
-        if (k < 1 || k > L) continue;
+        // Window: resident embeddings, at least one streamed layer, and recompute: the window
+        // streams each layer's activation checkpoint, and without recompute there is none (the
+        // worker refuses such a plan).
+        if (k < 1 || k > L || c.recompute == Recompute::kNone) continue;
         c.gpu_units = k;
         const int64_t streamed = L - (k - 1);
         if (space.window) {

@@ -27,6 +27,11 @@ std::shared_ptr<Device> Device::cpu() {
   return device;
 }
 
+std::shared_ptr<Device> Device::host() {
+  static std::shared_ptr<Device> device(new Device("host"));
+  return device;
+}
+
 DeviceBuffer Device::allocate_floats(size_t count, MemoryKind kind) {
   DeviceBuffer buffer;
   const size_t bytes = (count * sizeof(float) + 63) / 64 * 64;

@@ -26,6 +26,9 @@ class DeviceBuffer;
 class Device {
  public:
   static std::shared_ptr<Device> cpu();
+  // Host memory the offload engine keeps state in (pinned memory on CUDA). On the CPU backend it
+  // is the same DRAM as cpu(), tracked apart so that metrics show what the engine moved out.
+  static std::shared_ptr<Device> host();
   const std::string& name() const { return name_; }  // "cpu", later "cuda:0"
 
   DeviceBuffer allocate_floats(size_t count, MemoryKind kind);

@@ -115,6 +115,7 @@ class Gpt {
   std::vector<std::pair<float*, int64_t>> layer_gradient_slices(int64_t l) const;
 
   const GptConfig& config() const { return config_; }
+  const std::shared_ptr<Device>& device() const { return device_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
   int64_t num_parameters() const { return num_params_; }

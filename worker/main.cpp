@@ -88,7 +88,11 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.tokens_per_second.set(r.tokens_per_second);
     metrics.loss.set(r.loss);
     metrics.mfu_ratio.set(r.mfu);
+    // Where AdamW ran: the device ("cpu" on this backend) and the offload engine's host pool.
     metrics.optimizer_seconds.with({"cpu"}).inc(r.optimizer_seconds);
+    metrics.optimizer_seconds.with({"host"}).inc(r.cpu_optimizer_seconds);
+    metrics.transfer_bytes.with({"h2d"}).inc(static_cast<double>(r.h2d_bytes));
+    metrics.transfer_bytes.with({"d2h"}).inc(static_cast<double>(r.d2h_bytes));
     // Communication: the groups' totals since the last step.
     for (kt::worker::Communicator* group : {groups.tp.get(), groups.dp.get()}) {
       if (!group || group->size() == 1) continue;
@@ -104,8 +108,8 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.checkpoint_seconds.set(seconds);
     metrics.last_checkpoint_step.set(static_cast<double>(step));
   };
-  options.on_memory = [&](const std::map<std::string, double>& bytes) {
-    for (const auto& [kind, n] : bytes) metrics.memory_bytes.with({"cpu", kind}).set(n);
+  options.on_memory = [&](const std::string& device, const std::map<std::string, double>& bytes) {
+    for (const auto& [kind, n] : bytes) metrics.memory_bytes.with({device, kind}).set(n);
   };
   kt::worker::install_stop_handlers();
   const auto result = kt::worker::train(plan, options, [](const std::string& line) {

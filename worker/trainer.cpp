@@ -15,6 +15,7 @@
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/gpt.h"
+#include "worker/offload.h"
 
 namespace kt::worker {
 namespace {
@@ -77,9 +78,20 @@ void check_executable(const api::Plan& plan) {
     refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
            std::to_string(plan.config.micro_batch) + ", sub-batches " +
            std::to_string(plan.config.sub_batches) + ")");
-  if (plan.config.offload != api::OffloadMode::kNone)
-    refuse("offload " + std::string(api::to_string(plan.config.offload)) +
-           " needs the offload engine (issue #5)");
+  const int64_t L = plan.model.layers;
+  if (plan.config.offload != api::OffloadMode::kNone &&
+      (plan.config.gpu_units < 0 || plan.config.gpu_units > L + 1))
+    refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
+           std::to_string(L + 1) + "]");
+  if (plan.config.offload == api::OffloadMode::kWindow) {
+    if (plan.config.recompute == api::Recompute::kNone)
+      refuse("window offload streams each layer's activation checkpoint, so it needs recompute "
+             "full or commAware (recompute none keeps every activation on the device)");
+    if (plan.config.gpu_units < 1 || plan.config.gpu_units > L || plan.config.window < 1)
+      refuse("window offload needs the embeddings on the device, at least one streamed layer "
+             "and one slot (gpuUnits " + std::to_string(plan.config.gpu_units) + ", window " +
+             std::to_string(plan.config.window) + ")");
+  }
   if (plan.precision != api::Precision::kFp32)
     refuse("precision " + std::string(api::to_string(plan.precision)) +
            "; the CPU path computes in fp32");
@@ -122,17 +134,17 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   KT_CHECK(groups.tp->size() == tp && groups.dp->size() == dp,
            "process groups do not match the plan");
   const int dp_rank = groups.dp->rank();
+  check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
   Gpt model(GptConfig::from(plan.model), B, T, device,
             TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
             static_cast<int>(plan.config.sub_batches), plan.config.recompute);
-  DeviceBuffer adam_m = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
-  DeviceBuffer adam_v = device->allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  OffloadOptions offload_options;
+  offload_options.record_timeline = static_cast<bool>(options.on_timeline);
+  offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
+  OffloadEngine engine(plan, model, offload_options);
   const auto params = model.parameter_views();
-  const auto grads = model.gradient_views();
-  const auto ms = model.views(adam_m.data());
-  const auto vs = model.views(adam_v.data());
-  const CheckpointTensors ckpt_tensors{params, ms, vs};
+  const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
 
   int64_t start_step = 0;
@@ -157,10 +169,13 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   } else {
     model.init_weights(static_cast<uint64_t>(t.seed));
   }
+  engine.start();
   if (options.on_memory) {
-    std::map<std::string, double> bytes;
-    for (const auto& [kind, n] : device->bytes_in_use()) bytes[to_string(kind)] = n;
-    options.on_memory(bytes);
+    for (const auto& space : {device, Device::host()}) {
+      std::map<std::string, double> bytes;
+      for (const auto& [kind, n] : space->bytes_in_use()) bytes[to_string(kind)] = n;
+      options.on_memory(space->name(), bytes);
+    }
   }
 
   // Data for the next micro-batch is produced on its own stream while the model computes; the
@@ -198,16 +213,23 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     sharding.writes = dp_rank == 0;  // DP replicas hold the same slices
     sharding.leader = groups.world->rank() == 0;
     if (plan.world > 1) sharding.barrier = [&] { groups.world->barrier(); };
-    const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
-                                            static_cast<int>(plan.checkpoint.keep), sharding);
+    std::string dir;
+    engine.with_all_parameters([&] {
+      dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+                            static_cast<int>(plan.checkpoint.keep), sharding);
+    });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
     log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
   };
 
+  model.unit_observer = &engine;
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t h2d_before = engine.h2d_bytes(), d2h_before = engine.d2h_bytes();
+    const double cpu_adam_before = engine.cpu_optimizer_seconds();
+    if (options.on_timeline) engine.clear_timeline();
     model.zero_grad();
     double loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
@@ -222,24 +244,35 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the sum below.
       // Data parallel: during the last micro-batch's backward, each layer's gradients (already
       // scaled by 1/dp) start their all-reduce as soon as they are final, bucket by bucket,
-      // hidden behind the backward of the layers below.
+      // hidden behind the backward of the layers below. The offload engine takes each layer's
+      // gradients once final (streamed layers every micro-batch; they are all-reduced in host
+      // memory by finish_backward).
+      const bool last = micro == accum - 1;
+      engine.begin_micro_batch(micro, accum);
       std::vector<std::shared_ptr<CommWork>> buckets;
-      if (dp > 1 && micro == accum - 1)
-        model.on_layer_grads_ready = [&](int64_t layer) {
+      model.on_layer_grads_ready = [&](int64_t layer) {
+        std::vector<std::shared_ptr<CommWork>> works;
+        if (dp > 1 && last && !engine.streamed(layer + 1))
           for (const auto& [data, count] : model.layer_gradient_slices(layer))
-            buckets.push_back(groups.dp->allreduce_async(data, count, ReduceOp::kSum));
-        };
+            works.push_back(groups.dp->allreduce_async(data, count, ReduceOp::kSum));
+        buckets.insert(buckets.end(), works.begin(), works.end());
+        engine.layer_grads_ready(layer, std::move(works));
+      };
       loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
       model.on_layer_grads_ready = nullptr;
-      if (dp > 1 && micro == accum - 1) {
+      std::vector<std::shared_ptr<CommWork>> embedding_works;
+      if (dp > 1 && last) {
         // The embeddings (wte also takes the LM head's gradient) and the final LayerNorm.
         const auto views = model.gradient_views();
         for (int i : {0, 1, 14, 15})
-          buckets.push_back(
+          embedding_works.push_back(
               groups.dp->allreduce_async(views[i].data, views[i].numel(), ReduceOp::kSum));
-        for (auto& work : buckets) work->wait();
       }
+      engine.embedding_grads_ready(embedding_works);
+      for (auto& work : buckets) work->wait();
+      for (auto& work : embedding_works) work->wait();
     }
+    engine.finish_backward(dp > 1 ? groups.dp.get() : nullptr);
     if (dp > 1) {
       float step_loss = static_cast<float>(loss);
       groups.dp->allreduce(&step_loss, 1);
@@ -247,22 +280,17 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     }
     const auto t_opt = std::chrono::steady_clock::now();
     // Global norm: the slices of sharded tensors summed over the TP group, replicated ones once.
-    float sumsq[2] = {0, 0};  // [sharded, replicated]
-    for (int i = 0; i < kNumParamTensors; ++i)
-      sumsq[model.sharded(i) ? 0 : 1] +=
-          static_cast<float>(kernels::cpu::sum_of_squares(grads[i].data, grads[i].numel()));
-    if (tp > 1) groups.tp->allreduce(&sumsq[0], 1);
-    const double norm = std::sqrt(static_cast<double>(sumsq[0]) + sumsq[1]);
+    double sums[2];
+    engine.sum_of_squares(sums);
+    float sharded_sum = static_cast<float>(sums[0]);
+    if (tp > 1) groups.tp->allreduce(&sharded_sum, 1);
+    const double norm = std::sqrt(static_cast<double>(sharded_sum) + sums[1]);
     kernels::AdamWStep adam;
     adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
     adam.t = step + 1;
     adam.grad_scale =
         t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
-    for (int i = 0; i < kNumParamTensors; ++i) {
-      adam.weight_decay = Gpt::decays(i) ? static_cast<float>(t.weight_decay) : 0.0f;
-      kernels::cpu::adamw_update(params[i].data, grads[i].data, ms[i].data, vs[i].data,
-                                 params[i].numel(), adam);
-    }
+    engine.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
     if (!std::isfinite(loss))
       throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
@@ -276,6 +304,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     r.grad_norm = norm;
     r.seconds = std::chrono::duration<double>(t1 - t0).count();
     r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+    r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
+    r.h2d_bytes = engine.h2d_bytes() - h2d_before;
+    r.d2h_bytes = engine.d2h_bytes() - d2h_before;
     r.tokens = B * T * accum;
     r.tokens_per_second = r.tokens / r.seconds;
     r.mfu = model.flops_per_micro_step() * accum / r.seconds / peak;
@@ -299,10 +330,15 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       log("stopped by signal after step " + std::to_string(step + 1));
       break;
     }
+    if (options.on_timeline) {
+      engine.synchronize();
+      options.on_timeline(step + 1, engine.timeline());
+    }
     if (last || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
   loader.synchronize();
-  if (options.on_finish) options.on_finish(params);
+  model.unit_observer = nullptr;
+  if (options.on_finish) engine.with_all_parameters([&] { options.on_finish(params); });
   return result;
 }
 

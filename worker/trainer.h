@@ -16,6 +16,8 @@
 
 namespace kt::worker {
 
+struct LaneSpan;  // worker/offload.h
+
 // What one optimizer step did, for metrics and logs.
 struct StepReport {
   int64_t step = 0;  // 1-based: steps completed
@@ -27,7 +29,10 @@ struct StepReport {
   int64_t tokens = 0;
   double tokens_per_second = 0;
   double mfu = 0;  // model FLOPs / (seconds · peak of the rank's cores)
-  double optimizer_seconds = 0;
+  double optimizer_seconds = 0;      // AdamW on the device (the compute lane)
+  double cpu_optimizer_seconds = 0;  // AdamW of CPU-updated units on the host pool
+  int64_t h2d_bytes = 0;             // offload engine copies issued in this step
+  int64_t d2h_bytes = 0;
 };
 
 struct TrainOptions {
@@ -36,16 +41,25 @@ struct TrainOptions {
   int log_every = 1;           // print a progress line every N steps
   std::function<void(const StepReport&)> on_step;                       // optional
   std::function<void(int64_t step, double seconds)> on_checkpoint;      // optional
-  std::function<void(const std::map<std::string, double>&)> on_memory;  // bytes by kind
+  // Bytes in use by kind, per memory space ("cpu": the device; "host": the offload engine's).
+  std::function<void(const std::string& device, const std::map<std::string, double>&)> on_memory;
   // This rank's process groups when the plan has more than one rank (kubetrain-worker connects
   // them from MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE; tests may pass in-process ones).
   ProcessGroups* groups = nullptr;
   // Called once at the end with this rank's parameters (for tests and exports).
   std::function<void(const std::vector<TensorView>& params)> on_finish;
+  // The offload engine's per-lane busy timeline of each step (for the benchmark); empty: none.
+  std::function<void(int64_t step, const std::vector<LaneSpan>& spans)> on_timeline;
+  // Host memory this node offers (0: MemAvailable); for tests of the refusal.
+  int64_t host_memory_bytes = 0;
+  // Fill evicted offloaded parameters with NaN, so that a read before they land shows in the
+  // loss (always on in debug builds).
+  bool poison_evicted = false;
 };
 
 // Throws kt::Error saying why this worker cannot execute the plan exactly as written. Ranks of a
-// TP × DP plan, the Oases overlap and every recompute mode are supported; offload is not yet.
+// TP × DP plan, the Oases overlap, every recompute mode and every offload mode are supported on
+// the CPU; window offload needs recompute (it streams activation checkpoints).
 void check_executable(const api::Plan& plan);
 
 // The learning rate at 0-based `step`: linear warmup over warmupSteps to learningRate, then a

@@ -96,8 +96,11 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_refusal(tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n"),
-                 "offload engine");
+  api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
+  window.config.recompute = api::Recompute::kNone;
+  expect_refusal(window, "needs recompute");
+  EXPECT_NO_THROW(worker::check_executable(
+      tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   expect_refusal(gpu, "device is cuda");

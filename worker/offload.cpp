@@ -1,0 +1,441 @@
+#include "worker/offload.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "api/error.h"
+#include "api/quantity.h"
+
+namespace kt::worker {
+
+namespace k = kernels::cpu;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Units updated on the device: all of them without offload, else the plan's first gpuUnits.
+int64_t device_units(const api::Plan& plan) {
+  return plan.config.offload == api::OffloadMode::kNone ? plan.model.layers + 1
+                                                        : plan.config.gpu_units;
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
+int64_t available_host_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+}  // namespace
+
+int64_t offload_host_bytes(const api::Plan& plan) {
+  // Per rank: master + gradient copy of every CPU-updated unit, and the activation checkpoints of
+  // the streamed layers (per the model's layout: Gpt::layer_checkpoint_slices); the AdamW
+  // moments of every unit when anything is offloaded.
+  if (plan.config.offload == api::OffloadMode::kNone) return 0;
+  const auto& m = plan.model;
+  const int64_t t = plan.config.tp, C = m.hidden, F = m.ffn_hidden;
+  const int64_t layer = (4 * C * C + 2 * C * F + 3 * C + F) / t + 6 * C;
+  const int64_t embedding = m.padded_vocab() / t * C + m.seq_len * C + 2 * C;
+  const int64_t L = m.layers, gpu_units = plan.config.gpu_units;
+  const int64_t cpu_layers = std::min(L, L + 1 - gpu_units);
+  const int64_t cpu_floats = cpu_layers * layer + (gpu_units == 0 ? embedding : 0);
+  const int64_t all_floats = L * layer + embedding;
+  int64_t floats = 2 * cpu_floats + 2 * all_floats;
+  if (plan.config.offload == api::OffloadMode::kWindow) {
+    const int64_t BTC = plan.config.micro_batch * m.seq_len * C;
+    const int64_t per_layer = plan.config.recompute == api::Recompute::kCommAware ? 3 * BTC : BTC;
+    floats += cpu_layers * per_layer;
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+void check_host_memory(const api::Plan& plan, int64_t available_bytes) {
+  if (plan.config.offload == api::OffloadMode::kNone) return;
+  if (available_bytes <= 0) available_bytes = available_host_bytes();
+  if (available_bytes <= 0) return;  // cannot tell: let the allocation decide
+  const int64_t per_rank = offload_host_bytes(plan);
+  // On the CPU backend the "device" memory is host memory as well.
+  const double device = plan.device == api::DeviceKind::kCpu ? plan.predicted.memory.total() : 0;
+  const double needed =
+      static_cast<double>(plan.config.procs_per_node) * (static_cast<double>(per_rank) + device);
+  if (needed > static_cast<double>(available_bytes))
+    throw Error("cannot execute this plan: offload " +
+                std::string(api::to_string(plan.config.offload)) + " needs " +
+                api::format_bytes(needed) + " of host memory on this node (" +
+                std::to_string(plan.config.procs_per_node) + " rank(s) × " +
+                api::format_bytes(static_cast<double>(per_rank)) +
+                " of master weights, AdamW moments, gradient copies and activation checkpoints" +
+                (device > 0 ? " + " + api::format_bytes(device) + " of CPU-device memory" : "") +
+                "), but only " + api::format_bytes(static_cast<double>(available_bytes)) +
+                " is available (MemAvailable); lower spec.parallelism.gpuUpdateFraction's "
+                "complement or use more nodes");
+}
+
+OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, OffloadOptions options)
+    : model_(model), options_(options), host_(Device::host()), epoch_(Clock::now()) {
+  const int64_t L = model.config().layers;
+  const auto mode = plan.config.offload;
+  const int64_t gpu_units = device_units(plan);
+  KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpuUnits out of range");
+  const bool window = mode == api::OffloadMode::kWindow;
+  KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");
+  units_.resize(L + 1);
+  first_streamed_ = window ? gpu_units : L + 1;
+  num_streamed_ = L + 1 - first_streamed_;
+  slots_ = window ? std::min<int64_t>(plan.config.window, num_streamed_) : 0;
+  KT_CHECK(!window || slots_ >= 1, "a window needs at least one slot");
+  for (int64_t u = 0; u <= L; ++u) {
+    Unit& unit = units_[u];
+    unit.slices = model.unit_slices(u);
+    for (const auto& s : unit.slices) unit.floats += s.count;
+    unit.cpu = u >= gpu_units;
+    unit.streamed = window && u >= first_streamed_;
+    if (unit.cpu) {
+      unit.master = host_->allocate_floats(unit.floats, MemoryKind::kParams);
+      unit.grads = host_->allocate_floats(unit.floats, MemoryKind::kGrads);
+    }
+    if (unit.streamed) {
+      unit.stream_index = u - first_streamed_;
+      int64_t floats = 0;
+      for (const auto& [data, count] : model.layer_checkpoint_slices(u - 1)) floats += count;
+      KT_CHECK(floats > 0, "window offload streams activation checkpoints: it needs recompute");
+      unit.checkpoint = host_->allocate_floats(floats, MemoryKind::kActivations);
+    }
+  }
+  Device& moments = mode == api::OffloadMode::kNone ? *model.device() : *host_;
+  m_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  v_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+}
+
+OffloadEngine::~OffloadEngine() {
+  try {
+    synchronize();
+  } catch (...) {  // a failed lane has already been reported by whoever synchronized first
+  }
+}
+
+void OffloadEngine::start() {
+  synchronize();
+  float* device = model_.params();
+  for (auto& unit : units_) {
+    if (!unit.cpu) continue;
+    float* master = unit.master.data();
+    for (const auto& s : unit.slices) {
+      std::memcpy(master, device + s.offset, s.count * sizeof(float));
+      master += s.count;
+    }
+    unit.residency = Residency::kResident;
+  }
+  for (int64_t i = slots_; i < num_streamed_; ++i) evict(streamed_unit(i));
+}
+
+void OffloadEngine::span(const std::string& lane, const std::string& what, Clock::time_point start) {
+  if (!options_.record_timeline) return;
+  std::lock_guard lock(timeline_mutex_);
+  timeline_.push_back({lane, what, seconds_between(epoch_, start), seconds_between(epoch_, Clock::now())});
+}
+
+std::vector<LaneSpan> OffloadEngine::timeline() const {
+  std::lock_guard lock(timeline_mutex_);
+  return timeline_;
+}
+
+void OffloadEngine::clear_timeline() {
+  std::lock_guard lock(timeline_mutex_);
+  timeline_.clear();
+}
+
+void OffloadEngine::evict(int64_t u) {
+  Unit& unit = units_[u];
+  KT_CHECK(unit.streamed && unit.residency == Residency::kResident,
+           "only a resident streamed layer can leave its slot");
+  unit.residency = Residency::kEvicted;
+  if (!options_.poison_evicted) return;
+  float* device = model_.params();
+  for (const auto& s : unit.slices)
+    std::fill(device + s.offset, device + s.offset + s.count,
+              std::numeric_limits<float>::quiet_NaN());
+}
+
+void OffloadEngine::fetch(int64_t u) {
+  Unit& unit = units_[u];
+  KT_CHECK(unit.streamed && unit.residency == Residency::kEvicted,
+           "fetching a layer that is not evicted");
+  unit.residency = Residency::kFetching;
+  h2d_.wait(unit.updated);  // last step's CPU AdamW of this layer
+  h2d_.enqueue([this, u] {
+    const auto t0 = Clock::now();
+    const Unit& unit = units_[u];
+    const float* master = unit.master.data();
+    float* device = model_.params();
+    for (const auto& s : unit.slices) {
+      std::memcpy(device + s.offset, master, s.count * sizeof(float));
+      master += s.count;
+    }
+    span("h2d", "params L" + std::to_string(u - 1), t0);
+  });
+  h2d_bytes_ += unit.floats * static_cast<int64_t>(sizeof(float));
+  unit.landed = h2d_.record();
+}
+
+void OffloadEngine::wait_landed(int64_t u, const char* pass) {
+  Unit& unit = units_[u];
+  if (unit.residency == Residency::kEvicted)
+    check_failed("residency", __FILE__, __LINE__,
+                 "offload unit " + std::to_string(u) + " is read in the " + pass +
+                     " while its parameters are not on the device");
+  unit.landed.synchronize();
+  unit.residency = Residency::kResident;
+}
+
+void OffloadEngine::begin_micro_batch(int64_t micro, int64_t micro_batches) {
+  micro_ = micro;
+  micro_batches_ = micro_batches;
+}
+
+void OffloadEngine::before_forward(int64_t u) {
+  wait_landed(u, "forward");
+  compute_start_ = Clock::now();
+}
+
+void OffloadEngine::forward_params_done(int64_t u) {
+  span("compute", "fwd " + (u == 0 ? std::string("emb/head") : "L" + std::to_string(u - 1)),
+       compute_start_);
+  const Unit& unit = units_[u];
+  // The last `slots` streamed layers stay for the backward; the others free their slot for the
+  // layer `slots` further up.
+  if (!unit.streamed || unit.stream_index >= num_streamed_ - slots_) return;
+  evict(u);
+  fetch(streamed_unit(unit.stream_index + slots_));
+}
+
+void OffloadEngine::forward_activations_done(int64_t u) {
+  Unit& unit = units_[u];
+  if (!unit.streamed) return;
+  auto slices = model_.layer_checkpoint_slices(u - 1);
+  d2h_bytes_ += unit.checkpoint.size() * sizeof(float);
+  d2h_.enqueue([this, u, slices] {
+    const auto t0 = Clock::now();
+    float* host = units_[u].checkpoint.data();
+    for (const auto& [data, count] : slices) {
+      std::memcpy(host, data, count * sizeof(float));
+      host += count;
+    }
+    span("d2h", "ckpt L" + std::to_string(u - 1), t0);
+  });
+  unit.checkpoint_home = d2h_.record();
+  unit.has_checkpoint_back = false;
+}
+
+void OffloadEngine::copy_checkpoint_back(int64_t u) {
+  Unit& unit = units_[u];
+  if (!unit.streamed || unit.has_checkpoint_back) return;
+  auto slices = model_.layer_checkpoint_slices(u - 1);
+  h2d_.wait(unit.checkpoint_home);
+  h2d_bytes_ += unit.checkpoint.size() * sizeof(float);
+  h2d_.enqueue([this, u, slices] {
+    const auto t0 = Clock::now();
+    const float* host = units_[u].checkpoint.data();
+    for (const auto& [data, count] : slices) {
+      std::memcpy(data, host, count * sizeof(float));
+      host += count;
+    }
+    span("h2d", "ckpt L" + std::to_string(u - 1), t0);
+  });
+  unit.checkpoint_back = h2d_.record();
+  unit.has_checkpoint_back = true;
+}
+
+void OffloadEngine::before_backward(int64_t u) {
+  if (units_[u].streamed) {
+    copy_checkpoint_back(u);
+    // The next layer down's checkpoint travels while this layer computes.
+    if (u - 1 >= first_streamed_) copy_checkpoint_back(u - 1);
+    units_[u].checkpoint_back.synchronize();
+  }
+  wait_landed(u, "backward");
+  compute_start_ = Clock::now();
+}
+
+void OffloadEngine::copy_grads_home(int64_t u, std::vector<std::shared_ptr<CommWork>> dp_work) {
+  Unit& unit = units_[u];
+  // Streamed layers send every micro-batch's gradients and accumulate them in host memory; the
+  // device copy is zeroed for the next micro-batch to accumulate into.
+  const bool accumulate = unit.streamed && micro_ > 0;
+  const bool zero_after = unit.streamed;
+  d2h_.enqueue([this, u, dp_work = std::move(dp_work), accumulate, zero_after] {
+    for (const auto& work : dp_work) work->wait();
+    const auto t0 = Clock::now();
+    const Unit& unit = units_[u];
+    float* host = unit.grads.data();
+    float* device = model_.grads();
+    for (const auto& s : unit.slices) {
+      float* src = device + s.offset;
+      if (accumulate)
+        for (int64_t i = 0; i < s.count; ++i) host[i] += src[i];
+      else
+        std::memcpy(host, src, s.count * sizeof(float));
+      if (zero_after) std::memset(src, 0, s.count * sizeof(float));
+      host += s.count;
+    }
+    span("d2h", "grads " + (u == 0 ? std::string("emb") : "L" + std::to_string(u - 1)), t0);
+  });
+  d2h_bytes_ += unit.floats * static_cast<int64_t>(sizeof(float));
+  unit.grads_home = d2h_.record();
+}
+
+void OffloadEngine::layer_grads_ready(int64_t layer, std::vector<std::shared_ptr<CommWork>> dp_work) {
+  const int64_t u = layer + 1;
+  span("compute", "bwd L" + std::to_string(layer), compute_start_);
+  Unit& unit = units_[u];
+  const bool last = micro_ + 1 == micro_batches_;
+  if (unit.streamed) {
+    KT_CHECK(dp_work.empty(), "streamed layers are all-reduced in host memory");
+    copy_grads_home(u, {});
+    // The first `slots` streamed layers stay for the next forward; the others give their slot
+    // to the layer `slots` further down, once their gradients have left it.
+    if (unit.stream_index >= slots_) {
+      evict(u);
+      h2d_.wait(unit.grads_home);
+      fetch(streamed_unit(unit.stream_index - slots_));
+    }
+  } else if (unit.cpu && last) {
+    copy_grads_home(u, std::move(dp_work));
+  }
+  compute_start_ = Clock::now();
+}
+
+void OffloadEngine::embedding_grads_ready(std::vector<std::shared_ptr<CommWork>> dp_work) {
+  if (units_[0].cpu && micro_ + 1 == micro_batches_) copy_grads_home(0, std::move(dp_work));
+}
+
+void OffloadEngine::finish_backward(Communicator* dp) {
+  d2h_.synchronize();
+  if (!dp || dp->size() == 1) return;
+  for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
+    dp->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
+}
+
+void OffloadEngine::sum_of_squares(double out[2]) const {
+  out[0] = out[1] = 0;
+  const float* device = model_.grads();
+  for (const auto& unit : units_) {
+    const float* host = unit.cpu ? unit.grads.data() : nullptr;
+    for (const auto& s : unit.slices) {
+      const float* g = host ? host : device + s.offset;
+      out[model_.sharded(s.tensor) ? 0 : 1] += k::sum_of_squares(g, s.count);
+      if (host) host += s.count;
+    }
+  }
+}
+
+void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
+  auto for_tensor = [&](int tensor) {
+    kernels::AdamWStep s = step;
+    s.weight_decay = Gpt::decays(tensor) ? weight_decay : 0.0f;
+    return s;
+  };
+  // Device units, on the compute lane.
+  const auto t0 = Clock::now();
+  float* params = model_.params();
+  float* grads = model_.grads();
+  for (const auto& unit : units_) {
+    if (unit.cpu) continue;
+    for (const auto& s : unit.slices)
+      k::adamw_update(params + s.offset, grads + s.offset, m_.data() + s.offset,
+                      v_.data() + s.offset, s.count, for_tensor(s.tensor));
+  }
+  device_seconds_ += seconds_between(t0, Clock::now());
+  span("compute", "adam device", t0);
+
+  // CPU units in the order the next forward needs them; each tile's new parameters go back to
+  // the device while the pool computes the next tile.
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    Unit& unit = units_[u];
+    if (!unit.cpu) continue;
+    // A streamed layer outside the slots is fetched by the next forward's prefetch.
+    const bool on_device = !unit.streamed || unit.residency != Residency::kEvicted;
+    int64_t position = 0;  // in the unit's host blocks
+    for (const auto& s : unit.slices) {
+      for (int64_t begin = 0; begin < s.count; begin += options_.tile_floats) {
+        const int64_t n = std::min(options_.tile_floats, s.count - begin);
+        const int64_t host_at = position + begin, model_at = s.offset + begin;
+        const kernels::AdamWStep tile_step = for_tensor(s.tensor);
+        cpu_.enqueue([this, u, host_at, model_at, n, tile_step] {
+          const auto t1 = Clock::now();
+          Unit& unit = units_[u];
+          k::adamw_update(unit.master.data() + host_at, unit.grads.data() + host_at,
+                          m_.data() + model_at, v_.data() + model_at, n, tile_step);
+          const double seconds = seconds_between(t1, Clock::now());
+          cpu_seconds_.fetch_add(seconds);
+          span("cpu-optimizer", "adam L" + std::to_string(u - 1), t1);
+        });
+        if (!on_device) continue;
+        h2d_.wait(cpu_.record());
+        h2d_bytes_ += n * static_cast<int64_t>(sizeof(float));
+        h2d_.enqueue([this, u, host_at, model_at, n] {
+          const auto t1 = Clock::now();
+          std::memcpy(model_.params() + model_at, units_[u].master.data() + host_at,
+                      n * sizeof(float));
+          span("h2d", "params L" + std::to_string(u - 1), t1);
+        });
+      }
+      position += s.count;
+    }
+    unit.updated = cpu_.record();
+    if (on_device) {
+      unit.landed = h2d_.record();
+      unit.residency = Residency::kFetching;
+    }
+  }
+}
+
+void OffloadEngine::synchronize() {
+  cpu_.synchronize();
+  d2h_.synchronize();
+  h2d_.synchronize();
+  for (auto& unit : units_)
+    if (unit.residency == Residency::kFetching) unit.residency = Residency::kResident;
+}
+
+void OffloadEngine::with_all_parameters(const std::function<void()>& fn) {
+  synchronize();
+  std::vector<int64_t> evicted;
+  float* device = model_.params();
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    Unit& unit = units_[u];
+    if (unit.residency != Residency::kEvicted) continue;
+    const float* master = unit.master.data();
+    for (const auto& s : unit.slices) {
+      std::memcpy(device + s.offset, master, s.count * sizeof(float));
+      master += s.count;
+    }
+    unit.residency = Residency::kResident;
+    evicted.push_back(u);
+  }
+  struct Restore {
+    OffloadEngine* engine;
+    std::vector<int64_t>& units;
+    ~Restore() {
+      for (int64_t u : units) engine->evict(u);
+    }
+  } restore{this, evicted};
+  fn();
+}
+
+}  // namespace kt::worker

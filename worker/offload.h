@@ -1,0 +1,168 @@
+// The optimizer step and the offload engine of one rank (SynergyScale, STRONGHOLD, ZeRO-Offload;
+// DESIGN.md §1, §7). The model's parameters form offload units — unit 0 the embeddings (wte,
+// wpe) and the final LayerNorm, unit l + 1 transformer layer l — and the Plan says, per unit,
+// where its AdamW runs and whether its parameters stay on the device:
+//   * none:      every unit resident and updated on the device;
+//   * optimizer: units [0, gpuUnits) updated on the device; the rest keep fp32 master weights,
+//                AdamW moments and a gradient copy in host memory: their gradients go device→host
+//                once final (after the DP all-reduce), CPU AdamW updates them, and the new
+//                parameters go host→device before the next forward reads them;
+//   * window:    as optimizer, and the CPU-updated layers ("streamed") keep no parameters on the
+//                device: they pass through a ring of W device slots, fetched ahead of use in the
+//                forward and the backward; their activation checkpoints and gradients leave the
+//                device after every micro-batch (gradients accumulate in host memory).
+// Four lanes with events between them: compute (the caller's thread), host→device, device→host
+// and the CPU optimizer pool. No op reads a unit before its parameters have landed: the engine
+// waits for the landing event, and a streamed layer read while evicted fails a KT_CHECK (with
+// `poison_evicted`, its device copy is NaN while evicted, so a missed wait shows in the loss).
+//
+// On the CPU backend the device is host memory too, so every copy is host-to-host; the model
+// keeps its llm.c-layout buffers and the window's W slots are enforced as a residency ring over
+// them (docs/WORKER.md says what the CUDA backend changes). The AdamW moments of every unit live
+// in one llm.c-layout buffer — on the device without offload, in host memory with it — which is
+// what checkpoints save.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/plan.h"
+#include "kernels/ops.h"
+#include "worker/comm.h"
+#include "worker/device.h"
+#include "worker/gpt.h"
+#include "worker/tensor_view.h"
+
+namespace kt::worker {
+
+// Host bytes the engine allocates for a plan on one rank (master weights, gradient copies and
+// activation checkpoints of offloaded units, and the AdamW moments), from the plan alone.
+int64_t offload_host_bytes(const api::Plan& plan);
+
+// Throws kt::Error before anything is allocated when the ranks of this node would need more
+// host memory than `available_bytes` (MemAvailable when 0).
+void check_host_memory(const api::Plan& plan, int64_t available_bytes = 0);
+
+struct OffloadOptions {
+#ifdef NDEBUG
+  bool poison_evicted = false;
+#else
+  bool poison_evicted = true;
+#endif
+  int64_t tile_floats = 1 << 18;  // CPU AdamW tile: its copy overlaps the next tile's math
+  bool record_timeline = false;
+};
+
+// One busy interval of a lane, seconds since the engine started.
+struct LaneSpan {
+  std::string lane;  // compute | h2d | d2h | cpu-optimizer
+  std::string what;  // "fwd L3", "params L3", "adam L3", ...
+  double start = 0, end = 0;
+};
+
+class OffloadEngine final : public Gpt::UnitObserver {
+ public:
+  OffloadEngine(const api::Plan& plan, Gpt& model, OffloadOptions options = {});
+  ~OffloadEngine() override;
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
+
+  // AdamW moments in llm.c's layout (views for checkpoints).
+  std::vector<TensorView> adam_m_views() const { return model_.views(m_.data()); }
+  std::vector<TensorView> adam_v_views() const { return model_.views(v_.data()); }
+
+  // After the model's parameters were initialised or loaded: take the master copies and leave
+  // only the window's first W streamed layers on the device.
+  void start();
+
+  bool cpu_updated(int64_t unit) const { return units_[unit].cpu; }
+  bool streamed(int64_t unit) const { return units_[unit].streamed; }
+
+  // Micro-batch protocol, from the trainer: begin_micro_batch, the model's forward and backward
+  // (which call the UnitObserver hooks), layer_grads_ready(l) from Gpt::on_layer_grads_ready
+  // with the DP all-reduces started for that layer, embedding_grads_ready after the backward,
+  // then after the last micro-batch finish_backward.
+  void begin_micro_batch(int64_t micro, int64_t micro_batches);
+  void layer_grads_ready(int64_t layer, std::vector<std::shared_ptr<CommWork>> dp_work);
+  void embedding_grads_ready(std::vector<std::shared_ptr<CommWork>> dp_work);
+  // Waits for every gradient to be home; all-reduces the streamed layers' host gradients over
+  // `dp` (null: none), in layer order on this thread so that every rank issues the same order.
+  void finish_backward(Communicator* dp);
+
+  // Σ g² of this rank's gradients: [0] over tensors split across TP ranks, [1] over replicated.
+  void sum_of_squares(double out[2]) const;
+  // AdamW on every unit with `step` (per-tensor weight decay from Gpt::decays): device units now,
+  // CPU units on the optimizer pool with their new parameters streaming back tile by tile.
+  // Returns without waiting for the CPU units; the next forward waits per unit.
+  void update(kernels::AdamWStep step, float weight_decay);
+
+  // Waits for every lane (before a checkpoint or the end of training).
+  void synchronize();
+  // Runs `fn` with every parameter's current value on the device (streamed layers' masters are
+  // copied in for the call and evicted again): for checkpoints and exports.
+  void with_all_parameters(const std::function<void()>& fn);
+
+  // Bytes moved since the engine started, and seconds of AdamW by where it ran.
+  int64_t h2d_bytes() const { return h2d_bytes_.load(); }
+  int64_t d2h_bytes() const { return d2h_bytes_.load(); }
+  double cpu_optimizer_seconds() const { return cpu_seconds_.load(); }
+  double device_optimizer_seconds() const { return device_seconds_; }
+  std::vector<LaneSpan> timeline() const;
+  void clear_timeline();
+
+  // UnitObserver
+  void before_forward(int64_t unit) override;
+  void forward_params_done(int64_t unit) override;
+  void forward_activations_done(int64_t unit) override;
+  void before_backward(int64_t unit) override;
+
+ private:
+  enum class Residency { kResident, kFetching, kEvicted };
+  struct Unit {
+    std::vector<Gpt::Slice> slices;
+    int64_t floats = 0;
+    bool cpu = false;       // AdamW on the host
+    bool streamed = false;  // window: parameters only in host memory between uses
+    int64_t stream_index = -1;  // position among streamed layers
+    DeviceBuffer master, grads;  // host: fp32 master weights and gradient copy (cpu units)
+    DeviceBuffer checkpoint;     // host: activation checkpoint (streamed layers)
+    Residency residency = Residency::kResident;
+    Event landed;      // parameters on the device
+    Event grads_home;  // gradients copied to the host
+    Event updated;     // CPU AdamW done
+    Event checkpoint_home, checkpoint_back;
+    bool has_checkpoint_back = false;
+  };
+
+  void fetch(int64_t unit);   // host→device of a streamed layer's master
+  void evict(int64_t unit);   // frees its slot
+  void wait_landed(int64_t unit, const char* pass);
+  void copy_grads_home(int64_t unit, std::vector<std::shared_ptr<CommWork>> dp_work);
+  void copy_checkpoint_back(int64_t layer);
+  int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
+  void span(const std::string& lane, const std::string& what,
+            std::chrono::steady_clock::time_point start);
+
+  Gpt& model_;
+  OffloadOptions options_;
+  std::vector<Unit> units_;
+  int64_t first_streamed_ = 0, num_streamed_ = 0, slots_ = 0;
+  int64_t micro_ = 0, micro_batches_ = 1;
+  DeviceBuffer m_, v_;
+  std::shared_ptr<Device> host_;
+  std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
+  std::atomic<double> cpu_seconds_{0};
+  double device_seconds_ = 0;
+  std::chrono::steady_clock::time_point epoch_;
+  mutable std::mutex timeline_mutex_;
+  std::vector<LaneSpan> timeline_;
+  std::chrono::steady_clock::time_point compute_start_;
+  // Declared last: destroyed first, so queued work finishes while the buffers above still exist.
+  Stream h2d_{"h2d"}, d2h_{"d2h"}, cpu_{"cpu-optimizer"};
+};
+
+}  // namespace kt::worker
