@@ -120,8 +120,7 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   lanes_.resize(sub_batches);
   for (auto& lane : lanes_) {
     lane.B = B / sub_batches;
-    const int64_t acts =
-        total(activation_sizes(c, lane.B, T, Cl_, NHl_, Fl_, Vl_, slot(1) + 1, proj_slot(1) + 1));
+    const int64_t acts = total(lane_activation_sizes(lane));
     lane.acts = device_->allocate_floats(acts, MemoryKind::kActivations);
     lane.grad_acts = device_->allocate_floats(acts, MemoryKind::kActivations);
     if (t > 1) lane.ce_scratch.resize(3 * lane.B * T);
@@ -138,9 +137,16 @@ Gpt::Params Gpt::params_at(float* base) const {
           p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15]};
 }
 
+// One lane's activation layout: L layers of working set without recompute (else 1), L layers of
+// attproj/fcproj unless full recompute (else 1).
+std::array<int64_t, 22> Gpt::lane_activation_sizes(const Lane& lane) const {
+  const int64_t last = config_.layers - 1;
+  return activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, slot(last) + 1,
+                          proj_slot(last) + 1);
+}
+
 Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
-  const auto sizes =
-      activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, slot(1) + 1, proj_slot(1) + 1);
+  const auto sizes = lane_activation_sizes(lane);
   float* a[22];
   for (int i = 0; i < 22; ++i) {
     a[i] = base;
@@ -648,7 +654,7 @@ void Gpt::ln1_backward(Lane& lane, int64_t l) {
 // With recompute, one layer's working set is shared by all layers: its gradients start again
 // from zero for every layer.
 void Gpt::zero_working_set_grads(Lane& lane) {
-  const auto sizes = activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, 1, proj_slot(1) + 1);
+  const auto sizes = lane_activation_sizes(lane);
   float* base = lane.grad_acts.data();
   for (int i = 0; i < 22; ++i) {
     const bool working = (i >= 1 && i <= 7) || (i >= 9 && i <= 14) ||

@@ -152,6 +152,7 @@ class Gpt {
   };
   Params params_at(float* base) const;
   Acts acts_at(const Lane& lane, float* base) const;
+  std::array<int64_t, 22> lane_activation_sizes(const Lane& lane) const;
   // The forward and backward passes as sequences of ops; op k of a lane returns the buffer to
   // all-reduce over the TP group after it (or {nullptr, 0}). Op k+1 of a lane starts only when
   // that all-reduce is done; with two lanes, one lane's all-reduce runs while the other lane

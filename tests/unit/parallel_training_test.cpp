@@ -1,6 +1,8 @@
-// Data and tensor parallelism through the whole training loop: TP=2, DP=2 and TP=2 × DP=2 runs
-// (ranks as threads over in-process communicators) give the single-rank run's losses and
-// parameters, step after step, with the same global batch and seed.
+// Data and tensor parallelism and the offload engine through the whole training loop: TP=2,
+// DP=2 and TP=2 × DP=2 runs (ranks as threads over in-process communicators), and optimizer and
+// window offload, give the single-rank, all-on-device run's losses and parameters, step after
+// step, with the same global batch and seed; the offload engine moves exactly the bytes the
+// planner predicts.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,15 +15,21 @@
 #include "test_util.h"
 #include "thread_comm.h"
 #include "worker/gpt.h"
+#include "worker/offload.h"
 #include "worker/trainer.h"
 
 namespace kt {
 namespace {
 
-api::Plan plan_for(const std::string& parallelism) {
+constexpr const char* kTiny = "preset: tiny";
+// Four layers, so that a window of 1 or 2 slots streams several layers.
+constexpr const char* kFourLayers =
+    "layers: 4, hidden: 64, heads: 4, ffnHidden: 256, vocab: 256, seqLen: 32";
+
+api::Plan plan_for(const std::string& parallelism, const std::string& model = kTiny) {
   const auto job = test::job_from_yaml(
       "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: par}\nspec:\n"
-      "  model: {preset: tiny}\n"
+      "  model: {" + model + "}\n"
       "  training: {steps: 6, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.003, "
       "warmupSteps: 2, seed: 3}\n"
       "  parallelism: {" +
@@ -35,6 +43,7 @@ struct RunResult {
   std::vector<double> losses;
   std::vector<std::vector<worker::TensorView>> params;  // per rank (views copied to storage)
   std::vector<std::vector<std::vector<float>>> values;
+  std::vector<int64_t> transfer_bytes;  // rank 0's offload copies per step, both directions
 };
 
 RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int stop_after = 0) {
@@ -59,10 +68,12 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
       options.checkpoint_dir = checkpoint_dir;
-      if (stop_after > 0 && r == world - 1)  // one rank "gets SIGTERM"
-        options.on_step = [stop_after](const worker::StepReport& report) {
-          if (report.step == stop_after) worker::request_stop();
-        };
+      options.poison_evicted = true;  // a read before the parameters landed shows as NaN
+      options.on_step = [&, r, stop_after](const worker::StepReport& report) {
+        if (r == 0) out.transfer_bytes.push_back(report.h2d_bytes + report.d2h_bytes);
+        // one rank "gets SIGTERM"
+        if (stop_after > 0 && r == world - 1 && report.step == stop_after) worker::request_stop();
+      };
       options.on_finish = [&, r](const std::vector<worker::TensorView>& params) {
         out.params[r] = params;
         for (const auto& v : params) out.values[r].emplace_back(v.data, v.data + v.numel());
@@ -90,12 +101,12 @@ float logical_at(const std::vector<float>& full, const worker::TensorView& view,
   return full[src];
 }
 
-void expect_same_training(const std::string& parallelism) {
-  SCOPED_TRACE(parallelism);
-  const RunResult single = run(plan_for("tensorParallel: 1, dataParallel: 1, overlap: off"));
-  const api::Plan plan = plan_for(parallelism);
+RunResult expect_same_training(const api::Plan& plan, const std::string& model = kTiny) {
+  const RunResult single =
+      run(plan_for("tensorParallel: 1, dataParallel: 1, overlap: off", model));
   const RunResult parallel = run(plan);
-  ASSERT_EQ(parallel.losses.size(), single.losses.size());
+  EXPECT_EQ(parallel.losses.size(), single.losses.size());
+  if (parallel.losses.size() != single.losses.size()) return parallel;
   for (size_t i = 0; i < single.losses.size(); ++i)
     EXPECT_NEAR(parallel.losses[i], single.losses[i], 2e-5 * std::fabs(single.losses[i]))
         << "step " << i + 1;
@@ -121,6 +132,12 @@ void expect_same_training(const std::string& parallelism) {
           << std::sqrt(num / std::max(den, 1e-30)) << ", max abs " << max_abs;
     }
   }
+  return parallel;
+}
+
+RunResult expect_same_training(const std::string& parallelism, const std::string& model = kTiny) {
+  SCOPED_TRACE(parallelism);
+  return expect_same_training(plan_for(parallelism, model), model);
 }
 
 TEST(ParallelTraining, ShardedCheckpointResumesTwoByTwoExactly) {
@@ -161,6 +178,133 @@ TEST(ParallelTraining, RecomputeModesEqualOneRank) {
 }
 TEST(ParallelTraining, OverlappedTwoByTwoEqualsOneRank) {
   expect_same_training("tensorParallel: 2, dataParallel: 2, overlap: on");
+}
+
+// ---- the offload engine ---------------------------------------------------------------------
+
+// Copies per step by hand (per rank, fp32 = 4 bytes): optimizer offload sends each CPU-updated
+// parameter's gradient down and its new value up once per step; a window of W slots over S
+// streamed layers, per micro-batch, fetches S − W layers in the forward and again in the backward,
+// sends S layers' gradients down and S activation checkpoints down and up, and per step fetches
+// the W layers left in the slots again after the CPU update.
+struct Dims {
+  int64_t L, C, F, Vp, T, t;
+  int64_t layer() const { return (4 * C * C + 2 * C * F + 3 * C + F) / t + 6 * C; }
+  int64_t embedding() const { return Vp / t * C + T * C + 2 * C; }
+};
+Dims dims_of(const api::Plan& p) {
+  return {p.model.layers, p.model.hidden, p.model.ffn_hidden, p.model.padded_vocab(),
+          p.model.seq_len, p.config.tp};
+}
+int64_t optimizer_bytes(const api::Plan& p) {
+  const Dims d = dims_of(p);
+  const int64_t gpu = p.config.gpu_units;
+  const int64_t cpu_params = (gpu == 0 ? d.embedding() : 0) + std::min(d.L, d.L + 1 - gpu) * d.layer();
+  return 2 * 4 * cpu_params;
+}
+int64_t window_bytes(const api::Plan& p) {
+  const Dims d = dims_of(p);
+  const int64_t S = d.L - (p.config.gpu_units - 1), W = std::min(p.config.window, S);
+  const int64_t G = p.config.grad_accum;
+  const int64_t act = p.config.micro_batch * d.T * d.C *
+                      (p.config.recompute == api::Recompute::kCommAware ? 3 : 1);
+  return 4 * (G * (2 * (S - W) * d.layer() + S * d.layer() + 2 * S * act) + W * d.layer());
+}
+
+void expect_bytes_per_step(const RunResult& result, int64_t expected, double predicted) {
+  EXPECT_EQ(static_cast<double>(expected), predicted) << "the planner's pcieBytesPerStep";
+  ASSERT_FALSE(result.transfer_bytes.empty());
+  for (size_t i = 0; i < result.transfer_bytes.size(); ++i)
+    EXPECT_EQ(result.transfer_bytes[i], expected) << "step " << i + 1;
+}
+
+std::string optimizer_offload(double fraction, int dp) {
+  return "tensorParallel: 1, dataParallel: " + std::to_string(dp) +
+         ", overlap: off, offload: optimizer, gpuUpdateFraction: " + std::to_string(fraction);
+}
+
+TEST(Offload, OptimizerOffloadEqualsTheDeviceRun) {
+  for (double f : {0.0, 0.5}) {
+    const api::Plan plan = plan_for(optimizer_offload(f, 1), kFourLayers);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kOptimizer);
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    expect_bytes_per_step(r, optimizer_bytes(plan), plan.predicted.pcie_bytes_per_step);
+  }
+  // f = 1: every unit on the device through the same engine; nothing moves.
+  api::Plan all = plan_for(optimizer_offload(0.5, 1), kFourLayers);
+  all.config.gpu_units = all.model.layers + 1;
+  const RunResult r = expect_same_training(all, kFourLayers);
+  expect_bytes_per_step(r, 0, 0);
+}
+
+TEST(Offload, OptimizerOffloadWithDataParallelEqualsOneRank) {
+  const api::Plan plan = plan_for(optimizer_offload(0.5, 2), kFourLayers);
+  const RunResult r = expect_same_training(plan, kFourLayers);
+  expect_bytes_per_step(r, optimizer_bytes(plan), plan.predicted.pcie_bytes_per_step);
+}
+
+std::string window_offload(int window, int dp, const std::string& recompute = "full") {
+  // A small GPU fraction: only the embeddings stay, all four layers stream.
+  return "tensorParallel: 1, dataParallel: " + std::to_string(dp) +
+         ", overlap: off, recompute: " + recompute + ", offload: window, offloadWindow: " +
+         std::to_string(window) + ", gpuUpdateFraction: 0.05";
+}
+
+TEST(Offload, WindowEqualsTheDeviceRun) {
+  for (int w : {1, 2}) {
+    const api::Plan plan = plan_for(window_offload(w, 1), kFourLayers);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
+    ASSERT_EQ(plan.config.window, w);
+    ASSERT_EQ(plan.config.gpu_units, 1) << "every layer streams";
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
+  }
+  // W = L: every streamed layer keeps a slot (the planner calls that optimizer offload, but the
+  // engine must still get it right).
+  api::Plan all = plan_for(window_offload(1, 1), kFourLayers);
+  all.config.window = all.model.layers;
+  const RunResult r = expect_same_training(all, kFourLayers);
+  ASSERT_FALSE(r.transfer_bytes.empty());
+  EXPECT_EQ(r.transfer_bytes.back(), window_bytes(all));
+}
+
+TEST(Offload, WindowWithDataParallelEqualsOneRank) {
+  for (int w : {1, 2}) {
+    const api::Plan plan = plan_for(window_offload(w, 2), kFourLayers);
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
+  }
+}
+
+// commAware checkpoints three tensors per layer; with TP = 2 and the Oases schedule, two
+// sub-batches are in flight at every layer boundary.
+TEST(Offload, WindowWithOverlappedTensorParallelEqualsOneRank) {
+  const api::Plan plan = plan_for(
+      "tensorParallel: 2, dataParallel: 1, overlap: on, recompute: commAware, offload: window, "
+      "offloadWindow: 1, gpuUpdateFraction: 0.05",
+      kFourLayers);
+  ASSERT_EQ(plan.config.sub_batches, 2);
+  const RunResult r = expect_same_training(plan, kFourLayers);
+  expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
+}
+
+TEST(Offload, RefusesAPlanWhoseOffloadDoesNotFitHostMemory) {
+  const api::Plan plan = plan_for(window_offload(1, 1), kFourLayers);
+  worker::TrainOptions options;
+  options.log_every = 0;
+  options.host_memory_bytes = 1 << 20;  // a node with 1 MiB free
+  bool stepped = false;
+  options.on_step = [&](const worker::StepReport&) { stepped = true; };
+  try {
+    worker::train(plan, options, [](const std::string&) {});
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("host memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("1.0 MiB"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(stepped) << "refused before training";
+  EXPECT_GT(worker::offload_host_bytes(plan), 0);
 }
 
 }  // namespace
