@@ -88,14 +88,24 @@ first_imported=$(grep -m1 '^step ' "$DIR/log3" | sed 's/.*| loss \([0-9.]*\) .*/
 python3 -c "import sys; sys.exit(0 if float('$first_imported') < float('$first') - 1.0 else 1)" ||
   fail "imported weights do not start trained: loss $first_imported"
 
-# A plan this worker cannot execute is refused with a clear message; a multi-rank plan started
-# without its ranks says how to start it.
-sed 's/gpusPerNode: 1/gpusPerNode: 1}\n  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5/' "$DIR/job.yaml" > "$DIR/off.yaml"
+# Window offload trains with the same losses as the device run; a plan this worker cannot execute
+# is refused with a clear message; a multi-rank plan started without its ranks says how to start it.
+sed -e 's/steps: 3000/steps: 20/' -e 's/gpusPerNode: 1/gpusPerNode: 1}\n  parallelism: {recompute: full/' \
+  "$DIR/job.yaml" > "$DIR/dev.yaml"
+sed 's/recompute: full/recompute: full, offload: window, offloadWindow: 1/' "$DIR/dev.yaml" > "$DIR/off.yaml"
+"$KT" plan "$DIR/dev.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/dev.json" || fail "plan device"
 "$KT" plan "$DIR/off.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/off.json" || fail "plan offload"
-"$WORKER" train --plan "$DIR/off.json" > "$DIR/out" 2> "$DIR/err"
+"$WORKER" train --plan "$DIR/dev.json" --log-every 1 > "$DIR/dev.out" 2>&1 || fail "device run"
+"$WORKER" train --plan "$DIR/off.json" --log-every 1 > "$DIR/off.out" 2>&1 || fail "window run: $(tail -3 "$DIR/off.out")"
+losses() { grep -o 'loss [0-9.]*' "$1" | head -20; }
+[[ "$(losses "$DIR/off.out" | wc -l)" -eq 20 && "$(losses "$DIR/off.out")" == "$(losses "$DIR/dev.out")" ]] ||
+  fail "window offload losses differ from the device run: $(losses "$DIR/off.out" | tail -2) vs $(losses "$DIR/dev.out" | tail -2)"
+sed 's/seed: 11}/seed: 11, precision: bf16}/' "$DIR/job.yaml" > "$DIR/bf16.yaml"
+"$KT" plan "$DIR/bf16.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/bf16.json" || fail "plan bf16"
+"$WORKER" train --plan "$DIR/bf16.json" > "$DIR/out" 2> "$DIR/err"
 rc=$?
-[[ $rc -eq 1 ]] && grep -q "cannot execute this plan: offload optimizer needs the offload engine" "$DIR/err" ||
-  fail "offload not refused clearly (rc $rc): $(cat "$DIR/err")"
+[[ $rc -eq 1 ]] && grep -q "cannot execute this plan: precision bf16" "$DIR/err" ||
+  fail "bf16 not refused clearly (rc $rc): $(cat "$DIR/err")"
 sed 's/gpusPerNode: 1/gpusPerNode: 2}\n  parallelism: {tensorParallel: 2/' "$DIR/job.yaml" > "$DIR/tp.yaml"
 "$KT" plan "$DIR/tp.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/tp.json" || fail "plan tp2"
 "$WORKER" train --plan "$DIR/tp.json" > "$DIR/out" 2> "$DIR/err"
