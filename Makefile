@@ -31,6 +31,7 @@ bench: build
 	$(BUILD)/bin/bench_worker
 	$(BUILD)/bin/bench_overlap
 	$(BUILD)/bin/bench_adamw
+	$(BUILD)/bin/bench_offload
 
 clean:
 	rm -rf $(BUILD)

@@ -48,7 +48,8 @@ struct TrainOptions {
   ProcessGroups* groups = nullptr;
   // Called once at the end with this rank's parameters (for tests and exports).
   std::function<void(const std::vector<TensorView>& params)> on_finish;
-  // The offload engine's per-lane busy timeline of each step (for the benchmark); empty: none.
+  // The offload engine's per-lane busy intervals that ended during each step, including the tail
+  // of the previous step's CPU AdamW and copies (for the benchmark); empty: none.
   std::function<void(int64_t step, const std::vector<LaneSpan>& spans)> on_timeline;
   // Host memory this node offers (0: MemAvailable); for tests of the refusal.
   int64_t host_memory_bytes = 0;
