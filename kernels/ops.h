@@ -70,6 +70,13 @@ struct AdamWStep {
 
 namespace cpu {
 KT_KERNEL_FAMILY
+
+// Mixed-precision AdamW, the offload engine's CPU update: fp32 master weights and moments;
+// gradients in fp32 (`grads`) or bf16 (`grads_bf16`; exactly one is non-null); the updated
+// weights also written as bf16 into `params_bf16` when it is non-null (the device copy to send).
+// Same formula as adamw_update; 28 bytes per parameter with bf16 in and out.
+void adamw_update_mixed(float* master, const float* grads, const uint16_t* grads_bf16, float* m,
+                        float* v, uint16_t* params_bf16, int64_t N, const AdamWStep& step);
 }  // namespace cpu
 
 #undef KT_KERNEL_FAMILY

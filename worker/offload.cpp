@@ -379,8 +379,10 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
         cpu_.enqueue([this, u, host_at, model_at, n, tile_step] {
           const auto t1 = Clock::now();
           Unit& unit = units_[u];
-          k::adamw_update(unit.master.data() + host_at, unit.grads.data() + host_at,
-                          m_.data() + model_at, v_.data() + model_at, n, tile_step);
+          // fp32 here; a bf16 plan passes bf16 gradients and takes bf16 weights for the device.
+          k::adamw_update_mixed(unit.master.data() + host_at, unit.grads.data() + host_at,
+                                nullptr, m_.data() + model_at, v_.data() + model_at, nullptr, n,
+                                tile_step);
           const double seconds = seconds_between(t1, Clock::now());
           cpu_seconds_.fetch_add(seconds);
           span("cpu-optimizer", "adam L" + std::to_string(u - 1), t1);

@@ -2,6 +2,7 @@
 // 28 bytes per parameter (read p, g, m, v; write p, m, v).
 #include <cmath>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
@@ -22,6 +23,48 @@ KT_SIMD_CLONES void adamw_update(float* params, const float* grads, float* m, fl
     v[i] = vi;
     params[i] -= lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * params[i]);
   }
+}
+
+namespace {
+
+// One loop per input/output combination, so that each vectorises without branches inside.
+template <bool kBf16Grads, bool kBf16Out>
+KT_SIMD_CLONES void adamw_mixed_loop(float* master, const float* grads, const uint16_t* grads_bf16,
+                                     float* m, float* v, uint16_t* params_bf16, int64_t N,
+                                     const AdamWStep& s) {
+  const float bc1 = 1.0f - std::pow(s.beta1, static_cast<float>(s.t));
+  const float bc2 = 1.0f - std::pow(s.beta2, static_cast<float>(s.t));
+  const float b1 = s.beta1, b2 = s.beta2, lr = s.learning_rate, wd = s.weight_decay;
+  const float eps = s.eps, scale = s.grad_scale;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float g;
+    if constexpr (kBf16Grads)
+      g = bf16_to_float(grads_bf16[i]) * scale;
+    else
+      g = grads[i] * scale;
+    const float mi = b1 * m[i] + (1 - b1) * g;
+    const float vi = b2 * v[i] + (1 - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float p = master[i] - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * master[i]);
+    master[i] = p;
+    if constexpr (kBf16Out) params_bf16[i] = float_to_bf16(p);
+  }
+}
+
+}  // namespace
+
+void adamw_update_mixed(float* master, const float* grads, const uint16_t* grads_bf16, float* m,
+                        float* v, uint16_t* params_bf16, int64_t N, const AdamWStep& s) {
+  if (grads_bf16 && params_bf16)
+    adamw_mixed_loop<true, true>(master, grads, grads_bf16, m, v, params_bf16, N, s);
+  else if (grads_bf16)
+    adamw_mixed_loop<true, false>(master, grads, grads_bf16, m, v, params_bf16, N, s);
+  else if (params_bf16)
+    adamw_mixed_loop<false, true>(master, grads, grads_bf16, m, v, params_bf16, N, s);
+  else
+    adamw_mixed_loop<false, false>(master, grads, grads_bf16, m, v, params_bf16, N, s);
 }
 
 }  // namespace kt::kernels::cpu

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/bf16.h"
 #include "kernels/ops.h"
 #include "kernels/reference.h"
 
@@ -216,6 +218,58 @@ TEST_F(Kernels, AdamW) {
   const F x = random(N);
   const double want = ref::sum_of_squares(widen(x).data(), N);
   EXPECT_NEAR(cpu::sum_of_squares(x.data(), N), want, 1e-9 * want);
+}
+
+// bf16 gradients in, fp32 master and bf16 weights out: the float64 reference on the gradients'
+// exact bf16 values, and every output weight the correctly rounded bf16 of its master.
+TEST_F(Kernels, MixedPrecisionAdamW) {
+  const int64_t N = 1031;
+  F master = random(N), m = random(N, 0.01f), v = random(N, 0.01f);
+  for (auto& x : v) x = std::fabs(x);
+  std::vector<uint16_t> g16(N), out16(N);
+  F g_exact(N);
+  const F g = random(N);
+  for (int64_t i = 0; i < N; ++i) {
+    g16[i] = kernels::float_to_bf16(g[i]);
+    g_exact[i] = kernels::bf16_to_float(g16[i]);
+  }
+  D p64 = widen(master), m64 = widen(m), v64 = widen(v);
+  const D g64 = widen(g_exact);
+  F p32 = master, m32 = m, v32 = v;  // the fp32-gradient path on the same values
+  kernels::AdamWStep step;
+  step.learning_rate = 1e-3f;
+  step.weight_decay = 0.1f;
+  step.grad_scale = 0.5f;
+  for (int64_t t = 1; t <= 3; ++t) {
+    step.t = t;
+    cpu::adamw_update_mixed(master.data(), nullptr, g16.data(), m.data(), v.data(), out16.data(),
+                            N, step);
+    cpu::adamw_update_mixed(p32.data(), g_exact.data(), nullptr, m32.data(), v32.data(), nullptr,
+                            N, step);
+    ref::adamw_update(p64.data(), g64.data(), m64.data(), v64.data(), N, step);
+  }
+  expect_close(master, p64, "master");
+  expect_close(m, m64, "m");
+  expect_close(v, v64, "v");
+  expect_close(p32, p64, "master from fp32 gradients");
+  for (int64_t i = 0; i < N; ++i) {
+    // Correct rounding, checked independently: out16 is one of the two bf16 neighbours of the
+    // master value, and the nearer one.
+    const float x = master[i];
+    const float got = kernels::bf16_to_float(out16[i]);
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    bits &= 0xffff0000u;
+    float below, above;
+    std::memcpy(&below, &bits, 4);
+    bits += 0x10000u;
+    std::memcpy(&above, &bits, 4);
+    if (x < 0) std::swap(below, above);
+    ASSERT_TRUE(got == below || got == above) << i << ": " << x << " → " << got;
+    EXPECT_LE(std::fabs(got - x), std::fabs((got == below ? above : below) - x)) << i;
+  }
+  EXPECT_TRUE(std::isnan(kernels::bf16_to_float(kernels::float_to_bf16(NAN))));
+  EXPECT_EQ(kernels::bf16_to_float(kernels::float_to_bf16(1.0f)), 1.0f);
 }
 
 TEST_F(Kernels, FastExpAndTanhAreAccurate) {
