@@ -78,7 +78,12 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
         out.params[r] = params;
         for (const auto& v : params) out.values[r].emplace_back(v.data, v.data + v.numel());
       };
-      results[r] = worker::train(plan, options, [](const std::string&) {});
+      try {
+        results[r] = worker::train(plan, options, [](const std::string&) {});
+      } catch (const std::exception& e) {  // e.g. a NaN loss from a parameter read too early
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+        std::_Exit(1);  // the other ranks would wait for this one forever
+      }
     });
   }
   for (auto& t : threads) t.join();
