@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -82,6 +84,7 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
         results[r] = worker::train(plan, options, [](const std::string&) {});
       } catch (const std::exception& e) {  // e.g. a NaN loss from a parameter read too early
         ADD_FAILURE() << "rank " << r << ": " << e.what();
+        std::fflush(nullptr);
         std::_Exit(1);  // the other ranks would wait for this one forever
       }
     });
