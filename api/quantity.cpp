@@ -71,4 +71,23 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
+std::string format_count(double count) {
+  const char* suffix = "";
+  double value = count;
+  if (count >= 1e9) {
+    value = count / 1e9;
+    suffix = " B";
+  } else if (count >= 1e6) {
+    value = count / 1e6;
+    suffix = " M";
+  } else if (count >= 1e3) {
+    value = count / 1e3;
+    suffix = " k";
+  }
+  const int decimals = value >= 100 ? 0 : value >= 10 ? 1 : 2;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f%s", *suffix ? decimals : 0, value, suffix);
+  return text;
+}
+
 }  // namespace kt::api

@@ -16,6 +16,8 @@ std::string fmt(const char* format, double value);
 
 // Formats bytes for people: "93.1 GiB", "512.0 MiB".
 std::string format_bytes(double bytes);
+// A count with an SI suffix and 3 significant digits: "1.56 B", "124 M", "223 k", "12".
+std::string format_count(double count);
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;

@@ -54,7 +54,7 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
       << "\n\n";
   out << "  model        L=" << m.layers << " h=" << m.hidden << " heads=" << m.heads
       << " ffn=" << m.ffn_hidden << " vocab=" << m.vocab << " (padded " << m.padded_vocab()
-      << ") seq=" << m.seq_len << ", " << fmt("%.3f", plan.parameters / 1e9) << " B parameters\n";
+      << ") seq=" << m.seq_len << ", " << api::format_count(static_cast<double>(plan.parameters)) << " parameters\n";
   out << "  hardware     " << c.nodes << " node(s) × " << c.procs_per_node << " " << plan.hardware
       << " = " << plan.world << " rank(s), device " << api::to_string(plan.device) << ", "
       << api::to_string(plan.precision) << "\n";

@@ -46,11 +46,12 @@ int cmd_validate(const std::string& job_path, const std::string& format) {
   }
   const kt::api::ModelDims m = kt::api::resolve_model(job.spec.model);
   std::printf(
-      "%s: valid TrainingJob %s/%s (model: %lld layers, hidden %lld, %.3f B parameters; "
+      "%s: valid TrainingJob %s/%s (model: %lld layers, hidden %lld, %s parameters; "
       "%lld steps of %lld sequences)\n",
       job_path.c_str(), job.metadata.namespace_.c_str(), job.metadata.name.c_str(),
       static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
-      kt::api::parameter_count(m) / 1e9, static_cast<long long>(job.spec.training.steps),
+      kt::api::format_count(static_cast<double>(kt::api::parameter_count(m))).c_str(),
+      static_cast<long long>(job.spec.training.steps),
       static_cast<long long>(job.spec.training.global_batch_size));
   return 0;
 }

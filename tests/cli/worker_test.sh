@@ -100,6 +100,11 @@ sed 's/recompute: full/recompute: full, offload: window, offloadWindow: 1/' "$DI
 losses() { grep -o 'loss [0-9.]*' "$1" | head -20; }
 [[ "$(losses "$DIR/off.out" | wc -l)" -eq 20 && "$(losses "$DIR/off.out")" == "$(losses "$DIR/dev.out")" ]] ||
   fail "window offload losses differ from the device run: $(losses "$DIR/off.out" | tail -2) vs $(losses "$DIR/dev.out" | tail -2)"
+python3 - "$DIR/off.out" <<'PY' || fail "window offload loss does not fall"
+import re, sys
+losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", open(sys.argv[1]).read())]
+sys.exit(0 if losses[-1] < losses[0] - 0.3 else 1)
+PY
 sed 's/seed: 11}/seed: 11, precision: bf16}/' "$DIR/job.yaml" > "$DIR/bf16.yaml"
 "$KT" plan "$DIR/bf16.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/bf16.json" || fail "plan bf16"
 "$WORKER" train --plan "$DIR/bf16.json" > "$DIR/out" 2> "$DIR/err"
