@@ -459,7 +459,12 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   const double step_device_end = gpu_ready + gpu_adam;
 
   const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank;
-  double d2h_free = 0, cpu_free = 0, h2d_free = 0;
+  // CPU AdamW needs the global gradient norm (clipping), so it starts once every gradient is
+  // final (the worker's offload engine does the same); the copies down start as soon as each
+  // unit's gradients are.
+  double all_final = forward_backward;
+  for (double t : final_time) all_final = std::max(all_final, t);
+  double d2h_free = 0, cpu_free = all_final, h2d_free = 0;
   double lateness = 0, cpu_total = 0, copy_total = 0, last_final = forward_backward;
   for (size_t i = 0; i < units.size(); ++i) {
     const Unit& u = units[i];
