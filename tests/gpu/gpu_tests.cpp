@@ -103,9 +103,19 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return ptr_; }
   operator T*() const { return ptr_; }
-  void poison() { KT_CUDA_CHECK(cudaMemset(ptr_, 0xff, n_ * sizeof(T))); }  // NaN in fp32/bf16
+  // The kernels run on the device's non-blocking compute stream, which does not wait for the
+  // legacy default stream that cudaMemset/cudaMemcpy use: every fill ends with a device sync.
+  void poison() {  // 0xff bytes: NaN in fp32 and bf16
+    KT_CUDA_CHECK(cudaMemset(ptr_, 0xff, n_ * sizeof(T)));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void zero() {
+    KT_CUDA_CHECK(cudaMemset(ptr_, 0, n_ * sizeof(T)));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   void upload(const std::vector<T>& host) {
     KT_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void upload(const F& host) requires std::is_same_v<T, bf16> {
     std::vector<bf16> b(host.size());
@@ -244,7 +254,7 @@ void test_elementwise(const gpu::Context& ctx) {
 
   // sum of squares: double accumulation, so near-exact
   DeviceArray<double> d_sum(1);
-  KT_CUDA_CHECK(cudaMemset(d_sum.get(), 0, sizeof(double)));
+  d_sum.zero();
   gpu::sum_of_squares(ctx, d_sum, d_x, N);
   const double want = ref::sum_of_squares(x.data(), N);
   const double got = d_sum.raw()[0];
@@ -465,14 +475,33 @@ struct Row {
 void bench(const gpu::Context& ctx) {
   cudaStream_t s = ctx.stream();
   std::vector<Row> rows;
-  auto fill = [&](auto& arr, size_t n, float scale) {  // random device data, never zeros
-    arr.upload(random(n, scale));
+  // Random device data (never zeros) without drawing billions of host samples: a pool of 2^24
+  // normal floats, scaled and tiled.
+  const F pool = random(size_t{1} << 24);
+  auto fill = [&](DeviceArray<float>& arr, size_t n, float scale) {
+    F chunk(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) chunk[i] = pool[i] * scale;
+    for (size_t at = 0; at < n; at += chunk.size())
+      KT_CUDA_CHECK(cudaMemcpy(arr.get() + at, chunk.data(),
+                               std::min(chunk.size(), n - at) * sizeof(float),
+                               cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  auto fill16 = [&](DeviceArray<bf16>& arr, size_t n, float scale) {
+    std::vector<bf16> chunk(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) chunk[i].bits = to_bf16_bits(pool[i] * scale);
+    for (size_t at = 0; at < n; at += chunk.size())
+      KT_CUDA_CHECK(cudaMemcpy(arr.get() + at, chunk.data(),
+                               std::min(chunk.size(), n - at) * sizeof(bf16),
+                               cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
   };
   // Ceilings: D2D copy, pinned H2D/D2H, bf16 and fp32 GEMM.
   const size_t copy_bytes = size_t{1} << 30;
   void* a = g_device->allocate(copy_bytes, MemoryKind::kWorkspace);
   void* b = g_device->allocate(copy_bytes, MemoryKind::kWorkspace);
   KT_CUDA_CHECK(cudaMemset(a, 1, copy_bytes));
+  KT_CUDA_CHECK(cudaDeviceSynchronize());
   rows.push_back(
       {"ceiling: D2D copy 1 GiB",
        time_ms(
@@ -500,8 +529,8 @@ void bench(const gpu::Context& ctx) {
   {
     const int64_t M = 8192;
     DeviceArray<bf16> x(M * M), w(M * M), y(M * M);
-    x.upload(random(M * M));
-    w.upload(random(M * M, 0.01f));
+    fill16(x, M * M, 1.0f);
+    fill16(w, M * M, 0.01f);
     rows.push_back(
         {"ceiling: bf16 GEMM 8192³ (cuBLASLt)",
          time_ms(s, 10, [&] { gpu::matmul_forward_bf16(ctx, y, x, w, nullptr, M, M, M); }),
@@ -521,11 +550,11 @@ void bench(const gpu::Context& ctx) {
     DeviceArray<bf16> x(BT * C), w(3 * C * C), bias(3 * C), y(BT * 3 * C), dy(BT * 3 * C),
         dx(BT * C);
     DeviceArray<float> dw(3 * C * C), db(3 * C);
-    x.upload(random(BT * C));
-    w.upload(random(3 * C * C, 0.02f));
-    bias.upload(random(3 * C));
-    dy.upload(random(BT * 3 * C));
-    dx.upload(random(BT * C));
+    fill16(x, BT * C, 1.0f);
+    fill16(w, 3 * C * C, 0.02f);
+    fill16(bias, 3 * C, 1.0f);
+    fill16(dy, BT * 3 * C, 1.0f);
+    fill16(dx, BT * C, 1.0f);
     rows.push_back(
         {"matmul_forward_bf16 QKV 16384×768→2304 +bias",
          time_ms(s, 20, [&] { gpu::matmul_forward_bf16(ctx, y, x, w, bias, BT, C, 3 * C); }),
@@ -566,7 +595,7 @@ void bench(const gpu::Context& ctx) {
     fill(dy, N, 1.0f);
     rows.push_back({"gelu_forward 16384×3072",
                     time_ms(s, 20, [&] { gpu::gelu_forward(ctx, y, x, N); }), 2.0 * N * 4, false});
-    KT_CUDA_CHECK(cudaMemset(y.get(), 0, N * 4));
+    y.zero();
     rows.push_back({"gelu_backward", time_ms(s, 20, [&] { gpu::gelu_backward(ctx, y, x, dy, N); }),
                     4.0 * N * 4, false});
   }
@@ -664,6 +693,7 @@ int main(int argc, char** argv) {
     if (bench_mode) {
       bench(ctx);
     } else {
+      test_device();  // first: its raw-allocation counts assume an empty large pool
       test_matmul(ctx);
       test_layernorm(ctx);
       test_elementwise(ctx);
@@ -671,7 +701,6 @@ int main(int argc, char** argv) {
       test_attention(ctx);
       test_cross_entropy(ctx);
       test_adamw(ctx);
-      test_device();
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (const std::exception& e) {

@@ -17,7 +17,9 @@ TEST(CudaLaunchShape, ElementwiseCoversEveryElementWithACappedGrid) {
     EXPECT_LE(s.grid, kElementwiseMaxGrid);
     // grid-stride: one pass covers min(N, grid·block) elements, the loop the rest
     EXPECT_GE(s.grid * s.block, std::min<int64_t>(N, kElementwiseMaxGrid * 256)) << N;
-    if (N <= kElementwiseMaxGrid * 256) EXPECT_LT((s.grid - 1) * s.block, N) << "an idle block";
+    if (N <= kElementwiseMaxGrid * 256) {
+      EXPECT_LT((s.grid - 1) * s.block, N) << "an idle block";
+    }
   }
 }
 
