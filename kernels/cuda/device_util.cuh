@@ -16,6 +16,20 @@ __host__ __device__ inline const __nv_bfloat16* native(const bf16* p) {
   return reinterpret_cast<const __nv_bfloat16*>(p);
 }
 
+// Loads as float and stores from float for either storage type (fp32 or bf16, round to nearest).
+__device__ inline float ld(float x) {
+  return x;
+}
+__device__ inline float ld(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ inline void st(float* p, float v) {
+  *p = v;
+}
+__device__ inline void st(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
 template <class Real>
 __device__ inline Real warp_sum(Real x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);

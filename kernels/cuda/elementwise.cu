@@ -28,27 +28,33 @@ __global__ void cast_to_float_kernel(float* out, const __nv_bfloat16* inp, int64
   KT_GRID_STRIDE(i, N) out[i] = __bfloat162float(inp[i]);
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t N) {
+// Element kernels over T = float or __nv_bfloat16 storage; arithmetic in float.
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t N) {
   KT_GRID_STRIDE(i, N) {
-    const float x = inp[i];
-    out[i] = math::gelu_from_tanh(x, tanhf(math::gelu_tanh_argument(x)));
+    const float x = ld(inp[i]);
+    st(&out[i], math::gelu_from_tanh(x, tanhf(math::gelu_tanh_argument(x))));
   }
 }
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t N) {
+template <class T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t N) {
   KT_GRID_STRIDE(i, N) {
-    const float x = inp[i];
-    dinp[i] += math::gelu_grad_from_tanh(x, tanhf(math::gelu_tanh_argument(x))) * dout[i];
+    const float x = ld(inp[i]);
+    const float grad = math::gelu_grad_from_tanh(x, tanhf(math::gelu_tanh_argument(x)));
+    st(&dinp[i], ld(dinp[i]) + grad * ld(dout[i]));
   }
 }
 
-__global__ void residual_forward_kernel(float* out, const float* a, const float* b, int64_t N) {
-  KT_GRID_STRIDE(i, N) out[i] = a[i] + b[i];
+template <class T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t N) {
+  KT_GRID_STRIDE(i, N) st(&out[i], ld(a[i]) + ld(b[i]));
 }
-__global__ void residual_backward_kernel(float* da, float* db, const float* dout, int64_t N) {
+template <class T>
+__global__ void residual_backward_kernel(T* da, T* db, const T* dout, int64_t N) {
   KT_GRID_STRIDE(i, N) {
-    const float d = dout[i];
-    da[i] += d;
-    db[i] += d;
+    const float d = ld(dout[i]);
+    st(&da[i], ld(da[i]) + d);
+    st(&db[i], ld(db[i]) + d);
   }
 }
 
@@ -150,17 +156,32 @@ void cast_to_float(const Context& ctx, float* out, const bf16* inp, int64_t N) {
   launch_elementwise(ctx, N, cast_to_float_kernel, out, native(inp), N);
 }
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t N) {
-  launch_elementwise(ctx, N, gelu_forward_kernel, out, inp, N);
+  launch_elementwise(ctx, N, gelu_forward_kernel<float>, out, inp, N);
+}
+void gelu_forward(const Context& ctx, bf16* out, const bf16* inp, int64_t N) {
+  launch_elementwise(ctx, N, gelu_forward_kernel<__nv_bfloat16>, native(out), native(inp), N);
 }
 void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
                    int64_t N) {
-  launch_elementwise(ctx, N, gelu_backward_kernel, dinp, inp, dout, N);
+  launch_elementwise(ctx, N, gelu_backward_kernel<float>, dinp, inp, dout, N);
+}
+void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
+  launch_elementwise(ctx, N, gelu_backward_kernel<__nv_bfloat16>, native(dinp), native(inp),
+                     native(dout), N);
 }
 void residual_forward(const Context& ctx, float* out, const float* a, const float* b, int64_t N) {
-  launch_elementwise(ctx, N, residual_forward_kernel, out, a, b, N);
+  launch_elementwise(ctx, N, residual_forward_kernel<float>, out, a, b, N);
+}
+void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t N) {
+  launch_elementwise(ctx, N, residual_forward_kernel<__nv_bfloat16>, native(out), native(a),
+                     native(b), N);
 }
 void residual_backward(const Context& ctx, float* da, float* db, const float* dout, int64_t N) {
-  launch_elementwise(ctx, N, residual_backward_kernel, da, db, dout, N);
+  launch_elementwise(ctx, N, residual_backward_kernel<float>, da, db, dout, N);
+}
+void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout, int64_t N) {
+  launch_elementwise(ctx, N, residual_backward_kernel<__nv_bfloat16>, native(da), native(db),
+                     native(dout), N);
 }
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C) {

@@ -98,6 +98,19 @@ void matmul_forward_bf16(const Context& ctx, bf16* out, const bf16* inp, const b
 void matmul_backward_bf16(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
                           const bf16* dout, const bf16* inp, const bf16* weight, int64_t BT,
                           int64_t C, int64_t OC, bool accumulate_dweight = true);
+// bf16 storage of activations and parameter copies, fp32 arithmetic inside; statistics (mean,
+// rstd), parameter gradients and losses stay fp32. Same semantics as the fp32 versions above.
+void layernorm_forward(const Context& ctx, bf16* out, float* mean, float* rstd, const bf16* inp,
+                       const bf16* weight, const bf16* bias, int64_t BT, int64_t C);
+void layernorm_backward(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
+                        const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
+                        const float* rstd, int64_t BT, int64_t C);
+void gelu_forward(const Context& ctx, bf16* out, const bf16* inp, int64_t N);
+void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N);
+void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t N);
+void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout, int64_t N);
+void softmax_cross_entropy(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
+                           const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss);
 // Multi-tensor AdamW: one launch updates every tensor of the list (fp32 master params, grads and
 // moments), and writes the bf16 copy of each updated parameter when params_bf16[i] is not null.
 struct AdamWTensor {

@@ -345,6 +345,73 @@ void test_cross_entropy(const gpu::Context& ctx) {
   expect_close(d_losses.floats(), losses, 2e-5, "softmax_cross_entropy losses in place");
 }
 
+// bf16 storage versions: inputs rounded to bf16 on the host, so the float64 reference sees the
+// same values; bf16 results within 1e-2, fp32 results (statistics, parameter gradients, losses)
+// within 1e-4.
+void test_bf16_storage(const gpu::Context& ctx) {
+  {
+    const int64_t BT = 45, C = 320;
+    F inp = random(BT * C, 2.0f);
+    for (auto& x : inp) x += 1.5f;
+    inp = round_bf16(inp);
+    F w = round_bf16(random(C)), b = round_bf16(random(C)), dout = round_bf16(random(BT * C));
+    F dinp0 = round_bf16(random(BT * C)), dw0 = random(C), db0 = random(C);
+    DeviceArray<bf16> d_inp(inp), d_w(w), d_b(b), d_out(BT * C), d_dout(dout), d_dinp(dinp0);
+    DeviceArray<float> d_mean(BT), d_rstd(BT), d_dw(dw0), d_db(db0);
+    gpu::layernorm_forward(ctx, d_out, d_mean, d_rstd, d_inp, d_w, d_b, BT, C);
+    gpu::layernorm_backward(ctx, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, BT, C);
+    D out(BT * C), mean(BT), rstd(BT), dinp = widen(dinp0), dw = widen(dw0), db = widen(db0);
+    ref::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), widen(inp).data(),
+                                   widen(w).data(), widen(b).data(), BT, C);
+    ref::layernorm_backward<double>(dinp.data(), dw.data(), db.data(), widen(dout).data(),
+                                    widen(inp).data(), widen(w).data(), mean.data(), rstd.data(),
+                                    BT, C);
+    expect_close(d_out.floats(), out, 1e-2, "layernorm_forward bf16 out");
+    expect_close(d_mean.floats(), mean, 1e-4, "layernorm_forward bf16 mean (fp32)");
+    expect_close(d_rstd.floats(), rstd, 1e-4, "layernorm_forward bf16 rstd (fp32)");
+    expect_close(d_dinp.floats(), dinp, 1e-2, "layernorm_backward bf16 dinp");
+    expect_close(d_dw.floats(), dw, 1e-4, "layernorm_backward bf16 dweight (fp32)");
+    expect_close(d_db.floats(), db, 1e-4, "layernorm_backward bf16 dbias (fp32)");
+  }
+  {
+    const int64_t N = 70001;
+    F x = round_bf16(random(N, 2.0f)), y = round_bf16(random(N)), dout = round_bf16(random(N));
+    F d0 = round_bf16(random(N)), d1 = round_bf16(random(N));
+    DeviceArray<bf16> d_x(x), d_y(y), d_out(N), d_dout(dout), d_da(d0), d_db(d1);
+    gpu::gelu_forward(ctx, d_out, d_x, N);
+    D out(N), dinp = widen(d0);
+    ref::gelu_forward<double>(out.data(), widen(x).data(), N);
+    expect_close(d_out.floats(), out, 1e-2, "gelu_forward bf16");
+    gpu::gelu_backward(ctx, d_da, d_x, d_dout, N);
+    ref::gelu_backward<double>(dinp.data(), widen(x).data(), widen(dout).data(), N);
+    expect_close(d_da.floats(), dinp, 1e-2, "gelu_backward bf16");
+    d_da.upload(d0);
+    gpu::residual_forward(ctx, d_out, d_x, d_y, N);
+    gpu::residual_backward(ctx, d_da, d_db, d_dout, N);
+    D r(N), ra = widen(d0), rb = widen(d1);
+    ref::residual_forward<double>(r.data(), widen(x).data(), widen(y).data(), N);
+    ref::residual_backward<double>(ra.data(), rb.data(), widen(dout).data(), N);
+    expect_close(d_out.floats(), r, 1e-2, "residual_forward bf16");
+    expect_close(d_da.floats(), ra, 1e-2, "residual_backward bf16 da");
+    expect_close(d_db.floats(), rb, 1e-2, "residual_backward bf16 db");
+  }
+  {
+    const int64_t BT = 29, V = 777, Vp = 784;
+    const float dloss = 1.0f / BT;
+    F logits = round_bf16(random(BT * Vp, 3.0f));
+    auto targets = random_tokens(BT, static_cast<int32_t>(V));
+    DeviceArray<bf16> d_logits(logits), d_dlogits(BT * Vp);
+    DeviceArray<float> d_losses(BT);
+    DeviceArray<int32_t> d_targets(targets);
+    gpu::softmax_cross_entropy(ctx, d_losses, d_dlogits, d_logits, d_targets, BT, V, Vp, dloss);
+    D losses(BT), dlogits(BT * Vp);
+    ref::softmax_cross_entropy<double>(losses.data(), dlogits.data(), widen(logits).data(),
+                                       targets.data(), BT, V, Vp, dloss);
+    expect_close(d_losses.floats(), losses, 1e-4, "softmax_cross_entropy bf16 losses (fp32)");
+    expect_close(d_dlogits.floats(), dlogits, 1e-2, "softmax_cross_entropy bf16 dlogits");
+  }
+}
+
 void test_adamw(const gpu::Context& ctx) {
   AdamWStep step;
   step.learning_rate = 1e-3f;
@@ -700,6 +767,7 @@ int main(int argc, char** argv) {
       test_embedding(ctx);
       test_attention(ctx);
       test_cross_entropy(ctx);
+      test_bf16_storage(ctx);
       test_adamw(ctx);
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
