@@ -66,14 +66,13 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
     out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
   }
 }
-// dwte: block x owns channels [32x, 32x+32) and walks the BT tokens in order (a token repeats:
-// disjoint writes need one owner per channel).
+// dwte: rows repeat when a token repeats, so the adds are atomic (order not fixed).
 __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
                                               int64_t BT, int64_t C) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t bt = 0; bt < BT; ++bt)
-    dwte[static_cast<int64_t>(tokens[bt]) * C + c] += dout[bt * C + c];
+  KT_GRID_STRIDE(i, BT * C) {
+    const int64_t bt = i / C, c = i % C;
+    atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dout[i]);
+  }
 }
 // dwpe (T,C) += Σ_b dout (b,t,c): one thread per (t,c).
 __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
@@ -85,25 +84,15 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, in
   }
 }
 
+// One column term for column_reduce: the element itself.
 template <class In>
-__device__ inline float to_float(In x);
-template <>
-__device__ inline float to_float(float x) {
-  return x;
-}
-template <>
-__device__ inline float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-template <class In>
-__global__ void column_sum_kernel(float* out, const In* in, int64_t rows, int64_t cols) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  float acc = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) acc += to_float(in[r * cols + c]);
-  out[c] += acc;
-}
+struct ElementTerm {
+  const In* in;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t c, float* acc) const {
+    acc[0] += ld(in[r * cols + c]);
+  }
+};
 
 __global__ void sum_of_squares_kernel(double* result, const float* x, int64_t N) {
   double acc = 0;
@@ -189,10 +178,7 @@ void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, co
 }
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  const LaunchShape s = embedding_backward_shape(C);
-  embedding_backward_wte_kernel<<<static_cast<unsigned>(s.grid), s.block, 0, ctx.stream()>>>(
-      dwte, dout, tokens, B * T, C);
-  KT_CUDA_CHECK_LAUNCH();
+  launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel, dwte, dout, tokens, B * T, C);
   launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel, dwpe, dout, B, T, C);
 }
 void sum_of_squares(const Context& ctx, double* result, const float* x, int64_t N) {
@@ -202,17 +188,11 @@ void sum_of_squares(const Context& ctx, double* result, const float* x, int64_t 
 namespace detail {
 void column_sum_accumulate(const Context& ctx, float* out, const float* in, int64_t rows,
                            int64_t cols) {
-  const LaunchShape s = column_shape(cols);
-  column_sum_kernel<<<static_cast<unsigned>(s.grid), s.block, 0, ctx.stream()>>>(out, in, rows,
-                                                                                 cols);
-  KT_CUDA_CHECK_LAUNCH();
+  column_reduce<1>(ctx, out, nullptr, ElementTerm<float>{in, cols}, rows, cols);
 }
 void column_sum_accumulate(const Context& ctx, float* out, const bf16* in, int64_t rows,
                            int64_t cols) {
-  const LaunchShape s = column_shape(cols);
-  column_sum_kernel<<<static_cast<unsigned>(s.grid), s.block, 0, ctx.stream()>>>(out, native(in),
-                                                                                 rows, cols);
-  KT_CUDA_CHECK_LAUNCH();
+  column_reduce<1>(ctx, out, nullptr, ElementTerm<__nv_bfloat16>{native(in), cols}, rows, cols);
 }
 }  // namespace detail
 

@@ -38,8 +38,25 @@ inline LaunchShape row_shape(int64_t rows, int64_t C) {
   return {rows, block, 0};
 }
 
-// Column reductions (layernorm dweight/dbias, matmul dbias, embedding dwpe): one thread per
-// column, each summing all rows; deterministic (no atomics), 128 threads per block.
+// Column reductions (layernorm dweight/dbias, matmul dbias): sums over the rows of each column,
+// deterministic (no atomics) in two stages. Stage 1: blocks of 32 columns × 8 threads over rows,
+// one block per (column tile, row chunk), each writing its partial sums to the Context's
+// scratch; stage 2 (column_shape): one thread per column adds the chunks' partials in order.
+// Chunks: ≥ 64 rows each, at most 256, and `terms` arrays of chunks × cols floats must fit in
+// `scratch_floats`.
+constexpr int kColumnTile = 32;
+constexpr int kColumnRowsPerBlock = 8;
+struct ColumnReduction {
+  int64_t chunks = 1;
+  int64_t rows_per_chunk = 0;
+};
+inline ColumnReduction column_reduction(int64_t rows, int64_t cols, int64_t scratch_floats,
+                                        int terms) {
+  int64_t chunks = std::clamp<int64_t>((rows + 63) / 64, 1, 256);
+  chunks = std::max<int64_t>(1, std::min(chunks, scratch_floats / (cols * terms)));
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+  return {std::max<int64_t>(1, (rows + rows_per_chunk - 1) / rows_per_chunk), rows_per_chunk};
+}
 inline LaunchShape column_shape(int64_t C) {
   constexpr int kBlock = 128;
   return {std::max<int64_t>(1, (C + kBlock - 1) / kBlock), kBlock, 0};
@@ -59,12 +76,6 @@ inline LaunchShape attention_row_shape(int64_t B, int64_t NH, int64_t T, int64_t
 inline LaunchShape attention_key_shape(int64_t B, int64_t NH, int64_t T, int64_t hs) {
   const int block = static_cast<int>(std::clamp<int64_t>(((hs + 31) / 32) * 32, 32, 1024));
   return {B * NH * T, block, 0};
-}
-
-// Embedding backward into dwte: rows of dwte repeat when a token repeats, so each block owns a
-// slice of 32 channels and walks all BT tokens in order: writes are disjoint, deterministic.
-inline LaunchShape embedding_backward_shape(int64_t C) {
-  return {std::max<int64_t>(1, (C + 31) / 32), 32, 0};
 }
 
 // Multi-tensor AdamW: a fixed number of blocks per tensor chunk of kAdamWChunk elements.

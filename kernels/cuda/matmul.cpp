@@ -15,6 +15,7 @@ namespace kt::kernels::cuda {
 
 namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS recommends ≥ 32 MiB on Hopper
+constexpr size_t kScratchBytes = 8u << 20;
 
 cublasLtHandle_t handle_of(const Context& ctx) {
   return static_cast<cublasLtHandle_t>(ctx.blas_handle());
@@ -126,19 +127,23 @@ Gemm dweight_gemm(void* dweight, const void* dout, const void* inp, int64_t BT, 
 
 }  // namespace
 
-Context::Context(StreamHandle stream) : stream_(stream), workspace_bytes_(kWorkspaceBytes) {
+Context::Context(StreamHandle stream)
+    : stream_(stream), workspace_bytes_(kWorkspaceBytes), scratch_bytes_(kScratchBytes) {
   cublasLtHandle_t handle = nullptr;
   KT_CUBLAS_CHECK(cublasLtCreate(&handle));
   blas_handle_ = handle;
-  const cudaError_t status = cudaMalloc(&workspace_, workspace_bytes_);
+  cudaError_t status = cudaMalloc(&workspace_, workspace_bytes_);
+  if (status == cudaSuccess) status = cudaMalloc(&scratch_, scratch_bytes_);
   if (status != cudaSuccess) {
+    cudaFree(workspace_);
     cublasLtDestroy(handle);
     KT_CUDA_CHECK(status);
   }
 }
 
 Context::~Context() {
-  cudaFree(workspace_);  // errors at teardown have no one to report to
+  cudaFree(scratch_);  // errors at teardown have no one to report to
+  cudaFree(workspace_);
   cublasLtDestroy(static_cast<cublasLtHandle_t>(blas_handle_));
 }
 

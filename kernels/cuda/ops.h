@@ -24,8 +24,9 @@ struct bf16 {
   uint16_t bits;
 };
 
-// What every kernel needs: the stream it runs on, a cuBLASLt handle and its workspace. One per
-// stream that runs matmuls; creating one allocates the workspace (do it before training steps).
+// What every kernel needs: the stream it runs on, a cuBLASLt handle and its workspace, and a
+// scratch buffer. One per stream that runs kernels; creating one allocates the workspace and the
+// scratch (do it before training steps).
 class Context {
  public:
   explicit Context(StreamHandle stream);
@@ -37,12 +38,17 @@ class Context {
   void* blas_handle() const { return blas_handle_; }  // a cublasLtHandle_t
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // Device scratch for kernels on this stream (column-reduction partials), 8 MiB.
+  float* scratch() const { return scratch_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
   StreamHandle stream_;
   void* blas_handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  float* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
 };
 
 // ---- float32: the kt::kernels::cpu family over device pointers --------------------------------
@@ -67,6 +73,8 @@ void residual_backward(const Context& ctx, float* da, float* db, const float* do
 // tokens (B,T) live in device memory.
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C);
+// dwte by atomicAdd (a token's row gets its sum in no fixed order: not bit-reproducible run to
+// run, unlike every other kernel here); dwpe deterministic.
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 // Causal self-attention with the attention matrix materialised, like the CPU family: inp

@@ -60,22 +60,21 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   }
 }
 
-// dweight (C) += Σ_rows dy·norm, dbias (C) += Σ_rows dy: one thread per column, deterministic.
+// The column terms of layernorm's parameter gradients for column_reduce: dy·norm (dweight) and
+// dy (dbias); deterministic two-stage sums.
 template <class T>
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const T* dout,
-                                                 const T* inp, const float* mean, const float* rstd,
-                                                 int64_t BT, int64_t C) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float dw = 0.0f, db = 0.0f;
-  for (int64_t i = 0; i < BT; ++i) {
-    const float dy = ld(dout[i * C + c]);
-    dw += dy * (ld(inp[i * C + c]) - mean[i]) * rstd[i];
-    db += dy;
+struct LayernormParamTerms {
+  const T* dout;
+  const T* inp;
+  const float* mean;
+  const float* rstd;
+  int64_t C;
+  __device__ void operator()(int64_t r, int64_t c, float* acc) const {
+    const float dy = ld(dout[r * C + c]);
+    acc[0] += dy * (ld(inp[r * C + c]) - mean[r]) * rstd[r];
+    acc[1] += dy;
   }
-  dweight[c] += dw;
-  dbias[c] += db;
-}
+};
 
 // losses (BT); dlogits (BT,Vp) = (softmax − onehot)·dloss over the first V columns, 0 beyond.
 // Each element is read and then written by the same thread, so dlogits may alias logits.
@@ -128,10 +127,7 @@ void launch_layernorm_backward(const Context& ctx, T* dinp, float* dweight, floa
   layernorm_backward_dinp_kernel<<<static_cast<unsigned>(s.grid), s.block, 0, ctx.stream()>>>(
       dinp, dout, inp, weight, mean, rstd, C);
   KT_CUDA_CHECK_LAUNCH();
-  const LaunchShape p = column_shape(C);
-  layernorm_backward_params_kernel<<<static_cast<unsigned>(p.grid), p.block, 0, ctx.stream()>>>(
-      dweight, dbias, dout, inp, mean, rstd, BT, C);
-  KT_CUDA_CHECK_LAUNCH();
+  column_reduce<2>(ctx, dweight, dbias, LayernormParamTerms<T>{dout, inp, mean, rstd, C}, BT, C);
 }
 
 template <class T>
