@@ -6,7 +6,8 @@
 // and bandwidth per head; a flash-style kernel (no att buffer) is the planned replacement and
 // needs the model to stop keeping att (docs/WORKER.md).
 //
-// Forward and the query side of backward: one block per (b, h, t) query row. Backward key/value
+// Forward and the query side of backward: one block per (b, h, t) query row, one warp per key
+// for the dot products, threads over channels for the weighted sums. Backward key/value
 // side: one block per (b, h, t2) key row summing over queries t ≥ t2, so no atomics anywhere and
 // the result is deterministic.
 #include <cuda_runtime.h>
@@ -33,15 +34,18 @@ __global__ void attention_forward_kernel(float* out, float* preatt, float* att, 
   const float* base = inp + b * T * 3 * C;
   for (int64_t i = threadIdx.x; i < hs; i += blockDim.x) q[i] = base[t * 3 * C + h * hs + i];
   __syncthreads();
+  // Scores: one warp per key row, lanes over the channels (coalesced reads of k).
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float maxval = -FLT_MAX;
-  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+  for (int64_t t2 = warp; t2 <= t; t2 += warps) {
     const float* k = base + t2 * 3 * C + C + h * hs;
     float dot = 0.0f;
-    for (int64_t i = 0; i < hs; ++i) dot += q[i] * k[i];
-    w[t2] = dot * scale;
-    maxval = fmaxf(maxval, w[t2]);
+    for (int64_t i = lane; i < hs; i += 32) dot += q[i] * k[i];
+    dot = warp_sum(dot) * scale;  // every lane holds the sum
+    if (lane == 0) w[t2] = dot;
+    maxval = fmaxf(maxval, dot);
   }
-  maxval = block_max(maxval);
+  maxval = block_max(maxval);  // its barriers publish w to the whole block
   float* pre = preatt + (bh * T + t) * T;
   float* a = att + (bh * T + t) * T;
   float sum = 0.0f;
@@ -86,15 +90,20 @@ __global__ void attention_backward_query_kernel(float* dinp, float* dpreatt, flo
   const float* a = att + (bh * T + t) * T;
   float* da = datt + (bh * T + t) * T;
   float* dpre = dpreatt + (bh * T + t) * T;
+  // datt: one warp per key row, lanes over the channels (coalesced reads of v).
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float weighted = 0.0f;
-  for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+  for (int64_t t2 = warp; t2 <= t; t2 += warps) {
     const float* v = base + t2 * 3 * C + 2 * C + h * hs;
     float dot = 0.0f;
-    for (int64_t i = 0; i < hs; ++i) dot += v[i] * d[i];
-    dp[t2] = dot;  // datt for now
-    weighted += a[t2] * dot;
+    for (int64_t i = lane; i < hs; i += 32) dot += v[i] * d[i];
+    dot = warp_sum(dot);
+    if (lane == 0) {
+      dp[t2] = dot;  // datt for now
+      weighted += a[t2] * dot;
+    }
   }
-  weighted = block_sum(weighted);
+  weighted = block_sum(weighted);  // its barriers publish dp to the whole block
   for (int64_t t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
     if (t2 <= t) {
       da[t2] = dp[t2];
