@@ -3,7 +3,8 @@
 # device and gpu_tests as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the CUDA toolkit,
 # CMake and g++, none of the Debian -dev packages), runs every GPU kernel test against the float64
 # CPU reference, then prints one table of kernel times against measured ceilings (cuBLASLt bf16
-# GEMM, D2D and pinned H2D/D2H copies).
+# GEMM, D2D and pinned H2D/D2H copies), then GPT-2 124M bf16 training tokens/s and MFU on the
+# kernel harness (tests/gpu/gpt_harness.*; the worker itself does not run on CUDA yet).
 #
 #   scripts/device-check.sh               build, test, bench (≈ 2–4 min on an H200)
 #   scripts/device-check.sh --build-only  build only (works without a GPU: CI and dev machines)
@@ -68,6 +69,10 @@ if ((test_rc != 2)); then
   echo "== timings"
   timeout 240 "$tests" --bench
   bench_rc=$?
+  echo "== GPT-2 124M training step (bf16, kernel harness)"
+  timeout 180 "$tests" --gpt-bench
+  gpt_rc=$?
+  ((bench_rc == 0)) && bench_rc=$gpt_rc
 fi
 case $test_rc in
   0) verdict=PASSED ;;

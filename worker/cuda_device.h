@@ -88,6 +88,7 @@ class CudaDevice {
     return pinned_memory_.allocate(bytes, kind);
   }
   void deallocate_pinned(void* ptr) { pinned_memory_.deallocate(ptr); }
+  void release_cached() { device_memory_.release_cached(); }  // cudaFree of whole free segments
   AllocatorStats device_memory_stats() const { return device_memory_.stats(); }
   AllocatorStats pinned_memory_stats() const { return pinned_memory_.stats(); }
 

@@ -20,6 +20,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/reference.h"
+#include "tests/gpu/gpt_harness.h"
 #include "worker/cuda_device.h"
 
 namespace kt {
@@ -510,6 +511,31 @@ void test_device() {
   std::printf("ok    %-44s\n", "CUDA device: allocator reuse, pinned copies");
 }
 
+// A tiny GPT trained in bf16 on one fixed batch (next-token targets of a random sequence): the
+// first loss must be ln V (weights N(0, 0.02) give near-uniform logits) and 60 AdamW steps must
+// memorise the batch (loss below 0.6·ln V). A wrong gradient anywhere in the composed step
+// (sign, layout, a missing accumulation) stops the loss from falling that far.
+void test_gpt_training(const gpu::Context& ctx) {
+  const gpu_harness::GptDims dims{2, 64, 4, 256, 256, 32, 4};
+  gpu_harness::GptBf16 gpt(*g_device, ctx, dims, g_seed);
+  const auto sequence = random_tokens(dims.B * dims.T + 1, static_cast<int32_t>(dims.V));
+  const std::vector<int32_t> tokens(sequence.begin(), sequence.end() - 1);
+  const std::vector<int32_t> targets(sequence.begin() + 1, sequence.end());
+  const float ln_v = std::log(static_cast<float>(dims.V));
+  std::vector<float> losses;
+  for (int i = 0; i < 60; ++i) losses.push_back(gpt.step(tokens, targets, 3e-3f, true));
+  bool finite = true;
+  for (float l : losses) finite = finite && std::isfinite(l);
+  check(finite, "gpt bf16 training: a loss is not finite");
+  check(std::abs(losses.front() - ln_v) < 0.15f, "gpt bf16 training: first loss " +
+                                                     std::to_string(losses.front()) +
+                                                     " is not ln V = " + std::to_string(ln_v));
+  check(losses.back() < 0.6f * ln_v,
+        "gpt bf16 training: loss after 60 steps " + std::to_string(losses.back()) + " ≥ 0.6·ln V");
+  std::printf("info  %-44s loss %.3f → %.3f (ln V %.3f)\n", "gpt bf16 training (L2 C64, 60 steps)",
+              losses.front(), losses.back(), ln_v);
+}
+
 // ---- benchmark ---------------------------------------------------------------------------------
 // Median milliseconds of `fn` over `reps` runs after 2 warm-up runs, timed with CUDA events.
 double time_ms(cudaStream_t stream, int reps, const std::function<void()>& fn) {
@@ -731,8 +757,46 @@ void bench(const gpu::Context& ctx) {
       "(rates: bytes moved = each input read once + each output written once; GEMM and "
       "attention in FLOP. Percentages against the D2D copy and the bf16 GEMM ceilings.)\n");
   std::printf(
-      "GPT-2 124M training tokens/s and MFU: not measured — the worker does not execute "
-      "device: cuda plans yet (docs/WORKER.md, CUDA runtime status).\n");
+      "GPT-2 124M training: `gpu_tests --gpt-bench` (the kernel harness; the worker does "
+      "not execute device: cuda plans yet).\n");
+}
+
+// GPT-2 124M (seq 1024, bf16 activations, fp32 master/AdamW) training step time on the harness,
+// for the largest micro-batch of 64, 32, 16, 8 that fits. MFU counts model FLOPs
+// 6·N·tokens + 12·L·C·T·tokens (the PERFORMANCE.md convention) against 989.4 TFLOP/s, the
+// H100/H200 SXM dense bf16 datasheet peak.
+void gpt_bench(const gpu::Context& ctx) {
+  for (int64_t B : {64, 32, 16, 8}) {
+    const gpu_harness::GptDims dims{12, 768, 12, 50257, 50304, 1024, B};
+    std::unique_ptr<gpu_harness::GptBf16> gpt;
+    try {
+      gpt = std::make_unique<gpu_harness::GptBf16>(*g_device, ctx, dims, 1234);
+    } catch (const Error& e) {
+      std::printf("micro-batch %ld does not fit: %s\n", static_cast<long>(B), e.what());
+      g_device->release_cached();
+      continue;
+    }
+    auto tokens = random_tokens(B * 1024, 50257), targets = random_tokens(B * 1024, 50257);
+    for (int i = 0; i < 2; ++i) gpt->step(tokens, targets, 6e-4f, false);
+    const double ms = time_ms(ctx.stream(), 5, [&] { gpt->step(tokens, targets, 6e-4f, false); });
+    const float loss = gpt->step(tokens, targets, 6e-4f, true);
+    const double tok = B * 1024.0;
+    const double flops = 6.0 * dims.parameters() * tok + 12.0 * 12 * 768 * 1024 * tok;
+    std::printf(
+        "\nGPT-2 124M bf16 training on the kernel harness (not the worker), T 1024, "
+        "micro-batch %ld (largest of 64/32/16/8 that fits):\n",
+        static_cast<long>(B));
+    std::printf(
+        "  step %.1f ms, %.0f tokens/s, %.1f TFLOP/s model FLOPs, MFU %.1f%% of 989.4 "
+        "TFLOP/s; loss %.3f (ln V = 10.825 at init)\n",
+        ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12, 100.0 * flops / (ms / 1e3) / 989.4e12,
+        loss);
+    std::printf(
+        "  with offload: optimizer — not measured: the offload engine does not run on "
+        "CUDA yet.\n");
+    return;
+  }
+  std::printf("GPT-2 124M: no micro-batch fits\n");
 }
 
 }  // namespace
@@ -741,6 +805,7 @@ void bench(const gpu::Context& ctx) {
 int main(int argc, char** argv) {
   using namespace kt;
   const bool bench_mode = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
+  const bool gpt_bench_mode = argc > 1 && std::strcmp(argv[1], "--gpt-bench") == 0;
   if (CudaDevice::device_count() == 0) {
     std::printf(
         "gpu_tests: NOT RUN — no usable CUDA device (%s). These tests need a GPU: run "
@@ -749,7 +814,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_seed = argc > 2 ? static_cast<unsigned>(std::stoul(argv[2])) : std::random_device{}();
-  if (!bench_mode && argc > 1) g_seed = static_cast<unsigned>(std::stoul(argv[1]));
+  if (!bench_mode && !gpt_bench_mode && argc > 1)
+    g_seed = static_cast<unsigned>(std::stoul(argv[1]));
   g_rng.seed(g_seed);
   try {
     CudaDevice device(0);
@@ -759,6 +825,8 @@ int main(int argc, char** argv) {
     gpu::Context ctx(device.stream(worker::StreamRole::kCompute).handle());
     if (bench_mode) {
       bench(ctx);
+    } else if (gpt_bench_mode) {
+      gpt_bench(ctx);
     } else {
       test_device();  // first: its raw-allocation counts assume an empty large pool
       test_matmul(ctx);
@@ -769,13 +837,14 @@ int main(int argc, char** argv) {
       test_cross_entropy(ctx);
       test_bf16_storage(ctx);
       test_adamw(ctx);
+      test_gpt_training(ctx);
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (const std::exception& e) {
     std::printf("FAIL  exception: %s\n", e.what());
     return 1;
   }
-  if (bench_mode) return 0;
+  if (bench_mode || gpt_bench_mode) return 0;
   std::printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }
