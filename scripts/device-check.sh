@@ -11,8 +11,11 @@
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only).
-# If the build fails but a gpu_tests binary built elsewhere was carried in build-gpu/bin, that one
-# runs (it needs only libcudart.so.13 and libcublasLt.so.13 from the machine's toolkit).
+# Fallback: if the build fails there but a gpu_tests binary built elsewhere was carried in
+# gpu-prebuilt/ (git-ignored: `scripts/device-check.sh --build-only && mkdir -p gpu-prebuilt &&
+# cp build-gpu/bin/gpu_tests gpu-prebuilt/`, then carry ["gpu-prebuilt"]), that one runs; it needs
+# only libcudart.so.13 and libcublasLt.so.13 from the machine's toolkit. Do not carry build-gpu
+# itself: its CMake cache names this machine's paths.
 # Exit status: 0 when everything built and every GPU check passed; 2 when no GPU was usable.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +51,7 @@ elif ! cmake --build "$build_dir" -j "$jobs"; then
 fi
 echo "== build: $([[ $built == 1 ]] && echo ok || echo FAILED) in $((SECONDS - start)) s"
 tests="$build_dir/bin/gpu_tests"
+if ((!built)) && [[ -x gpu-prebuilt/gpu_tests ]]; then tests=gpu-prebuilt/gpu_tests; fi
 if ((build_only)); then
   ((built)) || exit 1
   echo "device-check: built $tests (not run: --build-only)"
@@ -56,7 +60,7 @@ fi
 if [[ ! -x "$tests" ]]; then
   echo "device-check: no $tests to run"; exit 1
 fi
-((built)) || echo "device-check: running the carried $tests"
+((built)) || echo "device-check: build failed; running the carried $tests"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv 2>&1 || true
