@@ -6,22 +6,6 @@
 
 namespace kt::worker {
 
-const char* to_string(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kParams:
-      return "params";
-    case MemoryKind::kGrads:
-      return "grads";
-    case MemoryKind::kOptimizer:
-      return "optimizer";
-    case MemoryKind::kActivations:
-      return "activations";
-    case MemoryKind::kWorkspace:
-      return "workspace";
-  }
-  return "?";
-}
-
 std::shared_ptr<Device> Device::cpu() {
   static std::shared_ptr<Device> device(new Device("cpu"));
   return device;

@@ -1,6 +1,7 @@
 // The device a rank computes on. Now: the CPU — an allocator that tracks bytes by kind, streams
 // that are worker threads running tasks in order, and events recorded on a stream. The CUDA
-// device (issue #7) has the same shape over cudaMalloc'd memory, cudaStream_t and cudaEvent_t.
+// device (worker/cuda_device.h) has the same shape over cudaMalloc'd memory, cudaStream_t and
+// cudaEvent_t.
 #pragma once
 
 #include <condition_variable>
@@ -14,11 +15,9 @@
 #include <string>
 #include <thread>
 
-namespace kt::worker {
+#include "worker/memory_kind.h"
 
-// Memory a device buffer is for, as in kubetrain_worker_memory_bytes{kind}.
-enum class MemoryKind { kParams, kGrads, kOptimizer, kActivations, kWorkspace };
-const char* to_string(MemoryKind kind);
+namespace kt::worker {
 
 // An owning, 64-byte aligned, zero-initialised float buffer on a device.
 class DeviceBuffer;

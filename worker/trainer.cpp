@@ -69,7 +69,9 @@ void check_executable(const api::Plan& plan) {
   auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
   if (plan.device != api::DeviceKind::kCpu)
     refuse("device is " + std::string(api::to_string(plan.device)) +
-           "; this worker runs device: cpu plans (the CUDA runtime is issue #7)");
+           "; this worker runs device: cpu plans only: the CUDA kernels and device exist "
+           "(kernels/cuda, worker/cuda_device) but the model does not run on them yet "
+           "(docs/WORKER.md, \"The CUDA runtime\")");
   if (plan.config.tp * plan.config.dp != plan.world)
     refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
            std::to_string(plan.world));

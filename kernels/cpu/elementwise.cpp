@@ -4,18 +4,15 @@
 
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/math.h"
 #include "kernels/ops.h"
 
 namespace kt::kernels::cpu {
-namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/π)
-}
-
 KT_SIMD_CLONES void gelu_forward(float* out, const float* inp, int64_t N) {
 #pragma omp parallel for simd
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+    out[i] = math::gelu_from_tanh(x, fast_tanh(math::gelu_tanh_argument(x)));
   }
 }
 
@@ -23,11 +20,7 @@ KT_SIMD_CLONES void gelu_backward(float* dinp, const float* inp, const float* do
 #pragma omp parallel for simd
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
-    const float th = fast_tanh(kGeluScale * (x + 0.044715f * x * x * x));
-    const float sech2 = 1.0f - th * th;
-    const float grad =
-        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] += math::gelu_grad_from_tanh(x, fast_tanh(math::gelu_tanh_argument(x))) * dout[i];
   }
 }
 

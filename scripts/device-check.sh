@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The first thing to run on a GPU machine (DESIGN.md §11): builds the CUDA kernels, the CUDA
+# device and gpu_tests as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the CUDA toolkit,
+# CMake and g++, none of the Debian -dev packages), runs every GPU kernel test against the float64
+# CPU reference, then prints one table of kernel times against measured ceilings (cuBLASLt bf16
+# GEMM, D2D and pinned H2D/D2H copies), then GPT-2 124M bf16 training tokens/s and MFU on the
+# kernel harness (tests/gpu/gpt_harness.*; the worker itself does not run on CUDA yet).
+#
+#   scripts/device-check.sh               build, test, bench (≈ 2–4 min on an H200)
+#   scripts/device-check.sh --build-only  build only (works without a GPU: CI and dev machines)
+#
+# Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
+# CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only).
+# Fallback: if the build fails there but a gpu_tests binary built elsewhere was carried in
+# gpu-prebuilt/ (git-ignored: `scripts/device-check.sh --build-only && mkdir -p gpu-prebuilt &&
+# cp build-gpu/bin/gpu_tests gpu-prebuilt/`, then carry ["gpu-prebuilt"]), that one runs; it needs
+# only libcudart.so.13 and libcublasLt.so.13 from the machine's toolkit. Do not carry build-gpu
+# itself: its CMake cache names this machine's paths.
+# Exit status: 0 when everything built and every GPU check passed; 2 when no GPU was usable.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+build_only=0
+[[ "${1:-}" == "--build-only" ]] && build_only=1
+build_dir=${KT_GPU_BUILD:-build-gpu}
+log_dir=${OUT:-$build_dir}
+mkdir -p "$log_dir"
+log="$log_dir/device-check.log"
+exec > >(tee "$log") 2>&1
+
+archs=${CUDA_ARCHS:-90}
+if ((build_only)); then jobs=${JOBS:-2}; else jobs=${JOBS:-$(nproc)}; fi
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q "KUBETRAIN_GPU_ONLY:BOOL=ON" "$build_dir/CMakeCache.txt"; then
+  echo "device-check: $build_dir is not a GPU-only build; set KT_GPU_BUILD to another folder" >&2
+  exit 1
+fi
+
+echo "== device-check $(date -u +%FT%TZ) on $(hostname); archs $archs; jobs $jobs"
+command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
+start=$SECONDS
+built=1
+if ! cmake -S . -B "$build_dir" "${generator[@]}" -DKUBETRAIN_GPU_ONLY=ON -DKUBETRAIN_WERROR=ON \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$archs" >"$log_dir/configure.log" 2>&1; then
+  built=0
+  echo "device-check: configure FAILED:"; tail -30 "$log_dir/configure.log"
+elif ! cmake --build "$build_dir" -j "$jobs"; then
+  built=0
+  echo "device-check: build FAILED"
+fi
+echo "== build: $([[ $built == 1 ]] && echo ok || echo FAILED) in $((SECONDS - start)) s"
+tests="$build_dir/bin/gpu_tests"
+if ((!built)) && [[ -x gpu-prebuilt/gpu_tests ]]; then tests=gpu-prebuilt/gpu_tests; fi
+if ((build_only)); then
+  ((built)) || exit 1
+  echo "device-check: built $tests (not run: --build-only)"
+  exit 0
+fi
+if [[ ! -x "$tests" ]]; then
+  echo "device-check: no $tests to run"; exit 1
+fi
+((built)) || echo "device-check: build failed; running the carried $tests"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
+  --format=csv 2>&1 || true
+
+echo "== GPU kernel tests (fresh random inputs vs the float64 CPU reference)"
+timeout 300 "$tests"
+test_rc=$?
+bench_rc=skipped
+if ((test_rc != 2)); then
+  echo "== timings"
+  timeout 240 "$tests" --bench
+  bench_rc=$?
+  echo "== GPT-2 124M training step (bf16, kernel harness)"
+  timeout 180 "$tests" --gpt-bench
+  gpt_rc=$?
+  ((bench_rc == 0)) && bench_rc=$gpt_rc
+fi
+case $test_rc in
+  0) verdict=PASSED ;;
+  2) verdict="NOT RUN (no usable GPU)" ;;
+  *) verdict="FAILED (exit $test_rc)" ;;
+esac
+echo "== device-check: GPU tests $verdict; bench exit $bench_rc; $((SECONDS - start)) s; log $log"
+if ((test_rc != 0)); then exit "$test_rc"; fi
+[[ $bench_rc == 0 ]]

@@ -1,0 +1,850 @@
+// GPU tests and the device-check timing table. Without arguments: every CUDA kernel against the
+// float64 run of kernels/reference.h on fresh random inputs (outputs poisoned with NaN first, so
+// an unwritten element fails), and the CUDA device's allocators and streams. `--bench`: kernel
+// times at GPT-2 124M shapes against measured ceilings (bf16 GEMM, copies). Exit status 0 only if
+// every check passed; with no usable GPU it says so and exits 2 (never counted as a pass).
+//
+// Error measure (METHOD.md): ‖got − ref64‖ / ‖ref64‖. Tolerances: fp32 kernels 2e-5; bf16
+// results 1e-2 (one bf16 rounding is 2^-9 relative); fp32 results of bf16 operands 1e-4.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/reference.h"
+#include "tests/gpu/gpt_harness.h"
+#include "worker/cuda_device.h"
+
+namespace kt {
+namespace {
+
+namespace ref = kernels::reference;
+namespace gpu = kernels::cuda;
+using gpu::bf16;
+using kernels::AdamWStep;
+using worker::CudaDevice;
+using worker::MemoryKind;
+using F = std::vector<float>;
+using D = std::vector<double>;
+
+int g_checks = 0, g_failures = 0;
+unsigned g_seed = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL  %s (seed %u)\n", what.c_str(), g_seed);
+  }
+}
+
+template <class T>
+double rel_error(const std::vector<T>& got, const D& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]);
+    num += (g - want[i]) * (g - want[i]);
+    den += want[i] * want[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+void expect_close(const F& got, const D& want, double tol, const std::string& what) {
+  const double err = rel_error(got, want);
+  const bool ok = err < tol;  // NaN fails
+  if (ok) std::printf("ok    %-44s rel err %.2e (tol %.0e)\n", what.c_str(), err, tol);
+  check(ok, what + ": rel err " + std::to_string(err) + " ≥ " + std::to_string(tol));
+}
+
+// ---- host-side bf16 (round to nearest even), independent of CUDA's conversion ---------------
+uint16_t to_bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16_bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+F round_bf16(const F& x) {
+  F out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = from_bf16_bits(to_bf16_bits(x[i]));
+  return out;
+}
+
+// ---- device arrays from the CUDA device's caching allocator ---------------------------------
+CudaDevice* g_device = nullptr;
+
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    ptr_ = static_cast<T*>(
+        g_device->allocate(std::max<size_t>(1, n) * sizeof(T), MemoryKind::kWorkspace));
+    poison();
+  }
+  template <class U>
+  explicit DeviceArray(const std::vector<U>& host) : DeviceArray(host.size()) {
+    upload(host);
+  }
+  ~DeviceArray() { g_device->deallocate(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return ptr_; }
+  operator T*() const { return ptr_; }
+  // The kernels run on the device's non-blocking compute stream, which does not wait for the
+  // legacy default stream that cudaMemset/cudaMemcpy use: every fill ends with a device sync.
+  void poison() {  // 0xff bytes: NaN in fp32 and bf16
+    KT_CUDA_CHECK(cudaMemset(ptr_, 0xff, n_ * sizeof(T)));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void zero() {
+    KT_CUDA_CHECK(cudaMemset(ptr_, 0, n_ * sizeof(T)));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void upload(const std::vector<T>& host) {
+    KT_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void upload(const F& host) requires std::is_same_v<T, bf16> {
+    std::vector<bf16> b(host.size());
+    for (size_t i = 0; i < host.size(); ++i) b[i].bits = to_bf16_bits(host[i]);
+    upload(b);
+  }
+  std::vector<T> raw() const {
+    std::vector<T> host(n_);
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+    KT_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  F floats() const {
+    if constexpr (std::is_same_v<T, bf16>) {
+      F out(n_);
+      const auto b = raw();
+      for (size_t i = 0; i < n_; ++i) out[i] = from_bf16_bits(b[i].bits);
+      return out;
+    } else {
+      return raw();
+    }
+  }
+
+ private:
+  T* ptr_;
+  size_t n_;
+};
+
+std::mt19937 g_rng;
+F random(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  F out(n);
+  for (auto& x : out) x = dist(g_rng);
+  return out;
+}
+std::vector<int32_t> random_tokens(size_t n, int32_t vocab) {
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> out(n);
+  for (auto& x : out) x = dist(g_rng);
+  return out;
+}
+D widen(const F& x) {
+  return D(x.begin(), x.end());
+}
+
+// ---- kernel tests ------------------------------------------------------------------------------
+void test_matmul(const gpu::Context& ctx) {
+  const int64_t BT = 77, C = 96, OC = 130;
+  for (bool with_bias : {true, false}) {
+    F inp = random(BT * C), w = random(OC * C, 0.1f), bias = random(OC), dout = random(BT * OC);
+    F dinp0 = random(BT * C), dw0 = random(OC * C), db0 = random(OC);
+    DeviceArray<float> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout), d_out(BT * OC);
+    DeviceArray<float> d_dinp(dinp0), d_dw(dw0), d_db(db0);
+    gpu::matmul_forward(ctx, d_out, d_inp, d_w, with_bias ? d_bias.get() : nullptr, BT, C, OC);
+    gpu::matmul_backward(ctx, d_dinp, d_dw, with_bias ? d_db.get() : nullptr, d_dout, d_inp, d_w,
+                         BT, C, OC, /*accumulate_dweight=*/with_bias);
+    D out(BT * OC), dinp = widen(dinp0), dw = widen(dw0), db = widen(db0), b64 = widen(bias);
+    ref::matmul_forward<double>(out.data(), widen(inp).data(), widen(w).data(),
+                                with_bias ? b64.data() : nullptr, BT, C, OC);
+    ref::matmul_backward<double>(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
+                                 widen(dout).data(), widen(inp).data(), widen(w).data(), BT, C, OC,
+                                 with_bias);
+    const std::string tag = with_bias ? " (bias, accumulate)" : " (no bias, overwrite dW)";
+    expect_close(d_out.floats(), out, 2e-5, "matmul_forward fp32" + tag);
+    expect_close(d_dinp.floats(), dinp, 2e-5, "matmul_backward fp32 dinp" + tag);
+    expect_close(d_dw.floats(), dw, 2e-5, "matmul_backward fp32 dweight" + tag);
+    if (with_bias) expect_close(d_db.floats(), db, 2e-5, "matmul_backward fp32 dbias");
+  }
+  // bf16: operands rounded to bf16 on the host so the reference sees the same inputs.
+  const int64_t BT2 = 256, C2 = 192, OC2 = 136;  // multiples of 8 (bf16 GEMM alignment)
+  F inp = round_bf16(random(BT2 * C2)), w = round_bf16(random(OC2 * C2, 0.1f));
+  F bias = round_bf16(random(OC2)), dout = round_bf16(random(BT2 * OC2));
+  F dinp0 = round_bf16(random(BT2 * C2)), dw0 = random(OC2 * C2), db0 = random(OC2);
+  DeviceArray<bf16> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout), d_out(BT2 * OC2), d_dinp(dinp0);
+  DeviceArray<float> d_dw(dw0), d_db(db0);
+  gpu::matmul_forward_bf16(ctx, d_out, d_inp, d_w, d_bias, BT2, C2, OC2);
+  gpu::matmul_backward_bf16(ctx, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, BT2, C2, OC2, true);
+  D out(BT2 * OC2), dinp = widen(dinp0), dw = widen(dw0), db = widen(db0);
+  ref::matmul_forward<double>(out.data(), widen(inp).data(), widen(w).data(), widen(bias).data(),
+                              BT2, C2, OC2);
+  ref::matmul_backward<double>(dinp.data(), dw.data(), db.data(), widen(dout).data(),
+                               widen(inp).data(), widen(w).data(), BT2, C2, OC2, true);
+  expect_close(d_out.floats(), out, 1e-2, "matmul_forward bf16 (fused bias)");
+  expect_close(d_dinp.floats(), dinp, 1e-2, "matmul_backward bf16 dinp");
+  expect_close(d_dw.floats(), dw, 1e-4, "matmul_backward bf16 dweight (fp32)");
+  expect_close(d_db.floats(), db, 1e-4, "matmul_backward bf16 dbias (fp32)");
+}
+
+void test_layernorm(const gpu::Context& ctx) {
+  for (int64_t C : {int64_t{96}, int64_t{769}}) {
+    const int64_t BT = 53;
+    F inp = random(BT * C, 2.0f), w = random(C), b = random(C), dout = random(BT * C);
+    for (auto& x : inp) x += 3.0f;  // a non-zero mean
+    F dinp0 = random(BT * C), dw0 = random(C), db0 = random(C);
+    DeviceArray<float> d_inp(inp), d_w(w), d_b(b), d_out(BT * C), d_mean(BT), d_rstd(BT),
+        d_dout(dout), d_dinp(dinp0), d_dw(dw0), d_db(db0);
+    gpu::layernorm_forward(ctx, d_out, d_mean, d_rstd, d_inp, d_w, d_b, BT, C);
+    gpu::layernorm_backward(ctx, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, BT, C);
+    D out(BT * C), mean(BT), rstd(BT), dinp = widen(dinp0), dw = widen(dw0), db = widen(db0);
+    ref::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), widen(inp).data(),
+                                   widen(w).data(), widen(b).data(), BT, C);
+    ref::layernorm_backward<double>(dinp.data(), dw.data(), db.data(), widen(dout).data(),
+                                    widen(inp).data(), widen(w).data(), mean.data(), rstd.data(),
+                                    BT, C);
+    const std::string tag = " C=" + std::to_string(C);
+    expect_close(d_out.floats(), out, 2e-5, "layernorm_forward out" + tag);
+    expect_close(d_mean.floats(), mean, 2e-5, "layernorm_forward mean" + tag);
+    expect_close(d_rstd.floats(), rstd, 2e-5, "layernorm_forward rstd" + tag);
+    expect_close(d_dinp.floats(), dinp, 2e-5, "layernorm_backward dinp" + tag);
+    expect_close(d_dw.floats(), dw, 2e-5, "layernorm_backward dweight" + tag);
+    expect_close(d_db.floats(), db, 2e-5, "layernorm_backward dbias" + tag);
+  }
+}
+
+void test_elementwise(const gpu::Context& ctx) {
+  const int64_t N = 100003;
+  F x = random(N, 2.0f), y = random(N), dout = random(N), d0 = random(N), d1 = random(N);
+  DeviceArray<float> d_x(x), d_y(y), d_out(N), d_dout(dout), d_da(d0), d_db(d1);
+  gpu::gelu_forward(ctx, d_out, d_x, N);
+  D out(N), dinp = widen(d0);
+  ref::gelu_forward<double>(out.data(), widen(x).data(), N);
+  expect_close(d_out.floats(), out, 2e-5, "gelu_forward");
+  gpu::gelu_backward(ctx, d_da, d_x, d_dout, N);
+  ref::gelu_backward<double>(dinp.data(), widen(x).data(), widen(dout).data(), N);
+  expect_close(d_da.floats(), dinp, 2e-5, "gelu_backward");
+
+  d_da.upload(d0);
+  gpu::residual_forward(ctx, d_out, d_x, d_y, N);
+  gpu::residual_backward(ctx, d_da, d_db, d_dout, N);
+  D r(N), ra = widen(d0), rb = widen(d1);
+  ref::residual_forward<double>(r.data(), widen(x).data(), widen(y).data(), N);
+  ref::residual_backward<double>(ra.data(), rb.data(), widen(dout).data(), N);
+  expect_close(d_out.floats(), r, 1e-7, "residual_forward");
+  expect_close(d_da.floats(), ra, 1e-7, "residual_backward da");
+  expect_close(d_db.floats(), rb, 1e-7, "residual_backward db");
+
+  // sum of squares: double accumulation, so near-exact
+  DeviceArray<double> d_sum(1);
+  d_sum.zero();
+  gpu::sum_of_squares(ctx, d_sum, d_x, N);
+  const double want = ref::sum_of_squares(x.data(), N);
+  const double got = d_sum.raw()[0];
+  check(std::abs(got - want) <= 1e-12 * want,
+        "sum_of_squares " + std::to_string(got) + " vs " + std::to_string(want));
+
+  // casts: round-to-nearest-even bit for bit, and back exactly
+  F c = random(N, 100.0f);
+  c[0] = 1.00390625f;  // exactly halfway between two bf16 values: ties to even (1.0)
+  c[1] = 1.01171875f;  // halfway, rounds up to the even 1.015625
+  DeviceArray<float> d_c(c), d_back(N);
+  DeviceArray<bf16> d_c16(N);
+  gpu::cast_to_bf16(ctx, d_c16, d_c, N);
+  gpu::cast_to_float(ctx, d_back, d_c16, N);
+  const auto bits = d_c16.raw();
+  const F back = d_back.floats();
+  int64_t mismatched = 0;
+  for (int64_t i = 0; i < N; ++i)
+    mismatched += bits[i].bits != to_bf16_bits(c[i]) || back[i] != from_bf16_bits(bits[i].bits);
+  check(mismatched == 0, "cast_to_bf16/cast_to_float: " + std::to_string(mismatched) +
+                             " elements differ from round-to-nearest-even");
+  if (mismatched == 0) std::printf("ok    %-44s bit-exact\n", "cast_to_bf16 / cast_to_float");
+}
+
+void test_embedding(const gpu::Context& ctx) {
+  const int64_t B = 3, T = 29, C = 80, V = 13;  // few tokens: rows of dwte repeat
+  auto tokens = random_tokens(B * T, V);
+  F wte = random(V * C), wpe = random(T * C), dout = random(B * T * C);
+  F dwte0 = random(V * C), dwpe0 = random(T * C);
+  DeviceArray<int32_t> d_tokens(tokens);
+  DeviceArray<float> d_wte(wte), d_wpe(wpe), d_out(B * T * C), d_dout(dout), d_dwte(dwte0),
+      d_dwpe(dwpe0);
+  gpu::embedding_forward(ctx, d_out, d_tokens, d_wte, d_wpe, B, T, C);
+  gpu::embedding_backward(ctx, d_dwte, d_dwpe, d_dout, d_tokens, B, T, C);
+  D out(B * T * C), dwte = widen(dwte0), dwpe = widen(dwpe0);
+  ref::embedding_forward<double>(out.data(), tokens.data(), widen(wte).data(), widen(wpe).data(), B,
+                                 T, C);
+  ref::embedding_backward<double>(dwte.data(), dwpe.data(), widen(dout).data(), tokens.data(), B, T,
+                                  C);
+  expect_close(d_out.floats(), out, 1e-7, "embedding_forward");
+  expect_close(d_dwte.floats(), dwte, 2e-6, "embedding_backward dwte (repeated tokens)");
+  expect_close(d_dwpe.floats(), dwpe, 2e-6, "embedding_backward dwpe");
+}
+
+void test_attention(const gpu::Context& ctx) {
+  struct Case {
+    int64_t B, T, C, NH;
+  };
+  for (Case k : {Case{2, 67, 96, 3}, Case{1, 300, 128, 2}}) {
+    const int64_t B = k.B, T = k.T, C = k.C, NH = k.NH;
+    F inp = random(B * T * 3 * C), dout = random(B * T * C), dinp0 = random(B * T * 3 * C);
+    DeviceArray<float> d_inp(inp), d_out(B * T * C), d_pre(B * NH * T * T), d_att(B * NH * T * T),
+        d_dout(dout), d_dinp(dinp0), d_dpre(B * NH * T * T), d_datt(B * NH * T * T);
+    gpu::attention_forward(ctx, d_out, d_pre, d_att, d_inp, B, T, C, NH);
+    gpu::attention_backward(ctx, d_dinp, d_dpre, d_datt, d_dout, d_inp, d_att, B, T, C, NH);
+    D out(B * T * C), pre(B * NH * T * T), att(B * NH * T * T), dinp = widen(dinp0);
+    D dpre(B * NH * T * T, 0.0), datt(B * NH * T * T, 0.0);
+    ref::attention_forward<double>(out.data(), pre.data(), att.data(), widen(inp).data(), B, T, C,
+                                   NH);
+    ref::attention_backward<double>(dinp.data(), dpre.data(), datt.data(), widen(dout).data(),
+                                    widen(inp).data(), att.data(), B, T, C, NH);
+    const std::string tag = " T=" + std::to_string(T) + " hs=" + std::to_string(C / NH);
+    expect_close(d_out.floats(), out, 2e-5, "attention_forward out" + tag);
+    expect_close(d_pre.floats(), pre, 2e-5, "attention_forward preatt" + tag);
+    expect_close(d_att.floats(), att, 2e-5, "attention_forward att" + tag);
+    expect_close(d_dinp.floats(), dinp, 2e-5, "attention_backward dinp" + tag);
+    expect_close(d_datt.floats(), datt, 2e-5, "attention_backward datt" + tag);
+    expect_close(d_dpre.floats(), dpre, 2e-5, "attention_backward dpreatt" + tag);
+  }
+}
+
+void test_cross_entropy(const gpu::Context& ctx) {
+  const int64_t BT = 37, V = 1000, Vp = 1024;
+  const float dloss = 1.0f / BT;
+  F logits = random(BT * Vp, 3.0f);
+  auto targets = random_tokens(BT, static_cast<int32_t>(V));
+  DeviceArray<float> d_logits(logits), d_losses(BT), d_dlogits(BT * Vp);
+  DeviceArray<int32_t> d_targets(targets);
+  gpu::softmax_cross_entropy(ctx, d_losses, d_dlogits, d_logits, d_targets, BT, V, Vp, dloss);
+  D losses(BT), dlogits(BT * Vp);
+  ref::softmax_cross_entropy<double>(losses.data(), dlogits.data(), widen(logits).data(),
+                                     targets.data(), BT, V, Vp, dloss);
+  expect_close(d_losses.floats(), losses, 2e-5, "softmax_cross_entropy losses");
+  expect_close(d_dlogits.floats(), dlogits, 2e-5, "softmax_cross_entropy dlogits");
+  // In place: dlogits aliasing logits gives the same result.
+  gpu::softmax_cross_entropy(ctx, d_losses, d_logits, d_logits, d_targets, BT, V, Vp, dloss);
+  expect_close(d_logits.floats(), dlogits, 2e-5, "softmax_cross_entropy dlogits in place");
+  expect_close(d_losses.floats(), losses, 2e-5, "softmax_cross_entropy losses in place");
+}
+
+// bf16 storage versions: inputs rounded to bf16 on the host, so the float64 reference sees the
+// same values; bf16 results within 1e-2, fp32 results (statistics, parameter gradients, losses)
+// within 1e-4.
+void test_bf16_storage(const gpu::Context& ctx) {
+  {
+    const int64_t BT = 45, C = 320;
+    F inp = random(BT * C, 2.0f);
+    for (auto& x : inp) x += 1.5f;
+    inp = round_bf16(inp);
+    F w = round_bf16(random(C)), b = round_bf16(random(C)), dout = round_bf16(random(BT * C));
+    F dinp0 = round_bf16(random(BT * C)), dw0 = random(C), db0 = random(C);
+    DeviceArray<bf16> d_inp(inp), d_w(w), d_b(b), d_out(BT * C), d_dout(dout), d_dinp(dinp0);
+    DeviceArray<float> d_mean(BT), d_rstd(BT), d_dw(dw0), d_db(db0);
+    gpu::layernorm_forward(ctx, d_out, d_mean, d_rstd, d_inp, d_w, d_b, BT, C);
+    gpu::layernorm_backward(ctx, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean, d_rstd, BT, C);
+    D out(BT * C), mean(BT), rstd(BT), dinp = widen(dinp0), dw = widen(dw0), db = widen(db0);
+    ref::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), widen(inp).data(),
+                                   widen(w).data(), widen(b).data(), BT, C);
+    ref::layernorm_backward<double>(dinp.data(), dw.data(), db.data(), widen(dout).data(),
+                                    widen(inp).data(), widen(w).data(), mean.data(), rstd.data(),
+                                    BT, C);
+    expect_close(d_out.floats(), out, 1e-2, "layernorm_forward bf16 out");
+    expect_close(d_mean.floats(), mean, 1e-4, "layernorm_forward bf16 mean (fp32)");
+    expect_close(d_rstd.floats(), rstd, 1e-4, "layernorm_forward bf16 rstd (fp32)");
+    expect_close(d_dinp.floats(), dinp, 1e-2, "layernorm_backward bf16 dinp");
+    expect_close(d_dw.floats(), dw, 1e-4, "layernorm_backward bf16 dweight (fp32)");
+    expect_close(d_db.floats(), db, 1e-4, "layernorm_backward bf16 dbias (fp32)");
+  }
+  {
+    const int64_t N = 70001;
+    F x = round_bf16(random(N, 2.0f)), y = round_bf16(random(N)), dout = round_bf16(random(N));
+    F d0 = round_bf16(random(N)), d1 = round_bf16(random(N));
+    DeviceArray<bf16> d_x(x), d_y(y), d_out(N), d_dout(dout), d_da(d0), d_db(d1);
+    gpu::gelu_forward(ctx, d_out, d_x, N);
+    D out(N), dinp = widen(d0);
+    ref::gelu_forward<double>(out.data(), widen(x).data(), N);
+    expect_close(d_out.floats(), out, 1e-2, "gelu_forward bf16");
+    gpu::gelu_backward(ctx, d_da, d_x, d_dout, N);
+    ref::gelu_backward<double>(dinp.data(), widen(x).data(), widen(dout).data(), N);
+    expect_close(d_da.floats(), dinp, 1e-2, "gelu_backward bf16");
+    d_da.upload(d0);
+    gpu::residual_forward(ctx, d_out, d_x, d_y, N);
+    gpu::residual_backward(ctx, d_da, d_db, d_dout, N);
+    D r(N), ra = widen(d0), rb = widen(d1);
+    ref::residual_forward<double>(r.data(), widen(x).data(), widen(y).data(), N);
+    ref::residual_backward<double>(ra.data(), rb.data(), widen(dout).data(), N);
+    expect_close(d_out.floats(), r, 1e-2, "residual_forward bf16");
+    expect_close(d_da.floats(), ra, 1e-2, "residual_backward bf16 da");
+    expect_close(d_db.floats(), rb, 1e-2, "residual_backward bf16 db");
+  }
+  {
+    const int64_t BT = 29, V = 777, Vp = 784;
+    const float dloss = 1.0f / BT;
+    F logits = round_bf16(random(BT * Vp, 3.0f));
+    auto targets = random_tokens(BT, static_cast<int32_t>(V));
+    DeviceArray<bf16> d_logits(logits), d_dlogits(BT * Vp);
+    DeviceArray<float> d_losses(BT);
+    DeviceArray<int32_t> d_targets(targets);
+    gpu::softmax_cross_entropy(ctx, d_losses, d_dlogits, d_logits, d_targets, BT, V, Vp, dloss);
+    D losses(BT), dlogits(BT * Vp);
+    ref::softmax_cross_entropy<double>(losses.data(), dlogits.data(), widen(logits).data(),
+                                       targets.data(), BT, V, Vp, dloss);
+    expect_close(d_losses.floats(), losses, 1e-4, "softmax_cross_entropy bf16 losses (fp32)");
+    expect_close(d_dlogits.floats(), dlogits, 1e-2, "softmax_cross_entropy bf16 dlogits");
+  }
+}
+
+void test_adamw(const gpu::Context& ctx) {
+  AdamWStep step;
+  step.learning_rate = 1e-3f;
+  step.weight_decay = 0.1f;
+  step.t = 7;
+  step.grad_scale = 0.5f;
+  // 30 tensors (more than one launch group), sizes across the chunk boundary.
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 30; ++i) sizes.push_back(1 + (i * 7919) % 3000 + (i % 5 == 0 ? 70000 : 0));
+  std::vector<F> p, g, m, v;
+  std::vector<std::unique_ptr<DeviceArray<float>>> dp, dg, dm, dv;
+  std::vector<std::unique_ptr<DeviceArray<bf16>>> d16;
+  std::vector<gpu::AdamWTensor> list;
+  for (int64_t n : sizes) {
+    p.push_back(random(n));
+    g.push_back(random(n));
+    m.push_back(random(n, 0.1f));
+    F vv = random(n, 0.1f);
+    for (auto& x : vv) x = x * x;
+    v.push_back(vv);
+    dp.push_back(std::make_unique<DeviceArray<float>>(p.back()));
+    dg.push_back(std::make_unique<DeviceArray<float>>(g.back()));
+    dm.push_back(std::make_unique<DeviceArray<float>>(m.back()));
+    dv.push_back(std::make_unique<DeviceArray<float>>(v.back()));
+    d16.push_back(std::make_unique<DeviceArray<bf16>>(n));
+    list.push_back({*dp.back(), *dg.back(), *dm.back(), *dv.back(),
+                    list.size() % 2 == 0 ? d16.back()->get() : nullptr, n});
+  }
+  gpu::adamw_update_multi(ctx, list.data(), static_cast<int>(list.size()), step);
+  double worst = 0;
+  int64_t bf16_mismatch = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    D pp = widen(p[i]), mm = widen(m[i]), vv = widen(v[i]);
+    ref::adamw_update<double>(pp.data(), widen(g[i]).data(), mm.data(), vv.data(), sizes[i], step);
+    const F got = dp[i]->floats();
+    worst = std::max({worst, rel_error(got, pp), rel_error(dm[i]->floats(), mm),
+                      rel_error(dv[i]->floats(), vv)});
+    if (i % 2 == 0) {
+      const auto b = d16[i]->raw();
+      for (int64_t j = 0; j < sizes[i]; ++j) bf16_mismatch += b[j].bits != to_bf16_bits(got[j]);
+    }
+  }
+  check(worst < 2e-6, "adamw_update_multi: rel err " + std::to_string(worst));
+  if (worst < 2e-6)
+    std::printf("ok    %-44s rel err %.2e (tol 2e-06)\n", "adamw_update_multi (30 tensors)", worst);
+  check(bf16_mismatch == 0, "adamw_update_multi: bf16 copies differ from the fp32 params in " +
+                                std::to_string(bf16_mismatch) + " elements");
+  // single-tensor entry point
+  const int64_t N = 5000;
+  F p1 = random(N), g1 = random(N), m1(N, 0.0f), v1(N, 0.0f);
+  DeviceArray<float> a(p1), b(g1), c(m1), d(v1);
+  gpu::adamw_update(ctx, a, b, c, d, N, step);
+  D pp = widen(p1), mm(N, 0.0), vv(N, 0.0);
+  ref::adamw_update<double>(pp.data(), widen(g1).data(), mm.data(), vv.data(), N, step);
+  expect_close(a.floats(), pp, 2e-6, "adamw_update");
+}
+
+// The caching allocator on the real device: after a warm-up, a repeated allocation pattern makes
+// no cudaMalloc; pinned memory round-trips through the h2d/d2h streams ordered by events.
+void test_device() {
+  const auto before = g_device->device_memory_stats();
+  auto step = [] {
+    std::vector<void*> held;
+    for (size_t bytes : {size_t{3} << 20, size_t{4096}, size_t{12} << 20, size_t{7} << 20})
+      held.push_back(g_device->allocate(bytes, MemoryKind::kActivations));
+    for (void* p : held) g_device->deallocate(p);
+  };
+  step();
+  const size_t warm = g_device->device_memory_stats().raw_allocations;
+  for (int i = 0; i < 10; ++i) step();
+  const auto after = g_device->device_memory_stats();
+  check(after.raw_allocations == warm, "allocator: cudaMalloc after warm-up");
+  check(after.raw_allocations > before.raw_allocations, "allocator: the pattern allocated at all");
+  check(after.in_use_total == before.in_use_total, "allocator: bytes in use returned");
+
+  const size_t n = size_t{1} << 22;
+  float* host_in = static_cast<float*>(g_device->allocate_pinned(n * 4, MemoryKind::kParams));
+  float* host_out = static_cast<float*>(g_device->allocate_pinned(n * 4, MemoryKind::kParams));
+  for (size_t i = 0; i < n; ++i) host_in[i] = static_cast<float>(i) * 0.5f;
+  std::memset(host_out, 0xff, n * 4);
+  void* dev = g_device->allocate(n * 4, MemoryKind::kParams);
+  auto& h2d = g_device->stream(worker::StreamRole::kHostToDevice);
+  auto& d2h = g_device->stream(worker::StreamRole::kDeviceToHost);
+  worker::CudaEvent landed;
+  g_device->copy(dev, host_in, n * 4, h2d);
+  h2d.record(landed);
+  d2h.wait(landed);
+  g_device->copy(host_out, dev, n * 4, d2h);
+  d2h.synchronize();
+  check(std::memcmp(host_in, host_out, n * 4) == 0, "pinned H2D → D2H round trip on two streams");
+  check(g_device->pinned_memory_stats().in_use_bytes[MemoryKind::kParams] >= 2 * n * 4,
+        "pinned memory stats by kind");
+  g_device->deallocate(dev);
+  g_device->deallocate_pinned(host_in);
+  g_device->deallocate_pinned(host_out);
+  std::printf("ok    %-44s\n", "CUDA device: allocator reuse, pinned copies");
+}
+
+// A tiny GPT trained in bf16 on one fixed batch (next-token targets of a random sequence): the
+// first loss must be ln V (weights N(0, 0.02) give near-uniform logits) and 100 AdamW steps (lr
+// 5e-3) must memorise the batch (loss below 0.6·ln V). A wrong gradient anywhere in the composed
+// step (sign, layout, a missing accumulation) stops the loss from falling that far.
+void test_gpt_training(const gpu::Context& ctx) {
+  const gpu_harness::GptDims dims{2, 64, 4, 256, 256, 32, 4};
+  gpu_harness::GptBf16 gpt(*g_device, ctx, dims, g_seed);
+  const auto sequence = random_tokens(dims.B * dims.T + 1, static_cast<int32_t>(dims.V));
+  const std::vector<int32_t> tokens(sequence.begin(), sequence.end() - 1);
+  const std::vector<int32_t> targets(sequence.begin() + 1, sequence.end());
+  const float ln_v = std::log(static_cast<float>(dims.V));
+  std::vector<float> losses;
+  for (int i = 0; i < 100; ++i) losses.push_back(gpt.step(tokens, targets, 5e-3f, true));
+  bool finite = true;
+  for (float l : losses) finite = finite && std::isfinite(l);
+  check(finite, "gpt bf16 training: a loss is not finite");
+  check(std::abs(losses.front() - ln_v) < 0.15f, "gpt bf16 training: first loss " +
+                                                     std::to_string(losses.front()) +
+                                                     " is not ln V = " + std::to_string(ln_v));
+  check(losses.back() < 0.6f * ln_v,
+        "gpt bf16 training: loss after 100 steps " + std::to_string(losses.back()) + " ≥ 0.6·ln V");
+  std::printf("info  %-44s loss %.3f → %.3f (ln V %.3f)\n", "gpt bf16 training (L2 C64, 100 steps)",
+              losses.front(), losses.back(), ln_v);
+}
+
+// ---- benchmark ---------------------------------------------------------------------------------
+// Median milliseconds of `fn` over `reps` runs after 2 warm-up runs, timed with CUDA events.
+double time_ms(cudaStream_t stream, int reps, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  KT_CUDA_CHECK(cudaEventCreate(&start));
+  KT_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) fn();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    KT_CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    KT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    KT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    KT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Row {
+  std::string name;
+  double ms, amount;  // amount: bytes or FLOPs
+  bool flops;
+};
+
+void bench(const gpu::Context& ctx) {
+  cudaStream_t s = ctx.stream();
+  std::vector<Row> rows;
+  // Random device data (never zeros) without drawing billions of host samples: a pool of 2^24
+  // normal floats, scaled and tiled.
+  const F pool = random(size_t{1} << 24);
+  auto fill = [&](DeviceArray<float>& arr, size_t n, float scale) {
+    F chunk(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) chunk[i] = pool[i] * scale;
+    for (size_t at = 0; at < n; at += chunk.size())
+      KT_CUDA_CHECK(cudaMemcpy(arr.get() + at, chunk.data(),
+                               std::min(chunk.size(), n - at) * sizeof(float),
+                               cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  auto fill16 = [&](DeviceArray<bf16>& arr, size_t n, float scale) {
+    std::vector<bf16> chunk(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) chunk[i].bits = to_bf16_bits(pool[i] * scale);
+    for (size_t at = 0; at < n; at += chunk.size())
+      KT_CUDA_CHECK(cudaMemcpy(arr.get() + at, chunk.data(),
+                               std::min(chunk.size(), n - at) * sizeof(bf16),
+                               cudaMemcpyHostToDevice));
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  // Ceilings: D2D copy, pinned H2D/D2H, bf16 and fp32 GEMM.
+  const size_t copy_bytes = size_t{1} << 30;
+  void* a = g_device->allocate(copy_bytes, MemoryKind::kWorkspace);
+  void* b = g_device->allocate(copy_bytes, MemoryKind::kWorkspace);
+  KT_CUDA_CHECK(cudaMemset(a, 1, copy_bytes));
+  KT_CUDA_CHECK(cudaDeviceSynchronize());
+  rows.push_back(
+      {"ceiling: D2D copy 1 GiB",
+       time_ms(
+           s, 10,
+           [&] { KT_CUDA_CHECK(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, s)); }),
+       2.0 * copy_bytes, false});
+  const size_t pin_bytes = size_t{256} << 20;
+  void* host = g_device->allocate_pinned(pin_bytes, MemoryKind::kWorkspace);
+  std::memset(host, 1, pin_bytes);
+  rows.push_back(
+      {"ceiling: H2D pinned 256 MiB",
+       time_ms(
+           s, 10,
+           [&] { KT_CUDA_CHECK(cudaMemcpyAsync(a, host, pin_bytes, cudaMemcpyHostToDevice, s)); }),
+       1.0 * pin_bytes, false});
+  rows.push_back(
+      {"ceiling: D2H pinned 256 MiB",
+       time_ms(
+           s, 10,
+           [&] { KT_CUDA_CHECK(cudaMemcpyAsync(host, a, pin_bytes, cudaMemcpyDeviceToHost, s)); }),
+       1.0 * pin_bytes, false});
+  g_device->deallocate_pinned(host);
+  g_device->deallocate(a);
+  g_device->deallocate(b);
+  {
+    const int64_t M = 8192;
+    DeviceArray<bf16> x(M * M), w(M * M), y(M * M);
+    fill16(x, M * M, 1.0f);
+    fill16(w, M * M, 0.01f);
+    rows.push_back(
+        {"ceiling: bf16 GEMM 8192³ (cuBLASLt)",
+         time_ms(s, 10, [&] { gpu::matmul_forward_bf16(ctx, y, x, w, nullptr, M, M, M); }),
+         2.0 * M * M * M, true});
+    const int64_t M2 = 4096;
+    DeviceArray<float> xf(M2 * M2), wf(M2 * M2), yf(M2 * M2);
+    fill(xf, M2 * M2, 1.0f);
+    fill(wf, M2 * M2, 0.01f);
+    rows.push_back(
+        {"fp32 GEMM 4096³ (no TF32)",
+         time_ms(s, 5, [&] { gpu::matmul_forward(ctx, yf, xf, wf, nullptr, M2, M2, M2); }),
+         2.0 * M2 * M2 * M2, true});
+  }
+  // GPT-2 124M shapes, micro-batch 16 × 1024.
+  const int64_t B = 16, T = 1024, C = 768, NH = 12, Vp = 50304, V = 50257, BT = B * T;
+  {
+    DeviceArray<bf16> x(BT * C), w(3 * C * C), bias(3 * C), y(BT * 3 * C), dy(BT * 3 * C),
+        dx(BT * C);
+    DeviceArray<float> dw(3 * C * C), db(3 * C);
+    fill16(x, BT * C, 1.0f);
+    fill16(w, 3 * C * C, 0.02f);
+    fill16(bias, 3 * C, 1.0f);
+    fill16(dy, BT * 3 * C, 1.0f);
+    fill16(dx, BT * C, 1.0f);
+    rows.push_back(
+        {"matmul_forward_bf16 QKV 16384×768→2304 +bias",
+         time_ms(s, 20, [&] { gpu::matmul_forward_bf16(ctx, y, x, w, bias, BT, C, 3 * C); }),
+         2.0 * BT * C * 3 * C, true});
+    rows.push_back(
+        {"matmul_backward_bf16 QKV",
+         time_ms(s, 20,
+                 [&] { gpu::matmul_backward_bf16(ctx, dx, dw, db, dy, x, w, BT, C, 3 * C, true); }),
+         4.0 * BT * C * 3 * C, true});
+  }
+  {
+    DeviceArray<float> x(BT * C), y(BT * C), w(C), bb(C), mean(BT), rstd(BT), dy(BT * C),
+        dx(BT * C), dw(C), db(C);
+    fill(x, BT * C, 1.0f);
+    fill(w, C, 1.0f);
+    fill(bb, C, 1.0f);
+    fill(dy, BT * C, 1.0f);
+    fill(dx, BT * C, 1.0f);
+    fill(dw, C, 1.0f);
+    fill(db, C, 1.0f);
+    rows.push_back(
+        {"layernorm_forward 16384×768",
+         time_ms(s, 20, [&] { gpu::layernorm_forward(ctx, y, mean, rstd, x, w, bb, BT, C); }),
+         2.0 * BT * C * 4, false});
+    rows.push_back(
+        {"layernorm_backward",
+         time_ms(s, 20,
+                 [&] { gpu::layernorm_backward(ctx, dx, dw, db, dy, x, w, mean, rstd, BT, C); }),
+         4.0 * BT * C * 4, false});
+    rows.push_back({"residual_forward",
+                    time_ms(s, 20, [&] { gpu::residual_forward(ctx, y, x, dy, BT * C); }),
+                    3.0 * BT * C * 4, false});
+  }
+  {
+    const int64_t N = BT * 4 * C;
+    DeviceArray<float> x(N), y(N), dy(N);
+    fill(x, N, 1.0f);
+    fill(dy, N, 1.0f);
+    rows.push_back({"gelu_forward 16384×3072",
+                    time_ms(s, 20, [&] { gpu::gelu_forward(ctx, y, x, N); }), 2.0 * N * 4, false});
+    y.zero();
+    rows.push_back({"gelu_backward", time_ms(s, 20, [&] { gpu::gelu_backward(ctx, y, x, dy, N); }),
+                    4.0 * N * 4, false});
+  }
+  {
+    const int64_t att = B * NH * T * T;
+    DeviceArray<float> qkv(BT * 3 * C), out(BT * C), pre(att), a(att), dout(BT * C),
+        dqkv(BT * 3 * C), dpre(att), datt(att);
+    fill(qkv, BT * 3 * C, 1.0f);
+    fill(dout, BT * C, 1.0f);
+    fill(dqkv, BT * 3 * C, 1.0f);
+    const double flops = 4.0 * B * NH * T * T / 2 * (C / NH);  // causal: half the T² pairs
+    rows.push_back(
+        {"attention_forward B16 NH12 T1024 (fp32)",
+         time_ms(s, 3, [&] { gpu::attention_forward(ctx, out, pre, a, qkv, B, T, C, NH); }), flops,
+         true});
+    rows.push_back(
+        {"attention_backward",
+         time_ms(
+             s, 3,
+             [&] { gpu::attention_backward(ctx, dqkv, dpre, datt, dout, qkv, a, B, T, C, NH); }),
+         2.0 * flops, true});
+  }
+  {
+    DeviceArray<float> logits(BT * Vp), losses(BT);
+    fill(logits, BT * Vp, 2.0f);
+    DeviceArray<int32_t> targets(random_tokens(BT, static_cast<int32_t>(V)));
+    DeviceArray<float> dlogits(BT * Vp);
+    rows.push_back({"softmax_cross_entropy 16384×50304",
+                    time_ms(s, 10,
+                            [&] {
+                              gpu::softmax_cross_entropy(ctx, losses, dlogits, logits, targets, BT,
+                                                         V, Vp, 1.0f / BT);
+                            }),
+                    2.0 * BT * Vp * 4, false});
+  }
+  {
+    const int64_t P = 124475904;  // GPT-2 124M (DESIGN.md §6)
+    DeviceArray<float> p(P), g(P), m(P), v(P);
+    DeviceArray<bf16> p16(P);
+    fill(p, P, 1.0f);
+    fill(g, P, 1.0f);
+    fill(m, P, 0.1f);
+    fill(v, P, 0.1f);
+    const gpu::AdamWTensor t{p, g, m, v, p16, P};
+    AdamWStep step;
+    rows.push_back({"adamw_update_multi 124M params (+bf16 copy)",
+                    time_ms(s, 10, [&] { gpu::adamw_update_multi(ctx, &t, 1, step); }), P * 30.0,
+                    false});  // read p g m v, write p m v (28 B) + bf16 p (2 B)
+  }
+  double copy_gbs = 0, gemm_tflops = 0;
+  for (const Row& r : rows) {
+    if (r.name.rfind("ceiling: D2D", 0) == 0) copy_gbs = r.amount / r.ms / 1e6;
+    if (r.name.rfind("ceiling: bf16 GEMM", 0) == 0) gemm_tflops = r.amount / r.ms / 1e9;
+  }
+  std::printf("\n%-46s %10s %14s %10s\n", "kernel / ceiling", "ms", "achieved", "of ceiling");
+  for (const Row& r : rows) {
+    const double rate = r.flops ? r.amount / r.ms / 1e9 : r.amount / r.ms / 1e6;
+    const double ceiling = r.flops ? gemm_tflops : copy_gbs;
+    const bool is_ceiling = r.name.rfind("ceiling:", 0) == 0;
+    char pct[32] = "";
+    if (!is_ceiling && ceiling > 0) std::snprintf(pct, sizeof pct, "%.1f%%", 100 * rate / ceiling);
+    std::printf("%-46s %10.3f %9.1f %-4s %10s\n", r.name.c_str(), r.ms, rate,
+                r.flops ? "TF/s" : "GB/s", pct);
+  }
+  std::printf(
+      "(rates: bytes moved = each input read once + each output written once; GEMM and "
+      "attention in FLOP. Percentages against the D2D copy and the bf16 GEMM ceilings.)\n");
+  std::printf(
+      "GPT-2 124M training: `gpu_tests --gpt-bench` (the kernel harness; the worker does "
+      "not execute device: cuda plans yet).\n");
+}
+
+// GPT-2 124M (seq 1024, bf16 activations, fp32 master/AdamW) training step time on the harness,
+// for the largest micro-batch of 64, 32, 16, 8 that fits. MFU counts model FLOPs
+// 6·N·tokens + 12·L·C·T·tokens (the PERFORMANCE.md convention) against 989.4 TFLOP/s, the
+// H100/H200 SXM dense bf16 datasheet peak.
+void gpt_bench(const gpu::Context& ctx) {
+  for (int64_t B : {64, 32, 16, 8}) {
+    const gpu_harness::GptDims dims{12, 768, 12, 50257, 50304, 1024, B};
+    std::unique_ptr<gpu_harness::GptBf16> gpt;
+    try {
+      gpt = std::make_unique<gpu_harness::GptBf16>(*g_device, ctx, dims, 1234);
+    } catch (const Error& e) {
+      std::printf("micro-batch %ld does not fit: %s\n", static_cast<long>(B), e.what());
+      g_device->release_cached();
+      continue;
+    }
+    auto tokens = random_tokens(B * 1024, 50257), targets = random_tokens(B * 1024, 50257);
+    for (int i = 0; i < 2; ++i) gpt->step(tokens, targets, 6e-4f, false);
+    const double ms = time_ms(ctx.stream(), 5, [&] { gpt->step(tokens, targets, 6e-4f, false); });
+    const float loss = gpt->step(tokens, targets, 6e-4f, true);
+    const double tok = B * 1024.0;
+    const double flops = 6.0 * dims.parameters() * tok + 12.0 * 12 * 768 * 1024 * tok;
+    std::printf(
+        "\nGPT-2 124M bf16 training on the kernel harness (not the worker), T 1024, "
+        "micro-batch %ld (largest of 64/32/16/8 that fits):\n",
+        static_cast<long>(B));
+    std::printf(
+        "  step %.1f ms, %.0f tokens/s, %.1f TFLOP/s model FLOPs, MFU %.1f%% of 989.4 "
+        "TFLOP/s; loss %.3f (ln V = 10.825 at init)\n",
+        ms, tok / (ms / 1e3), flops / (ms / 1e3) / 1e12, 100.0 * flops / (ms / 1e3) / 989.4e12,
+        loss);
+    std::printf(
+        "  with offload: optimizer — not measured: the offload engine does not run on "
+        "CUDA yet.\n");
+    return;
+  }
+  std::printf("GPT-2 124M: no micro-batch fits\n");
+}
+
+}  // namespace
+}  // namespace kt
+
+int main(int argc, char** argv) {
+  using namespace kt;
+  const bool bench_mode = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
+  const bool gpt_bench_mode = argc > 1 && std::strcmp(argv[1], "--gpt-bench") == 0;
+  if (CudaDevice::device_count() == 0) {
+    std::printf(
+        "gpu_tests: NOT RUN — no usable CUDA device (%s). These tests need a GPU: run "
+        "scripts/device-check.sh on a GPU machine.\n",
+        CudaDevice::unavailable_reason().c_str());
+    return 2;
+  }
+  g_seed = argc > 2 ? static_cast<unsigned>(std::stoul(argv[2])) : std::random_device{}();
+  if (!bench_mode && !gpt_bench_mode && argc > 1)
+    g_seed = static_cast<unsigned>(std::stoul(argv[1]));
+  g_rng.seed(g_seed);
+  try {
+    CudaDevice device(0);
+    g_device = &device;
+    std::printf("gpu_tests on %s (%s, %.1f GiB), seed %u\n", device.name().c_str(),
+                device.product().c_str(), device.total_memory_bytes() / 1073741824.0, g_seed);
+    gpu::Context ctx(device.stream(worker::StreamRole::kCompute).handle());
+    if (bench_mode) {
+      bench(ctx);
+    } else if (gpt_bench_mode) {
+      gpt_bench(ctx);
+    } else {
+      test_device();  // first: its raw-allocation counts assume an empty large pool
+      test_matmul(ctx);
+      test_layernorm(ctx);
+      test_elementwise(ctx);
+      test_embedding(ctx);
+      test_attention(ctx);
+      test_cross_entropy(ctx);
+      test_bf16_storage(ctx);
+      test_adamw(ctx);
+      test_gpt_training(ctx);
+    }
+    KT_CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::printf("FAIL  exception: %s\n", e.what());
+    return 1;
+  }
+  if (bench_mode || gpt_bench_mode) return 0;
+  std::printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
