@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstring>
 
+#ifndef KT_HOST_DEVICE  // also defined by kernels/math.h
 #if defined(__CUDACC__)
 #define KT_HOST_DEVICE __host__ __device__
 #else
 #define KT_HOST_DEVICE
+#endif
 #endif
 
 namespace kt::kernels {

@@ -9,16 +9,19 @@
 
 namespace kt::kernels::cpu {
 
+namespace {
+
+math::AdamWConstants constants(const AdamWStep& s) {
+  return {s.learning_rate, s.beta1,        s.beta2, s.eps, s.weight_decay, s.grad_scale,
+          1.0f - std::pow(s.beta1, static_cast<float>(s.t)),
+          1.0f - std::pow(s.beta2, static_cast<float>(s.t))};
+}
+
+}  // namespace
+
 KT_SIMD_CLONES void adamw_update(float* params, const float* grads, float* m, float* v, int64_t N,
                                  const AdamWStep& s) {
-  const math::AdamWConstants k{s.learning_rate,
-                               s.beta1,
-                               s.beta2,
-                               s.eps,
-                               s.weight_decay,
-                               s.grad_scale,
-                               1.0f - std::pow(s.beta1, static_cast<float>(s.t)),
-                               1.0f - std::pow(s.beta2, static_cast<float>(s.t))};
+  const math::AdamWConstants k = constants(s);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i)
     params[i] = math::adamw_element(params[i], grads[i], m[i], v[i], k);
@@ -31,22 +34,15 @@ template <bool kBf16Grads, bool kBf16Out>
 KT_SIMD_CLONES void adamw_mixed_loop(float* master, const float* grads, const uint16_t* grads_bf16,
                                      float* m, float* v, uint16_t* params_bf16, int64_t N,
                                      const AdamWStep& s) {
-  const float bc1 = 1.0f - std::pow(s.beta1, static_cast<float>(s.t));
-  const float bc2 = 1.0f - std::pow(s.beta2, static_cast<float>(s.t));
-  const float b1 = s.beta1, b2 = s.beta2, lr = s.learning_rate, wd = s.weight_decay;
-  const float eps = s.eps, scale = s.grad_scale;
+  const math::AdamWConstants k = constants(s);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float g;
     if constexpr (kBf16Grads)
-      g = bf16_to_float(grads_bf16[i]) * scale;
+      g = bf16_to_float(grads_bf16[i]);
     else
-      g = grads[i] * scale;
-    const float mi = b1 * m[i] + (1 - b1) * g;
-    const float vi = b2 * v[i] + (1 - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float p = master[i] - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * master[i]);
+      g = grads[i];
+    const float p = math::adamw_element(master[i], g, m[i], v[i], k);
     master[i] = p;
     if constexpr (kBf16Out) params_bf16[i] = float_to_bf16(p);
   }
