@@ -192,19 +192,23 @@ class CpprestStream : public HttpStream {
   }
 
  private:
-  // Appends what arrived to pending_; false at the end of the body. getn returns as soon as at
-  // least one byte is buffered, so lines come through as they arrive (TOOLCHAIN.md §4.1:
-  // 14× faster than istream::read_line, which pulls one character per task).
+  // Appends what arrived to pending_; false at the end of the body. The body is a
+  // producer_consumer_buffer whose getn(n) completes only once n bytes are there (or the body
+  // ended): asking for 64 KiB would sit on a quiet watch's events. So wait for one byte, then
+  // take whatever else is already buffered (in_avail) without waiting. Far cheaper than
+  // istream::read_line, which pulls one character per task (TOOLCHAIN.md §4.1).
   bool fill() {
     if (eof_) return false;
     if (cancel_.cancelled()) throw Error(owner_->where(request_) + ": cancelled");
     try {
       auto buffer = response_.body().streambuf();
-      std::size_t n = buffer.getn(chunk_, sizeof(chunk_)).get();
-      if (n == 0) {
+      if (buffer.getn(chunk_, 1).get() == 0) {
         eof_ = true;
         return false;
       }
+      std::size_t n = 1;
+      const std::size_t available = std::min<std::size_t>(buffer.in_avail(), sizeof(chunk_) - 1);
+      if (available > 0) n += buffer.getn(chunk_ + 1, available).get();
       pending_.append(reinterpret_cast<const char*>(chunk_), n);
       return true;
     } catch (const std::exception& e) {

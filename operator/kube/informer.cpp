@@ -110,7 +110,12 @@ std::string Informer::list_and_sync() {
   std::string version;
   do {
     ObjectList page = client_.list(resource_, namespace_, options);
-    for (Object& item : page.items) fresh[object_key(item)] = std::move(item);
+    for (Object& item : page.items) {
+      // The key first: json's operator= takes its argument by value, and C++17 evaluates the
+      // right side of an assignment first, so the item would be moved from already.
+      std::string key = object_key(item);
+      fresh[key] = std::move(item);
+    }
     version = page.resource_version;
     options.continue_token = page.continue_token;
   } while (!options.continue_token.empty());

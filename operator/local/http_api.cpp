@@ -175,8 +175,9 @@ struct ApiServer::Impl {
   kube::Client& backend;
   ApiServer& owner;
   HttpServer http;
-  mutable std::mutex faults_mutex;
+  mutable std::mutex faults_mutex;  // guards faults and extra
   Faults faults;
+  std::vector<Served> extra;  // add_resource()
   std::atomic<int> drop_generation{0};
 
   Impl(kube::Client& b, ApiServer& o, const std::string& address, int port)
@@ -187,6 +188,10 @@ struct ApiServer::Impl {
 
   std::vector<Served> served() {
     std::vector<Served> all = builtin_resources();
+    {
+      std::lock_guard lock(faults_mutex);
+      all.insert(all.end(), extra.begin(), extra.end());
+    }
     try {
       for (const Object& crd : backend.list(kube::kCustomResourceDefinitions, "", {}).items) {
         if (auto s = served_from_crd(crd)) all.push_back(*s);
@@ -726,6 +731,18 @@ void ApiServer::write_kubeconfig(const std::string& path) const {
   out << kubeconfig();
   out.close();
   if (!out) throw Error("cannot write kubeconfig " + path);
+}
+
+void ApiServer::add_resource(const kube::Resource& resource, bool status_subresource,
+                             std::vector<std::string> short_names) {
+  Served served;
+  served.resource = resource;
+  served.singular = resource.kind;
+  for (char& c : served.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  served.short_names = std::move(short_names);
+  served.status = status_subresource;
+  std::lock_guard lock(impl_->faults_mutex);
+  impl_->extra.push_back(std::move(served));
 }
 
 void ApiServer::set_faults(const Faults& faults) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "operator/kube/client.h"
 #include "operator/local/http_server.h"
@@ -50,6 +51,10 @@ class ApiServer {
   // A kubeconfig whose current context points at this server (namespace "default").
   std::string kubeconfig() const;
   void write_kubeconfig(const std::string& path) const;  // throws kt::Error
+
+  // Serves a resource the backend knows without a CRD object (Store::register_resource).
+  void add_resource(const kube::Resource& resource, bool status_subresource,
+                    std::vector<std::string> short_names = {});
 
   void set_faults(const Faults& faults);
   Faults faults() const;
