@@ -35,8 +35,8 @@ struct TlsOptions {
 };
 
 struct HttpClientOptions {
-  std::string base_url;  // "https://host:port" or "http://127.0.0.1:8080", no trailing path
-  TlsOptions tls;
+  std::string base_url{};  // "https://host:port" or "http://127.0.0.1:8080", no trailing path
+  TlsOptions tls{};
   // Bounds connecting and every read: cpprest's timeout is an inactivity timeout, so a long
   // response that keeps arriving is not cut (TOOLCHAIN.md §4.1). cpprest has no separate
   // connect timeout; this one covers the connect too.
@@ -45,10 +45,10 @@ struct HttpClientOptions {
 
 struct HttpRequest {
   std::string method = "GET";
-  std::string target;  // path and query, already percent-encoded: "/api/v1/pods?limit=5"
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-  std::string content_type;  // sent when `body` is not empty
+  std::string target{};  // path and query, already percent-encoded: "/api/v1/pods?limit=5"
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::string body{};
+  std::string content_type{};  // sent when `body` is not empty
   // 0: the client's timeout. A watch sets it above its server-side timeoutSeconds.
   std::chrono::milliseconds timeout{0};
 };

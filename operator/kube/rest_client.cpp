@@ -345,8 +345,10 @@ std::unique_ptr<Watch> RestClient::watch(const Resource& r, const std::string& n
   HttpRequest request = impl_->request("GET", resource_path(r, ns) + query.str());
   // The read timeout is an inactivity timeout: above the server's own end of the watch, so that
   // a quiet but healthy watch is ended by the server, not cut by us.
+  // Rounded up to whole minutes: the adapter keeps one connection pool per timeout, and the
+  // informer's random 5–10 min watches would otherwise make one each.
   const int server_seconds = opts.timeout_seconds > 0 ? opts.timeout_seconds : 600;
-  request.timeout = std::chrono::seconds(server_seconds + 30);
+  request.timeout = std::chrono::minutes((server_seconds + 30 + 59) / 60);
   CancelToken cancel;
   std::unique_ptr<HttpStream> stream;
   try {
