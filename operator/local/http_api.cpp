@@ -473,7 +473,7 @@ struct ApiServer::Impl {
     }
 
     if (r.method == "GET" && name.empty()) {
-      if (truthy(r.param("watch"))) return serve_watch(r, w, res, ns);
+      if (truthy(r.param("watch"))) return serve_watch(r, w, served, ns);
       kube::ListOptions options;
       options.label_selector = r.param("labelSelector");
       options.field_selector = r.param("fieldSelector");
@@ -609,8 +609,10 @@ struct ApiServer::Impl {
     }
   }
 
-  void serve_watch(const HttpRequest& r, ResponseWriter& w, const Resource& res,
+  void serve_watch(const HttpRequest& r, ResponseWriter& w, const Served& served,
                    const std::string& ns) {
+    const Resource& res = served.resource;
+    const bool as_table = wants_table(r);
     if (take(&Faults::watch_gone)) {
       return send_status(w, 410, "Gone", "injected fault: too old resource version");
     }
@@ -665,8 +667,15 @@ struct ApiServer::Impl {
         continue;
       }
       if (event->type == kube::WatchEventType::Bookmark && !options.allow_bookmarks) continue;
+      // kubectl get --watch asks for tables: each event carries a one-row Table.
+      const bool tabulate = as_table && event->type != kube::WatchEventType::Bookmark &&
+                            event->type != kube::WatchEventType::Error;
+      const Object object =
+          tabulate ? table(served, {event->object},
+                           event->object["metadata"].value("resourceVersion", ""))
+                   : event->object;
       const std::string line =
-          Object{{"type", event_type_name(event->type)}, {"object", event->object}}.dump() + "\n";
+          Object{{"type", event_type_name(event->type)}, {"object", object}}.dump() + "\n";
       if (!w.write(line)) break;
     }
     watch->stop();

@@ -56,10 +56,19 @@ assert "kubectl.kubernetes.io/last-applied-configuration" in tj["metadata"]["ann
 print("tiny.json ok")
 PY
 
-# A changed spec through apply is a patch; the generation moves.
+# A changed spec through apply is a patch; the generation moves; a watching kubectl sees it.
+K get tj --watch --output-watch-events > "$OUT/watch" 2>&1 &
+WATCH_PID=$!
+for _ in $(seq 100); do grep -q "ADDED" "$OUT/watch" && break; sleep 0.1; done
 sed 's/steps: 200/steps: 300/' examples/jobs/tiny.yaml > "$OUT/tiny-300.yaml"
 K apply -f "$OUT/tiny-300.yaml" | grep -q "configured" || fail "apply of a change did not patch"
 [[ $(K get tj tiny -o jsonpath='{.spec.training.steps} {.metadata.generation}') == "300 2" ]] || fail "patch not applied"
+for _ in $(seq 100); do grep -q "MODIFIED" "$OUT/watch" && break; sleep 0.1; done
+kill "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
+cat "$OUT/watch"
+grep -q "^ADDED *tiny" "$OUT/watch" || fail "kubectl get --watch saw no ADDED"
+grep -q "^MODIFIED *tiny *300" "$OUT/watch" || fail "kubectl get --watch saw no MODIFIED with the new steps"
 
 # An error status reaches the user as the server's message.
 if K get tj missing 2> "$OUT/err"; then fail "get of a missing object succeeded"; fi

@@ -337,3 +337,27 @@ TEST(RestClientWatch, ADroppedConnectionEndsTheWatch) {
   while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
   EXPECT_TRUE(watch->ended());
 }
+
+TEST(LocalServeFaults, AreSetThroughTheControlEndpointAndDropWatches) {
+  LocalServer local;
+  auto client = local.client();
+  HttpClient http({.base_url = local.server.url()});
+  const HttpResponse set = http.send({.method = "POST",
+                                      .target = "/kubetrain/faults",
+                                      .body = R"({"serverErrors": 1, "delayMs": 10})",
+                                      .content_type = "application/json"});
+  ASSERT_EQ(set.status, 200) << set.body;
+  EXPECT_EQ(local.server.faults().server_errors, 1);
+  EXPECT_EQ(local.server.faults().delay, 10ms);
+  EXPECT_TRUE(api_error_of([&] { client->list(kPods, "default", {}); }).server_error());
+  EXPECT_NO_THROW(client->list(kPods, "default", {}));
+
+  WatchOptions options;
+  options.resource_version = client->list(kPods, "default", {}).resource_version;
+  auto watch = client->watch(kPods, "default", options);
+  ASSERT_TRUE(kt::kube::testing::eventually([&] { return local.server.open_watches() == 1; }));
+  EXPECT_EQ(http.send({.method = "POST", .target = "/kubetrain/drop-watches"}).status, 200);
+  const auto before = std::chrono::steady_clock::now();
+  while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
+  EXPECT_TRUE(watch->ended());
+}
