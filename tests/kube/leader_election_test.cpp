@@ -103,9 +103,11 @@ TEST(LeaderElection, AVanishedLeaderIsReplacedOnlyAfterTheLeaseExpires) {
   a.stop();  // no release: like a crashed process
   ASSERT_TRUE(eventually([&] { return b.is_leader(); }, 15s));
   const auto takeover = std::chrono::steady_clock::now() - vanished_at;
-  // b measures expiry from when it last saw the record change, at most one retry period after
-  // a's last renewal: so not before lease_duration − retry_period after a vanished.
-  EXPECT_GE(takeover, 3s - 400ms - 100ms);
+  // b measures expiry from when it last saw the record change, about one retry period after
+  // a's last renewal: so about lease_duration − retry_period after a vanished at the earliest.
+  // The bound leaves room for late renewals on a loaded machine; a takeover without waiting
+  // for expiry would come within one retry period (0.4 s).
+  EXPECT_GE(takeover, 1500ms);
   EXPECT_LT(takeover, 10s);
 }
 
