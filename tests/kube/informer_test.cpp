@@ -177,6 +177,24 @@ TEST(Informer, SyncsThroughFailingListsAndSlowResponses) {
   informer.stop();
 }
 
+TEST(Informer, WatchesAgainWhenTheServerEndsAWatchAtItsTimeout) {
+  LocalServer local;
+  auto client = local.client();
+  InformerTiming timing = fast_timing();
+  timing.min_watch_timeout_seconds = 1;  // the server closes each watch after 1 s
+  timing.max_watch_timeout_seconds = 1;
+  Informer informer(*client, kConfigMaps, "default", "", timing);
+  Recorder recorder;
+  informer.add_handler(std::ref(recorder));
+  informer.start();
+  ASSERT_TRUE(eventually([&] { return informer.has_synced(); }));
+  ASSERT_TRUE(eventually([&] { return informer.watches() >= 3; }));
+  EXPECT_EQ(informer.lists(), 1) << "an ended watch resumes from its version, without a list";
+  local.store.create(kConfigMaps, "default", config_map("after-timeouts"));
+  EXPECT_TRUE(eventually([&] { return converged(informer, recorder, local.store); }));
+  informer.stop();
+}
+
 TEST(Informer, StopReturnsPromptlyWhileBackingOff) {
   LocalServer local;
   local.server.set_faults({.server_errors = 1'000'000});
