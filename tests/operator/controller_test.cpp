@@ -45,7 +45,7 @@ class ControllerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     store.register_resource(kTrainingJobs, true);
-    store.create(kube::kNodes, "", cpu_node("node-a", 4));
+    add_node(cpu_node("node-a", 4));
     options.clock = [this] { return now; };
     options.metrics = &metrics;
     options.fetch_metrics = [this](const std::string& host, int port) -> std::optional<std::string> {
@@ -55,6 +55,12 @@ class ControllerTest : public ::testing::Test {
     };
   }
 
+  // Nodes report their status through the subresource, as kubelets do.
+  void add_node(const Object& node) {
+    Object created = store.create(kube::kNodes, "", node);
+    created["status"] = node["status"];
+    store.update_status(kube::kNodes, "", created);
+  }
   Controller controller() { return Controller(store, options); }
   ReconcileResult reconcile(const std::string& name = "job") {
     return controller().reconcile("default", name);
@@ -224,7 +230,7 @@ TEST_F(ControllerTest, InventoryChangeWhileRunning_KeepsThePlan_ButANewGeneratio
   set_pod_running("job-worker-0");
   reconcile();
   const std::string hash = status()["plan"]["planHash"];
-  store.create(kube::kNodes, "", cpu_node("node-b", 64));  // a bigger node appears
+  add_node(cpu_node("node-b", 64));  // a bigger node appears
   reconcile();
   EXPECT_EQ(status()["plan"]["planHash"], hash);
   EXPECT_EQ(attempt_of(pods()[0]), "0");
@@ -424,7 +430,7 @@ TEST_F(ControllerTest, UnknownField_IsReportedWithItsPath) {
 }
 
 TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
-  store.create(kube::kNodes, "", {{"metadata", {{"name", "gpu-1"}, {"labels", {{"nvidia.com/gpu.product", "Tesla-V100-SXM2-32GB"}}}}},
+  add_node({{"metadata", {{"name", "gpu-1"}, {"labels", {{"nvidia.com/gpu.product", "Tesla-V100-SXM2-32GB"}}}}},
                                   {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "64Gi"}, {"nvidia.com/gpu", "1"}}}}}});
   store.remove(kube::kNodes, "", "node-a");
   Object j = tiny_job("job");
