@@ -1,6 +1,6 @@
-// The `kubetrain` command. Subcommands: plan, validate, run, profiles, presets, version.
-// Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits, a failed run), 2 bad
-// usage, 130 a run interrupted by Ctrl-C.
+// The `kubetrain` command. Subcommands: plan, validate, run, profiles, presets, version,
+// local serve. Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits, a failed
+// run), 2 bad usage, 130 a run interrupted by Ctrl-C.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -14,6 +14,7 @@
 #include "api/training_job.h"
 #include "api/yaml_json.h"
 #include "cli/format.h"
+#include "cli/local_serve.h"
 #include "cli/run.h"
 #include "planner/planner.h"
 
@@ -140,6 +141,19 @@ int main(int argc, char** argv) {
   CLI::App* presets = app.add_subcommand("presets", "List the model presets");
   CLI::App* version = app.add_subcommand("version", "Print the version");
 
+  CLI::App* local = app.add_subcommand("local", "The local control plane");
+  local->require_subcommand(1);
+  int serve_port = 0;
+  std::string kubeconfig_out;
+  CLI::App* serve = local->add_subcommand(
+      "serve", "Serve the local control plane's Kubernetes API on 127.0.0.1 (for kubectl and "
+               "the operator) until interrupted");
+  serve->add_option("--port", serve_port, "port to listen on (0: a free one)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  serve->add_option("--kubeconfig-out", kubeconfig_out,
+                    "write a kubeconfig for this server to PATH");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -157,6 +171,7 @@ int main(int argc, char** argv) {
     }
     if (*profiles) return cmd_profiles();
     if (*presets) return cmd_presets();
+    if (*serve) return kt::cli::local_serve(serve_port, kubeconfig_out);
     if (*version) {
       std::printf("kubetrain %s\n", kVersion);
       return 0;
