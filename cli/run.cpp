@@ -19,6 +19,7 @@
 #include "api/training_job.h"
 #include "api/yaml_json.h"
 #include "operator/controller/controller.h"
+#include "operator/controller/manager.h"
 #include "operator/local/http_get.h"
 #include "operator/local/local_node.h"
 #include "operator/local/pod_runner.h"
@@ -233,14 +234,20 @@ int run_job(const RunOptions& options) {
               machine.gpus.size(), workdir.string().c_str());
   std::fflush(stdout);
 
-  store.create(kube::kTrainingJobs, ns, manifest);
-  runner.start();
-  const auto started = Steady::now();
-  ProgressView view(job.spec.training.steps);
+  // The operator's shape: informers -> work queue -> reconcile, as in a cluster.
+  controller::ManagerOptions manager_options;
+  manager_options.ns = ns;
+  manager_options.workers = 1;
+  controller::Manager manager(store, controller, manager_options);
   kube::WatchOptions watch_options;
   watch_options.allow_bookmarks = false;
-  watch_options.resource_version = store.resource_version();
-  auto pod_watch = store.watch(kube::kPods, ns, watch_options);
+  watch_options.field_selector = "metadata.name=" + name;
+  auto job_watch = store.watch(kube::kTrainingJobs, ns, watch_options);
+  store.create(kube::kTrainingJobs, ns, manifest);
+  runner.start();
+  manager.start();
+  const auto started = Steady::now();
+  ProgressView view(job.spec.training.steps);
   bool plan_shown = false;
   std::string last_phase;
   int restarts_seen = 0;
@@ -248,13 +255,7 @@ int run_job(const RunOptions& options) {
   int exit_code = 1;
 
   for (;;) {
-    std::chrono::milliseconds wait(500);
-    try {
-      const auto result = controller.reconcile(ns, name);
-      if (result.requeue_after) wait = std::min(wait, *result.requeue_after);
-    } catch (const kube::ApiError& e) {
-      wait = std::chrono::milliseconds(100);  // a conflict with the runner's writes: again
-    }
+    job_watch->next(std::chrono::milliseconds(250));  // wakes when the job changes
     status = store.get(kube::kTrainingJobs, ns, name).value("status", Object::object());
     const api::TrainingJobStatus typed = api::decode_status(status);
 
@@ -286,10 +287,10 @@ int run_job(const RunOptions& options) {
       exit_code = 130;
       break;
     }
-    pod_watch->next(wait);  // wakes early when a pod changes
   }
   view.end_line();
-  runner.sync();
+  manager.stop();
+  runner.sync();  // the deleted pods' processes get their SIGTERM now
   runner.stop();
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);

@@ -110,7 +110,11 @@ std::string Informer::list_and_sync() {
   std::string version;
   do {
     ObjectList page = client_.list(resource_, namespace_, options);
-    for (Object& item : page.items) fresh[object_key(item)] = std::move(item);
+    for (Object& item : page.items) {
+      // The key first: in `fresh[key(item)] = std::move(item)` the move is sequenced before.
+      std::string key = object_key(item);
+      fresh[key] = std::move(item);
+    }
     version = page.resource_version;
     options.continue_token = page.continue_token;
   } while (!options.continue_token.empty());
