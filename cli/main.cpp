@@ -1,5 +1,6 @@
-// The `kubetrain` command. Subcommands: plan, validate, profiles, presets, version, local serve.
-// Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits), 2 bad usage.
+// The `kubetrain` command. Subcommands: plan, validate, run, profiles, presets, version,
+// local serve. Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits, a failed
+// run), 2 bad usage, 130 a run interrupted by Ctrl-C.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "api/yaml_json.h"
 #include "cli/format.h"
 #include "cli/local_serve.h"
+#include "cli/run.h"
 #include "planner/planner.h"
 
 namespace {
@@ -121,6 +123,20 @@ int main(int argc, char** argv) {
   validate->add_option("--output,-o", validate_format, "print the defaulted manifest")
       ->check(CLI::IsMember({"yaml", "json"}));
 
+  kt::cli::RunOptions run_options;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run JOB on this machine with no cluster: the operator's reconciler against a local "
+      "control plane whose pods are local processes; prints the plan, progress and a summary");
+  run->add_option("job", run_options.job_path, "TrainingJob manifest (YAML or JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  run->add_option("--workdir", run_options.workdir,
+                  "pod logs, volumes and checkpoints (default ./kubetrain-runs/<job>; the same "
+                  "workdir resumes from its latest checkpoint)");
+  run->add_option("--worker", run_options.worker_binary,
+                  "the kubetrain-worker binary (default: the one next to kubetrain)");
+
   CLI::App* profiles = app.add_subcommand("profiles", "List the built-in hardware profiles");
   CLI::App* presets = app.add_subcommand("presets", "List the model presets");
   CLI::App* version = app.add_subcommand("version", "Print the version");
@@ -149,6 +165,10 @@ int main(int argc, char** argv) {
   try {
     if (*plan) return cmd_plan(job_path, cluster_path, format);
     if (*validate) return cmd_validate(job_path, validate_format);
+    if (*run) {
+      job_path = run_options.job_path;
+      return kt::cli::run_job(run_options);
+    }
     if (*profiles) return cmd_profiles();
     if (*presets) return cmd_presets();
     if (*serve) return kt::cli::local_serve(serve_port, kubeconfig_out);

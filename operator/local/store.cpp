@@ -473,6 +473,7 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   meta["generation"] = 1;
   meta["resourceVersion"] = next_version();
   meta.erase("deletionTimestamp");
+  if (kind.status_subresource) o.erase("status");  // set through the subresource only
   o["apiVersion"] = r.api_version();
   o["kind"] = r.kind;
   kind.objects[key] = o;

@@ -10,8 +10,8 @@
 //    NotFound (404) for a missing object or an unknown resource, Invalid (422) for bad metadata,
 //    BadRequest (400) when the body's namespace or kind disagrees with the request;
 //  * the status subresource for resources registered with one (pods, nodes, services,
-//    trainingjobs and CRDs that declare it): update() keeps the stored status, update_status()
-//    changes only the status;
+//    trainingjobs and CRDs that declare it): create() drops the status, update() keeps the stored
+//    status, update_status() changes only the status;
 //  * RFC 7386 merge patch of the object or of its status;
 //  * label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors
 //    (metadata.name, metadata.namespace, spec.nodeName, status.phase; =, ==, !=);
