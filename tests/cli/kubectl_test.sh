@@ -74,6 +74,15 @@ grep -q "^MODIFIED *tiny *300" "$OUT/watch" || fail "kubectl get --watch saw no 
 if K get tj missing 2> "$OUT/err"; then fail "get of a missing object succeeded"; fi
 grep -q 'trainingjobs.kubetrain.dev "missing" not found' "$OUT/err" || { cat "$OUT/err"; fail "NotFound message"; }
 
+# A port in use is a one-line error and exit code 1.
+PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')
+set +e
+"$KT" local serve --port "$PORT" > "$OUT/second.log" 2>&1
+RC=$?
+set -e
+[[ $RC -eq 1 ]] || fail "a second server on port $PORT exited $RC"
+grep -q "cannot listen on 127.0.0.1:$PORT" "$OUT/second.log" || { cat "$OUT/second.log"; fail "no port-in-use message"; }
+
 K delete tj tiny | grep -q 'trainingjob.kubetrain.dev "tiny" deleted' || fail "delete"
 K get tj 2>&1 | grep -q "No resources found" || fail "tiny still listed after delete"
 echo "kubectl against kubetrain local serve: ok"
