@@ -113,8 +113,9 @@ std::vector<pid_t> descendants(pid_t root) {
 
 // Signals the pod's process group and every descendant (the worker's ranks have groups of
 // their own).
-void signal_pod(pid_t pid, int sig) {
+void signal_pod(pid_t pid, int sig, const std::vector<pid_t>& known) {
   for (pid_t d : descendants(pid)) ::kill(d, sig);
+  for (pid_t d : known) ::kill(d, sig);  // orphaned since the last look
   ::killpg(pid, sig);
 }
 
@@ -165,7 +166,7 @@ void PodRunner::stop() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> sync_lock(sync_mutex_);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGTERM);
+  for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGTERM, p.descendants);
   const auto deadline = std::chrono::steady_clock::now() + options_.shutdown_grace;
   while (!processes_.empty()) {
     for (auto it = processes_.begin(); it != processes_.end();) {
@@ -177,7 +178,7 @@ void PodRunner::stop() {
     }
     if (processes_.empty()) break;
     if (std::chrono::steady_clock::now() >= deadline)
-      for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGKILL);
+      for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGKILL, p.descendants);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
@@ -466,7 +467,7 @@ void PodRunner::launch(const Object& pod) {
     std::lock_guard<std::mutex> lock(mutex_);
     processes_[uid] = Process{pid, ns, name, started_at,
                               pod["spec"].value("terminationGracePeriodSeconds", int64_t{30}),
-                              {}, false};
+                              {}, false, {}};
   }
   Object ready = condition("Ready", true);
   patch_status(
@@ -498,19 +499,20 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
       int wstatus = 0;
       if (::waitpid(p.pid, &wstatus, WNOHANG) == p.pid) {
         // Leftover ranks of a killed pod would keep its ports and CPU.
-        for (pid_t d : descendants(p.pid)) ::kill(d, SIGKILL);
+        for (pid_t d : p.descendants) ::kill(d, SIGKILL);
         if (live_uids.count(it->first)) exited.emplace_back(p, wstatus);
         it = processes_.erase(it);
         continue;
       }
+      p.descendants = descendants(p.pid);
       if (!live_uids.count(it->first)) {
         // Deleted: SIGTERM now, SIGKILL after the grace period.
         if (!p.terminating) {
           p.terminating = true;
           p.kill_at = now + std::chrono::seconds(p.grace_seconds);
-          signal_pod(p.pid, SIGTERM);
+          signal_pod(p.pid, SIGTERM, p.descendants);
         } else if (now >= p.kill_at) {
-          signal_pod(p.pid, SIGKILL);
+          signal_pod(p.pid, SIGKILL, p.descendants);
         }
       }
       ++it;

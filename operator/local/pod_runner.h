@@ -25,6 +25,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "operator/kube/client.h"
 
@@ -68,6 +69,9 @@ class PodRunner {
     int64_t grace_seconds = 30;  // the pod's terminationGracePeriodSeconds
     std::chrono::steady_clock::time_point kill_at{};  // when terminating: SIGKILL after this
     bool terminating = false;
+    // Its processes seen at the last sync: when the pod's main process dies first, orphaned
+    // ones (the worker's ranks run in process groups of their own) are found here.
+    std::vector<pid_t> descendants;
   };
 
   void bind_if_fits(const kube::Object& pod, const kube::Object& node,

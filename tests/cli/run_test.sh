@@ -3,7 +3,9 @@
 #  1. examples/jobs/tiny.yaml succeeds, the loss falls, and checkpoints land in the work dir;
 #  2. an invalid job exits non-zero naming the field, before anything runs;
 #  3. a worker that exits 3 fails the job (permanent exit code) with the reason;
-#  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind.
+#  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind;
+#  5. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
+#     the latest checkpoint and succeeds.
 set -u
 KT=$1
 DIR=$(mktemp -d)
@@ -82,5 +84,36 @@ elif ! grep -q '^progress: step' "$DIR/out"; then
   echo "FAIL interrupt: it never trained"; fail=1
 else
   echo "ok   interrupt (rc $rc)"
+fi
+# 5. Kill the first attempt after its first checkpoint; the second attempt must resume.
+KW=$(cd "$(dirname "$KT")" && pwd)/kubetrain-worker
+cat > "$DIR/flaky-worker" <<SH
+#!/bin/sh
+# Attempt 0 dies by SIGKILL once a checkpoint exists; later attempts are the real worker.
+ckpt=""; prev=""
+for a in "\$@"; do [ "\$prev" = "--checkpoint-dir" ] && ckpt=\$a; prev=\$a; done
+if [ "\$KUBETRAIN_RESTART_ATTEMPT" = "0" ]; then
+  "$KW" "\$@" &
+  for i in \$(seq 1 1200); do [ -e "\$ckpt/latest" ] && break; sleep 0.05; done
+  echo "flaky worker: killing attempt 0"
+  kill -KILL \$\$
+fi
+exec "$KW" "\$@"
+SH
+chmod +x "$DIR/flaky-worker"
+sed -e 's/steps: 200/steps: 300/' -e 's/intervalSteps: 500/intervalSteps: 50/' examples/jobs/tiny.yaml > "$DIR/flaky.yaml"
+"$KT" run "$DIR/flaky.yaml" --workdir "$DIR/flaky" --worker "$DIR/flaky-worker" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+log="$DIR/flaky/pods/default_tiny-worker-0/log"
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL restart: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q 'restarts: 1)' "$DIR/out" || ! grep -q '^phase: Restarting' "$DIR/out"; then
+  echo "FAIL restart: no gang restart reported"; cat "$DIR/out"; fail=1
+elif ! grep -q 'resumed from step [1-9]' "$log"; then
+  echo "FAIL restart: the second attempt did not resume from a checkpoint"; cat "$log"; fail=1
+elif [[ $(grep -c '^=== pod default/tiny-worker-0' "$log") -ne 2 ]]; then
+  echo "FAIL restart: expected 2 pod starts in $log"; fail=1
+else
+  echo "ok   restart: $(grep -o 'resumed from step [0-9]*' "$log")"
 fi
 exit $fail

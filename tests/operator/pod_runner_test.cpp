@@ -184,6 +184,21 @@ TEST_F(PodRunnerTest, ProcessIgnoringSigterm_IsKilledAfterTheGracePeriod) {
   EXPECT_GE(took, std::chrono::milliseconds(900));  // terminationGracePeriodSeconds: 1
 }
 
+TEST_F(PodRunnerTest, ProcessesOrphanedWhenThePodDies_AreKilledToo) {
+  // Like the worker's ranks: a child in its own session outlives its parent's death.
+  const std::string marker = std::to_string(80000 + ::getpid() % 10000);
+  store.create(kPods, "default",
+               shell_pod("orphans", "setsid sleep " + marker + " & sleep 0.5; kill -KILL $$"));
+  wait_for_phase("orphans", "Failed");
+  auto still_running = [&] {
+    return std::system(("pgrep -f '^sleep " + marker + "$' > /dev/null").c_str()) == 0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (still_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(still_running());
+}
+
 TEST_F(PodRunnerTest, ConfigMapVolume_IsMaterialised_AndMountPathsRewritten) {
   store.create(kube::kConfigMaps, "default",
                {{"metadata", {{"name", "cfg"}}}, {"data", {{"plan.json", "{\"x\":1}"}}}});
