@@ -143,16 +143,22 @@ int main(int argc, char** argv) {
 
   CLI::App* local = app.add_subcommand("local", "The local control plane");
   local->require_subcommand(1);
-  int serve_port = 0;
-  std::string kubeconfig_out;
+  kt::cli::LocalServeOptions serve_options;
+  bool api_only = false;
   CLI::App* serve = local->add_subcommand(
       "serve", "Serve the local control plane's Kubernetes API on 127.0.0.1 (for kubectl and "
-               "the operator) until interrupted");
-  serve->add_option("--port", serve_port, "port to listen on (0: a free one)")
+               "the operator), with this machine as a Node whose pods run as local processes, "
+               "until interrupted");
+  serve->add_option("--port", serve_options.port, "port to listen on (0: a free one)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  serve->add_option("--kubeconfig-out", kubeconfig_out,
+  serve->add_option("--kubeconfig-out", serve_options.kubeconfig_out,
                     "write a kubeconfig for this server to PATH");
+  serve->add_option("--workdir", serve_options.workdir, "pod logs and volumes")
+      ->capture_default_str();
+  serve->add_option("--worker", serve_options.worker_binary,
+                    "the kubetrain-worker binary pods run (default: next to kubetrain, else PATH)");
+  serve->add_flag("--api-only", api_only, "serve the API only: no Node, no pods are run");
 
   try {
     app.parse(argc, argv);
@@ -171,7 +177,10 @@ int main(int argc, char** argv) {
     }
     if (*profiles) return cmd_profiles();
     if (*presets) return cmd_presets();
-    if (*serve) return kt::cli::local_serve(serve_port, kubeconfig_out);
+    if (*serve) {
+      serve_options.node = !api_only;
+      return kt::cli::local_serve(serve_options);
+    }
     if (*version) {
       std::printf("kubetrain %s\n", kVersion);
       return 0;

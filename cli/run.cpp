@@ -37,16 +37,6 @@ std::atomic<int> g_signal{0};
 
 void on_signal(int sig) { g_signal = sig; }
 
-std::string find_worker_binary() {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path sibling = self.parent_path() / "kubetrain-worker";
-    if (::access(sibling.c_str(), X_OK) == 0) return sibling.string();
-  }
-  return "kubetrain-worker";  // from PATH
-}
-
 std::string duration_text(double seconds) {
   if (!(seconds >= 0)) return "?";
   const long long s = std::llround(seconds);
@@ -321,6 +311,16 @@ int run_job(const RunOptions& options) {
               job.spec.checkpoint.volume.is_null() ? checkpoints.c_str() : "(the job's volume)",
               (workdir / "pods").c_str());
   return exit_code;
+}
+
+std::string find_worker_binary() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path sibling = self.parent_path() / "kubetrain-worker";
+    if (::access(sibling.c_str(), X_OK) == 0) return sibling.string();
+  }
+  return "kubetrain-worker";  // from PATH
 }
 
 }  // namespace kt::cli

@@ -22,4 +22,7 @@ struct RunOptions {
 // FieldError / ValidationError for a manifest that cannot run at all.
 int run_job(const RunOptions& options);
 
+// The worker binary pods run: kubetrain-worker next to this binary, else the one on PATH.
+std::string find_worker_binary();
+
 }  // namespace kt::cli

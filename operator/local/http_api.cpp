@@ -114,6 +114,18 @@ const char* event_type_name(kube::WatchEventType type) {
   return "ERROR";
 }
 
+// A non-negative integer query parameter; ApiError 400 when it is not one.
+long long integer_param(const HttpRequest& r, const std::string& name) {
+  const std::string text = r.param(name);
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value >= 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw ApiError(400, "BadRequest", "invalid " + name + " \"" + text + "\": not a non-negative integer");
+}
+
 bool truthy(const std::string& value) {
   return value == "1" || value == "true" || value == "True";
 }
@@ -477,7 +489,7 @@ struct ApiServer::Impl {
       kube::ListOptions options;
       options.label_selector = r.param("labelSelector");
       options.field_selector = r.param("fieldSelector");
-      if (r.has_param("limit")) options.limit = std::stoll(r.param("limit"));
+      if (r.has_param("limit")) options.limit = integer_param(r, "limit");
       options.continue_token = r.param("continue");
       options.resource_version = r.param("resourceVersion");
       const kube::ObjectList list = backend.list(res, ns, options);
@@ -629,7 +641,8 @@ struct ApiServer::Impl {
     options.label_selector = r.param("labelSelector");
     options.field_selector = r.param("fieldSelector");
     options.allow_bookmarks = truthy(r.param("allowWatchBookmarks"));
-    options.timeout_seconds = r.has_param("timeoutSeconds") ? std::stoi(r.param("timeoutSeconds")) : 0;
+    options.timeout_seconds =
+        r.has_param("timeoutSeconds") ? static_cast<int>(integer_param(r, "timeoutSeconds")) : 0;
     std::unique_ptr<kube::Watch> watch;
     try {
       watch = backend.watch(res, ns, options);

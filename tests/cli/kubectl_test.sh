@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- server log"; cat "$OUT/serve.log"; exit 1; }
 
-"$KT" local serve --kubeconfig-out "$OUT/kubeconfig" > "$OUT/serve.log" 2>&1 &
+"$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do [[ -s "$OUT/kubeconfig" ]] && break; sleep 0.1; done
 [[ -s "$OUT/kubeconfig" ]] || fail "no kubeconfig written within 10 s"
@@ -77,10 +77,34 @@ grep -q "^tiny *Running" "$OUT/get-status" || { cat "$OUT/get-status"; fail "the
 if K get tj missing 2> "$OUT/err"; then fail "get of a missing object succeeded"; fi
 grep -q 'trainingjobs.kubetrain.dev "missing" not found' "$OUT/err" || { cat "$OUT/err"; fail "NotFound message"; }
 
+# The same control plane as `kubetrain run`: this machine is a Node, and a Pod bound to it runs
+# as a local process.
+K get nodes -o name | grep -q "^node/" || fail "no local node"
+cat > "$OUT/pod.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hello
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo hello from a local pod"]
+YAML
+K apply -f "$OUT/pod.yaml" | grep -q "pod/hello created" || fail "pod not created"
+for _ in $(seq 200); do
+  [[ $(K get pod hello -o jsonpath='{.status.phase}') == Succeeded ]] && break
+  sleep 0.1
+done
+[[ $(K get pod hello -o jsonpath='{.status.phase}') == Succeeded ]] || fail "the pod did not run to Succeeded"
+grep -rq "hello from a local pod" "$OUT/work/pods" || fail "no pod log"
+K delete pod hello > /dev/null
+
 # A port in use is a one-line error and exit code 1.
 PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')
 set +e
-"$KT" local serve --port "$PORT" > "$OUT/second.log" 2>&1
+"$KT" local serve --api-only --port "$PORT" > "$OUT/second.log" 2>&1
 RC=$?
 set -e
 [[ $RC -eq 1 ]] || fail "a second server on port $PORT exited $RC"

@@ -113,6 +113,8 @@ TEST(LocalServeApi, ErrorsAreStatusObjects) {
   EXPECT_EQ(status["code"], 404);
   EXPECT_EQ(raw.call("GET", "/apis/nothing.dev/v1/things").status, 404);
   EXPECT_EQ(raw.call("POST", "/api/v1/namespaces/default/configmaps", "{not json").status, 400);
+  EXPECT_EQ(raw.call("GET", "/api/v1/namespaces/default/configmaps?limit=ten").status, 400);
+  EXPECT_EQ(raw.call("GET", "/api/v1/configmaps?watch=1&timeoutSeconds=-1").status, 400);
 
   raw.call("POST", "/api/v1/namespaces/default/configmaps",
            R"({"metadata":{"name":"a"},"data":{"k":"v"}})");
