@@ -19,9 +19,9 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job (for now: plan GPT-2 1.5B on the Oases testbed, 8 × 4 RTX 3090 on PCIe).
+# The main job: train the tiny GPT on this machine through the operator's local control plane.
 run: build
-	$(BUILD)/bin/kubetrain plan examples/jobs/gpt2-1.5b.yaml --cluster examples/clusters/3090x32-pcie.yaml
+	$(BUILD)/bin/kubetrain run examples/jobs/tiny.yaml
 
 # The GPU tests (ctest label gpu) need a CUDA GPU: they are registered disabled here and run by
 # scripts/device-check.sh on a GPU machine (docs/PERFORMANCE.md, "GPU").

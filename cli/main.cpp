@@ -1,5 +1,6 @@
-// The `kubetrain` command. Subcommands: plan, validate, profiles, presets, version.
-// Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits), 2 bad usage.
+// The `kubetrain` command. Subcommands: plan, validate, run, profiles, presets, version,
+// local serve. Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits, a failed
+// run), 2 bad usage, 130 a run interrupted by Ctrl-C.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,8 @@
 #include "api/training_job.h"
 #include "api/yaml_json.h"
 #include "cli/format.h"
+#include "cli/local_serve.h"
+#include "cli/run.h"
 #include "planner/planner.h"
 
 namespace {
@@ -121,9 +124,42 @@ int main(int argc, char** argv) {
   validate->add_option("--output,-o", validate_format, "print the defaulted manifest")
       ->check(CLI::IsMember({"yaml", "json"}));
 
+  kt::cli::RunOptions run_options;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run JOB on this machine with no cluster: the operator's reconciler against a local "
+      "control plane whose pods are local processes; prints the plan, progress and a summary");
+  run->add_option("job", run_options.job_path, "TrainingJob manifest (YAML or JSON)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  run->add_option("--workdir", run_options.workdir,
+                  "pod logs, volumes and checkpoints (default ./kubetrain-runs/<job>; the same "
+                  "workdir resumes from its latest checkpoint)");
+  run->add_option("--worker", run_options.worker_binary,
+                  "the kubetrain-worker binary (default: the one next to kubetrain)");
+
   CLI::App* profiles = app.add_subcommand("profiles", "List the built-in hardware profiles");
   CLI::App* presets = app.add_subcommand("presets", "List the model presets");
   CLI::App* version = app.add_subcommand("version", "Print the version");
+
+  CLI::App* local = app.add_subcommand("local", "The local control plane");
+  local->require_subcommand(1);
+  kt::cli::LocalServeOptions serve_options;
+  bool api_only = false;
+  CLI::App* serve = local->add_subcommand(
+      "serve", "Serve the local control plane's Kubernetes API on 127.0.0.1 (for kubectl and "
+               "the operator), with this machine as a Node whose pods run as local processes, "
+               "until interrupted");
+  serve->add_option("--port", serve_options.port, "port to listen on (0: a free one)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  serve->add_option("--kubeconfig-out", serve_options.kubeconfig_out,
+                    "write a kubeconfig for this server to PATH");
+  serve->add_option("--workdir", serve_options.workdir, "pod logs and volumes")
+      ->capture_default_str();
+  serve->add_option("--worker", serve_options.worker_binary,
+                    "the kubetrain-worker binary pods run (default: next to kubetrain, else PATH)");
+  serve->add_flag("--api-only", api_only, "serve the API only: no Node, no pods are run");
 
   try {
     app.parse(argc, argv);
@@ -136,8 +172,16 @@ int main(int argc, char** argv) {
   try {
     if (*plan) return cmd_plan(job_path, cluster_path, format);
     if (*validate) return cmd_validate(job_path, validate_format);
+    if (*run) {
+      job_path = run_options.job_path;
+      return kt::cli::run_job(run_options);
+    }
     if (*profiles) return cmd_profiles();
     if (*presets) return cmd_presets();
+    if (*serve) {
+      serve_options.node = !api_only;
+      return kt::cli::local_serve(serve_options);
+    }
     if (*version) {
       std::printf("kubetrain %s\n", kVersion);
       return 0;

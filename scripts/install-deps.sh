@@ -11,7 +11,9 @@ PACKAGES=(
   libcpprest-dev libssl-dev libboost-system-dev zlib1g-dev
   libgloo-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev
   prometheus wrk hyperfine
+  openssl  # the kube TLS tests make a CA and certificates and run `openssl s_server`
 )
+# kubectl is not a Debian 12 package: tests/cli/kubectl_test.sh is skipped (exit 77) without it.
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,23 @@
+// `kubetrain local serve`: the local control plane over HTTP on 127.0.0.1, with a kubeconfig
+// for kubectl and the operator (DESIGN.md §9). The same control plane as `kubetrain run`: the
+// Store, this machine registered as a Node, and the pod runner that runs bound pods as local
+// processes — only the reconciler is not in-process (the operator binary brings it over HTTP).
+#pragma once
+
+#include <string>
+
+namespace kt::cli {
+
+struct LocalServeOptions {
+  int port = 0;                // 0: a free one
+  std::string kubeconfig_out;  // "" writes none
+  bool node = true;            // register this machine and run pods; false: the API only
+  std::string workdir = "kubetrain-local";  // pod logs and volumes
+  std::string worker_binary;   // default: find_worker_binary()
+};
+
+// Serves until SIGINT or SIGTERM. Prints the URL (and the kubeconfig path) on stdout once
+// serving. Returns the exit code.
+int local_serve(const LocalServeOptions& options);
+
+}  // namespace kt::cli

@@ -1,0 +1,326 @@
+#include "cli/run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <thread>
+
+#include "api/error.h"
+#include "api/plan.h"
+#include "api/quantity.h"
+#include "api/training_job.h"
+#include "api/yaml_json.h"
+#include "operator/controller/controller.h"
+#include "operator/controller/manager.h"
+#include "operator/local/http_get.h"
+#include "operator/local/local_node.h"
+#include "operator/local/pod_runner.h"
+#include "operator/local/store.h"
+
+namespace kt::cli {
+
+namespace fs = std::filesystem;
+using kube::Object;
+using Steady = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void on_signal(int sig) { g_signal = sig; }
+
+std::string duration_text(double seconds) {
+  if (!(seconds >= 0)) return "?";
+  const long long s = std::llround(seconds);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1fs", seconds);
+  return buf;
+}
+
+// The progress display: a redrawn bar on a terminal, a line per change otherwise.
+class ProgressView {
+ public:
+  explicit ProgressView(int64_t steps) : steps_(steps), tty_(::isatty(STDERR_FILENO) == 1) {}
+
+  void update(const api::ProgressStatus& p) {
+    if (p.step == last_step_ && p.loss == last_loss_) return;
+    last_step_ = p.step;
+    last_loss_ = p.loss;
+    char line[256];
+    const std::string loss = p.loss ? api::fmt("%.4f", *p.loss) : "-";
+    const std::string eta = p.eta_seconds ? duration_text(*p.eta_seconds) : "?";
+    std::snprintf(line, sizeof(line), "step %lld/%lld  loss %s  %.0f tok/s  ETA %s",
+                  static_cast<long long>(p.step), static_cast<long long>(steps_), loss.c_str(),
+                  p.tokens_per_second, eta.c_str());
+    if (tty_) {
+      constexpr int kWidth = 30;
+      const int filled = steps_ > 0 ? static_cast<int>(kWidth * std::min<int64_t>(p.step, steps_) /
+                                                       steps_)
+                                    : 0;
+      std::fprintf(stderr, "\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
+                   std::string(kWidth - filled, '.').c_str(), line);
+      drawn_ = true;
+    } else {
+      std::fprintf(stdout, "progress: %s\n", line);
+      std::fflush(stdout);
+    }
+  }
+  void message(const std::string& text) {
+    end_line();
+    std::fprintf(stdout, "%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+  void end_line() {
+    if (drawn_) std::fprintf(stderr, "\n");
+    drawn_ = false;
+  }
+
+ private:
+  const int64_t steps_;
+  const bool tty_;
+  bool drawn_ = false;
+  int64_t last_step_ = -1;
+  std::optional<double> last_loss_;
+};
+
+// What the rank-0 worker wrote: the first and last loss and the "done" line.
+struct LogSummary {
+  std::optional<double> first_loss, final_loss;
+  int64_t steps = 0;
+};
+
+LogSummary read_log(const std::string& path) {
+  LogSummary out;
+  std::ifstream in(path);
+  std::string line;
+  static const std::regex kStep(R"(step\s+(\d+)/\d+ \| loss ([-0-9.eE+naif]+))");
+  static const std::regex kDone(R"(done: (\d+) steps, final loss ([-0-9.eE+naif]+))");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, kStep)) {
+      const double loss = std::stod(m[2]);
+      if (!out.first_loss) out.first_loss = loss;
+      out.final_loss = loss;
+      out.steps = std::stoll(m[1]);
+    } else if (std::regex_search(line, m, kDone)) {
+      out.steps = std::stoll(m[1]);
+      out.final_loss = std::stod(m[2]);
+    }
+  }
+  return out;
+}
+
+std::string tail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  std::string line;
+  while (std::getline(in, line)) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
+    out += "  | " + all[i] + "\n";
+  return out;
+}
+
+std::string condition_message(const Object& status, const std::string& type) {
+  for (const auto& c : status.value("conditions", Object::array()))
+    if (c.value("type", "") == type && c.value("status", "") == "True")
+      return c.value("reason", "") + ": " + c.value("message", "");
+  return "";
+}
+
+// The chosen plan in a few lines (the ConfigMap's plan.json; `kubetrain plan` has the full
+// table with the baselines).
+void print_plan(const Object& plan_json, const std::string& node) {
+  const api::Plan plan = api::decode_plan(plan_json);
+  const auto& c = plan.config;
+  const Object predicted = plan_json.value("predicted", Object::object());
+  std::printf("plan %s for %s/%s on the local node %s:\n", plan.plan_hash.c_str(),
+              plan.job_namespace.c_str(), plan.job_name.c_str(), node.c_str());
+  std::printf("  %lld node(s) × %lld %s rank(s), TP %lld × DP %lld, micro-batch %lld × %lld, "
+              "overlap %s, recompute %s, offload %s, %s\n",
+              static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
+              std::string(api::to_string(plan.device)).c_str(), static_cast<long long>(c.tp),
+              static_cast<long long>(c.dp), static_cast<long long>(c.micro_batch),
+              static_cast<long long>(c.grad_accum), c.sub_batches == 2 ? "on" : "off",
+              std::string(api::to_string(c.recompute)).c_str(),
+              std::string(api::to_string(c.offload)).c_str(),
+              std::string(api::to_string(plan.precision)).c_str());
+  std::printf("  model %lld layers, hidden %lld, %.2f M parameters; %lld steps of %lld sequences\n",
+              static_cast<long long>(plan.model.layers), static_cast<long long>(plan.model.hidden),
+              plan.parameters / 1e6, static_cast<long long>(plan.training.steps),
+              static_cast<long long>(plan.global_batch));
+  std::printf("  predicted %.2f ms/step, %.0f tokens/s, MFU %.1f%%\n",
+              predicted.value("stepSeconds", 0.0) * 1e3, predicted.value("tokensPerSecond", 0.0),
+              predicted.value("mfu", 0.0) * 100);
+  for (const auto& line : plan.explanation) std::printf("  %s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_job(const RunOptions& options) {
+  // The manifest is checked here first, so that a bad one fails before anything starts, with
+  // the same field paths the controller would report.
+  Object manifest = api::load_document(options.job_path);
+  const api::TrainingJob job = api::load_training_job(options.job_path);
+  const std::string ns = job.metadata.namespace_;
+  const std::string name = job.metadata.name;
+
+  const fs::path workdir =
+      fs::absolute(options.workdir.empty() ? fs::path("kubetrain-runs") / name
+                                           : fs::path(options.workdir));
+  fs::create_directories(workdir);
+  const fs::path checkpoints = workdir / "checkpoints";
+  // The gang must find its checkpoints again after a restart: a directory of the run, unless
+  // the job brings its own volume.
+  if (job.spec.checkpoint.volume.is_null())
+    manifest["spec"]["checkpoint"]["volume"] = {
+        {"hostPath", {{"path", checkpoints.string()}, {"type", "DirectoryOrCreate"}}}};
+  manifest["metadata"]["namespace"] = ns;
+
+  local::Store store;
+  store.register_resource(kube::kTrainingJobs, true);
+  const local::LocalMachine machine = local::detect_local_machine();
+  local::register_local_node(store, machine);
+
+  local::PodRunnerOptions runner_options;
+  runner_options.node_name = machine.node_name;
+  runner_options.work_dir = workdir.string();
+  runner_options.worker_binary =
+      options.worker_binary.empty() ? find_worker_binary() : options.worker_binary;
+  local::PodRunner runner(store, runner_options);
+
+  controller::ControllerOptions controller_options;
+  controller_options.progress_interval = std::chrono::milliseconds(500);
+  controller_options.fetch_metrics = [](const std::string& host, int port) {
+    return local::http_get(host, port, "/metrics", std::chrono::milliseconds(500));
+  };
+  controller::Controller controller(store, controller_options);
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  g_signal = 0;
+
+  std::printf("kubetrain run: %s/%s on %s (%lld CPU cores, %.1f GiB, %zu GPU(s)); work dir %s\n",
+              ns.c_str(), name.c_str(), machine.node_name.c_str(),
+              static_cast<long long>(machine.cpu_cores), machine.memory_bytes / api::kGiB,
+              machine.gpus.size(), workdir.string().c_str());
+  std::fflush(stdout);
+
+  // The operator's shape: informers -> work queue -> reconcile, as in a cluster.
+  controller::ManagerOptions manager_options;
+  manager_options.ns = ns;
+  manager_options.workers = 1;
+  controller::Manager manager(store, controller, manager_options);
+  kube::WatchOptions watch_options;
+  watch_options.allow_bookmarks = false;
+  watch_options.field_selector = "metadata.name=" + name;
+  auto job_watch = store.watch(kube::kTrainingJobs, ns, watch_options);
+  store.create(kube::kTrainingJobs, ns, manifest);
+  runner.start();
+  manager.start();
+  const auto started = Steady::now();
+  ProgressView view(job.spec.training.steps);
+  bool plan_shown = false;
+  std::string last_phase;
+  int restarts_seen = 0;
+  Object status;
+  int exit_code = 1;
+
+  for (;;) {
+    job_watch->next(std::chrono::milliseconds(250));  // wakes when the job changes
+    status = store.get(kube::kTrainingJobs, ns, name).value("status", Object::object());
+    const api::TrainingJobStatus typed = api::decode_status(status);
+
+    if (!plan_shown && typed.plan) {
+      const Object cm = store.get(kube::kConfigMaps, ns, typed.plan->config_map);
+      print_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()), machine.node_name);
+      plan_shown = true;
+    }
+    const std::string phase = status.value("phase", "");
+    if (phase != last_phase) {
+      const std::string why = phase == "Restarting" ? condition_message(status, "Restarting") : "";
+      view.message("phase: " + phase + (why.empty() ? "" : " (" + why + ")"));
+      last_phase = phase;
+    }
+    restarts_seen = static_cast<int>(typed.restarts);
+    if (phase == "Running") view.update(typed.progress);
+    if (phase == "Succeeded") {
+      exit_code = 0;
+      break;
+    }
+    if (phase == "Failed") {
+      exit_code = 1;
+      break;
+    }
+    if (g_signal) {
+      view.message("interrupted: stopping the job's pods");
+      // Deleting the job deletes its pods; the runner sends SIGTERM (the worker checkpoints).
+      store.remove(kube::kTrainingJobs, ns, name, kube::Propagation::Background);
+      exit_code = 130;
+      break;
+    }
+  }
+  view.end_line();
+  manager.stop();
+  runner.sync();  // the deleted pods' processes get their SIGTERM now
+  runner.stop();
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+
+  const double wall = std::chrono::duration<double>(Steady::now() - started).count();
+  const std::string log = runner.log_path(ns, controller::worker_pod_name(name, 0));
+  const LogSummary summary = read_log(log);
+  if (exit_code == 0) {
+    const double tokens = static_cast<double>(summary.steps) *
+                          static_cast<double>(job.spec.training.global_batch_size) *
+                          static_cast<double>(api::resolve_model(job.spec.model).seq_len);
+    std::printf("Succeeded: %lld steps in %s, loss %s -> %s, %.0f tokens/s overall "
+                "(restarts: %d)\n",
+                static_cast<long long>(summary.steps), duration_text(wall).c_str(),
+                summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
+                summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
+                wall > 0 ? tokens / wall : 0.0, restarts_seen);
+    std::printf("final loss: %s\n",
+                summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?");
+  } else if (exit_code == 1) {
+    std::string reason = condition_message(status, "Failed");
+    if (reason.empty()) reason = condition_message(status, "Planned");
+    std::fprintf(stderr, "kubetrain: job %s/%s failed: %s\n", ns.c_str(), name.c_str(),
+                 reason.c_str());
+    if (fs::exists(log)) std::fprintf(stderr, "last lines of %s:\n%s", log.c_str(), tail(log, 10).c_str());
+  }
+  std::printf("checkpoints: %s\nlogs: %s\n",
+              job.spec.checkpoint.volume.is_null() ? checkpoints.c_str() : "(the job's volume)",
+              (workdir / "pods").c_str());
+  return exit_code;
+}
+
+std::string find_worker_binary() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path sibling = self.parent_path() / "kubetrain-worker";
+    if (::access(sibling.c_str(), X_OK) == 0) return sibling.string();
+  }
+  return "kubetrain-worker";  // from PATH
+}
+
+}  // namespace kt::cli

@@ -1,0 +1,51 @@
+// The objects a TrainingJob owns (DESIGN.md §8), rendered from the job and its Plan: the
+// ConfigMap `<job>-plan` with plan.json, the headless Service `<job>`, and one worker Pod per node
+// `<job>-worker-<node-rank>`. Names are deterministic so that creating them is idempotent.
+#pragma once
+
+#include <string>
+
+#include "api/plan.h"
+#include "api/training_job.h"
+#include "operator/kube/client.h"
+
+namespace kt::controller {
+
+// Labels on every child; the restart attempt tells one gang generation from the next.
+inline constexpr const char* kJobNameLabel = "kubetrain.dev/job-name";
+inline constexpr const char* kNodeRankLabel = "kubetrain.dev/node-rank";
+inline constexpr const char* kRestartAttemptLabel = "kubetrain.dev/restart-attempt";
+// Annotations on the plan ConfigMap: the controller's record of what the job runs, so that a
+// restarted controller keeps the plan and the attempt (it has no other memory).
+inline constexpr const char* kGenerationAnnotation = "kubetrain.dev/generation";
+inline constexpr const char* kInventoryHashAnnotation = "kubetrain.dev/inventory-hash";
+inline constexpr const char* kPlanHashAnnotation = "kubetrain.dev/plan-hash";
+inline constexpr const char* kAttemptAnnotation = "kubetrain.dev/restart-attempt";
+// On a pod: the port its metrics are really served on, when a runtime remapped the container
+// port (the local pod runner does: every local pod shares 127.0.0.1).
+inline constexpr const char* kMetricsPortAnnotation = "kubetrain.dev/metrics-port";
+
+inline constexpr const char* kPlanMountDir = "/etc/kubetrain";
+inline constexpr const char* kPlanPath = "/etc/kubetrain/plan.json";
+inline constexpr const char* kCheckpointDir = "/var/lib/kubetrain/checkpoints";
+inline constexpr const char* kDataDir = "/data";
+
+struct ChildOptions {
+  std::string default_image = "ghcr.io/kubetrain/kubetrain-worker:0.1.0";
+  int master_port = 29500;
+  int metrics_port = 9090;
+};
+
+std::string plan_config_map_name(const std::string& job);
+std::string worker_pod_name(const std::string& job, int64_t node_rank);
+
+// `owner` is the TrainingJob object as stored (its uid makes the ownerReference).
+kube::Object render_plan_config_map(const kube::Object& owner, const api::Plan& plan,
+                                    int64_t generation, const std::string& inventory_hash,
+                                    int64_t attempt);
+kube::Object render_service(const kube::Object& owner, const ChildOptions& options);
+kube::Object render_worker_pod(const kube::Object& owner, const api::TrainingJob& job,
+                               const api::Plan& plan, int64_t node_rank, int64_t attempt,
+                               const ChildOptions& options);
+
+}  // namespace kt::controller

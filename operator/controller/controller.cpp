@@ -1,0 +1,746 @@
+#include "operator/controller/controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "api/inventory.h"
+#include "api/quantity.h"
+#include "planner/planner.h"
+
+namespace kt::controller {
+
+using api::JobPhase;
+using kube::ApiError;
+using kube::Object;
+using Clock = std::chrono::system_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string rfc3339(Clock::time_point t) {
+  const std::time_t secs = Clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::optional<Clock::time_point> parse_rfc3339(const std::string& text) {
+  std::tm tm{};
+  if (text.empty() || !strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return std::nullopt;
+  return Clock::from_time_t(timegm(&tm));
+}
+
+std::string label(const Object& obj, const char* key) {
+  const auto& labels = obj["metadata"].value("labels", Object::object());
+  return labels.value(key, "");
+}
+
+int64_t to_int(const std::string& s, int64_t fallback) {
+  try {
+    return s.empty() ? fallback : std::stoll(s);
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
+
+std::string phase_of(const Object& pod) {
+  return pod.contains("status") ? pod["status"].value("phase", "Pending") : "Pending";
+}
+
+bool condition_true(const Object& obj, const std::string& type) {
+  if (!obj.contains("status")) return false;
+  for (const auto& c : obj["status"].value("conditions", Object::array()))
+    if (c.value("type", "") == type) return c.value("status", "") == "True";
+  return false;
+}
+
+// The training container's exit code, if it terminated.
+std::optional<int> exit_code(const Object& pod) {
+  if (!pod.contains("status")) return std::nullopt;
+  for (const auto& cs : pod["status"].value("containerStatuses", Object::array())) {
+    const auto state = cs.value("state", Object::object());
+    if (state.contains("terminated")) return state["terminated"].value("exitCode", 0);
+  }
+  return std::nullopt;
+}
+
+// Evicted or preempted (DisruptionTarget, kubelet's reason Evicted): the job did nothing wrong.
+bool evicted(const Object& pod) {
+  if (!pod.contains("status")) return false;
+  const std::string reason = pod["status"].value("reason", "");
+  return reason == "Evicted" || reason == "Preempted" || reason == "Preempting" ||
+         condition_true(pod, "DisruptionTarget");
+}
+
+// FNV-1a 64, as the plan hash (api/plan.cpp) uses.
+std::string fnv_hex(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+double gpu_request(const Object& pod) {
+  double total = 0;
+  for (const auto& c : pod["spec"].value("containers", Object::array())) {
+    const auto res = c.value("resources", Object::object());
+    for (const char* kind : {"requests", "limits"}) {
+      const auto m = res.value(kind, Object::object());
+      if (!m.contains("nvidia.com/gpu")) continue;
+      const auto& v = m["nvidia.com/gpu"];
+      total += v.is_number() ? v.get<double>()
+                             : api::parse_quantity(v.get<std::string>()).value_or(0);
+      break;  // requests, or limits when there are no requests (the API server's default)
+    }
+  }
+  return total;
+}
+
+api::PlanSummary summarize(const api::Plan& plan) {
+  api::PlanSummary s;
+  s.nodes = plan.config.nodes;
+  s.gpus_per_node = plan.device == api::DeviceKind::kCuda ? plan.config.procs_per_node : 0;
+  s.tp = plan.config.tp;
+  s.dp = plan.config.dp;
+  s.overlap = plan.config.sub_batches == 2;
+  s.recompute = plan.config.recompute;
+  s.offload = plan.config.offload;
+  s.offload_window = plan.config.window;
+  s.gpu_update_fraction = plan.gpu_update_fraction;
+  s.predicted_step_seconds = plan.predicted.step_seconds;
+  s.predicted_tokens_per_second = plan.predicted.tokens_per_second;
+  s.config_map = plan_config_map_name(plan.job_name);
+  s.plan_hash = plan.plan_hash;
+  return s;
+}
+
+}  // namespace
+
+// One reconcile: the job as read, the status being built, and the writes that converge.
+class Controller::Pass {
+ public:
+  Pass(kube::Client& client, const ControllerOptions& options, Object job_object)
+      : client_(client),
+        options_(options),
+        object_(std::move(job_object)),
+        ns_(object_["metadata"].value("namespace", "default")),
+        name_(object_["metadata"]["name"]),
+        generation_(object_["metadata"].value("generation", int64_t{1})),
+        now_(options.clock()) {
+    try {
+      old_status_ = api::decode_status(object_.value("status", Object::object()));
+    } catch (const kt::Error&) {
+      // A status we cannot read (written by someone else) is rebuilt from the cluster.
+    }
+    status_ = old_status_;
+  }
+
+  ReconcileResult run();
+  std::string phase() const {
+    return status_.phase ? std::string(api::to_string(*status_.phase)) : "";
+  }
+
+ private:
+  // ---- status -----------------------------------------------------------------------------
+  void set_condition(const std::string& type, bool value, const std::string& reason,
+                     const std::string& message) {
+    const std::string status = value ? "True" : "False";
+    for (auto& c : status_.conditions) {
+      if (c.type != type) continue;
+      if (c.status != status) c.last_transition_time = rfc3339(now_);
+      c.status = status;
+      c.reason = reason;
+      c.message = message;
+      c.observed_generation = generation_;
+      return;
+    }
+    if (!value && reason.empty()) return;  // nothing to say about a condition never set
+    status_.conditions.push_back({type, status, reason, message, generation_, rfc3339(now_)});
+  }
+  bool has_condition(const std::string& type, bool value) const {
+    for (const auto& c : status_.conditions)
+      if (c.type == type) return c.status == (value ? "True" : "False");
+    return false;
+  }
+  std::string condition_reason(const std::string& type) const {
+    for (const auto& c : status_.conditions)
+      if (c.type == type) return c.reason;
+    return "";
+  }
+  void clear_condition(const std::string& type, const std::string& reason) {
+    for (const auto& c : status_.conditions)
+      if (c.type == type && c.status == "True") {
+        set_condition(type, false, reason, "");
+        return;
+      }
+  }
+
+  // Writes the status when it changed (and only then), with the version read: a concurrent
+  // writer makes this a Conflict, and the next reconcile starts from fresh state.
+  void write_status() {
+    status_.observed_generation = generation_;
+    const Object want = api::to_json(status_);
+    if (object_.contains("status") && object_["status"] == want) return;
+    Object update = object_;
+    update["status"] = want;
+    object_ = client_.update_status(kube::kTrainingJobs, ns_, update);
+  }
+
+  void event(const std::string& type, const std::string& reason, const std::string& message) {
+    const std::string ts = rfc3339(now_);
+    Object ev = {{"apiVersion", "v1"},
+                 {"kind", "Event"},
+                 {"metadata", {{"generateName", name_ + "."}, {"namespace", ns_}}},
+                 {"involvedObject",
+                  {{"apiVersion", api::kApiVersion},
+                   {"kind", "TrainingJob"},
+                   {"name", name_},
+                   {"namespace", ns_},
+                   {"uid", object_["metadata"].value("uid", "")}}},
+                 {"type", type},
+                 {"reason", reason},
+                 {"message", message},
+                 {"source", {{"component", "kubetrain-operator"}}},
+                 {"firstTimestamp", ts},
+                 {"lastTimestamp", ts},
+                 {"count", 1}};
+    try {
+      client_.create(kube::kEvents, ns_, ev);
+    } catch (const kt::Error&) {
+      // Events are best effort, as in client-go's recorder.
+    }
+  }
+
+  void set_phase(JobPhase phase) {
+    if (status_.phase != phase && options_.metrics) {
+      if (phase == JobPhase::kSucceeded) options_.metrics->jobs_succeeded_total.inc();
+      if (phase == JobPhase::kFailed) options_.metrics->jobs_failed_total.inc();
+    }
+    status_.phase = phase;
+  }
+
+  // ---- children ---------------------------------------------------------------------------
+  std::vector<Object> list_pods() {
+    kube::ListOptions opts;
+    opts.label_selector = std::string(kJobNameLabel) + "=" + name_;
+    std::vector<Object> pods;
+    for (auto& p : client_.list(kube::kPods, ns_, opts).items) {
+      // Only the pods this job controls (a label alone could be anyone's).
+      for (const auto& ref : p["metadata"].value("ownerReferences", Object::array()))
+        if (ref.value("uid", "") == object_["metadata"].value("uid", "") &&
+            ref.value("controller", false))
+          pods.push_back(p);
+    }
+    return pods;
+  }
+
+  void delete_pod(const Object& pod) {
+    try {
+      client_.remove(kube::kPods, ns_, pod["metadata"]["name"]);
+    } catch (const ApiError& e) {
+      if (!e.not_found()) throw;
+    }
+  }
+
+  // cleanPodPolicy on finish: All deletes every pod, Running those still running, None none.
+  void clean_pods(api::CleanPodPolicy policy) {
+    if (policy == api::CleanPodPolicy::kNone) return;
+    for (const auto& pod : list_pods()) {
+      const std::string phase = phase_of(pod);
+      if (policy == api::CleanPodPolicy::kAll || (phase != "Succeeded" && phase != "Failed"))
+        delete_pod(pod);
+    }
+  }
+
+  void finish(JobPhase phase, const std::string& reason, const std::string& message,
+              api::CleanPodPolicy policy) {
+    set_phase(phase);
+    const bool ok = phase == JobPhase::kSucceeded;
+    set_condition(ok ? "Succeeded" : "Failed", true, reason, message);
+    set_condition("Running", false, reason, "");
+    clear_condition("Restarting", reason);
+    status_.workers.ready = 0;
+    if (status_.completion_time.empty()) status_.completion_time = rfc3339(now_);
+    event(ok ? "Normal" : "Warning", reason, message);
+    clean_pods(policy);
+  }
+
+  std::optional<Object> get_config_map() {
+    try {
+      return client_.get(kube::kConfigMaps, ns_, plan_config_map_name(name_));
+    } catch (const ApiError& e) {
+      if (e.not_found()) return std::nullopt;
+      throw;
+    }
+  }
+
+  void ensure_service() {
+    try {
+      client_.get(kube::kServices, ns_, name_);
+    } catch (const ApiError& e) {
+      if (!e.not_found()) throw;
+      try {
+        client_.create(kube::kServices, ns_, render_service(object_, options_.children));
+      } catch (const ApiError& create_error) {
+        if (!create_error.already_exists()) throw;
+      }
+    }
+  }
+
+  // The nodes as the planner sees them: GPUs requested by other jobs' running pods are not free.
+  // Returns the inventory and its fingerprint (what a re-plan would depend on).
+  std::pair<api::Inventory, std::string> inventory() {
+    Object nodes = {{"apiVersion", "v1"}, {"kind", "List"},
+                    {"items", client_.list(kube::kNodes, "", {}).items}};
+    api::Inventory inv = api::decode_kubectl_nodes(nodes);
+    std::map<std::string, double> used;
+    for (const auto& pod : client_.list(kube::kPods, "", {}).items) {
+      const std::string phase = phase_of(pod);
+      if (phase == "Succeeded" || phase == "Failed") continue;
+      if (label(pod, kJobNameLabel) == name_ && pod["metadata"].value("namespace", "") == ns_)
+        continue;
+      const std::string node = pod["spec"].value("nodeName", "");
+      if (!node.empty()) used[node] += gpu_request(pod);
+    }
+    std::string fingerprint;
+    for (auto& node : inv.nodes) {
+      node.free_gpus = std::max<int64_t>(
+          0, node.gpu_count - static_cast<int64_t>(std::ceil(used[node.name])));
+      fingerprint += node.name + "|" + node.gpu_product + "|" + std::to_string(node.gpu_count) +
+                     "|" + std::to_string(node.free_gpus) + "|" +
+                     std::to_string(node.cpu_cores) + "|" + std::to_string(node.memory_bytes) +
+                     "|" + (node.schedulable ? "1" : "0") + ";";
+      for (const auto& [k, v] : node.labels) fingerprint += k + "=" + v + ",";
+    }
+    return {inv, fnv_hex(fingerprint)};
+  }
+
+  // ---- the steps ----------------------------------------------------------------------------
+  ReconcileResult finished(const api::TrainingJob& job);
+  std::optional<api::Plan> plan_for(const api::TrainingJob& job, std::optional<Object>& cm,
+                                    int64_t& attempt, bool pods_exist, bool& replanned,
+                                    ReconcileResult& result);
+  void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
+
+  kube::Client& client_;
+  const ControllerOptions& options_;
+  Object object_;
+  const std::string ns_, name_;
+  const int64_t generation_;
+  const Clock::time_point now_;
+  api::TrainingJobStatus old_status_, status_;
+};
+
+ReconcileResult Controller::Pass::finished(const api::TrainingJob& job) {
+  clean_pods(job.spec.run_policy.clean_pod_policy);
+  write_status();
+  const auto ttl = job.spec.run_policy.ttl_seconds_after_finished;
+  const auto done = parse_rfc3339(status_.completion_time);
+  if (!ttl || !done) return {};
+  const auto expires = *done + std::chrono::seconds(*ttl);
+  if (now_ >= expires) {
+    client_.remove(kube::kTrainingJobs, ns_, name_, kube::Propagation::Background);
+    return {};
+  }
+  return {std::chrono::duration_cast<milliseconds>(expires - now_)};
+}
+
+// The plan the job runs: the stored one, unless the spec generation changed, or the inventory
+// changed while no pods run (a (re)start). On a new plan the ConfigMap is written and `attempt`
+// moves on when pods of the old plan exist. std::nullopt: no plan now (status says why).
+std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
+                                                    std::optional<Object>& cm, int64_t& attempt,
+                                                    bool pods_exist, bool& replanned,
+                                                    ReconcileResult& result) {
+  const auto annotation = [&](const char* key) -> std::string {
+    if (!cm) return "";
+    return cm->at("metadata").value("annotations", Object::object()).value(key, "");
+  };
+  std::optional<api::Plan> stored;
+  if (cm) {
+    try {
+      stored = api::decode_plan(Object::parse(cm->at("data").value("plan.json", "{}")));
+    } catch (const std::exception&) {
+      stored.reset();  // unreadable: plan again
+    }
+  }
+  auto [inv, inventory_hash] = inventory();
+  const bool same_generation = to_int(annotation(kGenerationAnnotation), -1) == generation_;
+  const bool same_inventory = annotation(kInventoryHashAnnotation) == inventory_hash;
+  if (stored && same_generation && (pods_exist || same_inventory)) return stored;
+
+  const auto started = std::chrono::steady_clock::now();
+  api::Plan plan;
+  try {
+    plan = planner::best_plan(job, inv);
+  } catch (const kt::Error& e) {
+    // Does it fit the cluster at all (with every GPU free)? Then wait for GPUs to free up.
+    api::Inventory all = inv;
+    for (auto& node : all.nodes) node.free_gpus = node.gpu_count;
+    bool fits_when_free = false;
+    try {
+      planner::best_plan(job, all);
+      fits_when_free = true;
+    } catch (const kt::Error&) {
+    }
+    if (fits_when_free) {
+      set_phase(JobPhase::kPending);
+      set_condition("Planned", false, "WaitingForResources", e.what());
+      result.requeue_after = std::chrono::seconds(30);
+    } else {
+      finish(JobPhase::kFailed, "NoFeasiblePlan", e.what(), job.spec.run_policy.clean_pod_policy);
+      set_condition("Planned", false, "NoFeasiblePlan", e.what());
+    }
+    return std::nullopt;
+  }
+  if (options_.metrics)
+    options_.metrics->planner_duration_seconds.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+
+  const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
+  if (plan_changed && pods_exist) ++attempt;  // the running gang executes the old plan
+  const Object want = render_plan_config_map(object_, plan_changed ? plan : *stored,
+                                             generation_, inventory_hash, attempt);
+  if (!cm) {
+    cm = client_.create(kube::kConfigMaps, ns_, want);
+  } else {
+    Object update = *cm;
+    update["metadata"]["annotations"] = want["metadata"]["annotations"];
+    update["data"] = want["data"];
+    cm = client_.update(kube::kConfigMaps, ns_, update);
+  }
+  if (!plan_changed) return stored;
+  replanned = true;
+  status_.plan = summarize(plan);
+  char message[256];
+  std::snprintf(message, sizeof(message),
+                "%lld node(s) × %lld %s, tp %lld, dp %lld, %s, recompute %s, offload %s; "
+                "predicted %.4g s/step, %.4g tokens/s (plan %s)",
+                static_cast<long long>(plan.config.nodes),
+                static_cast<long long>(plan.config.procs_per_node),
+                plan.device == api::DeviceKind::kCuda ? "GPU(s)" : "CPU rank(s)",
+                static_cast<long long>(plan.config.tp), static_cast<long long>(plan.config.dp),
+                plan.config.sub_batches == 2 ? "overlapped" : "not overlapped",
+                std::string(api::to_string(plan.config.recompute)).c_str(),
+                std::string(api::to_string(plan.config.offload)).c_str(),
+                plan.predicted.step_seconds, plan.predicted.tokens_per_second,
+                plan.plan_hash.c_str());
+  set_condition("Planned", true, "PlanChosen", message);
+  event("Normal", "PlanChosen", message);
+  return plan;
+}
+
+void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& plan,
+                                const Object& rank0) {
+  if (!options_.fetch_metrics) return;
+  const std::string ip = rank0.contains("status") ? rank0["status"].value("podIP", "") : "";
+  if (ip.empty()) return;
+  int port = options_.children.metrics_port;
+  const auto annotations = rank0["metadata"].value("annotations", Object::object());
+  if (annotations.contains(kMetricsPortAnnotation))
+    port = static_cast<int>(to_int(annotations.value(kMetricsPortAnnotation, ""), port));
+  const auto text = options_.fetch_metrics(ip, port);
+  if (!text) return;
+  const WorkerProgress p = parse_worker_progress(*text);
+  if (p.steps) status_.progress.step = static_cast<int64_t>(*p.steps);
+  if (p.loss) status_.progress.loss = *p.loss;
+  if (p.tokens_per_second) {
+    status_.progress.tokens_per_second = *p.tokens_per_second;
+    const double tokens_per_step =
+        static_cast<double>(plan.global_batch) * static_cast<double>(plan.model.seq_len);
+    if (*p.tokens_per_second > 0) {
+      const double step_seconds = tokens_per_step / *p.tokens_per_second;
+      status_.progress.step_seconds = step_seconds;
+      status_.progress.eta_seconds =
+          std::max<double>(0, static_cast<double>(job.spec.training.steps -
+                                                  status_.progress.step)) *
+          step_seconds;
+    }
+  }
+  if (p.last_checkpoint_step && *p.last_checkpoint_step > 0)
+    status_.last_checkpoint_step = static_cast<int64_t>(*p.last_checkpoint_step);
+}
+
+ReconcileResult Controller::Pass::run() {
+  ReconcileResult result;
+  // ---- the spec: decode and validate (the CRD schema catches most of this earlier) ----------
+  Object manifest = object_;
+  manifest.erase("status");
+  api::TrainingJob job;
+  std::vector<FieldError> errors;
+  try {
+    job = api::decode_training_job(manifest);
+    errors = api::validate(job);
+  } catch (const ValidationError& e) {
+    errors = e.errors();
+  } catch (const FieldError& e) {
+    errors = {e};
+  }
+  const bool terminal =
+      status_.phase == JobPhase::kSucceeded || status_.phase == JobPhase::kFailed;
+  // A job failed for its spec runs again once the spec is fixed (a new generation).
+  const bool failed_for_spec = status_.phase == JobPhase::kFailed &&
+                               condition_reason("Failed") == "InvalidSpec" &&
+                               old_status_.observed_generation != generation_;
+  if (!errors.empty()) {
+    if (status_.phase == JobPhase::kFailed && condition_reason("Failed") == "InvalidSpec" &&
+        old_status_.observed_generation == generation_)
+      return {};
+    std::string message;
+    for (const auto& e : errors) message += (message.empty() ? "" : "; ") + std::string(e.what());
+    status_.completion_time.clear();
+    set_condition("Planned", false, "InvalidSpec", message);
+    finish(JobPhase::kFailed, "InvalidSpec", message, api::CleanPodPolicy::kRunning);
+    write_status();
+    return {};
+  }
+  if (terminal && !failed_for_spec) return finished(job);
+  if (failed_for_spec) {
+    status_.completion_time.clear();
+    clear_condition("Failed", "SpecChanged");
+    status_.phase.reset();
+  }
+  if (!status_.phase) set_phase(JobPhase::kPending);
+
+  const auto& policy = job.spec.run_policy;
+  std::vector<Object> pods = list_pods();
+
+  // ---- suspend: nothing runs ----------------------------------------------------------------
+  if (policy.suspend) {
+    for (const auto& pod : pods) delete_pod(pod);
+    set_phase(JobPhase::kSuspended);
+    set_condition("Suspended", true, "Suspended", "the job is suspended (runPolicy.suspend)");
+    set_condition("Running", false, "Suspended", "");
+    set_condition("PodsReady", false, "Suspended", "");
+    status_.workers.ready = 0;
+    status_.workers.succeeded = status_.workers.failed = 0;
+    write_status();
+    return {};
+  }
+  if (has_condition("Suspended", true)) {
+    set_condition("Suspended", false, "Resumed", "the job was resumed");
+    status_.start_time.clear();  // the deadline counts from the resume, as for batch/v1 Jobs
+    set_phase(JobPhase::kPending);
+  }
+
+  // ---- activeDeadlineSeconds ----------------------------------------------------------------
+  if (policy.active_deadline_seconds && !status_.start_time.empty()) {
+    const auto started = parse_rfc3339(status_.start_time).value_or(now_);
+    const auto deadline = started + std::chrono::seconds(*policy.active_deadline_seconds);
+    if (now_ >= deadline) {
+      finish(JobPhase::kFailed, "DeadlineExceeded",
+             "the job ran longer than activeDeadlineSeconds (" +
+                 std::to_string(*policy.active_deadline_seconds) + " s)",
+             policy.clean_pod_policy);
+      return finished(job);
+    }
+  }
+
+  // ---- the plan -----------------------------------------------------------------------------
+  std::optional<Object> cm = get_config_map();
+  int64_t attempt =
+      cm ? to_int(cm->at("metadata").value("annotations", Object::object())
+                      .value(kAttemptAnnotation, ""),
+                  0)
+         : 0;
+  const bool attempt_pods_exist = std::any_of(pods.begin(), pods.end(), [&](const Object& p) {
+    return to_int(label(p, kRestartAttemptLabel), -1) == attempt;
+  });
+  if (status_.phase == JobPhase::kPending) set_phase(JobPhase::kPlanning);
+  bool replanned = false;
+  const auto plan = plan_for(job, cm, attempt, attempt_pods_exist, replanned, result);
+  if (!plan) {
+    if (status_.phase == JobPhase::kFailed) return finished(job);
+    write_status();
+    return result;
+  }
+  if (replanned && status_.plan) status_.plan->plan_hash = plan->plan_hash;
+  if (!status_.plan) status_.plan = summarize(*plan);
+  ensure_service();
+
+  // ---- the gang: pods of older attempts go; then look at the current attempt ------------------
+  std::map<int64_t, Object> current;  // by node rank
+  for (const auto& pod : pods) {
+    if (to_int(label(pod, kRestartAttemptLabel), -1) != attempt)
+      delete_pod(pod);
+    else
+      current[to_int(label(pod, kNodeRankLabel), -1)] = pod;
+  }
+  const int64_t desired = static_cast<int64_t>(plan->placement.size());
+  status_.workers = {desired, 0, 0, 0};
+  const Object* failed = nullptr;
+  for (const auto& [rank, pod] : current) {
+    const std::string phase = phase_of(pod);
+    if (phase == "Succeeded") ++status_.workers.succeeded;
+    if (phase == "Failed") {
+      ++status_.workers.failed;
+      if (!failed || evicted(*failed)) failed = &pod;  // report a real failure over an eviction
+    }
+    if (phase == "Running" && condition_true(pod, "Ready")) ++status_.workers.ready;
+  }
+
+  // ---- failures: restart the whole gang, or give up -------------------------------------------
+  if (failed) {
+    const std::string pod_name = (*failed)["metadata"]["name"];
+    const bool was_evicted = evicted(*failed);
+    const auto code = exit_code(*failed);
+    const std::string what =
+        was_evicted ? "pod " + pod_name + " was evicted"
+                    : "pod " + pod_name + " failed" +
+                          (code ? " with exit code " + std::to_string(*code) : std::string());
+    // Exit codes 1-127 are the program's own verdict (bad data, a bug): permanent. 128+ are
+    // signals (OOM kill, node shutdown, preemption): retryable.
+    const bool retryable = was_evicted || !code || *code >= 128;
+    if (!retryable) {
+      finish(JobPhase::kFailed, "WorkerFailed", what + " (exit codes 1-127 are permanent)",
+             policy.clean_pod_policy);
+      return finished(job);
+    }
+    if (!was_evicted && status_.restarts >= policy.backoff_limit) {
+      finish(JobPhase::kFailed, "BackoffLimitExceeded",
+             what + "; the job was restarted " + std::to_string(status_.restarts) +
+                 " time(s), backoffLimit is " + std::to_string(policy.backoff_limit),
+             policy.clean_pod_policy);
+      return finished(job);
+    }
+    // The attempt moves first (in the ConfigMap): if we stop between the writes, the next
+    // reconcile sees only pods of an old attempt and replaces them, without counting twice.
+    ++attempt;
+    Object update = *cm;
+    update["metadata"]["annotations"][kAttemptAnnotation] = std::to_string(attempt);
+    cm = client_.update(kube::kConfigMaps, ns_, update);
+    if (!was_evicted) ++status_.restarts;
+    if (options_.metrics) options_.metrics->jobs_restarted_total.inc();
+    const std::string reason = was_evicted ? "Evicted" : "WorkerFailed";
+    const std::string message = what + "; restarting the whole gang (attempt " +
+                                std::to_string(attempt) + ", restarts " +
+                                std::to_string(status_.restarts) + " of " +
+                                std::to_string(policy.backoff_limit) + ")";
+    set_phase(JobPhase::kRestarting);
+    set_condition("Restarting", true, reason, message);
+    set_condition("Running", false, reason, "");
+    set_condition("PodsReady", false, reason, "");
+    event("Warning", "Restarting", message);
+    for (const auto& [rank, pod] : current) delete_pod(pod);
+    current.clear();
+    status_.workers = {desired, 0, 0, 0};
+  }
+
+  // ---- success ------------------------------------------------------------------------------
+  if (desired > 0 && status_.workers.succeeded == desired) {
+    status_.progress.step = job.spec.training.steps;
+    status_.progress.eta_seconds = 0;
+    finish(JobPhase::kSucceeded, "Succeeded",
+           "all " + std::to_string(desired) + " worker(s) completed " +
+               std::to_string(job.spec.training.steps) + " steps",
+           policy.clean_pod_policy);
+    return finished(job);
+  }
+
+  // ---- create the missing pods ----------------------------------------------------------------
+  bool created = false;
+  for (int64_t rank = 0; rank < desired; ++rank) {
+    if (current.count(rank)) continue;
+    try {
+      current[rank] = client_.create(
+          kube::kPods, ns_,
+          render_worker_pod(object_, job, *plan, rank, attempt, options_.children));
+      created = true;
+    } catch (const ApiError& e) {
+      // A pod of the old attempt still terminating holds the name: try again shortly.
+      if (!e.already_exists()) throw;
+      result.requeue_after = milliseconds(500);
+    }
+  }
+  if (created && status_.start_time.empty()) {
+    status_.start_time = rfc3339(now_);
+    if (options_.metrics && status_.restarts == 0) options_.metrics->jobs_created_total.inc();
+  }
+
+  // ---- phase and progress ---------------------------------------------------------------------
+  if (status_.workers.ready == desired && desired > 0) {
+    if (status_.phase != JobPhase::kRunning && options_.metrics) {
+      if (const auto created_at = parse_rfc3339(object_["metadata"].value("creationTimestamp", "")))
+        if (!has_condition("Running", true) && status_.restarts == 0)
+          options_.metrics->time_to_running_seconds.observe(
+              std::chrono::duration<double>(now_ - *created_at).count());
+    }
+    set_phase(JobPhase::kRunning);
+    set_condition("PodsReady", true, "AllWorkersReady",
+                  std::to_string(desired) + "/" + std::to_string(desired) + " workers ready");
+    set_condition("Running", true, "Training", "training step " +
+                                                   std::to_string(status_.progress.step) + " of " +
+                                                   std::to_string(job.spec.training.steps));
+    clear_condition("Restarting", "Recovered");
+    if (current.count(0)) progress(job, *plan, current[0]);
+    set_condition("Running", true, "Training", "training step " +
+                                                   std::to_string(status_.progress.step) + " of " +
+                                                   std::to_string(job.spec.training.steps));
+    const milliseconds interval = options_.progress_interval;
+    if (!result.requeue_after || *result.requeue_after > interval) result.requeue_after = interval;
+  } else {
+    if (status_.phase != JobPhase::kRestarting) set_phase(JobPhase::kStarting);
+    set_condition("PodsReady", false, "WaitingForWorkers",
+                  std::to_string(status_.workers.ready) + "/" + std::to_string(desired) +
+                      " workers ready");
+  }
+  // Look again when the deadline passes.
+  if (policy.active_deadline_seconds && !status_.start_time.empty()) {
+    const auto deadline = parse_rfc3339(status_.start_time).value_or(now_) +
+                          std::chrono::seconds(*policy.active_deadline_seconds);
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - now_);
+    if (!result.requeue_after || *result.requeue_after > left) result.requeue_after = left;
+  }
+  write_status();
+  return result;
+}
+
+Controller::Controller(kube::Client& client, ControllerOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+ReconcileResult Controller::reconcile(const std::string& ns, const std::string& name) {
+  const auto started = std::chrono::steady_clock::now();
+  auto observe = [&](const std::string& result) {
+    if (!options_.metrics) return;
+    options_.metrics->reconcile_total.with({options_.name, result}).inc();
+    options_.metrics->reconcile_time_seconds.with({options_.name})
+        .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                     .count());
+  };
+  try {
+    Object job;
+    try {
+      job = client_.get(kube::kTrainingJobs, ns, name);
+    } catch (const ApiError& e) {
+      if (!e.not_found()) throw;
+      if (options_.metrics) options_.metrics->record_phase(ns + "/" + name, "");
+      observe("success");
+      return {};  // deleted: its children go with it (ownerReferences)
+    }
+    if (job["metadata"].contains("deletionTimestamp")) {
+      observe("success");
+      return {};
+    }
+    Pass pass(client_, options_, std::move(job));
+    const ReconcileResult result = pass.run();
+    if (options_.metrics) options_.metrics->record_phase(ns + "/" + name, pass.phase());
+    observe(result.requeue_after ? "requeue_after" : "success");
+    return result;
+  } catch (...) {
+    observe("error");
+    if (options_.metrics) options_.metrics->reconcile_errors_total.with({options_.name}).inc();
+    throw;
+  }
+}
+
+}  // namespace kt::controller

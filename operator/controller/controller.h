@@ -1,0 +1,59 @@
+// The TrainingJob reconciler (DESIGN.md §8). reconcile(ns, name) reads the job and what it owns
+// through kube::Client, compares them with what the job asks for and converges one step:
+// level-triggered (it looks only at the current state, never at the event that woke it) and
+// idempotent (running it twice changes nothing the second time). It knows nothing of HTTP or of
+// how it is driven: the manager (informers + work queue), `kubetrain run`, and the tests all call
+// reconcile() the same way.
+//
+// What it keeps between calls lives in the cluster, never in memory, so that a new Controller on
+// the same objects continues where an old one stopped: the plan, the spec generation it was made
+// for, the inventory fingerprint and the restart attempt in the plan ConfigMap's annotations; the
+// rest in the job's status.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "operator/controller/children.h"
+#include "operator/controller/metrics.h"
+#include "operator/controller/progress.h"
+#include "operator/kube/client.h"
+
+namespace kt::controller {
+
+struct ControllerOptions {
+  ChildOptions children;
+  MetricsFetcher fetch_metrics;  // may be empty: no progress
+  ControllerMetrics* metrics = nullptr;  // may be null
+  // How often a running job is looked at again for progress (and deadlines).
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};
+  // The time; tests move it to reach deadlines and TTLs.
+  std::function<std::chrono::system_clock::time_point()> clock = [] {
+    return std::chrono::system_clock::now();
+  };
+  std::string name = "trainingjob";  // the `controller` label of the metrics
+};
+
+struct ReconcileResult {
+  // Look at the job again after this long even if nothing changes (progress, deadlines, TTL).
+  std::optional<std::chrono::milliseconds> requeue_after;
+};
+
+class Controller {
+ public:
+  Controller(kube::Client& client, ControllerOptions options);
+
+  // Throws ApiError (e.g. a Conflict from a concurrent writer) or kt::Error on failures the
+  // caller should retry with backoff; a job that is gone is not an error.
+  ReconcileResult reconcile(const std::string& ns, const std::string& name);
+
+ private:
+  class Pass;  // one reconcile's working state (controller.cpp)
+
+  kube::Client& client_;
+  ControllerOptions options_;
+};
+
+}  // namespace kt::controller

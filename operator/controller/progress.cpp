@@ -1,0 +1,62 @@
+#include "operator/controller/progress.h"
+
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+
+namespace kt::controller {
+
+namespace {
+
+// The value of the `rank` label (not of `node_rank`), if there is one.
+std::optional<std::string> rank_label(const std::string& labels) {
+  for (size_t at = labels.find("rank=\""); at != std::string::npos;
+       at = labels.find("rank=\"", at + 1)) {
+    if (at != 0 && labels[at - 1] != ',') continue;
+    const size_t start = at + 6;
+    const size_t end = labels.find('"', start);
+    if (end == std::string::npos) return std::nullopt;
+    return labels.substr(start, end - start);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+WorkerProgress parse_worker_progress(const std::string& exposition) {
+  WorkerProgress out;
+  std::istringstream in(exposition);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    // name{labels} value [timestamp]
+    const size_t brace = line.find('{');
+    const size_t space = line.find(' ');
+    std::string name, labels;
+    size_t value_start;
+    if (brace != std::string::npos && brace < space) {
+      const size_t close = line.find('}', brace);
+      if (close == std::string::npos) continue;
+      name = line.substr(0, brace);
+      labels = line.substr(brace + 1, close - brace - 1);
+      value_start = close + 1;
+    } else {
+      if (space == std::string::npos) continue;
+      name = line.substr(0, space);
+      value_start = space;
+    }
+    // Rank 0 only: the pod's merged /metrics carries every local rank.
+    if (const auto rank = rank_label(labels); rank && *rank != "0") continue;
+    const char* text = line.c_str() + value_start;
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (end == text) continue;
+    if (name == "kubetrain_worker_steps_total") out.steps = value;
+    else if (name == "kubetrain_worker_loss") out.loss = value;
+    else if (name == "kubetrain_worker_tokens_per_second") out.tokens_per_second = value;
+    else if (name == "kubetrain_worker_last_checkpoint_step") out.last_checkpoint_step = value;
+  }
+  return out;
+}
+
+}  // namespace kt::controller

@@ -1,0 +1,26 @@
+// Training progress as rank 0's worker metrics report it (DESIGN.md §10), read from the
+// Prometheus text exposition of its pod's /metrics.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kt::controller {
+
+// Fetches http://host:port/metrics; std::nullopt when it cannot (not up yet, gone). Injected so
+// that tests fake it and the controller knows no HTTP.
+using MetricsFetcher =
+    std::function<std::optional<std::string>(const std::string& host, int port)>;
+
+struct WorkerProgress {
+  std::optional<double> steps;  // kubetrain_worker_steps_total
+  std::optional<double> loss;   // kubetrain_worker_loss
+  std::optional<double> tokens_per_second;
+  std::optional<double> last_checkpoint_step;
+};
+
+// Reads the samples with rank="0" (or without a rank label) of the worker metrics above.
+WorkerProgress parse_worker_progress(const std::string& exposition);
+
+}  // namespace kt::controller

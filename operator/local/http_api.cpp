@@ -1,0 +1,784 @@
+#include "operator/local/http_api.h"
+
+#include <ctime>
+#include <fstream>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "api/error.h"
+
+namespace kt::local {
+namespace {
+
+using kube::ApiError;
+using kube::Object;
+using kube::Resource;
+
+// kubectl's discovery asks for this; we report the Kubernetes minor whose API we follow.
+constexpr const char* kKubeMajor = "1";
+constexpr const char* kKubeMinor = "32";
+
+// A resource as discovery describes it.
+struct Served {
+  Resource resource;
+  std::string singular;
+  std::vector<std::string> short_names;
+  std::vector<std::string> categories;
+  bool status = false;
+  Object printer_columns = Object::array();  // CRD additionalPrinterColumns
+};
+
+std::vector<Served> builtin_resources() {
+  return {
+      {kube::kPods, "pod", {"po"}, {"all"}, true},
+      {kube::kServices, "service", {"svc"}, {"all"}, true},
+      {kube::kConfigMaps, "configmap", {"cm"}, {}, false},
+      {kube::kNodes, "node", {"no"}, {}, true},
+      {kube::kEvents, "event", {"ev"}, {}, false},
+      {kube::kLeases, "lease", {}, {}, false},
+      {kube::kCustomResourceDefinitions, "customresourcedefinition", {"crd", "crds"}, {}, true},
+  };
+}
+
+// The resource a stored CRD defines (the storage version, as the Store serves it).
+std::optional<Served> served_from_crd(const Object& crd) {
+  const Object spec = crd.value("spec", Object::object());
+  const Object names = spec.value("names", Object::object());
+  Served s;
+  s.resource.group = spec.value("group", "");
+  s.resource.plural = names.value("plural", "");
+  s.resource.kind = names.value("kind", "");
+  s.resource.namespaced = spec.value("scope", "Namespaced") == "Namespaced";
+  s.singular = names.value("singular", "");
+  if (s.singular.empty()) {
+    s.singular = s.resource.kind;
+    for (char& c : s.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  for (const auto& n : names.value("shortNames", Object::array())) {
+    if (n.is_string()) s.short_names.push_back(n.get<std::string>());
+  }
+  for (const auto& n : names.value("categories", Object::array())) {
+    if (n.is_string()) s.categories.push_back(n.get<std::string>());
+  }
+  for (const auto& v : spec.value("versions", Object::array())) {
+    if (s.resource.version.empty() || v.value("storage", false)) {
+      s.resource.version = v.value("name", "");
+      s.status = v.contains("subresources") && v["subresources"].contains("status");
+      s.printer_columns = v.value("additionalPrinterColumns", Object::array());
+    }
+  }
+  if (s.resource.group.empty() || s.resource.plural.empty() || s.resource.version.empty()) {
+    return std::nullopt;
+  }
+  return s;
+}
+
+Object status_object(int code, const std::string& reason, const std::string& message) {
+  return {{"kind", "Status"},       {"apiVersion", "v1"}, {"metadata", Object::object()},
+          {"status", "Failure"},    {"message", message}, {"reason", reason},
+          {"details", Object::object()}, {"code", code}};
+}
+
+void send_json(ResponseWriter& w, int status, const Object& body,
+               const std::map<std::string, std::string>& headers = {}) {
+  w.send(status, "application/json", body.dump(), headers);
+}
+
+void send_status(ResponseWriter& w, int code, const std::string& reason,
+                 const std::string& message, const std::map<std::string, std::string>& headers = {}) {
+  send_json(w, code, status_object(code, reason, message), headers);
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::size_t at = 0;
+  while (at < path.size()) {
+    const auto next = path.find('/', at);
+    const std::string part = path.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    if (!part.empty()) parts.push_back(part);
+    if (next == std::string::npos) break;
+    at = next + 1;
+  }
+  return parts;
+}
+
+const char* event_type_name(kube::WatchEventType type) {
+  switch (type) {
+    case kube::WatchEventType::Added: return "ADDED";
+    case kube::WatchEventType::Modified: return "MODIFIED";
+    case kube::WatchEventType::Deleted: return "DELETED";
+    case kube::WatchEventType::Bookmark: return "BOOKMARK";
+    case kube::WatchEventType::Error: return "ERROR";
+  }
+  return "ERROR";
+}
+
+// A non-negative integer query parameter; ApiError 400 when it is not one.
+long long integer_param(const HttpRequest& r, const std::string& name) {
+  const std::string text = r.param(name);
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value >= 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw ApiError(400, "BadRequest", "invalid " + name + " \"" + text + "\": not a non-negative integer");
+}
+
+bool truthy(const std::string& value) {
+  return value == "1" || value == "true" || value == "True";
+}
+
+// Seconds since an RFC 3339 UTC timestamp ("2026-11-30T21:00:00Z"); nullopt if unparsable.
+std::optional<long long> seconds_since(const std::string& timestamp) {
+  std::tm tm{};
+  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return std::nullopt;
+  return static_cast<long long>(std::time(nullptr) - timegm(&tm));
+}
+
+// kubectl's short relative time (apimachinery duration.HumanDuration, simplified).
+std::string human_age(long long seconds) {
+  if (seconds < 0) seconds = 0;
+  if (seconds < 120) return std::to_string(seconds) + "s";
+  const long long minutes = seconds / 60;
+  if (minutes < 10) return std::to_string(minutes) + "m" + std::to_string(seconds % 60) + "s";
+  if (minutes < 180) return std::to_string(minutes) + "m";
+  const long long hours = minutes / 60;
+  if (hours < 48) return std::to_string(hours) + "h";
+  return std::to_string(hours / 24) + "d";
+}
+
+// A printer column's value: simple JSONPath (".status.phase", ".spec.items[0].name").
+Object json_path(const Object& object, const std::string& path) {
+  const Object* at = &object;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '.') {
+      ++i;
+      continue;
+    }
+    if (path[i] == '[') {
+      const auto close = path.find(']', i);
+      if (close == std::string::npos) return nullptr;
+      try {
+        const std::size_t index = std::stoul(path.substr(i + 1, close - i - 1));
+        if (!at->is_array() || index >= at->size()) return nullptr;
+        at = &(*at)[index];
+      } catch (const std::exception&) {
+        return nullptr;  // filters ([?(@.type=="Ready")]) are not supported
+      }
+      i = close + 1;
+      continue;
+    }
+    auto end = path.find_first_of(".[", i);
+    if (end == std::string::npos) end = path.size();
+    const std::string key = path.substr(i, end - i);
+    if (!at->is_object() || !at->contains(key)) return nullptr;
+    at = &(*at)[key];
+    i = end;
+  }
+  return *at;
+}
+
+}  // namespace
+
+struct ApiServer::Impl {
+  kube::Client& backend;
+  ApiServer& owner;
+  HttpServer http;
+  mutable std::mutex faults_mutex;  // guards faults and extra
+  Faults faults;
+  std::vector<Served> extra;  // add_resource()
+  std::atomic<int> drop_generation{0};
+
+  Impl(kube::Client& b, ApiServer& o, const std::string& address, int port)
+      : backend(b), owner(o),
+        http(address, port, [this](const HttpRequest& r, ResponseWriter& w) { handle(r, w); }) {}
+
+  // ---- resources -----------------------------------------------------------------------------
+
+  std::vector<Served> served() {
+    std::vector<Served> all = builtin_resources();
+    {
+      std::lock_guard lock(faults_mutex);
+      all.insert(all.end(), extra.begin(), extra.end());
+    }
+    try {
+      for (const Object& crd : backend.list(kube::kCustomResourceDefinitions, "", {}).items) {
+        if (auto s = served_from_crd(crd)) all.push_back(*s);
+      }
+    } catch (const std::exception&) {
+      // A backend without CRDs serves the built-ins.
+    }
+    return all;
+  }
+
+  std::optional<Served> find(const std::string& group, const std::string& version,
+                             const std::string& plural) {
+    for (Served& s : served()) {
+      if (s.resource.group == group && s.resource.version == version &&
+          s.resource.plural == plural) {
+        return s;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // ---- faults --------------------------------------------------------------------------------
+
+  // Takes one from `count` if positive.
+  bool take(int Faults::*count) {
+    std::lock_guard lock(faults_mutex);
+    if (faults.*count <= 0) return false;
+    --(faults.*count);
+    return true;
+  }
+
+  std::chrono::milliseconds delay() {
+    std::lock_guard lock(faults_mutex);
+    return faults.delay;
+  }
+
+  void handle_faults_endpoint(const HttpRequest& r, ResponseWriter& w) {
+    if (r.method == "POST") {
+      const Object body = r.body.empty() ? Object::object() : Object::parse(r.body);
+      std::lock_guard lock(faults_mutex);
+      faults.watch_gone = body.value("watchGone", faults.watch_gone);
+      faults.watch_expired = body.value("watchExpired", faults.watch_expired);
+      faults.update_conflicts = body.value("updateConflicts", faults.update_conflicts);
+      faults.server_errors = body.value("serverErrors", faults.server_errors);
+      faults.too_many_requests = body.value("tooManyRequests", faults.too_many_requests);
+      faults.delay = std::chrono::milliseconds(
+          body.value("delayMs", static_cast<long long>(faults.delay.count())));
+    }
+    std::lock_guard lock(faults_mutex);
+    send_json(w, 200,
+              {{"watchGone", faults.watch_gone},
+               {"watchExpired", faults.watch_expired},
+               {"updateConflicts", faults.update_conflicts},
+               {"serverErrors", faults.server_errors},
+               {"tooManyRequests", faults.too_many_requests},
+               {"delayMs", faults.delay.count()},
+               {"openWatches", owner.open_watches()}});
+  }
+
+  // ---- discovery -----------------------------------------------------------------------------
+
+  Object api_versions() const {
+    return {{"kind", "APIVersions"},
+            {"versions", {"v1"}},
+            {"serverAddressByClientCIDRs",
+             {{{"clientCIDR", "0.0.0.0/0"},
+               {"serverAddress", "127.0.0.1:" + std::to_string(http.port())}}}}};
+  }
+
+  Object api_group(const std::string& group, const std::vector<std::string>& versions) const {
+    Object entries = Object::array();
+    for (const auto& v : versions) entries.push_back({{"groupVersion", group + "/" + v}, {"version", v}});
+    return {{"kind", "APIGroup"},
+            {"apiVersion", "v1"},
+            {"name", group},
+            {"versions", entries},
+            {"preferredVersion", entries.at(0)}};
+  }
+
+  Object api_group_list() {
+    std::map<std::string, std::vector<std::string>> groups;  // group -> versions
+    for (const Served& s : served()) {
+      if (s.resource.group.empty()) continue;
+      auto& versions = groups[s.resource.group];
+      if (std::find(versions.begin(), versions.end(), s.resource.version) == versions.end()) {
+        versions.push_back(s.resource.version);
+      }
+    }
+    Object list = Object::array();
+    for (const auto& [group, versions] : groups) list.push_back(api_group(group, versions));
+    return {{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", list}};
+  }
+
+  std::optional<Object> api_resource_list(const std::string& group, const std::string& version) {
+    Object resources = Object::array();
+    const std::vector<std::string> verbs = {"create", "delete", "get",   "list",
+                                            "patch",  "update", "watch"};
+    for (const Served& s : served()) {
+      if (s.resource.group != group || s.resource.version != version) continue;
+      Object entry = {{"name", s.resource.plural},   {"singularName", s.singular},
+                      {"namespaced", s.resource.namespaced}, {"kind", s.resource.kind},
+                      {"verbs", verbs}};
+      if (!s.short_names.empty()) entry["shortNames"] = s.short_names;
+      if (!s.categories.empty()) entry["categories"] = s.categories;
+      resources.push_back(entry);
+      if (s.status) {
+        resources.push_back({{"name", s.resource.plural + "/status"}, {"singularName", ""},
+                             {"namespaced", s.resource.namespaced}, {"kind", s.resource.kind},
+                             {"verbs", {"get", "patch", "update"}}});
+      }
+    }
+    if (resources.empty()) return std::nullopt;
+    return Object{{"kind", "APIResourceList"},
+                  {"apiVersion", "v1"},
+                  {"groupVersion", group.empty() ? version : group + "/" + version},
+                  {"resources", resources}};
+  }
+
+  // ---- tables (kubectl get) ------------------------------------------------------------------
+
+  Object table(const Served& s, const std::vector<Object>& items, const std::string& version) {
+    Object columns = Object::array();
+    columns.push_back({{"name", "Name"}, {"type", "string"}, {"format", "name"},
+                       {"description", "Name must be unique within a namespace."},
+                       {"priority", 0}});
+    Object printer = s.printer_columns;
+    bool has_age = false;
+    for (const Object& c : printer) {
+      columns.push_back({{"name", c.value("name", "")}, {"type", c.value("type", "string")},
+                         {"format", c.value("format", "")},
+                         {"description", c.value("description", "")},
+                         {"priority", c.value("priority", 0)}});
+      has_age = has_age || c.value("name", "") == "Age";
+    }
+    if (!has_age) {
+      columns.push_back({{"name", "Age"}, {"type", "date"}, {"format", ""},
+                         {"description", "CreationTimestamp"}, {"priority", 0}});
+    }
+    Object rows = Object::array();
+    for (const Object& item : items) {
+      Object cells = Object::array();
+      const Object meta = item.value("metadata", Object::object());
+      cells.push_back(meta.value("name", ""));
+      for (const Object& c : printer) {
+        Object value = json_path(item, c.value("jsonPath", ""));
+        if (c.value("type", "") == "date" && value.is_string()) {
+          const auto age = seconds_since(value.get<std::string>());
+          value = age ? Object(human_age(*age)) : Object(nullptr);
+        }
+        cells.push_back(value);
+      }
+      if (!has_age) {
+        const auto age = seconds_since(meta.value("creationTimestamp", ""));
+        cells.push_back(age ? human_age(*age) : "<unknown>");
+      }
+      rows.push_back({{"cells", cells},
+                      {"object",
+                       {{"kind", "PartialObjectMetadata"},
+                        {"apiVersion", "meta.k8s.io/v1"},
+                        {"metadata", meta}}}});
+    }
+    return {{"kind", "Table"},
+            {"apiVersion", "meta.k8s.io/v1"},
+            {"metadata", {{"resourceVersion", version}}},
+            {"columnDefinitions", columns},
+            {"rows", rows}};
+  }
+
+  // ---- requests ------------------------------------------------------------------------------
+
+  void handle(const HttpRequest& r, ResponseWriter& w) {
+    try {
+      route(r, w);
+    } catch (const ApiError& e) {
+      std::map<std::string, std::string> headers;
+      if (e.retry_after_seconds()) headers["Retry-After"] = std::to_string(*e.retry_after_seconds());
+      send_status(w, e.code(), e.reason(), e.what(), headers);
+    } catch (const nlohmann::json::exception& e) {
+      send_status(w, 400, "BadRequest", std::string("the request body is not valid JSON: ") + e.what());
+    } catch (const FieldError& e) {
+      send_status(w, 422, "Invalid", e.what());
+    } catch (const ValidationError& e) {
+      send_status(w, 422, "Invalid", e.what());
+    } catch (const std::exception& e) {
+      send_status(w, 500, "InternalError", e.what());
+    }
+  }
+
+  void route(const HttpRequest& r, ResponseWriter& w) {
+    std::string path = r.path;
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    if (path == "/kubetrain/faults") return handle_faults_endpoint(r, w);
+    if (path == "/kubetrain/drop-watches") {
+      drop_generation++;
+      return send_json(w, 200, {{"dropped", true}});
+    }
+    if (path == "/healthz" || path == "/readyz" || path == "/livez") {
+      return w.send(200, "text/plain", "ok");
+    }
+    if (path == "/version") {
+      return send_json(w, 200,
+                       {{"major", kKubeMajor}, {"minor", kKubeMinor},
+                        {"gitVersion", std::string("v") + kKubeMajor + "." + kKubeMinor +
+                                           ".0-kubetrain-local"},
+                        {"platform", "linux/amd64"}});
+    }
+    if (path == "/openapi/v2") {
+      // kubectl asks for gnostic's protobuf form (openapi_v2.Document); field 1 is `swagger`.
+      if (auto accept = r.headers.find("accept");
+          accept != r.headers.end() && accept->second.find("protobuf") != std::string::npos) {
+        return w.send(200, "application/octet-stream",
+                      std::string("\x0a\x03" "2.0", 5));
+      }
+      return send_json(w, 200, openapi_v2());
+    }
+    if (path == "/openapi/v3") return send_json(w, 200, {{"paths", Object::object()}});
+
+    const std::vector<std::string> parts = split_path(path);
+    if (parts.empty()) return send_json(w, 200, {{"paths", {"/api", "/apis", "/version"}}});
+    std::string group, version;
+    std::vector<std::string> rest;
+    if (parts[0] == "api") {
+      if (parts.size() == 1) return send_json(w, 200, api_versions());
+      version = parts[1];
+      rest.assign(parts.begin() + 2, parts.end());
+    } else if (parts[0] == "apis") {
+      if (parts.size() == 1) return send_json(w, 200, api_group_list());
+      group = parts[1];
+      if (parts.size() == 2) {
+        for (const Object& g : api_group_list()["groups"]) {
+          if (g["name"] == group) return send_json(w, 200, g);
+        }
+        return not_found(w);
+      }
+      version = parts[2];
+      rest.assign(parts.begin() + 3, parts.end());
+    } else {
+      return not_found(w);
+    }
+    if (rest.empty()) {
+      if (r.method != "GET") return send_status(w, 405, "MethodNotAllowed", "method not allowed");
+      if (auto list = api_resource_list(group, version)) return send_json(w, 200, *list);
+      return not_found(w);
+    }
+    std::string ns;
+    if (rest[0] == "namespaces" && rest.size() >= 3) {
+      ns = rest[1];
+      rest.erase(rest.begin(), rest.begin() + 2);
+    }
+    if (rest.size() > 3) return not_found(w);
+    const std::optional<Served> served = find(group, version, rest[0]);
+    if (!served || (!served->resource.namespaced && !ns.empty())) return not_found(w);
+    const std::string name = rest.size() >= 2 ? rest[1] : "";
+    const std::string sub = rest.size() == 3 ? rest[2] : "";
+    if (!sub.empty() && (sub != "status" || !served->status)) return not_found(w);
+    serve_resource(r, w, *served, ns, name, sub);
+  }
+
+  void not_found(ResponseWriter& w) {
+    send_status(w, 404, "NotFound", "the server could not find the requested resource");
+  }
+
+  void serve_resource(const HttpRequest& r, ResponseWriter& w, const Served& served,
+                      const std::string& ns, const std::string& name, const std::string& sub) {
+    const Resource& res = served.resource;
+    if (auto d = delay(); d.count() > 0) std::this_thread::sleep_for(d);
+    if (take(&Faults::server_errors)) {
+      return send_status(w, 500, "InternalError", "injected fault: internal error");
+    }
+    if (take(&Faults::too_many_requests)) {
+      return send_status(w, 429, "TooManyRequests", "injected fault: too many requests",
+                         {{"Retry-After", "1"}});
+    }
+    if ((r.method == "PUT" || r.method == "PATCH") && take(&Faults::update_conflicts)) {
+      return send_status(w, 409, "Conflict",
+                         "injected fault: Operation cannot be fulfilled on " + res.plural + " \"" +
+                             name + "\": the object has been modified; please apply your "
+                             "changes to the latest version and try again");
+    }
+
+    if (r.method == "GET" && name.empty()) {
+      if (truthy(r.param("watch"))) return serve_watch(r, w, served, ns);
+      kube::ListOptions options;
+      options.label_selector = r.param("labelSelector");
+      options.field_selector = r.param("fieldSelector");
+      if (r.has_param("limit")) options.limit = integer_param(r, "limit");
+      options.continue_token = r.param("continue");
+      options.resource_version = r.param("resourceVersion");
+      const kube::ObjectList list = backend.list(res, ns, options);
+      if (wants_table(r)) return send_json(w, 200, table(served, list.items, list.resource_version));
+      Object metadata = {{"resourceVersion", list.resource_version}};
+      if (!list.continue_token.empty()) metadata["continue"] = list.continue_token;
+      Object items = Object::array();
+      for (const Object& item : list.items) items.push_back(item);
+      return send_json(w, 200,
+                       {{"kind", res.kind + "List"}, {"apiVersion", res.api_version()},
+                        {"metadata", metadata}, {"items", items}});
+    }
+    if (r.method == "GET") {
+      const Object object = backend.get(res, ns, name);
+      if (wants_table(r)) {
+        return send_json(w, 200,
+                         table(served, {object},
+                               object["metadata"].value("resourceVersion", "")));
+      }
+      return send_json(w, 200, object);
+    }
+    if (r.method == "POST" && name.empty()) {
+      Object body = Object::parse(r.body);
+      if (res.namespaced && body.is_object() &&
+          (!body.contains("metadata") || !body["metadata"].contains("namespace"))) {
+        body["metadata"]["namespace"] = ns;
+      }
+      const Object created = backend.create(res, ns, body);
+      if (res == kube::kCustomResourceDefinitions) mark_established(created);
+      return send_json(w, 201, created);
+    }
+    if (name.empty()) {
+      return send_status(w, 405, "MethodNotAllowed",
+                         r.method + " is not supported on a collection here");
+    }
+    if (r.method == "PUT") {
+      Object body = Object::parse(r.body);
+      if (!body.is_object() || !body.contains("metadata") ||
+          body["metadata"].value("name", "") != name) {
+        return send_status(w, 400, "BadRequest",
+                           "the name of the object (" +
+                               (body.is_object() && body.contains("metadata")
+                                    ? body["metadata"].value("name", "")
+                                    : std::string()) +
+                               ") does not match the name on the URL (" + name + ")");
+      }
+      if (res.namespaced && !body["metadata"].contains("namespace")) {
+        body["metadata"]["namespace"] = ns;
+      }
+      return send_json(w, 200, sub == "status" ? backend.update_status(res, ns, body)
+                                               : backend.update(res, ns, body));
+    }
+    if (r.method == "PATCH") {
+      const std::string type = content_type(r);
+      if (type != "application/merge-patch+json" &&
+          type != "application/strategic-merge-patch+json") {
+        return send_status(w, 415, "UnsupportedMediaType",
+                           "the body of the request was in an unknown format - accepted media "
+                           "types include: application/merge-patch+json, "
+                           "application/strategic-merge-patch+json");
+      }
+      Object patch = Object::parse(r.body);
+      strip_patch_directives(patch);
+      return send_json(w, 200, backend.merge_patch(res, ns, name, patch, sub == "status"));
+    }
+    if (r.method == "DELETE") {
+      std::string policy = r.param("propagationPolicy");
+      if (!r.body.empty()) {
+        const Object options = Object::parse(r.body);
+        if (options.is_object() && options.contains("propagationPolicy") &&
+            options["propagationPolicy"].is_string()) {
+          policy = options["propagationPolicy"].get<std::string>();
+        }
+      }
+      kube::Propagation propagation = kube::Propagation::Background;
+      if (policy == "Foreground") propagation = kube::Propagation::Foreground;
+      else if (policy == "Orphan") propagation = kube::Propagation::Orphan;
+      else if (!policy.empty() && policy != "Background") {
+        return send_status(w, 400, "BadRequest", "unknown propagationPolicy \"" + policy + "\"");
+      }
+      const Object object = backend.get(res, ns, name);
+      backend.remove(res, ns, name, propagation);
+      return send_json(w, 200, object);
+    }
+    send_status(w, 405, "MethodNotAllowed", r.method + " is not supported");
+  }
+
+  static std::string content_type(const HttpRequest& r) {
+    auto it = r.headers.find("content-type");
+    if (it == r.headers.end()) return "";
+    return it->second.substr(0, it->second.find(';'));
+  }
+
+  static bool wants_table(const HttpRequest& r) {
+    auto it = r.headers.find("accept");
+    return it != r.headers.end() && it->second.find("as=Table") != std::string::npos;
+  }
+
+  // Strategic merge patch is served as a merge patch: its "$patch", "$retainKeys",
+  // "$setElementOrder/..." directives are dropped, and lists are replaced, not merged by key.
+  static void strip_patch_directives(Object& patch) {
+    if (!patch.is_object()) return;
+    for (auto it = patch.begin(); it != patch.end();) {
+      if (!it.key().empty() && it.key()[0] == '$') {
+        it = patch.erase(it);
+      } else {
+        strip_patch_directives(it.value());
+        ++it;
+      }
+    }
+  }
+
+  // The API server marks a CRD Established once it serves it; the Store serves it at once.
+  void mark_established(const Object& crd) {
+    try {
+      Object established = crd;
+      const std::string now = crd["metadata"].value("creationTimestamp", "");
+      established["status"] = {
+          {"acceptedNames", crd["spec"].value("names", Object::object())},
+          {"storedVersions", Object::array()},
+          {"conditions",
+           {{{"type", "NamesAccepted"}, {"status", "True"}, {"reason", "NoConflicts"},
+             {"lastTransitionTime", now}, {"message", "no conflicts found"}},
+            {{"type", "Established"}, {"status", "True"}, {"reason", "InitialNamesAccepted"},
+             {"lastTransitionTime", now}, {"message", "the initial names have been accepted"}}}}};
+      backend.update(kube::kCustomResourceDefinitions, "", established);
+    } catch (const std::exception&) {
+      // Cosmetic: the resource is served either way.
+    }
+  }
+
+  void serve_watch(const HttpRequest& r, ResponseWriter& w, const Served& served,
+                   const std::string& ns) {
+    const Resource& res = served.resource;
+    const bool as_table = wants_table(r);
+    if (take(&Faults::watch_gone)) {
+      return send_status(w, 410, "Gone", "injected fault: too old resource version");
+    }
+    auto send_expired = [&](const std::string& message) {
+      w.begin_stream(200, "application/json");
+      w.write(Object{{"type", "ERROR"}, {"object", status_object(410, "Expired", message)}}.dump() +
+              "\n");
+      w.end_stream();
+    };
+    if (take(&Faults::watch_expired)) return send_expired("injected fault: too old resource version");
+
+    kube::WatchOptions options;
+    options.resource_version = r.param("resourceVersion");
+    options.label_selector = r.param("labelSelector");
+    options.field_selector = r.param("fieldSelector");
+    options.allow_bookmarks = truthy(r.param("allowWatchBookmarks"));
+    options.timeout_seconds =
+        r.has_param("timeoutSeconds") ? static_cast<int>(integer_param(r, "timeoutSeconds")) : 0;
+    std::unique_ptr<kube::Watch> watch;
+    try {
+      watch = backend.watch(res, ns, options);
+    } catch (const ApiError& e) {
+      // The API server reports an expired version as the first event of a 200 stream.
+      if (e.gone()) return send_expired(e.what());
+      throw;
+    }
+    const int generation = drop_generation.load();
+    owner.open_watches_++;
+    struct Leave {
+      ApiServer& owner;
+      ~Leave() { owner.open_watches_--; }
+    } leave{owner};
+    w.begin_stream(200, "application/json");
+    // An empty watch still answers with headers at once; cpprest's client returns then.
+    const auto limit = std::chrono::seconds(options.timeout_seconds > 0 ? options.timeout_seconds : 1800);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      if (w.closed()) break;
+      if (drop_generation.load() != generation) {
+        w.abort();
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        w.end_stream();
+        break;
+      }
+      auto event = watch->next(std::chrono::milliseconds(200));
+      if (!event) {
+        if (watch->ended()) {
+          w.end_stream();
+          break;
+        }
+        continue;
+      }
+      if (event->type == kube::WatchEventType::Bookmark && !options.allow_bookmarks) continue;
+      // kubectl get --watch asks for tables: each event carries a one-row Table.
+      const bool tabulate = as_table && event->type != kube::WatchEventType::Bookmark &&
+                            event->type != kube::WatchEventType::Error;
+      const Object object =
+          tabulate ? table(served, {event->object},
+                           event->object["metadata"].value("resourceVersion", ""))
+                   : event->object;
+      const std::string line =
+          Object{{"type", event_type_name(event->type)}, {"object", object}}.dump() + "\n";
+      if (!w.write(line)) break;
+    }
+    watch->stop();
+  }
+
+  // ---- openapi -------------------------------------------------------------------------------
+
+  // A valid, nearly empty Swagger 2.0 document: kubectl's client-side validation finds no
+  // schema for a kind and accepts it (the Store validates what it stores).
+  Object openapi_v2() const {
+    return {{"swagger", "2.0"},
+            {"info", {{"title", "Kubernetes"}, {"version", std::string("v") + kKubeMajor + "." + kKubeMinor + ".0"}}},
+            {"paths", Object::object()},
+            {"definitions", Object::object()}};
+  }
+};
+
+ApiServer::ApiServer(kube::Client& backend, std::string address, int port)
+    : impl_(std::make_unique<Impl>(backend, *this, address, port)) {}
+
+ApiServer::~ApiServer() {
+  stop();
+}
+
+void ApiServer::start() {
+  impl_->http.start();
+}
+
+void ApiServer::stop() {
+  impl_->http.stop();
+}
+
+int ApiServer::port() const {
+  return impl_->http.port();
+}
+
+std::string ApiServer::url() const {
+  return "http://127.0.0.1:" + std::to_string(port());
+}
+
+std::string ApiServer::kubeconfig() const {
+  return "apiVersion: v1\n"
+         "kind: Config\n"
+         "clusters:\n"
+         "- name: kubetrain-local\n"
+         "  cluster:\n"
+         "    server: " + url() + "\n"
+         "users:\n"
+         "- name: kubetrain-local\n"
+         "  user: {}\n"
+         "contexts:\n"
+         "- name: kubetrain-local\n"
+         "  context:\n"
+         "    cluster: kubetrain-local\n"
+         "    user: kubetrain-local\n"
+         "    namespace: default\n"
+         "current-context: kubetrain-local\n";
+}
+
+void ApiServer::write_kubeconfig(const std::string& path) const {
+  std::ofstream out(path, std::ios::trunc);
+  out << kubeconfig();
+  out.close();
+  if (!out) throw Error("cannot write kubeconfig " + path);
+}
+
+void ApiServer::add_resource(const kube::Resource& resource, bool status_subresource,
+                             std::vector<std::string> short_names) {
+  Served served;
+  served.resource = resource;
+  served.singular = resource.kind;
+  for (char& c : served.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  served.short_names = std::move(short_names);
+  served.status = status_subresource;
+  std::lock_guard lock(impl_->faults_mutex);
+  impl_->extra.push_back(std::move(served));
+}
+
+void ApiServer::set_faults(const Faults& faults) {
+  std::lock_guard lock(impl_->faults_mutex);
+  impl_->faults = faults;
+}
+
+Faults ApiServer::faults() const {
+  std::lock_guard lock(impl_->faults_mutex);
+  return impl_->faults;
+}
+
+void ApiServer::drop_watches() {
+  impl_->drop_generation++;
+}
+
+}  // namespace kt::local

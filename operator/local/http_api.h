@@ -1,0 +1,71 @@
+// The Kubernetes REST API over a kube::Client (normally the local Store): what
+// `kubetrain local serve` exposes on 127.0.0.1 so that the operator's REST path and kubectl can
+// talk to the local control plane (DESIGN.md §9).
+//
+// Served: the resource paths of core and group resources (namespaced and cluster-scoped, the
+// status subresource), GET/list (label/field selectors, limit/continue, resourceVersion, and
+// kubectl's Table form), watch as a chunked stream of JSON lines, POST, PUT, PATCH (merge patch;
+// strategic merge patch treated as a merge patch), DELETE with propagationPolicy; errors as
+// metav1.Status; discovery (/api, /api/v1, /apis, /apis/<group>[/<version>], /version) with
+// the CRDs in the store; a minimal /openapi/v2 and /openapi/v3; /healthz, /readyz, /livez.
+//
+// Faults for tests, set through set_faults() or `POST /kubetrain/faults` with the same fields
+// as JSON ({"serverErrors": 2, "delayMs": 300}); `POST /kubetrain/drop-watches` cuts every open
+// watch connection.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "operator/kube/client.h"
+#include "operator/local/http_server.h"
+
+namespace kt::local {
+
+// Each count is consumed by the requests it hits, in arrival order.
+struct Faults {
+  int watch_gone = 0;          // watch requests answered with HTTP 410 Gone
+  int watch_expired = 0;       // watches answered 200 + one ERROR event {code 410, Expired}
+  int update_conflicts = 0;    // PUT and PATCH answered 409 Conflict
+  int server_errors = 0;       // requests (watches included) answered 500
+  int too_many_requests = 0;   // requests answered 429 with Retry-After: 1
+  std::chrono::milliseconds delay{0};  // added before every resource request (not discovery)
+};
+
+class ApiServer {
+ public:
+  ApiServer(kube::Client& backend, std::string address = "127.0.0.1", int port = 0);
+  ~ApiServer();  // stops
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  void start();  // throws kt::Error if it cannot listen
+  void stop();
+  int port() const;
+  std::string url() const;  // "http://127.0.0.1:PORT"
+
+  // A kubeconfig whose current context points at this server (namespace "default").
+  std::string kubeconfig() const;
+  void write_kubeconfig(const std::string& path) const;  // throws kt::Error
+
+  // Serves a resource the backend knows without a CRD object (Store::register_resource).
+  void add_resource(const kube::Resource& resource, bool status_subresource,
+                    std::vector<std::string> short_names = {});
+
+  void set_faults(const Faults& faults);
+  Faults faults() const;
+  // Cuts every open watch connection now, without ending its response.
+  void drop_watches();
+  int open_watches() const { return open_watches_.load(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<int> open_watches_{0};
+};
+
+}  // namespace kt::local

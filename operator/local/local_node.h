@@ -1,0 +1,40 @@
+// This machine as a Kubernetes Node (DESIGN.md §9): its CPUs, memory and any NVIDIA GPUs, with
+// the labels GPU Feature Discovery would set (nvidia.com/gpu.product, .memory in MiB, .count),
+// so that api::decode_kubectl_nodes reads it like a cluster node and the planner plans for it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "operator/kube/client.h"
+
+namespace kt::local {
+
+struct LocalGpu {
+  std::string product;  // GFD spelling: "NVIDIA-H100-80GB-HBM3" (spaces become '-')
+  int64_t memory_mib = 0;
+};
+
+struct LocalMachine {
+  std::string node_name;  // the hostname, as a valid node name
+  int64_t cpu_cores = 1;
+  int64_t memory_bytes = 0;
+  std::vector<LocalGpu> gpus;
+};
+
+// Reads this machine: sysconf for CPUs and memory; GPUs from `nvidia-smi` when it is on PATH,
+// else /proc/driver/nvidia/gpus/*/information (no memory figure there). No GPU is not an error.
+LocalMachine detect_local_machine();
+
+// "NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3" (what GFD puts in the product label).
+std::string gfd_product_name(const std::string& name);
+
+// The Node object: capacity and allocatable cpu, memory, pods and nvidia.com/gpu; Ready; the
+// hostname label; the GFD labels when there are GPUs (all GPUs must be one product).
+kube::Object local_node_object(const LocalMachine& machine);
+
+// Creates the Node, or updates it when it exists (status through the status subresource).
+void register_local_node(kube::Client& client, const LocalMachine& machine);
+
+}  // namespace kt::local

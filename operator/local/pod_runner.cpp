@@ -1,0 +1,550 @@
+#include "operator/local/pod_runner.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "api/quantity.h"
+
+extern char** environ;
+
+namespace kt::local {
+
+namespace fs = std::filesystem;
+using kube::ApiError;
+using kube::Object;
+
+namespace {
+
+std::string now_rfc3339() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A port nobody listens on now (the kernel's choice for port 0). Another process could take it
+// before the pod binds it; on one machine that is rare and the pod then fails visibly.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw kt::Error("cannot create a socket: " + std::string(std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw kt::Error("cannot find a free port: " + std::string(std::strerror(errno)));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool is_ip_literal(const std::string& host) {
+  in_addr v4{};
+  in6_addr v6{};
+  return ::inet_pton(AF_INET, host.c_str(), &v4) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+}
+
+double gpu_request(const Object& pod) {
+  double total = 0;
+  for (const auto& c : pod["spec"].value("containers", Object::array())) {
+    const auto res = c.value("resources", Object::object());
+    for (const char* kind : {"requests", "limits"}) {
+      const auto m = res.value(kind, Object::object());
+      if (!m.contains("nvidia.com/gpu")) continue;
+      const auto& v = m["nvidia.com/gpu"];
+      total += v.is_number() ? v.get<double>()
+                             : api::parse_quantity(v.get<std::string>()).value_or(0);
+      break;
+    }
+  }
+  return total;
+}
+
+std::string phase_of(const Object& pod) {
+  return pod.contains("status") ? pod["status"].value("phase", "Pending") : "Pending";
+}
+
+// Every process below `root` (children of children...), from /proc.
+std::vector<pid_t> descendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const auto close = line.rfind(')');  // the command may contain spaces and parentheses
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2)
+      children[ppid].push_back(std::stoi(name));
+  }
+  std::vector<pid_t> out, stack = {root};
+  while (!stack.empty()) {
+    const pid_t p = stack.back();
+    stack.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      stack.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Signals the pod's process group and every descendant (the worker's ranks have groups of
+// their own).
+void signal_pod(pid_t pid, int sig, const std::vector<pid_t>& known) {
+  for (pid_t d : descendants(pid)) ::kill(d, sig);
+  for (pid_t d : known) ::kill(d, sig);  // orphaned since the last look
+  ::killpg(pid, sig);
+}
+
+Object condition(const std::string& type, bool value, const std::string& reason = "") {
+  Object c = {{"type", type},
+              {"status", value ? "True" : "False"},
+              {"lastTransitionTime", now_rfc3339()}};
+  if (!reason.empty()) c["reason"] = reason;
+  return c;
+}
+
+}  // namespace
+
+PodRunner::PodRunner(kube::Client& client, PodRunnerOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+PodRunner::~PodRunner() { stop(); }
+
+std::string PodRunner::pod_dir(const std::string& ns, const std::string& name) const {
+  return (fs::path(options_.work_dir) / "pods" / (ns + "_" + name)).string();
+}
+
+std::string PodRunner::log_path(const std::string& ns, const std::string& name) const {
+  return (fs::path(pod_dir(ns, name)) / "log").string();
+}
+
+size_t PodRunner::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return processes_.size();
+}
+
+void PodRunner::start() {
+  stopping_ = false;
+  thread_ = std::thread([this] {
+    while (!stopping_) {
+      try {
+        sync();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kubetrain: pod runner: %s\n", e.what());
+      }
+      std::this_thread::sleep_for(options_.poll_interval);
+    }
+  });
+}
+
+void PodRunner::stop() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> sync_lock(sync_mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGTERM, p.descendants);
+  const auto deadline = std::chrono::steady_clock::now() + options_.shutdown_grace;
+  while (!processes_.empty()) {
+    for (auto it = processes_.begin(); it != processes_.end();) {
+      int wstatus = 0;
+      if (::waitpid(it->second.pid, &wstatus, WNOHANG) == it->second.pid)
+        it = processes_.erase(it);
+      else
+        ++it;
+    }
+    if (processes_.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      for (auto& [uid, p] : processes_) signal_pod(p.pid, SIGKILL, p.descendants);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void PodRunner::patch_status(const std::string& ns, const std::string& name,
+                             const Object& status) {
+  try {
+    client_.merge_patch(kube::kPods, ns, name, {{"status", status}}, true);
+  } catch (const ApiError& e) {
+    if (!e.not_found()) throw;  // deleted meanwhile: nothing to report to
+  }
+}
+
+void PodRunner::sync() {
+  std::lock_guard<std::mutex> sync_lock(sync_mutex_);
+  const Object node = client_.get(kube::kNodes, "", options_.node_name);
+  const std::vector<Object> pods = client_.list(kube::kPods, "", {}).items;
+  std::set<std::string> live;
+  for (const auto& pod : pods) {
+    const std::string uid = pod["metadata"].value("uid", "");
+    live.insert(uid);
+    const std::string node_name = pod["spec"].value("nodeName", "");
+    if (node_name.empty()) {
+      bind_if_fits(pod, node, pods);
+      continue;
+    }
+    if (node_name != options_.node_name) continue;
+    const std::string phase = phase_of(pod);
+    bool started;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      started = started_.count(uid) > 0;
+    }
+    if (!started && phase != "Succeeded" && phase != "Failed") {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        started_.insert(uid);
+      }
+      try {
+        launch(pod);
+      } catch (const kt::Error& e) {
+        patch_status(pod["metadata"]["namespace"], pod["metadata"]["name"],
+                     {{"phase", "Failed"},
+                      {"reason", "CreateContainerError"},
+                      {"message", e.what()},
+                      {"containerStatuses",
+                       {{{"name", pod["spec"]["containers"][0].value("name", "main")},
+                         {"ready", false},
+                         {"restartCount", 0},
+                         {"state",
+                          {{"terminated",
+                            {{"exitCode", 128},
+                             {"reason", "CreateContainerError"},
+                             {"message", e.what()}}}}}}}}});
+      }
+    }
+  }
+  reap(live);
+}
+
+void PodRunner::bind_if_fits(const Object& pod, const Object& node,
+                             const std::vector<Object>& pods) {
+  const std::string ns = pod["metadata"]["namespace"], name = pod["metadata"]["name"];
+  const Object labels = node["metadata"].value("labels", Object::object());
+  std::string why;
+  const Object selector = pod["spec"].value("nodeSelector", Object::object());
+  for (const auto& [k, v] : selector.items())
+    if (labels.value(k, "") != v.get<std::string>())
+      why = "node(s) didn't match Pod's node affinity/selector (" + k + "=" +
+            v.get<std::string>() + ")";
+  if (why.empty()) {
+    const auto alloc = node.contains("status")
+                           ? node["status"].value("allocatable", Object::object())
+                           : Object::object();
+    double gpus = 0;
+    if (alloc.contains("nvidia.com/gpu"))
+      gpus = api::parse_quantity(alloc["nvidia.com/gpu"].get<std::string>()).value_or(0);
+    double used = 0;
+    for (const auto& other : pods) {
+      const std::string phase = phase_of(other);
+      if (other["spec"].value("nodeName", "") == options_.node_name && phase != "Succeeded" &&
+          phase != "Failed")
+        used += gpu_request(other);
+    }
+    if (used + gpu_request(pod) > gpus + 1e-9)
+      why = "Insufficient nvidia.com/gpu (requested " + std::to_string(gpu_request(pod)) +
+            ", free " + std::to_string(gpus - used) + ")";
+  }
+  if (!why.empty()) {
+    // Unschedulable: say so once; the pod stays Pending until something changes.
+    const auto conditions = pod.contains("status")
+                                ? pod["status"].value("conditions", Object::array())
+                                : Object::array();
+    for (const auto& c : conditions)
+      if (c.value("type", "") == "PodScheduled" && c.value("message", "") == why) return;
+    Object cond = condition("PodScheduled", false, "Unschedulable");
+    cond["message"] = "0/1 nodes are available: " + why;
+    patch_status(ns, name, {{"phase", "Pending"}, {"conditions", Object::array({cond})}});
+    return;
+  }
+  // The binding: the scheduler's write of spec.nodeName.
+  try {
+    client_.merge_patch(kube::kPods, ns, name, {{"spec", {{"nodeName", options_.node_name}}}});
+  } catch (const ApiError& e) {
+    if (!e.not_found()) throw;
+  }
+}
+
+void PodRunner::launch(const Object& pod) {
+  const std::string ns = pod["metadata"]["namespace"], name = pod["metadata"]["name"];
+  const std::string uid = pod["metadata"]["uid"];
+  const auto containers = pod["spec"].value("containers", Object::array());
+  if (containers.empty()) throw kt::Error("the pod has no containers");
+  if (containers.size() > 1)
+    throw kt::Error("the local node runs one container per pod; this pod has " +
+                    std::to_string(containers.size()));
+  const Object& container = containers[0];
+  const fs::path dir = pod_dir(ns, name);
+  fs::create_directories(dir);
+
+  // ---- volumes: name -> local directory ----
+  std::map<std::string, std::string> volume_dirs;
+  for (const auto& v : pod["spec"].value("volumes", Object::array())) {
+    const std::string vname = v.value("name", "");
+    fs::path local = dir / "volumes" / vname;
+    if (v.contains("configMap")) {
+      fs::remove_all(local);
+      fs::create_directories(local);
+      const std::string cm_name = v["configMap"].value("name", "");
+      Object cm;
+      try {
+        cm = client_.get(kube::kConfigMaps, ns, cm_name);
+      } catch (const ApiError& e) {
+        if (!e.not_found()) throw;
+        throw kt::Error("configmap \"" + cm_name + "\" not found (volume " + vname + ")");
+      }
+      const Object data = cm.value("data", Object::object());
+      std::map<std::string, std::string> files;  // key -> path
+      if (v["configMap"].contains("items")) {
+        for (const auto& item : v["configMap"]["items"])
+          files[item.value("key", "")] = item.value("path", item.value("key", ""));
+      } else {
+        for (const auto& [key, _] : data.items()) files[key] = key;
+      }
+      for (const auto& [key, path] : files) {
+        if (!data.contains(key))
+          throw kt::Error("configmap \"" + cm_name + "\" has no key \"" + key + "\"");
+        fs::create_directories((local / path).parent_path());
+        std::ofstream(local / path) << data[key].get<std::string>();
+      }
+    } else if (v.contains("emptyDir")) {
+      fs::remove_all(local);
+      fs::create_directories(local);
+    } else if (v.contains("hostPath")) {
+      local = v["hostPath"].value("path", "");
+      fs::create_directories(local);
+    } else if (v.contains("persistentVolumeClaim")) {
+      local = fs::path(options_.work_dir) / "volumes" /
+              ("pvc-" + v["persistentVolumeClaim"].value("claimName", vname));
+      fs::create_directories(local);
+    } else {
+      throw kt::Error("volume \"" + vname +
+                      "\": the local node supports configMap, emptyDir, hostPath and "
+                      "persistentVolumeClaim volumes");
+    }
+    volume_dirs[vname] = local.string();
+  }
+  std::vector<std::pair<std::string, std::string>> mounts;  // mountPath -> local path
+  for (const auto& m : container.value("volumeMounts", Object::array())) {
+    const auto it = volume_dirs.find(m.value("name", ""));
+    if (it == volume_dirs.end())
+      throw kt::Error("volumeMount \"" + m.value("name", "") + "\" names no volume");
+    std::string local = it->second;
+    if (m.contains("subPath")) local += "/" + m["subPath"].get<std::string>();
+    mounts.emplace_back(m.value("mountPath", ""), local);
+  }
+  // Longest mount path first, so /a/b wins over /a.
+  std::sort(mounts.begin(), mounts.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  auto rewrite = [&](const std::string& s) {
+    const auto eq = s.find('=');
+    const size_t starts[] = {0, eq == std::string::npos ? std::string::npos : eq + 1};
+    for (size_t start : starts) {
+      if (start == std::string::npos) continue;
+      for (const auto& [mount, local] : mounts) {
+        if (mount.empty() || s.compare(start, mount.size(), mount) != 0) continue;
+        const size_t after = start + mount.size();
+        if (after == s.size() || s[after] == '/')
+          return s.substr(0, start) + local + s.substr(after);
+      }
+    }
+    return s;
+  };
+
+  // ---- the command line ----
+  std::vector<std::string> argv;
+  for (const auto& c : container.value("command", Object::array())) argv.push_back(c);
+  for (const auto& a : container.value("args", Object::array())) argv.push_back(a);
+  if (argv.empty())
+    throw kt::Error("the container has no command (the local node does not read images)");
+  if (fs::path(argv[0]).filename() == "kubetrain-worker") argv[0] = options_.worker_binary;
+  Object annotations = Object::object();
+  for (size_t i = 1; i < argv.size(); ++i) {
+    argv[i] = rewrite(argv[i]);
+    if (argv[i] == "--metrics-port" && i + 1 < argv.size() && argv[i + 1] != "0") {
+      argv[i + 1] = std::to_string(free_port());
+      annotations["kubetrain.dev/metrics-port"] = argv[i + 1];
+      ++i;
+    }
+  }
+
+  // ---- the environment: this process's, then the pod's ----
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  env["HOSTNAME"] = pod["spec"].value("hostname", name);
+  for (const auto& e : container.value("env", Object::array())) {
+    std::string value = e.value("value", "");
+    if (e.contains("valueFrom") && e["valueFrom"].contains("fieldRef")) {
+      const std::string field = e["valueFrom"]["fieldRef"].value("fieldPath", "");
+      if (field == "metadata.name") value = name;
+      else if (field == "metadata.namespace") value = ns;
+      else if (field == "status.podIP" || field == "status.hostIP") value = "127.0.0.1";
+      else if (field == "spec.nodeName") value = options_.node_name;
+    }
+    env[e.value("name", "")] = rewrite(value);
+  }
+  // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
+  if (env.count("MASTER_ADDR") && !is_ip_literal(env["MASTER_ADDR"])) env["MASTER_ADDR"] = "127.0.0.1";
+  if (env.count("MASTER_PORT")) {
+    env["MASTER_PORT"] = std::to_string(free_port());
+    annotations["kubetrain.dev/master-port"] = env["MASTER_PORT"];
+  }
+  if (!annotations.empty())
+    client_.merge_patch(kube::kPods, ns, name, {{"metadata", {{"annotations", annotations}}}});
+
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+
+  // ---- start it ----
+  const std::string log = log_path(ns, name);
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) throw kt::Error("cannot open " + log + ": " + std::strerror(errno));
+  std::string header = "=== pod " + ns + "/" + name + " (uid " + uid + ") started " +
+                       now_rfc3339() + ":";
+  for (const auto& a : argv) header += " " + a;
+  header += "\n";
+  if (::write(log_fd, header.data(), header.size()) < 0) {
+    // The log is best effort; the process still runs.
+  }
+  std::vector<char*> c_argv, c_env;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  for (auto& e : env_strings) c_env.push_back(e.data());
+  c_env.push_back(nullptr);
+  const std::string workdir = dir.string();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(log_fd);
+    throw kt::Error("fork failed: " + std::string(std::strerror(errno)));
+  }
+  if (pid == 0) {
+    // The child: only async-signal-safe calls until exec.
+    ::setpgid(0, 0);
+    const int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) ::dup2(null_fd, 0);
+    ::dup2(log_fd, 1);
+    ::dup2(log_fd, 2);
+    if (::chdir(workdir.c_str()) != 0) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+    const char msg[] = "kubetrain local node: exec failed\n";
+    if (::write(2, msg, sizeof(msg) - 1) < 0) ::_exit(127);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also from the parent, so that killpg works at once
+  ::close(log_fd);
+  const std::string started_at = now_rfc3339();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    processes_[uid] = Process{pid, ns, name, started_at,
+                              pod["spec"].value("terminationGracePeriodSeconds", int64_t{30}),
+                              {}, false, {}};
+  }
+  Object ready = condition("Ready", true);
+  patch_status(
+      ns, name,
+      {{"phase", "Running"},
+       {"podIP", "127.0.0.1"},
+       {"podIPs", {{{"ip", "127.0.0.1"}}}},
+       {"hostIP", "127.0.0.1"},
+       {"startTime", started_at},
+       {"conditions",
+        {condition("PodScheduled", true), condition("Initialized", true),
+         condition("ContainersReady", true), ready}},
+       {"containerStatuses",
+        {{{"name", container.value("name", "main")},
+          {"image", container.value("image", "")},
+          {"ready", true},
+          {"started", true},
+          {"restartCount", 0},
+          {"state", {{"running", {{"startedAt", started_at}}}}}}}}});
+}
+
+void PodRunner::reap(const std::set<std::string>& live_uids) {
+  std::vector<std::pair<Process, int>> exited;  // with the raw wait status
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = processes_.begin(); it != processes_.end();) {
+      Process& p = it->second;
+      int wstatus = 0;
+      if (::waitpid(p.pid, &wstatus, WNOHANG) == p.pid) {
+        // Leftover ranks of a killed pod would keep its ports and CPU.
+        for (pid_t d : p.descendants) ::kill(d, SIGKILL);
+        if (live_uids.count(it->first)) exited.emplace_back(p, wstatus);
+        it = processes_.erase(it);
+        continue;
+      }
+      p.descendants = descendants(p.pid);
+      if (!live_uids.count(it->first)) {
+        // Deleted: SIGTERM now, SIGKILL after the grace period.
+        if (!p.terminating) {
+          p.terminating = true;
+          p.kill_at = now + std::chrono::seconds(p.grace_seconds);
+          signal_pod(p.pid, SIGTERM, p.descendants);
+        } else if (now >= p.kill_at) {
+          signal_pod(p.pid, SIGKILL, p.descendants);
+        }
+      }
+      ++it;
+    }
+  }
+  for (const auto& [p, wstatus] : exited) {
+    const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    Object terminated = {{"exitCode", code},
+                         {"reason", code == 0 ? "Completed" : "Error"},
+                         {"startedAt", p.started_at},
+                         {"finishedAt", now_rfc3339()}};
+    if (WIFSIGNALED(wstatus)) terminated["signal"] = WTERMSIG(wstatus);
+    Object pod;
+    try {
+      pod = client_.get(kube::kPods, p.ns, p.name);
+    } catch (const ApiError& e) {
+      if (e.not_found()) continue;
+      throw;
+    }
+    Object statuses = pod["status"].value("containerStatuses", Object::array());
+    if (statuses.empty()) statuses.push_back({{"name", "main"}});
+    statuses[0]["ready"] = false;
+    statuses[0]["started"] = false;
+    statuses[0]["state"] = {{"terminated", terminated}};
+    const std::string reason = code == 0 ? "PodCompleted" : "PodFailed";
+    patch_status(p.ns, p.name,
+                 {{"phase", code == 0 ? "Succeeded" : "Failed"},
+                  {"conditions",
+                   {condition("PodScheduled", true), condition("Initialized", true),
+                    condition("ContainersReady", false, reason), condition("Ready", false, reason)}},
+                  {"containerStatuses", statuses}});
+  }
+}
+
+}  // namespace kt::local

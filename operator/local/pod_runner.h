@@ -1,0 +1,93 @@
+// The local node's scheduler and kubelet (DESIGN.md §9). It watches the store's Pods, binds the
+// unbound ones that fit this node (nodeSelector, GPUs), and runs each bound pod's container as a
+// local process in its own process group:
+//  * `command` + `args`, where a `kubetrain-worker` program (whatever the image) is this build's
+//    worker binary;
+//  * the pod's env, with MASTER_ADDR pointed at 127.0.0.1 (there is no cluster DNS) and
+//    MASTER_PORT moved to a free port; a `--metrics-port N` argument moves to a free port too,
+//    recorded in the pod annotation kubetrain.dev/metrics-port;
+//  * volumes as directories: configMap (its keys written as files), emptyDir (per pod),
+//    hostPath (the path itself), persistentVolumeClaim (a per-claim directory that outlives
+//    pods); mount paths in arguments and env values are rewritten to those directories;
+//  * stdout and stderr appended to <work_dir>/pods/<ns>_<pod>/log.
+// Pod status follows the kubelet: Pending -> Running (podIP 127.0.0.1, Ready) -> Succeeded or
+// Failed, with containerStatuses[0].state.terminated.exitCode (128 + signal when killed). A
+// deleted pod's processes get SIGTERM, and SIGKILL after terminationGracePeriodSeconds.
+// Containers are never restarted (restartPolicy is treated as Never).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "operator/kube/client.h"
+
+namespace kt::local {
+
+struct PodRunnerOptions {
+  std::string node_name;
+  std::string work_dir;       // pod directories and volumes go under it
+  std::string worker_binary;  // what the program name "kubetrain-worker" runs
+  std::chrono::milliseconds poll_interval{100};
+  // On stop(): how long processes get after SIGTERM before SIGKILL.
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(10)};
+};
+
+class PodRunner {
+ public:
+  PodRunner(kube::Client& client, PodRunnerOptions options);
+  ~PodRunner();  // stop()
+  PodRunner(const PodRunner&) = delete;
+  PodRunner& operator=(const PodRunner&) = delete;
+
+  // Starts the thread that syncs every poll_interval.
+  void start();
+  // Stops syncing, terminates every process this runner started (SIGTERM, then SIGKILL after
+  // shutdown_grace) and waits for them. Idempotent.
+  void stop();
+  // One sync pass (bind, start, reap, kill): what the thread does; tests may call it directly
+  // instead of start().
+  void sync();
+
+  std::string pod_dir(const std::string& ns, const std::string& name) const;
+  std::string log_path(const std::string& ns, const std::string& name) const;
+  // Processes running now.
+  size_t running() const;
+
+ private:
+  struct Process {
+    pid_t pid = -1;
+    std::string ns, name;
+    std::string started_at;
+    int64_t grace_seconds = 30;  // the pod's terminationGracePeriodSeconds
+    std::chrono::steady_clock::time_point kill_at{};  // when terminating: SIGKILL after this
+    bool terminating = false;
+    // Its processes seen at the last sync: when the pod's main process dies first, orphaned
+    // ones (the worker's ranks run in process groups of their own) are found here.
+    std::vector<pid_t> descendants;
+  };
+
+  void bind_if_fits(const kube::Object& pod, const kube::Object& node,
+                    const std::vector<kube::Object>& pods);
+  void launch(const kube::Object& pod);
+  void reap(const std::set<std::string>& live_uids);
+  void patch_status(const std::string& ns, const std::string& name, const kube::Object& status);
+
+  kube::Client& client_;
+  const PodRunnerOptions options_;
+  mutable std::mutex mutex_;  // guards processes_ and started_; sync() runs one at a time
+  std::mutex sync_mutex_;
+  std::map<std::string, Process> processes_;  // by pod uid
+  std::set<std::string> started_;             // pod uids ever started (never started twice)
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace kt::local

@@ -1,0 +1,701 @@
+#include "operator/local/store.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <ctime>
+#include <random>
+#include <sstream>
+
+namespace kt::local {
+
+using kube::ApiError;
+using kube::Object;
+using kube::Resource;
+using kube::WatchEvent;
+using kube::WatchEventType;
+
+namespace {
+
+std::string kind_key(const Resource& r) { return r.group + "/" + r.plural; }
+
+std::string object_key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+std::string now_rfc3339() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+ApiError not_found(const Resource& r, const std::string& name) {
+  return ApiError(404, "NotFound", r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" +
+                                       name + "\" not found");
+}
+
+ApiError invalid(const Resource& r, const std::string& name, const std::string& field,
+                 const std::string& why) {
+  return ApiError(422, "Invalid",
+                  r.kind + " \"" + name + "\" is invalid: " + field + ": " + why);
+}
+
+// RFC 1123 subdomain: what the API server requires of most object names.
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 253) return false;
+  for (char c : name)
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
+          c == '-' || c == '.'))
+      return false;
+  auto alnum = [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c));
+  };
+  return alnum(name.front()) && alnum(name.back());
+}
+
+std::string random_suffix(int64_t seed) {
+  static const char kChars[] = "bcdfghjklmnpqrstvwxz2456789";  // the API server's alphabet
+  std::mt19937_64 rng(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull);
+  std::string s;
+  for (int i = 0; i < 5; ++i) s += kChars[rng() % (sizeof(kChars) - 1)];
+  return s;
+}
+
+// The object without metadata (and without status when it is a subresource): what generation
+// tracks.
+Object generation_view(const Object& obj, bool status_subresource) {
+  Object v = obj;
+  v.erase("metadata");
+  if (status_subresource) v.erase("status");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string cur;
+  int depth = 0;  // commas inside "in (a,b)" do not split requirements
+  for (char c : s) {
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c == sep && depth == 0) {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  parts.push_back(cur);
+  return parts;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+ApiError bad_selector(const std::string& what, const std::string& selector) {
+  return ApiError(400, "BadRequest", "unable to parse " + what + " selector \"" + selector + "\"");
+}
+
+std::optional<std::string> label_of(const Object& obj, const std::string& key) {
+  const auto meta = obj.find("metadata");
+  if (meta == obj.end() || !meta->is_object()) return std::nullopt;
+  const auto labels = meta->find("labels");
+  if (labels == meta->end() || !labels->is_object()) return std::nullopt;
+  const auto it = labels->find(key);
+  if (it == labels->end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+bool matches_label_selector(const Object& obj, const std::string& selector) {
+  if (trim(selector).empty()) return true;
+  // Parse every requirement (a malformed one is an error even after a mismatch).
+  bool matches = true;
+  for (const std::string& raw : split(selector, ',')) {
+    const std::string req = trim(raw);
+    if (req.empty()) throw bad_selector("label", selector);
+    // Set-based: "key in (a,b)", "key notin (a)".
+    const auto paren = req.find('(');
+    if (paren != std::string::npos) {
+      if (req.back() != ')') throw bad_selector("label", selector);
+      std::istringstream head(req.substr(0, paren));
+      std::string key, op;
+      head >> key >> op;
+      if (key.empty() || (op != "in" && op != "notin")) throw bad_selector("label", selector);
+      std::vector<std::string> values;
+      for (const auto& v : split(req.substr(paren + 1, req.size() - paren - 2), ','))
+        values.push_back(trim(v));
+      const auto value = label_of(obj, key);
+      const bool in = value && std::find(values.begin(), values.end(), *value) != values.end();
+      if (op == "in" ? !in : in) matches = false;
+      continue;
+    }
+    // Equality-based: "k=v", "k==v", "k!=v"; existence: "k", "!k".
+    const auto ne = req.find("!=");
+    const auto eq = req.find('=');
+    if (ne != std::string::npos) {
+      const auto value = label_of(obj, trim(req.substr(0, ne)));
+      if (value && *value == trim(req.substr(ne + 2))) matches = false;
+    } else if (eq != std::string::npos) {
+      const size_t vstart = req.compare(eq, 2, "==") == 0 ? eq + 2 : eq + 1;
+      const std::string key = trim(req.substr(0, eq));
+      if (key.empty()) throw bad_selector("label", selector);
+      const auto value = label_of(obj, key);
+      if (!value || *value != trim(req.substr(vstart))) matches = false;
+    } else if (req[0] == '!') {
+      if (label_of(obj, trim(req.substr(1)))) matches = false;
+    } else {
+      if (req.find(' ') != std::string::npos) throw bad_selector("label", selector);
+      if (!label_of(obj, req)) matches = false;
+    }
+  }
+  return matches;
+}
+
+bool matches_field_selector(const Object& obj, const std::string& selector) {
+  if (trim(selector).empty()) return true;
+  for (const std::string& raw : split(selector, ',')) {
+    const std::string req = trim(raw);
+    const auto ne = req.find("!=");
+    const auto eq = req.find('=');
+    if (eq == std::string::npos) throw bad_selector("field", selector);
+    const bool negate = ne != std::string::npos;
+    const std::string field = trim(req.substr(0, negate ? ne : eq));
+    size_t vstart = negate ? ne + 2 : (req.compare(eq, 2, "==") == 0 ? eq + 2 : eq + 1);
+    const std::string want = trim(req.substr(vstart));
+    static const std::map<std::string, Object::json_pointer> kFields = {
+        {"metadata.name", Object::json_pointer("/metadata/name")},
+        {"metadata.namespace", Object::json_pointer("/metadata/namespace")},
+        {"spec.nodeName", Object::json_pointer("/spec/nodeName")},
+        {"status.phase", Object::json_pointer("/status/phase")},
+    };
+    const auto it = kFields.find(field);
+    if (it == kFields.end())
+      throw ApiError(400, "BadRequest",
+                     "field label not supported: " + field +
+                         " (supported: metadata.name, metadata.namespace, spec.nodeName, "
+                         "status.phase)");
+    std::string have;
+    if (obj.contains(it->second) && obj.at(it->second).is_string())
+      have = obj.at(it->second).get<std::string>();
+    if ((have == want) == negate) return false;
+  }
+  return true;
+}
+
+// ---- watches ---------------------------------------------------------------------------------
+
+struct Store::WatchState {
+  std::string kind_key;
+  Resource resource;
+  std::string ns;  // "" = all
+  std::string label_selector, field_selector;
+  bool allow_bookmarks = true;
+  std::chrono::milliseconds bookmark_interval;
+  std::chrono::steady_clock::time_point deadline;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<WatchEvent> queue;
+  int64_t latest_version = 0;  // every event up to this version has been offered
+  std::chrono::steady_clock::time_point last_sent = std::chrono::steady_clock::now();
+  bool ended = false;
+
+  bool matches(const Object& obj) const {
+    if (!ns.empty() && obj["metadata"].value("namespace", "") != ns) return false;
+    return matches_label_selector(obj, label_selector) &&
+           matches_field_selector(obj, field_selector);
+  }
+
+  // Translates one store event for this watch (the API server's watch filter: an object that
+  // leaves the selector is DELETED for the watcher, one that enters it ADDED). Needs `mutex`.
+  void offer(int64_t version, WatchEventType type, const Object& obj, const Object& old_obj) {
+    latest_version = std::max(latest_version, version);
+    if (ended) return;
+    const bool now = matches(obj);
+    const bool before = type == WatchEventType::Modified && !old_obj.is_null() && matches(old_obj);
+    std::optional<WatchEventType> out;
+    if (type == WatchEventType::Modified) {
+      if (now && before) out = WatchEventType::Modified;
+      else if (now) out = WatchEventType::Added;
+      else if (before) out = WatchEventType::Deleted;
+    } else if (now) {
+      out = type;
+    }
+    if (out) {
+      queue.push_back({*out, obj});
+      cv.notify_all();
+    }
+  }
+};
+
+namespace {
+
+class StoreWatch : public kube::Watch {
+ public:
+  explicit StoreWatch(std::shared_ptr<Store::WatchState> state) : state_(std::move(state)) {}
+  ~StoreWatch() override { stop(); }
+
+  std::optional<WatchEvent> next(std::chrono::milliseconds timeout) override {
+    auto& s = *state_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      if (s.ended) return std::nullopt;
+      if (!s.queue.empty()) {
+        WatchEvent event = std::move(s.queue.front());
+        s.queue.pop_front();
+        s.last_sent = now;
+        return event;
+      }
+      if (now >= s.deadline) {
+        s.ended = true;
+        return std::nullopt;
+      }
+      const auto bookmark_at = s.last_sent + s.bookmark_interval;
+      if (s.allow_bookmarks && now >= bookmark_at) {
+        s.last_sent = now;
+        Object bookmark = {{"apiVersion", s.resource.api_version()},
+                           {"kind", s.resource.kind},
+                           {"metadata", {{"resourceVersion", std::to_string(s.latest_version)}}}};
+        return WatchEvent{WatchEventType::Bookmark, std::move(bookmark)};
+      }
+      if (now >= until) return std::nullopt;
+      auto wake = std::min(until, s.deadline);
+      if (s.allow_bookmarks) wake = std::min(wake, bookmark_at);
+      s.cv.wait_until(lock, wake);
+    }
+  }
+
+  bool ended() const override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->ended;
+  }
+
+  void stop() override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->ended = true;
+    state_->queue.clear();
+    state_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Store::WatchState> state_;
+};
+
+}  // namespace
+
+// ---- the store -------------------------------------------------------------------------------
+
+Store::Store(StoreOptions options) : options_(options) {
+  for (const Resource* r : {&kube::kServices, &kube::kConfigMaps, &kube::kEvents, &kube::kLeases,
+                            &kube::kCustomResourceDefinitions})
+    register_locked(*r, false);
+  register_locked(kube::kPods, true);
+  register_locked(kube::kNodes, true);
+}
+
+Store::~Store() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& weak : watches_)
+    if (auto w = weak.lock()) {
+      std::lock_guard<std::mutex> wl(w->mutex);
+      w->ended = true;
+      w->cv.notify_all();
+    }
+}
+
+void Store::register_resource(const Resource& resource, bool status_subresource) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  register_locked(resource, status_subresource);
+}
+
+void Store::register_locked(const Resource& resource, bool status_subresource) {
+  Kind& kind = kinds_[kind_key(resource)];
+  kind.resource = resource;
+  kind.status_subresource = status_subresource;
+}
+
+void Store::set_fault(FaultHook hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault_ = std::move(hook);
+}
+
+std::string Store::resource_version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::to_string(version_);
+}
+
+void Store::fault(const std::string& verb, const Resource& r, const std::string& ns,
+                  const std::string& name) {
+  if (!fault_) return;
+  if (auto error = fault_(verb, r, ns, name)) throw *error;
+}
+
+Store::Kind& Store::kind_of(const Resource& r) {
+  const auto it = kinds_.find(kind_key(r));
+  if (it == kinds_.end())
+    throw ApiError(404, "NotFound",
+                   "the server could not find the requested resource (" + r.plural +
+                       (r.group.empty() ? "" : "." + r.group) + ")");
+  return it->second;
+}
+
+void Store::record(const Kind& kind, WatchEventType type, const Object& obj,
+                   const Object& old_obj) {
+  const int64_t version = std::stoll(obj["metadata"]["resourceVersion"].get<std::string>());
+  history_.push_back({version, kind_key(kind.resource), type, obj, old_obj});
+  while (history_.size() > options_.history_limit) {
+    history_floor_ = history_.front().rv;
+    history_.pop_front();
+  }
+  const std::string key = kind_key(kind.resource);
+  std::erase_if(watches_, [](const auto& w) { return w.expired(); });
+  for (auto& weak : watches_) {
+    auto w = weak.lock();
+    if (!w) continue;
+    std::lock_guard<std::mutex> wl(w->mutex);
+    if (w->kind_key == key)
+      w->offer(version, type, obj, old_obj);
+    else
+      w->latest_version = version;  // bookmarks may advance past other resources' events
+  }
+}
+
+Object Store::get(const Resource& r, const std::string& ns, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("get", r, ns, name);
+  Kind& kind = kind_of(r);
+  const auto it = kind.objects.find(object_key(r.namespaced ? ns : "", name));
+  if (it == kind.objects.end()) throw not_found(r, name);
+  return it->second;
+}
+
+kube::ObjectList Store::list(const Resource& r, const std::string& ns,
+                             const kube::ListOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("list", r, ns, "");
+  Kind& kind = kind_of(r);
+  kube::ObjectList out;
+  out.resource_version = std::to_string(version_);
+  // The continue token is the key of the last object returned: objects are kept sorted by
+  // key, so the next page starts after it.
+  std::string after;
+  if (!opts.continue_token.empty()) {
+    const auto bar = opts.continue_token.find('|');
+    if (bar == std::string::npos || opts.continue_token.compare(0, bar, "kt1") != 0)
+      throw ApiError(400, "BadRequest", "invalid continue token");
+    after = opts.continue_token.substr(bar + 1);
+  }
+  const std::string prefix = r.namespaced && !ns.empty() ? ns + "/" : "";
+  auto it = after.empty() ? kind.objects.lower_bound(prefix) : kind.objects.upper_bound(after);
+  for (; it != kind.objects.end(); ++it) {
+    if (!prefix.empty() && it->first.compare(0, prefix.size(), prefix) != 0) break;
+    if (!matches_label_selector(it->second, opts.label_selector) ||
+        !matches_field_selector(it->second, opts.field_selector))
+      continue;
+    if (opts.limit > 0 && static_cast<int64_t>(out.items.size()) == opts.limit) {
+      out.continue_token = "kt1|" + std::prev(it)->first;
+      // Only hand out a token when something matching remains.
+      bool more = false;
+      for (auto rest = it; rest != kind.objects.end(); ++rest) {
+        if (!prefix.empty() && rest->first.compare(0, prefix.size(), prefix) != 0) break;
+        if (matches_label_selector(rest->second, opts.label_selector) &&
+            matches_field_selector(rest->second, opts.field_selector)) {
+          more = true;
+          break;
+        }
+      }
+      if (!more) out.continue_token.clear();
+      break;
+    }
+    out.items.push_back(it->second);
+  }
+  return out;
+}
+
+Object Store::create(const Resource& r, const std::string& ns, const Object& obj) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Kind& kind = kind_of(r);
+  if (!obj.is_object()) throw ApiError(400, "BadRequest", "the body must be a JSON object");
+  Object o = obj;
+  if (!o.contains("metadata")) o["metadata"] = Object::object();
+  Object& meta = o["metadata"];
+  if (!meta.is_object()) throw invalid(r, "", "metadata", "must be an object");
+  std::string name = meta.value("name", "");
+  if (name.empty() && meta.contains("generateName") && meta["generateName"].is_string())
+    name = meta["generateName"].get<std::string>() + random_suffix(++uid_counter_);
+  fault("create", r, ns, name);
+  if (name.empty()) throw invalid(r, "", "metadata.name", "Required value: name or generateName is required");
+  if (!valid_name(name))
+    throw invalid(r, name, "metadata.name",
+                  "Invalid value: \"" + name +
+                      "\": a lowercase RFC 1123 subdomain must consist of lower case "
+                      "alphanumeric characters, '-' or '.', and must start and end with an "
+                      "alphanumeric character");
+  if (o.contains("kind") && o["kind"] != r.kind)
+    throw ApiError(400, "BadRequest", "the kind " + o["kind"].dump() + " does not match " + r.kind);
+  if (r.namespaced) {
+    if (ns.empty()) throw ApiError(400, "BadRequest", "a namespace is required for " + r.plural);
+    if (meta.contains("namespace") && meta["namespace"] != ns && meta["namespace"] != "")
+      throw ApiError(400, "BadRequest",
+                     "the namespace of the provided object does not match the namespace sent on "
+                     "the request");
+    meta["namespace"] = ns;
+  } else {
+    meta.erase("namespace");
+  }
+  if (meta.contains("labels") && !meta["labels"].is_null()) {
+    if (!meta["labels"].is_object()) throw invalid(r, name, "metadata.labels", "must be a map");
+    for (const auto& [k, v] : meta["labels"].items())
+      if (!v.is_string())
+        throw invalid(r, name, "metadata.labels." + k, "Invalid value: must be a string");
+  }
+  const std::string key = object_key(r.namespaced ? ns : "", name);
+  if (kind.objects.count(key))
+    throw ApiError(409, "AlreadyExists",
+                   r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" + name +
+                       "\" already exists");
+  if (kind.resource == kube::kCustomResourceDefinitions) register_crd(o);
+  meta["name"] = name;
+  meta.erase("generateName");
+  meta["uid"] = "00000000-0000-4000-8000-" + [&] {
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), "%012llx", static_cast<unsigned long long>(++uid_counter_));
+    return std::string(buf);
+  }();
+  meta["creationTimestamp"] = now_rfc3339();
+  meta["generation"] = 1;
+  meta["resourceVersion"] = next_version();
+  meta.erase("deletionTimestamp");
+  if (kind.status_subresource) o.erase("status");  // set through the subresource only
+  o["apiVersion"] = r.api_version();
+  o["kind"] = r.kind;
+  kind.objects[key] = o;
+  record(kind, WatchEventType::Added, o, nullptr);
+  return o;
+}
+
+// Writes a new version of an existing object. `status_only`: keep everything but the status;
+// otherwise keep the status when it is a subresource. `check_version`: a non-empty
+// metadata.resourceVersion must be the stored one.
+Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_only,
+                    bool check_version) {
+  const Resource& r = kind.resource;
+  if (!obj.is_object() || !obj.contains("metadata") || !obj["metadata"].is_object())
+    throw ApiError(400, "BadRequest", "the body must be an object with metadata");
+  const std::string name = obj["metadata"].value("name", "");
+  if (name.empty()) throw invalid(r, "", "metadata.name", "Required value");
+  const auto it = kind.objects.find(object_key(r.namespaced ? ns : "", name));
+  if (it == kind.objects.end()) throw not_found(r, name);
+  const Object& old = it->second;
+  const std::string version = obj["metadata"].value("resourceVersion", "");
+  if (check_version && !version.empty() && version != old["metadata"]["resourceVersion"])
+    throw ApiError(409, "Conflict",
+                   "Operation cannot be fulfilled on " + r.plural +
+                       (r.group.empty() ? "" : "." + r.group) + " \"" + name +
+                       "\": the object has been modified; please apply your changes to the "
+                       "latest version and try again");
+  Object next;
+  if (status_only) {
+    next = old;
+    if (obj.contains("status")) next["status"] = obj["status"];
+    else next.erase("status");
+  } else {
+    next = obj;
+    if (kind.status_subresource) {
+      if (old.contains("status")) next["status"] = old["status"];
+      else next.erase("status");
+    }
+    Object& meta = next["metadata"];
+    if (r.namespaced && meta.contains("namespace") && meta["namespace"] != ns)
+      throw ApiError(400, "BadRequest", "the namespace of the object does not match the request");
+    // The server owns these.
+    for (const char* field : {"uid", "creationTimestamp", "namespace", "generation"}) {
+      if (old["metadata"].contains(field)) meta[field] = old["metadata"][field];
+      else meta.erase(field);
+    }
+    meta["name"] = name;
+    if (meta.contains("labels") && !meta["labels"].is_null() && !meta["labels"].is_object())
+      throw invalid(r, name, "metadata.labels", "must be a map");
+    if (generation_view(next, kind.status_subresource) !=
+        generation_view(old, kind.status_subresource))
+      meta["generation"] = old["metadata"].value("generation", 1) + 1;
+  }
+  next["apiVersion"] = r.api_version();
+  next["kind"] = r.kind;
+  if (next == old) return old;  // a no-op write keeps its version, as the API server does
+  next["metadata"]["resourceVersion"] = next_version();
+  Object previous = old;
+  it->second = next;
+  record(kind, WatchEventType::Modified, next, previous);
+  return next;
+}
+
+Object Store::update(const Resource& r, const std::string& ns, const Object& obj) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("update", r, ns, obj.is_object() ? obj.value("/metadata/name"_json_pointer, "") : "");
+  return write(kind_of(r), ns, obj, false, true);
+}
+
+Object Store::update_status(const Resource& r, const std::string& ns, const Object& obj) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("update_status", r, ns,
+        obj.is_object() ? obj.value("/metadata/name"_json_pointer, "") : "");
+  Kind& kind = kind_of(r);
+  if (!kind.status_subresource)
+    throw ApiError(404, "NotFound", r.plural + " has no status subresource");
+  return write(kind, ns, obj, true, true);
+}
+
+Object Store::merge_patch(const Resource& r, const std::string& ns, const std::string& name,
+                          const Object& patch, bool status_subresource) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("patch", r, ns, name);
+  Kind& kind = kind_of(r);
+  if (status_subresource && !kind.status_subresource)
+    throw ApiError(404, "NotFound", r.plural + " has no status subresource");
+  const auto it = kind.objects.find(object_key(r.namespaced ? ns : "", name));
+  if (it == kind.objects.end()) throw not_found(r, name);
+  if (!patch.is_object()) throw ApiError(400, "BadRequest", "a merge patch must be an object");
+  Object patched = it->second;
+  // A resourceVersion in the patch is a precondition (check_version below); then it is replaced.
+  patched.merge_patch(patch);
+  patched["metadata"]["name"] = name;
+  return write(kind, ns, patched, status_subresource, true);
+}
+
+void Store::remove(const Resource& r, const std::string& ns, const std::string& name,
+                   kube::Propagation propagation) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("delete", r, ns, name);
+  Kind& kind = kind_of(r);
+  const std::string key = object_key(r.namespaced ? ns : "", name);
+  if (!kind.objects.count(key)) throw not_found(r, name);
+  remove_locked(kind, key, propagation);
+}
+
+void Store::remove_locked(Kind& kind, const std::string& key, kube::Propagation propagation) {
+  const auto it = kind.objects.find(key);
+  if (it == kind.objects.end()) return;  // already collected through another owner
+  Object gone = it->second;
+  kind.objects.erase(it);
+  gone["metadata"]["resourceVersion"] = next_version();
+  record(kind, WatchEventType::Deleted, gone, nullptr);
+  const std::string uid = gone["metadata"].value("uid", "");
+  if (kind.resource == kube::kCustomResourceDefinitions) {
+    // The defined resource goes away with its objects.
+    const std::string group = gone["spec"].value("group", "");
+    const std::string plural = gone["spec"]["names"].value("plural", "");
+    kinds_.erase(group + "/" + plural);
+  }
+  // The garbage collector: find the dependents (objects whose ownerReferences name this uid).
+  std::vector<std::pair<Kind*, std::string>> dependents;
+  for (auto& [_, other] : kinds_)
+    for (const auto& [other_key, obj] : other.objects) {
+      const auto& refs = obj["metadata"].value("ownerReferences", Object::array());
+      for (const auto& ref : refs)
+        if (ref.value("uid", "") == uid) dependents.emplace_back(&other, other_key);
+    }
+  for (auto& [dep_kind, dep_key] : dependents) {
+    if (propagation == kube::Propagation::Orphan) {
+      Object obj = dep_kind->objects.at(dep_key);
+      Object refs = Object::array();
+      for (const auto& ref : obj["metadata"]["ownerReferences"])
+        if (ref.value("uid", "") != uid) refs.push_back(ref);
+      if (refs.empty()) obj["metadata"].erase("ownerReferences");
+      else obj["metadata"]["ownerReferences"] = refs;
+      const Object previous = dep_kind->objects.at(dep_key);
+      obj["metadata"]["resourceVersion"] = next_version();
+      dep_kind->objects[dep_key] = obj;
+      record(*dep_kind, WatchEventType::Modified, obj, previous);
+    } else {
+      remove_locked(*dep_kind, dep_key, kube::Propagation::Background);
+    }
+  }
+}
+
+void Store::register_crd(const Object& crd) {
+  const Object spec = crd.value("spec", Object::object());
+  const Object names = spec.value("names", Object::object());
+  const std::string name = crd["metadata"].value("name", "");
+  const Resource& r = kube::kCustomResourceDefinitions;
+  Resource defined;
+  defined.group = spec.value("group", "");
+  defined.plural = names.value("plural", "");
+  defined.kind = names.value("kind", "");
+  if (defined.group.empty()) throw invalid(r, name, "spec.group", "Required value");
+  if (defined.plural.empty()) throw invalid(r, name, "spec.names.plural", "Required value");
+  if (defined.kind.empty()) throw invalid(r, name, "spec.names.kind", "Required value");
+  if (name != defined.plural + "." + defined.group)
+    throw invalid(r, name, "metadata.name",
+                  "Invalid value: must be spec.names.plural+\".\"+spec.group");
+  const std::string scope = spec.value("scope", "Namespaced");
+  if (scope != "Namespaced" && scope != "Cluster")
+    throw invalid(r, name, "spec.scope", "Unsupported value: \"" + scope + "\"");
+  defined.namespaced = scope == "Namespaced";
+  bool status = false;
+  for (const auto& v : spec.value("versions", Object::array())) {
+    // The storage version is the one served here.
+    if (defined.version.empty() || v.value("storage", false)) {
+      defined.version = v.value("name", "");
+      status = v.contains("subresources") && v["subresources"].contains("status");
+    }
+  }
+  if (defined.version.empty()) throw invalid(r, name, "spec.versions", "Required value");
+  register_locked(defined, status);
+}
+
+std::unique_ptr<kube::Watch> Store::watch(const Resource& r, const std::string& ns,
+                                          const kube::WatchOptions& opts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fault("watch", r, ns, "");
+  Kind& kind = kind_of(r);
+  auto state = std::make_shared<WatchState>();
+  state->kind_key = kind_key(r);
+  state->resource = kind.resource;
+  state->ns = r.namespaced ? ns : "";
+  state->label_selector = opts.label_selector;
+  state->field_selector = opts.field_selector;
+  matches_label_selector(Object::object(), opts.label_selector);  // throws 400 when malformed
+  matches_field_selector(Object::object(), opts.field_selector);
+  state->allow_bookmarks = opts.allow_bookmarks;
+  state->bookmark_interval = options_.bookmark_interval;
+  const int timeout =
+      opts.timeout_seconds > 0 ? opts.timeout_seconds : options_.default_watch_timeout_seconds;
+  state->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
+  state->latest_version = version_;
+  {
+    std::lock_guard<std::mutex> wl(state->mutex);
+    if (opts.resource_version.empty() || opts.resource_version == "0") {
+      for (const auto& [_, obj] : kind.objects)
+        if (state->matches(obj)) state->queue.push_back({WatchEventType::Added, obj});
+    } else {
+      int64_t from = 0;
+      try {
+        size_t used = 0;
+        from = std::stoll(opts.resource_version, &used);
+        if (used != opts.resource_version.size()) throw std::invalid_argument("trailing");
+      } catch (const std::exception&) {
+        throw ApiError(400, "BadRequest",
+                       "invalid resourceVersion \"" + opts.resource_version + "\"");
+      }
+      if (from < history_floor_)
+        throw ApiError(410, "Expired",
+                       "too old resource version: " + opts.resource_version + " (" +
+                           std::to_string(history_floor_ + 1) + ")");
+      for (const auto& entry : history_)
+        if (entry.rv > from && entry.kind_key == state->kind_key)
+          state->offer(entry.rv, entry.type, entry.object, entry.old_object);
+    }
+  }
+  watches_.push_back(state);
+  return std::make_unique<StoreWatch>(state);
+}
+
+}  // namespace kt::local

@@ -1,0 +1,131 @@
+// The local control plane (DESIGN.md §9): an in-memory object store with the Kubernetes API's
+// semantics, behind the same kube::Client interface as the REST client, so that the reconciler
+// runs unchanged in `kubetrain run` and the HTTP front end (`kubetrain local serve`) can serve it.
+//
+// What it implements (api-conventions.md, the API server's behaviour):
+//  * one global, monotonically increasing resourceVersion (decimal string); uid;
+//    creationTimestamp; metadata.generation = 1 on create, +1 when anything but metadata and
+//    status changes; generateName;
+//  * AlreadyExists (409) on create of a taken name, Conflict (409) on a stale resourceVersion,
+//    NotFound (404) for a missing object or an unknown resource, Invalid (422) for bad metadata,
+//    BadRequest (400) when the body's namespace or kind disagrees with the request;
+//  * the status subresource for resources registered with one (pods, nodes, services,
+//    trainingjobs and CRDs that declare it): create() drops the status, update() keeps the stored
+//    status, update_status() changes only the status;
+//  * RFC 7386 merge patch of the object or of its status;
+//  * label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors
+//    (metadata.name, metadata.namespace, spec.nodeName, status.phase; =, ==, !=);
+//  * list pagination (limit / continue);
+//  * watch from a resourceVersion with a bounded history (older: ApiError 410 "Expired"), a
+//    synthetic ADDED per existing object when started from "" or "0", DELETED when a modified
+//    object leaves the selector, bookmarks when allowed, and the timeout;
+//  * deletion with ownerReference garbage collection: Background and Foreground delete the
+//    dependents (transitively), Orphan removes the owner's reference from them;
+//  * CRDs: creating a CustomResourceDefinition registers the resource it defines.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "operator/kube/client.h"
+
+namespace kt::local {
+
+struct StoreOptions {
+  size_t history_limit = 10000;  // watch events kept for watches that resume from a version
+  std::chrono::milliseconds bookmark_interval{std::chrono::seconds(10)};
+  int default_watch_timeout_seconds = 1800;  // when a watch asks for 0
+};
+
+// Called before every request with its verb ("get", "list", "create", "update",
+// "update_status", "patch", "delete", "watch"), resource, namespace and name ("" for
+// collections); a returned error is thrown instead of serving the request. For fault injection.
+using FaultHook = std::function<std::optional<kube::ApiError>(
+    const std::string& verb, const kube::Resource& resource, const std::string& ns,
+    const std::string& name)>;
+
+class Store : public kube::Client {
+ public:
+  // Registers the core resources (pods, services, configmaps, nodes, events, leases, CRDs).
+  explicit Store(StoreOptions options = {});
+  ~Store() override;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Makes a resource servable without a CRD object (e.g. kTrainingJobs in tests).
+  void register_resource(const kube::Resource& resource, bool status_subresource);
+  void set_fault(FaultHook hook);
+  // The current (latest) resourceVersion.
+  std::string resource_version() const;
+
+  kube::Object get(const kube::Resource& r, const std::string& ns,
+                   const std::string& name) override;
+  kube::ObjectList list(const kube::Resource& r, const std::string& ns,
+                        const kube::ListOptions& opts) override;
+  kube::Object create(const kube::Resource& r, const std::string& ns,
+                      const kube::Object& obj) override;
+  kube::Object update(const kube::Resource& r, const std::string& ns,
+                      const kube::Object& obj) override;
+  kube::Object update_status(const kube::Resource& r, const std::string& ns,
+                             const kube::Object& obj) override;
+  kube::Object merge_patch(const kube::Resource& r, const std::string& ns,
+                           const std::string& name, const kube::Object& patch,
+                           bool status_subresource = false) override;
+  void remove(const kube::Resource& r, const std::string& ns, const std::string& name,
+              kube::Propagation propagation = kube::Propagation::Background) override;
+  std::unique_ptr<kube::Watch> watch(const kube::Resource& r, const std::string& ns,
+                                     const kube::WatchOptions& opts) override;
+
+  struct WatchState;  // one open watch's queue (store.cpp)
+
+ private:
+  struct Kind {
+    kube::Resource resource;
+    bool status_subresource = false;
+    std::map<std::string, kube::Object> objects;  // key "ns/name" (cluster-scoped: "/name")
+  };
+  struct HistoryEntry {
+    int64_t rv;
+    std::string kind_key;
+    kube::WatchEventType type;
+    kube::Object object;
+    kube::Object old_object;  // before a modification (null otherwise)
+  };
+
+  Kind& kind_of(const kube::Resource& r);  // throws NotFound; needs mutex_
+  void fault(const std::string& verb, const kube::Resource& r, const std::string& ns,
+             const std::string& name);
+  kube::Object write(Kind& kind, const std::string& ns, kube::Object obj, bool status_only,
+                     bool check_version);
+  void record(const Kind& kind, kube::WatchEventType type, const kube::Object& obj,
+              const kube::Object& old_obj);
+  void remove_locked(Kind& kind, const std::string& key, kube::Propagation propagation);
+  void register_locked(const kube::Resource& resource, bool status_subresource);
+  void register_crd(const kube::Object& crd);
+  std::string next_version() { return std::to_string(++version_); }
+
+  const StoreOptions options_;
+  mutable std::mutex mutex_;  // guards everything below; taken before any watch's own mutex
+  std::map<std::string, Kind> kinds_;  // by "group/plural"
+  int64_t version_ = 0;
+  int64_t uid_counter_ = 0;
+  std::deque<HistoryEntry> history_;
+  std::vector<std::weak_ptr<WatchState>> watches_;
+  int64_t history_floor_ = 0;  // the newest version dropped from history_
+  FaultHook fault_;
+};
+
+// Selectors, exposed for tests and for the HTTP front end. Both throw ApiError 400 on a
+// malformed selector.
+bool matches_label_selector(const kube::Object& obj, const std::string& selector);
+bool matches_field_selector(const kube::Object& obj, const std::string& selector);
+
+}  // namespace kt::local

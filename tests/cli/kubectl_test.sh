@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The real kubectl against `kubetrain local serve`: discovery, client-side validation (OpenAPI),
+# apply of the TrainingJob CRD and of a TrainingJob, get (table and JSON), watch, delete, and an
+# error status that kubectl reports as the API server's message.
+set -euo pipefail
+KT=$1
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl not installed: skipped"
+  exit 77  # ctest's conventional "skipped"; registered with SKIP_RETURN_CODE
+fi
+OUT=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+  if [[ -n "$SERVER_PID" ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- server log"; cat "$OUT/serve.log"; exit 1; }
+
+"$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 100); do [[ -s "$OUT/kubeconfig" ]] && break; sleep 0.1; done
+[[ -s "$OUT/kubeconfig" ]] || fail "no kubeconfig written within 10 s"
+K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
+
+CRD=crds/trainingjobs.kubetrain.dev.yaml
+
+K version -o json > "$OUT/version" || fail "kubectl version"
+grep -q '"gitVersion"' "$OUT/version" || fail "no server version"
+K apply -f "$CRD" | tee "$OUT/apply-crd"
+grep -q "customresourcedefinition.apiextensions.k8s.io/trainingjobs.kubetrain.dev created" "$OUT/apply-crd" || fail "CRD not created"
+K api-resources --api-group=kubetrain.dev > "$OUT/resources"
+grep -q "trainingjobs.*tj.*kubetrain.dev/v1alpha1.*true.*TrainingJob" "$OUT/resources" || { cat "$OUT/resources"; fail "TrainingJob not discovered"; }
+
+K apply -f examples/jobs/tiny.yaml | tee "$OUT/apply-tj"
+grep -q "trainingjob.kubetrain.dev/tiny created" "$OUT/apply-tj" || fail "TrainingJob not created"
+K apply -f examples/jobs/tiny.yaml | grep -q "trainingjob.kubetrain.dev/tiny unchanged" || fail "re-apply is not a no-op"
+
+K get tj > "$OUT/get"
+cat "$OUT/get"
+head -1 "$OUT/get" | grep -q "^NAME" || fail "no table header"
+grep -q "^tiny " "$OUT/get" || fail "tiny not listed"
+
+K get tj tiny -o json > "$OUT/tiny.json"
+python3 - "$OUT/tiny.json" <<'PY'
+import json, sys
+tj = json.load(open(sys.argv[1]))
+assert tj["kind"] == "TrainingJob" and tj["apiVersion"] == "kubetrain.dev/v1alpha1", tj["kind"]
+assert tj["metadata"]["name"] == "tiny" and tj["metadata"]["namespace"] == "default"
+assert tj["metadata"]["generation"] == 1 and tj["metadata"]["resourceVersion"]
+assert tj["spec"]["training"]["steps"] == 200, tj["spec"]
+assert "kubectl.kubernetes.io/last-applied-configuration" in tj["metadata"]["annotations"]
+print("tiny.json ok")
+PY
+
+# A changed spec through apply is a patch; the generation moves; a watching kubectl sees it.
+K get tj --watch --output-watch-events > "$OUT/watch" 2>&1 &
+WATCH_PID=$!
+for _ in $(seq 100); do grep -q "ADDED" "$OUT/watch" && break; sleep 0.1; done
+sed 's/steps: 200/steps: 300/' examples/jobs/tiny.yaml > "$OUT/tiny-300.yaml"
+K apply -f "$OUT/tiny-300.yaml" | grep -q "configured" || fail "apply of a change did not patch"
+[[ $(K get tj tiny -o jsonpath='{.spec.training.steps} {.metadata.generation}') == "300 2" ]] || fail "patch not applied"
+for _ in $(seq 100); do grep -q "MODIFIED" "$OUT/watch" && break; sleep 0.1; done
+kill "$WATCH_PID" 2>/dev/null || true
+wait "$WATCH_PID" 2>/dev/null || true
+cat "$OUT/watch"
+grep -q "^ADDED *tiny" "$OUT/watch" || fail "kubectl get --watch saw no ADDED"
+grep -q "^MODIFIED *tiny" "$OUT/watch" || fail "kubectl get --watch saw no MODIFIED"
+
+# The status subresource through kubectl, and the printer columns read from it.
+K patch tj tiny --subresource=status --type=merge -p '{"status":{"phase":"Running","restarts":2}}' > /dev/null \
+  || fail "status patch"
+K get tj tiny > "$OUT/get-status"
+grep -q "^tiny *Running" "$OUT/get-status" || { cat "$OUT/get-status"; fail "the Phase column does not show the status"; }
+
+# An error status reaches the user as the server's message.
+if K get tj missing 2> "$OUT/err"; then fail "get of a missing object succeeded"; fi
+grep -q 'trainingjobs.kubetrain.dev "missing" not found' "$OUT/err" || { cat "$OUT/err"; fail "NotFound message"; }
+
+# The same control plane as `kubetrain run`: this machine is a Node, and a Pod bound to it runs
+# as a local process.
+K get nodes -o name | grep -q "^node/" || fail "no local node"
+cat > "$OUT/pod.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata:
+  name: hello
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: busybox
+    command: ["sh", "-c", "echo hello from a local pod"]
+YAML
+K apply -f "$OUT/pod.yaml" | grep -q "pod/hello created" || fail "pod not created"
+for _ in $(seq 200); do
+  [[ $(K get pod hello -o jsonpath='{.status.phase}') == Succeeded ]] && break
+  sleep 0.1
+done
+[[ $(K get pod hello -o jsonpath='{.status.phase}') == Succeeded ]] || fail "the pod did not run to Succeeded"
+grep -rq "hello from a local pod" "$OUT/work/pods" || fail "no pod log"
+K delete pod hello > /dev/null
+
+# A port in use is a one-line error and exit code 1.
+PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')
+set +e
+"$KT" local serve --api-only --port "$PORT" > "$OUT/second.log" 2>&1
+RC=$?
+set -e
+[[ $RC -eq 1 ]] || fail "a second server on port $PORT exited $RC"
+grep -q "cannot listen on 127.0.0.1:$PORT" "$OUT/second.log" || { cat "$OUT/second.log"; fail "no port-in-use message"; }
+
+K delete tj tiny | grep -q 'trainingjob.kubetrain.dev "tiny" deleted' || fail "delete"
+K get tj 2>&1 | grep -q "No resources found" || fail "tiny still listed after delete"
+echo "kubectl against kubetrain local serve: ok"

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# `kubetrain run` end to end: the reconciler, the local control plane and real worker processes.
+#  1. examples/jobs/tiny.yaml succeeds, the loss falls, and checkpoints land in the work dir;
+#  2. an invalid job exits non-zero naming the field, before anything runs;
+#  3. a worker that exits 3 fails the job (permanent exit code) with the reason;
+#  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind;
+#  5. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
+#     the latest checkpoint and succeeds.
+set -u
+KT=$1
+DIR=$(mktemp -d)
+trap 'rm -rf "$DIR"' EXIT
+fail=0
+
+# 1. tiny succeeds and learns.
+start=$(date +%s.%N)
+"$KT" run examples/jobs/tiny.yaml --workdir "$DIR/tiny" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+end=$(date +%s.%N)
+summary=$(grep '^Succeeded:' "$DIR/out")
+if [[ $rc -ne 0 || -z $summary ]]; then
+  echo "FAIL tiny: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+else
+  # "Succeeded: 200 steps in 6.1s, loss 5.5561 -> 4.3786, ..."
+  first=$(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\1/' <<< "$summary")
+  last=$(sed -E 's/.*loss ([0-9.]+) -> ([0-9.]+).*/\2/' <<< "$summary")
+  steps=$(sed -E 's/^Succeeded: ([0-9]+) steps.*/\1/' <<< "$summary")
+  if ! awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }'; then
+    echo "FAIL tiny: loss did not fall by 0.5: $first -> $last"; fail=1
+  elif [[ $steps -ne 200 ]]; then
+    echo "FAIL tiny: $steps steps, expected 200"; fail=1
+  elif ! grep -q '^phase: Running' "$DIR/out"; then
+    echo "FAIL tiny: never reported Running"; cat "$DIR/out"; fail=1
+  elif [[ -z $(ls -A "$DIR/tiny/checkpoints" 2>/dev/null) ]]; then
+    echo "FAIL tiny: no checkpoint in $DIR/tiny/checkpoints"; fail=1
+  else
+    echo "ok   tiny: loss $first -> $last in $(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}') s wall"
+  fi
+fi
+
+# 2. An invalid job names the field and starts nothing.
+printf 'apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: bad}\nspec:\n  model: {preset: tiny}\n  training: {steps: -4}\n' > "$DIR/bad.yaml"
+"$KT" run "$DIR/bad.yaml" --workdir "$DIR/bad" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+if [[ $rc -eq 0 ]] || ! grep -q 'spec.training.steps' "$DIR/err"; then
+  echo "FAIL invalid: rc $rc"; cat "$DIR/err"; fail=1
+elif [[ -d $DIR/bad/pods ]]; then
+  echo "FAIL invalid: pods were started"; fail=1
+else
+  echo "ok   invalid (rc $rc): $(cat "$DIR/err")"
+fi
+
+# 3. A permanent worker failure fails the job with the reason.
+printf '#!/bin/sh\necho "fake worker: $*"\nexit 3\n' > "$DIR/failing-worker"
+chmod +x "$DIR/failing-worker"
+"$KT" run examples/jobs/tiny.yaml --workdir "$DIR/failing" --worker "$DIR/failing-worker" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+if [[ $rc -ne 1 ]] || ! grep -q 'WorkerFailed.*exit code 3' "$DIR/err"; then
+  echo "FAIL worker-failure: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q 'fake worker: launch --plan' "$DIR/err"; then
+  echo "FAIL worker-failure: the pod log's tail is not shown"; cat "$DIR/err"; fail=1
+else
+  echo "ok   worker-failure (rc $rc): $(head -1 "$DIR/err")"
+fi
+
+# 4. Ctrl-C stops a long job cleanly.
+sed 's/steps: 200/steps: 1000000/' examples/jobs/tiny.yaml > "$DIR/long.yaml"
+"$KT" run "$DIR/long.yaml" --workdir "$DIR/long" > "$DIR/out" 2> "$DIR/err" &
+pid=$!
+for _ in $(seq 1 300); do
+  grep -q '^progress: step [1-9]' "$DIR/out" && break
+  sleep 0.1
+done
+kill -INT $pid
+for _ in $(seq 1 300); do kill -0 $pid 2> /dev/null || break; sleep 0.1; done
+wait $pid
+rc=$?
+left=$(pgrep -f -- "--checkpoint-dir $DIR/long" || true)
+if [[ $rc -ne 130 ]]; then
+  echo "FAIL interrupt: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif [[ -n $left ]]; then
+  echo "FAIL interrupt: workers left running: $left"; kill -9 $left; fail=1
+elif ! grep -q '^progress: step' "$DIR/out"; then
+  echo "FAIL interrupt: it never trained"; fail=1
+else
+  echo "ok   interrupt (rc $rc)"
+fi
+# 5. Kill the first attempt after its first checkpoint; the second attempt must resume.
+KW=$(cd "$(dirname "$KT")" && pwd)/kubetrain-worker
+cat > "$DIR/flaky-worker" <<SH
+#!/bin/sh
+# Attempt 0 dies by SIGKILL once a checkpoint exists; later attempts are the real worker.
+ckpt=""; prev=""
+for a in "\$@"; do [ "\$prev" = "--checkpoint-dir" ] && ckpt=\$a; prev=\$a; done
+if [ "\$KUBETRAIN_RESTART_ATTEMPT" = "0" ]; then
+  "$KW" "\$@" &
+  for i in \$(seq 1 1200); do [ -e "\$ckpt/latest" ] && break; sleep 0.05; done
+  echo "flaky worker: killing attempt 0"
+  kill -KILL \$\$
+fi
+exec "$KW" "\$@"
+SH
+chmod +x "$DIR/flaky-worker"
+sed -e 's/steps: 200/steps: 300/' -e 's/intervalSteps: 500/intervalSteps: 50/' examples/jobs/tiny.yaml > "$DIR/flaky.yaml"
+"$KT" run "$DIR/flaky.yaml" --workdir "$DIR/flaky" --worker "$DIR/flaky-worker" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+log="$DIR/flaky/pods/default_tiny-worker-0/log"
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL restart: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q 'restarts: 1)' "$DIR/out" || ! grep -q '^phase: Restarting' "$DIR/out"; then
+  echo "FAIL restart: no gang restart reported"; cat "$DIR/out"; fail=1
+elif ! grep -q 'resumed from step [1-9]' "$log"; then
+  echo "FAIL restart: the second attempt did not resume from a checkpoint"; cat "$log"; fail=1
+elif [[ $(grep -c '^=== pod default/tiny-worker-0' "$log") -ne 2 ]]; then
+  echo "FAIL restart: expected 2 pod starts in $log"; fail=1
+else
+  echo "ok   restart: $(grep -o 'resumed from step [0-9]*' "$log")"
+fi
+exit $fail

@@ -1,0 +1,363 @@
+// RestClient against `kubetrain local serve` over real sockets: paths, verbs, watch, and how
+// every class of API error comes back.
+#include "operator/kube/rest_client.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "api/error.h"
+#include "tests/kube/local_server.h"
+
+using namespace std::chrono_literals;
+using namespace kt::kube;
+using kt::kube::testing::config_map;
+using kt::kube::testing::LocalServer;
+
+namespace {
+
+// Runs `call` and returns the ApiError it throws (fails the test if it throws none).
+template <typename F>
+ApiError api_error_of(F&& call) {
+  try {
+    call();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ApiError";
+  return ApiError(0, "", "");
+}
+
+Object training_job(const std::string& name) {
+  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}}},
+          {"spec", {{"training", {{"steps", 10}}}}}};
+}
+
+}  // namespace
+
+TEST(ResourcePath, CoreGroupNamespacedClusterScopedAndSubresource) {
+  EXPECT_EQ(resource_path(kPods, "ns", "p", "status"), "/api/v1/namespaces/ns/pods/p/status");
+  EXPECT_EQ(resource_path(kPods, ""), "/api/v1/pods");
+  EXPECT_EQ(resource_path(kNodes, "ignored", "n1"), "/api/v1/nodes/n1");
+  EXPECT_EQ(resource_path(kLeases, "kube-system", "op"),
+            "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/op");
+  EXPECT_EQ(resource_path(kCustomResourceDefinitions, "", "a.b"),
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/a.b");
+  EXPECT_EQ(url_encode("a in (b,c),d!=e"), "a%20in%20%28b%2Cc%29%2Cd%21%3De");
+}
+
+TEST(ApiErrorClassification, StatusBodyHeaderAndCodeFallbacks) {
+  const ApiError from_status = api_error(
+      409,
+      R"({"kind":"Status","status":"Failure","reason":"AlreadyExists","message":"pods \"a\" already exists","code":409})",
+      std::nullopt, "POST /api/v1/namespaces/d/pods");
+  EXPECT_TRUE(from_status.already_exists());
+  EXPECT_FALSE(from_status.conflict());
+  EXPECT_NE(std::string(from_status.what()).find("pods \"a\" already exists"), std::string::npos);
+
+  const ApiError proxy_page = api_error(503, "<html>busy</html>", "7", "GET /x");
+  EXPECT_EQ(proxy_page.reason(), "ServiceUnavailable");
+  EXPECT_TRUE(proxy_page.server_error());
+  EXPECT_EQ(proxy_page.retry_after_seconds(), 7);
+
+  const ApiError details = api_error(
+      429, R"({"kind":"Status","reason":"TooManyRequests","details":{"retryAfterSeconds":3}})",
+      std::nullopt, "GET /x");
+  EXPECT_TRUE(details.too_many_requests());
+  EXPECT_EQ(details.retry_after_seconds(), 3);
+  EXPECT_EQ(api_error(410, "", std::nullopt, "GET /x").reason(), "Expired");
+  EXPECT_TRUE(api_error(410, "", std::nullopt, "GET /x").gone());
+}
+
+TEST(RestClient, CreateGetListUpdatePatchDeleteRoundTrip) {
+  LocalServer local;
+  auto client = local.client();
+  const Object created = client->create(kConfigMaps, "default", config_map("a", "1"));
+  EXPECT_FALSE(created["metadata"]["resourceVersion"].get<std::string>().empty());
+  EXPECT_EQ(client->get(kConfigMaps, "default", "a")["data"]["key"], "1");
+
+  Object changed = created;
+  changed["data"]["key"] = "2";
+  const Object updated = client->update(kConfigMaps, "default", changed);
+  EXPECT_EQ(updated["data"]["key"], "2");
+  EXPECT_NE(updated["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"]);
+
+  const Object patched =
+      client->merge_patch(kConfigMaps, "default", "a", {{"data", {{"other", "x"}}}});
+  EXPECT_EQ(patched["data"]["key"], "2");
+  EXPECT_EQ(patched["data"]["other"], "x");
+
+  client->create(kConfigMaps, "default", config_map("b"));
+  client->create(kConfigMaps, "other", config_map("c", "v", "other"));
+  EXPECT_EQ(client->list(kConfigMaps, "default", {}).items.size(), 2u);
+  const ObjectList all = client->list(kConfigMaps, "", {});
+  EXPECT_EQ(all.items.size(), 3u);
+  EXPECT_EQ(all.items[0]["kind"], "ConfigMap") << "list items get their kind back";
+  EXPECT_FALSE(all.resource_version.empty());
+
+  client->remove(kConfigMaps, "default", "a");
+  EXPECT_TRUE(api_error_of([&] { client->get(kConfigMaps, "default", "a"); }).not_found());
+}
+
+TEST(RestClient, SelectorsAndPaginationTravelInTheQuery) {
+  LocalServer local;
+  auto client = local.client();
+  for (int i = 0; i < 5; ++i) {
+    Object cm = config_map("cm-" + std::to_string(i));
+    cm["metadata"]["labels"]["tier"] = i % 2 ? "odd" : "even";
+    client->create(kConfigMaps, "default", cm);
+  }
+  ListOptions selector;
+  selector.label_selector = "tier in (odd),app=kt";
+  EXPECT_EQ(client->list(kConfigMaps, "default", selector).items.size(), 2u);
+  ListOptions field;
+  field.field_selector = "metadata.name=cm-3";
+  EXPECT_EQ(client->list(kConfigMaps, "default", field).items.size(), 1u);
+
+  ListOptions page;
+  page.limit = 2;
+  std::set<std::string> names;
+  int pages = 0;
+  do {
+    const ObjectList list = client->list(kConfigMaps, "default", page);
+    for (const auto& item : list.items) names.insert(item["metadata"]["name"]);
+    page.continue_token = list.continue_token;
+    ++pages;
+  } while (!page.continue_token.empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(names.size(), 5u);
+}
+
+TEST(RestClient, StatusSubresourceAndCustomResources) {
+  LocalServer local;
+  auto client = local.client();
+  client->create(kTrainingJobs, "default", training_job("tj"));
+  Object with_status = client->get(kTrainingJobs, "default", "tj");
+  with_status["status"] = {{"phase", "Running"}};
+  with_status["spec"]["training"]["steps"] = 99;
+  const Object after = client->update_status(kTrainingJobs, "default", with_status);
+  EXPECT_EQ(after["status"]["phase"], "Running");
+  EXPECT_EQ(after["spec"]["training"]["steps"], 10) << "the status subresource ignores spec";
+  const Object patched = client->merge_patch(kTrainingJobs, "default", "tj",
+                                             {{"status", {{"phase", "Succeeded"}}}}, true);
+  EXPECT_EQ(patched["status"]["phase"], "Succeeded");
+}
+
+TEST(RestClient, NotFoundConflictAndAlreadyExistsAreTellApart) {
+  LocalServer local;
+  auto client = local.client();
+  const ApiError missing = api_error_of([&] { client->get(kPods, "default", "nope"); });
+  EXPECT_EQ(missing.code(), 404);
+  EXPECT_TRUE(missing.not_found());
+
+  const Object first = client->create(kConfigMaps, "default", config_map("a"));
+  const ApiError exists = api_error_of([&] { client->create(kConfigMaps, "default", config_map("a")); });
+  EXPECT_EQ(exists.code(), 409);
+  EXPECT_TRUE(exists.already_exists());
+  EXPECT_FALSE(exists.conflict());
+
+  client->merge_patch(kConfigMaps, "default", "a", {{"data", {{"key", "newer"}}}});
+  Object stale = first;  // carries the old resourceVersion
+  stale["data"]["key"] = "stale";
+  const ApiError conflict = api_error_of([&] { client->update(kConfigMaps, "default", stale); });
+  EXPECT_EQ(conflict.code(), 409);
+  EXPECT_TRUE(conflict.conflict());
+  EXPECT_FALSE(conflict.already_exists());
+}
+
+TEST(RestClient, InvalidObjectsAre422) {
+  LocalServer local;
+  auto client = local.client();
+  Object nameless = config_map("x");
+  nameless["metadata"].erase("name");
+  const ApiError invalid = api_error_of([&] { client->create(kConfigMaps, "default", nameless); });
+  EXPECT_EQ(invalid.code(), 422);
+  EXPECT_TRUE(invalid.invalid());
+  EXPECT_EQ(invalid.reason(), "Invalid");
+}
+
+TEST(RestClient, TooManyRequestsCarriesRetryAfterAndIsRetriedWhenAllowed) {
+  LocalServer local;
+  auto no_retry = local.client({.max_429_retries = 0});
+  local.server.set_faults({.too_many_requests = 1});
+  const ApiError throttled = api_error_of([&] { no_retry->list(kPods, "default", {}); });
+  EXPECT_EQ(throttled.code(), 429);
+  EXPECT_TRUE(throttled.too_many_requests());
+  EXPECT_EQ(throttled.retry_after_seconds(), 1);
+
+  auto retrying = local.client({.max_429_retries = 2});
+  local.server.set_faults({.too_many_requests = 1});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(retrying->list(kPods, "default", {}));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 900ms) << "waited for Retry-After: 1";
+}
+
+TEST(RestClient, ServerErrorsAndInjectedConflictsAreClassified) {
+  LocalServer local;
+  auto client = local.client();
+  const Object cm = client->create(kConfigMaps, "default", config_map("a"));
+  local.server.set_faults({.server_errors = 1});
+  const ApiError internal = api_error_of([&] { client->get(kConfigMaps, "default", "a"); });
+  EXPECT_EQ(internal.code(), 500);
+  EXPECT_TRUE(internal.server_error());
+  EXPECT_EQ(client->get(kConfigMaps, "default", "a")["metadata"]["name"], "a")
+      << "the fault was consumed";
+
+  local.server.set_faults({.update_conflicts = 1});
+  EXPECT_TRUE(api_error_of([&] { client->update(kConfigMaps, "default", cm); }).conflict());
+}
+
+TEST(RestClient, TransportFailuresAreErrorsNotApiErrors) {
+  std::string url;
+  {
+    LocalServer gone;
+    url = gone.server.url();
+  }  // nothing listens there now
+  Config config;
+  config.server = url;
+  RestClient client(config, {.timeout = 5s});
+  try {
+    client.get(kPods, "default", "x");
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    ADD_FAILURE() << "a transport failure is not an ApiError: " << e.what();
+  } catch (const kt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(url), std::string::npos) << e.what();
+  }
+}
+
+TEST(RestClient, CountsRequestsByCodeAndMethod) {
+  LocalServer local;
+  kt::telemetry::Registry registry;
+  KubeMetrics metrics(registry);
+  auto client = local.client({.metrics = &metrics});
+  client->create(kConfigMaps, "default", config_map("a"));
+  client->get(kConfigMaps, "default", "a");
+  client->get(kConfigMaps, "default", "a");
+  EXPECT_THROW(client->get(kConfigMaps, "default", "b"), ApiError);
+  EXPECT_EQ(metrics.rest_client_requests.with({"201", "POST"}).value(), 1);
+  EXPECT_EQ(metrics.rest_client_requests.with({"200", "GET"}).value(), 2);
+  EXPECT_EQ(metrics.rest_client_requests.with({"404", "GET"}).value(), 1);
+}
+
+TEST(RestClient, DeletePropagationReachesTheServer) {
+  LocalServer local;
+  auto client = local.client();
+  const Object owner = client->create(kConfigMaps, "default", config_map("owner"));
+  for (const std::string name : {"orphaned", "collected"}) {
+    Object dependent = config_map(name);
+    dependent["metadata"]["ownerReferences"] = {
+        {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"name", "owner"},
+         {"uid", owner["metadata"]["uid"]}, {"controller", true}}};
+    client->create(kConfigMaps, "default", dependent);
+  }
+  // Orphan keeps the dependents; then Background on a new owner of the other one collects it.
+  client->remove(kConfigMaps, "default", "owner", Propagation::Orphan);
+  EXPECT_NO_THROW(client->get(kConfigMaps, "default", "orphaned"));
+  EXPECT_NO_THROW(client->get(kConfigMaps, "default", "collected"));
+
+  const Object owner2 = client->create(kConfigMaps, "default", config_map("owner2"));
+  client->merge_patch(kConfigMaps, "default", "collected",
+                      {{"metadata",
+                        {{"ownerReferences",
+                          {{{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"name", "owner2"},
+                            {"uid", owner2["metadata"]["uid"]}}}}}}});
+  client->remove(kConfigMaps, "default", "owner2", Propagation::Background);
+  EXPECT_TRUE(api_error_of([&] { client->get(kConfigMaps, "default", "collected"); }).not_found());
+  EXPECT_NO_THROW(client->get(kConfigMaps, "default", "orphaned"));
+}
+
+TEST(RestClientWatch, StreamsEventsAsTheyHappenAndStopsOnDemand) {
+  LocalServer local;
+  auto client = local.client();
+  const ObjectList start = client->list(kConfigMaps, "default", {});
+  WatchOptions options;
+  options.resource_version = start.resource_version;
+  auto watch = client->watch(kConfigMaps, "default", options);
+  client->create(kConfigMaps, "default", config_map("a"));
+  client->merge_patch(kConfigMaps, "default", "a", {{"data", {{"key", "2"}}}});
+  client->remove(kConfigMaps, "default", "a");
+  std::vector<WatchEventType> types;
+  while (types.size() < 3) {
+    auto event = watch->next(10s);
+    ASSERT_TRUE(event) << "no event within 10 s";
+    if (event->type == WatchEventType::Bookmark) continue;
+    EXPECT_EQ(event->object["metadata"]["name"], "a");
+    types.push_back(event->type);
+  }
+  EXPECT_EQ(types, (std::vector<WatchEventType>{WatchEventType::Added, WatchEventType::Modified,
+                                                WatchEventType::Deleted}));
+
+  // stop() from another thread ends a blocked next() promptly.
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    watch->stop();
+  });
+  const auto before = std::chrono::steady_clock::now();
+  while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(1s);
+  stopper.join();
+  EXPECT_TRUE(watch->ended());
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);
+}
+
+TEST(RestClientWatch, TooOldVersionsAnd410sReachTheCaller) {
+  LocalServer local(kt::local::StoreOptions{.history_limit = 2});
+  auto client = local.client();
+  client->create(kConfigMaps, "default", config_map("first"));
+  const std::string old_version = client->list(kConfigMaps, "default", {}).resource_version;
+  for (int i = 0; i < 5; ++i) client->create(kConfigMaps, "default", config_map("cm" + std::to_string(i)));
+
+  // Compacted history: the API server's way, a 200 stream whose first event is ERROR 410.
+  WatchOptions options;
+  options.resource_version = old_version;
+  auto watch = client->watch(kConfigMaps, "default", options);
+  auto event = watch->next(10s);
+  ASSERT_TRUE(event);
+  EXPECT_EQ(event->type, WatchEventType::Error);
+  EXPECT_EQ(event->object["code"], 410);
+
+  // An HTTP 410 answer to the watch request is an ApiError.
+  local.server.set_faults({.watch_gone = 1});
+  options.resource_version = client->list(kConfigMaps, "default", {}).resource_version;
+  const ApiError gone = api_error_of([&] { client->watch(kConfigMaps, "default", options); });
+  EXPECT_TRUE(gone.gone());
+}
+
+TEST(RestClientWatch, ADroppedConnectionEndsTheWatch) {
+  LocalServer local;
+  auto client = local.client();
+  WatchOptions options;
+  options.resource_version = client->list(kConfigMaps, "default", {}).resource_version;
+  auto watch = client->watch(kConfigMaps, "default", options);
+  ASSERT_TRUE(kt::kube::testing::eventually([&] { return local.server.open_watches() == 1; }));
+  local.server.drop_watches();
+  const auto before = std::chrono::steady_clock::now();
+  while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
+  EXPECT_TRUE(watch->ended());
+}
+
+TEST(LocalServeFaults, AreSetThroughTheControlEndpointAndDropWatches) {
+  LocalServer local;
+  auto client = local.client();
+  HttpClient http({.base_url = local.server.url()});
+  const HttpResponse set = http.send({.method = "POST",
+                                      .target = "/kubetrain/faults",
+                                      .body = R"({"serverErrors": 1, "delayMs": 10})",
+                                      .content_type = "application/json"});
+  ASSERT_EQ(set.status, 200) << set.body;
+  EXPECT_EQ(local.server.faults().server_errors, 1);
+  EXPECT_EQ(local.server.faults().delay, 10ms);
+  EXPECT_TRUE(api_error_of([&] { client->list(kPods, "default", {}); }).server_error());
+  EXPECT_NO_THROW(client->list(kPods, "default", {}));
+
+  WatchOptions options;
+  options.resource_version = client->list(kPods, "default", {}).resource_version;
+  auto watch = client->watch(kPods, "default", options);
+  ASSERT_TRUE(kt::kube::testing::eventually([&] { return local.server.open_watches() == 1; }));
+  EXPECT_EQ(http.send({.method = "POST", .target = "/kubetrain/drop-watches"}).status, 200);
+  const auto before = std::chrono::steady_clock::now();
+  while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
+  EXPECT_TRUE(watch->ended());
+}

@@ -1,0 +1,526 @@
+// The TrainingJob reconciler's decisions, against the local Store. No processes run: a fake
+// "kubelet" (set_pod_*) writes pod statuses, and a fake metrics fetcher stands for rank 0.
+#include "operator/controller/controller.h"
+
+#include <gtest/gtest.h>
+
+#include "api/plan.h"
+#include "operator/local/store.h"
+#include "telemetry/metrics.h"
+
+namespace kt::controller {
+namespace {
+
+using kube::kConfigMaps;
+using kube::kPods;
+using kube::kTrainingJobs;
+using kube::Object;
+using Clock = std::chrono::system_clock;
+
+Object cpu_node(const std::string& name, int cores) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Node"},
+          {"metadata", {{"name", name}, {"labels", {{"kubernetes.io/hostname", name}}}}},
+          {"status",
+           {{"allocatable", {{"cpu", std::to_string(cores)}, {"memory", "16Gi"}}},
+            {"capacity", {{"cpu", std::to_string(cores)}, {"memory", "16Gi"}}}}}};
+}
+
+std::string phase_of_pod(const Object& pod) {
+  return pod.contains("status") ? pod["status"].value("phase", "Pending") : "Pending";
+}
+
+Object tiny_job(const std::string& name) {
+  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}, {"namespace", "default"}}},
+          {"spec",
+           {{"model", {{"preset", "tiny"}}},
+            {"training", {{"steps", 100}, {"globalBatchSize", 8}}},
+            {"resources", {{"cpuOnly", true}}},
+            {"runPolicy", {{"backoffLimit", 2}}}}}};
+}
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store.register_resource(kTrainingJobs, true);
+    add_node(cpu_node("node-a", 4));
+    options.clock = [this] { return now; };
+    options.metrics = &metrics;
+    options.fetch_metrics = [this](const std::string& host, int port) -> std::optional<std::string> {
+      fetched_host = host;
+      fetched_port = port;
+      return metrics_text;
+    };
+  }
+
+  // Nodes report their status through the subresource, as kubelets do.
+  void add_node(const Object& node) {
+    Object created = store.create(kube::kNodes, "", node);
+    created["status"] = node["status"];
+    store.update_status(kube::kNodes, "", created);
+  }
+  Controller controller() { return Controller(store, options); }
+  ReconcileResult reconcile(const std::string& name = "job") {
+    return controller().reconcile("default", name);
+  }
+  Object job(const std::string& name = "job") { return store.get(kTrainingJobs, "default", name); }
+  Object status(const std::string& name = "job") { return job(name).value("status", Object::object()); }
+  std::vector<Object> pods() { return store.list(kPods, "default", {}).items; }
+  Object condition(const std::string& type, const std::string& name = "job") {
+    for (const auto& c : status(name).value("conditions", Object::array()))
+      if (c["type"] == type) return c;
+    return nullptr;
+  }
+  std::vector<std::string> event_reasons() {
+    std::vector<std::string> out;
+    for (const auto& e : store.list(kube::kEvents, "default", {}).items) out.push_back(e["reason"]);
+    return out;
+  }
+
+  // The fake kubelet.
+  void set_pod_status(const std::string& pod, Object pod_status) {
+    Object p = store.get(kPods, "default", pod);
+    p["status"] = pod_status;
+    store.update_status(kPods, "default", p);
+  }
+  void set_pod_running(const std::string& pod) {
+    set_pod_status(pod, {{"phase", "Running"},
+                         {"podIP", "10.0.0.7"},
+                         {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}});
+  }
+  void set_pod_exited(const std::string& pod, int code) {
+    const Object terminated = {{"exitCode", code}, {"reason", code ? "Error" : "Completed"}};
+    const Object container = {{"name", "worker"}, {"state", {{"terminated", terminated}}}};
+    set_pod_status(pod, {{"phase", code == 0 ? "Succeeded" : "Failed"},
+                         {"containerStatuses", Object::array({container})}});
+  }
+  void set_pod_evicted(const std::string& pod) {
+    set_pod_status(pod, {{"phase", "Failed"},
+                         {"reason", "Evicted"},
+                         {"conditions", {{{"type", "DisruptionTarget"}, {"status", "True"}}}}});
+  }
+  std::string attempt_of(const Object& pod) {
+    return pod["metadata"]["labels"]["kubetrain.dev/restart-attempt"];
+  }
+
+  local::Store store;
+  telemetry::Registry registry;
+  ControllerMetrics metrics{registry};
+  ControllerOptions options;
+  Clock::time_point now = Clock::from_time_t(1'800'000'000);
+  std::optional<std::string> metrics_text;
+  std::string fetched_host;
+  int fetched_port = 0;
+};
+
+TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+
+  const Object cm = store.get(kConfigMaps, "default", "job-plan");
+  const api::Plan plan = api::decode_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()));
+  EXPECT_EQ(plan.device, api::DeviceKind::kCpu);
+  EXPECT_EQ(plan.placement, std::vector<std::string>{"node-a"});
+  EXPECT_EQ(plan.job_name, "job");
+
+  const Object svc = store.get(kube::kServices, "default", "job");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_EQ(svc["spec"]["publishNotReadyAddresses"], true);
+
+  const auto all = pods();
+  ASSERT_EQ(all.size(), 1u);
+  const Object& pod = all[0];
+  EXPECT_EQ(pod["metadata"]["name"], "job-worker-0");
+  EXPECT_EQ(pod["metadata"]["labels"]["kubetrain.dev/job-name"], "job");
+  EXPECT_EQ(pod["metadata"]["labels"]["kubetrain.dev/node-rank"], "0");
+  EXPECT_EQ(attempt_of(pod), "0");
+  const Object ref = pod["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(ref["uid"], job()["metadata"]["uid"]);
+  EXPECT_EQ(ref["controller"], true);
+  EXPECT_EQ(ref["blockOwnerDeletion"], true);
+  EXPECT_EQ(pod["spec"]["hostname"], "job-worker-0");
+  EXPECT_EQ(pod["spec"]["subdomain"], "job");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-a");
+  std::map<std::string, std::string> env;
+  for (const auto& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
+  EXPECT_EQ(env["MASTER_ADDR"], "job-worker-0.job");
+  EXPECT_EQ(env["WORLD_SIZE"], std::to_string(plan.world));
+  EXPECT_EQ(env["NNODES"], "1");
+  EXPECT_EQ(env["NODE_RANK"], "0");
+  EXPECT_EQ(env["NPROC_PER_NODE"], std::to_string(plan.config.procs_per_node));
+  EXPECT_EQ(env["KUBETRAIN_PLAN"], "/etc/kubetrain/plan.json");
+  EXPECT_EQ(pod["spec"]["containers"][0]["command"][0], "kubetrain-worker");
+  EXPECT_EQ(pod["spec"]["containers"][0]["args"][0], "launch");
+  EXPECT_FALSE(pod["spec"]["containers"][0].contains("resources"));  // no GPUs for a CPU plan
+
+  const Object s = status();
+  EXPECT_EQ(s["phase"], "Starting");
+  EXPECT_EQ(s["plan"]["planHash"], plan.plan_hash);
+  EXPECT_EQ(s["plan"]["configMap"], "job-plan");
+  EXPECT_EQ(s["workers"]["desired"], 1);
+  EXPECT_EQ(condition("Planned")["status"], "True");
+  EXPECT_EQ(condition("Planned")["observedGeneration"], 1);
+  EXPECT_EQ(s["observedGeneration"], 1);
+  EXPECT_EQ(event_reasons(), std::vector<std::string>{"PlanChosen"});
+}
+
+TEST_F(ControllerTest, RunningPods_MakeTheJobRunning_WithProgressFromRankZero) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  metrics_text =
+      "# TYPE kubetrain_worker_steps_total counter\n"
+      "kubetrain_worker_steps_total{job=\"job\",rank=\"1\"} 99\n"
+      "kubetrain_worker_steps_total{job=\"job\",rank=\"0\"} 40\n"
+      "kubetrain_worker_loss{job=\"job\",rank=\"0\"} 3.25\n"
+      "kubetrain_worker_tokens_per_second{job=\"job\",rank=\"0\"} 512\n"
+      "kubetrain_worker_last_checkpoint_step{job=\"job\",rank=\"0\"} 20\n";
+  const auto result = reconcile();
+  EXPECT_EQ(fetched_host, "10.0.0.7");
+  EXPECT_EQ(fetched_port, 9090);
+  const Object s = status();
+  EXPECT_EQ(s["phase"], "Running");
+  EXPECT_EQ(s["progress"]["step"], 40);
+  EXPECT_DOUBLE_EQ(s["progress"]["loss"].get<double>(), 3.25);
+  EXPECT_DOUBLE_EQ(s["progress"]["tokensPerSecond"].get<double>(), 512);
+  // 8 sequences × 64 tokens per step at 512 tokens/s = 1 s per step; 60 steps left.
+  EXPECT_DOUBLE_EQ(s["progress"]["stepSeconds"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(s["progress"]["etaSeconds"].get<double>(), 60.0);
+  EXPECT_EQ(s["lastCheckpointStep"], 20);
+  EXPECT_FALSE(s["startTime"].get<std::string>().empty());
+  EXPECT_EQ(condition("Running")["status"], "True");
+  EXPECT_EQ(condition("PodsReady")["status"], "True");
+  EXPECT_EQ(s["workers"]["ready"], 1);
+  ASSERT_TRUE(result.requeue_after);  // progress is polled
+  EXPECT_LE(*result.requeue_after, options.progress_interval);
+}
+
+TEST_F(ControllerTest, RemappedMetricsPort_IsReadFromThePodAnnotation) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  store.merge_patch(kPods, "default", "job-worker-0",
+                    {{"metadata", {{"annotations", {{"kubetrain.dev/metrics-port", "40123"}}}}}});
+  set_pod_running("job-worker-0");
+  metrics_text = "";
+  reconcile();
+  EXPECT_EQ(fetched_port, 40123);
+}
+
+TEST_F(ControllerTest, Reconcile_IsIdempotent_PlanAndPodsStayAndStatusIsNotRewritten) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  const std::string cm_version = store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"];
+  const std::string pod_uid = pods()[0]["metadata"]["uid"];
+  const std::string job_version = job()["metadata"]["resourceVersion"];
+  for (int i = 0; i < 3; ++i) reconcile();
+  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"], cm_version);
+  ASSERT_EQ(pods().size(), 1u);
+  EXPECT_EQ(pods()[0]["metadata"]["uid"], pod_uid);
+  EXPECT_EQ(job()["metadata"]["resourceVersion"], job_version);  // no status write without change
+  EXPECT_EQ(event_reasons().size(), 1u);
+}
+
+TEST_F(ControllerTest, InventoryChangeWhileRunning_KeepsThePlan_ButANewGenerationReplans) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  const std::string hash = status()["plan"]["planHash"];
+  add_node(cpu_node("node-b", 64));  // a bigger node appears
+  reconcile();
+  EXPECT_EQ(status()["plan"]["planHash"], hash);
+  EXPECT_EQ(attempt_of(pods()[0]), "0");
+  // A spec change (here: the batch) is a new generation: new plan, new gang, no restart counted.
+  Object j = job();
+  j["spec"]["training"]["globalBatchSize"] = 16;
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_NE(status()["plan"]["planHash"], hash);
+  ASSERT_EQ(pods().size(), 1u);
+  EXPECT_EQ(attempt_of(pods()[0]), "1");
+  EXPECT_EQ(status()["restarts"], 0);
+  EXPECT_EQ(status()["observedGeneration"], 2);
+}
+
+TEST_F(ControllerTest, Suspend_DeletesPodsAndCreatesNone_ResumeStartsAgain) {
+  Object j = tiny_job("job");
+  j["spec"]["runPolicy"]["suspend"] = true;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_TRUE(pods().empty());
+  EXPECT_EQ(status()["phase"], "Suspended");
+  EXPECT_EQ(condition("Suspended")["status"], "True");
+
+  j = job();
+  j["spec"]["runPolicy"]["suspend"] = false;
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(pods().size(), 1u);
+  EXPECT_EQ(condition("Suspended")["status"], "False");
+  EXPECT_EQ(condition("Suspended")["reason"], "Resumed");
+  set_pod_running("job-worker-0");
+  reconcile();
+
+  j = job();
+  j["spec"]["runPolicy"]["suspend"] = true;
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_TRUE(pods().empty());
+  EXPECT_EQ(status()["phase"], "Suspended");
+  EXPECT_EQ(status()["workers"]["ready"], 0);
+}
+
+TEST_F(ControllerTest, RetryableWorkerFailure_RestartsTheWholeGang_ThenFailsAfterBackoffLimit) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));  // backoffLimit 2
+  reconcile();
+  for (int restart = 1; restart <= 2; ++restart) {
+    set_pod_running("job-worker-0");
+    reconcile();
+    set_pod_exited("job-worker-0", 137);  // SIGKILL (OOM): retryable
+    reconcile();
+    ASSERT_EQ(pods().size(), 1u);
+    EXPECT_EQ(attempt_of(pods()[0]), std::to_string(restart));
+    EXPECT_EQ(phase_of_pod(pods()[0]), "Pending");
+    EXPECT_EQ(status()["restarts"], restart);
+    EXPECT_EQ(status()["phase"], "Restarting");
+    EXPECT_EQ(condition("Restarting")["status"], "True");
+  }
+  set_pod_running("job-worker-0");
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Running");
+  EXPECT_EQ(condition("Restarting")["status"], "False");
+  set_pod_exited("job-worker-0", 143);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Failed")["reason"], "BackoffLimitExceeded");
+  EXPECT_EQ(status()["restarts"], 2);
+  EXPECT_FALSE(status()["completionTime"].get<std::string>().empty());
+  EXPECT_EQ(pods().size(), 1u);  // cleanPodPolicy Running keeps the failed pod for its logs
+  const auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "Restarting"), 2);
+}
+
+TEST_F(ControllerTest, PermanentExitCode_FailsAtOnce) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_exited("job-worker-0", 3);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Failed")["reason"], "WorkerFailed");
+  EXPECT_NE(condition("Failed")["message"].get<std::string>().find("exit code 3"),
+            std::string::npos);
+  EXPECT_EQ(status()["restarts"], 0);
+  // Terminal: later reconciles create nothing.
+  reconcile();
+  EXPECT_EQ(pods().size(), 1u);
+  EXPECT_EQ(attempt_of(pods()[0]), "0");
+}
+
+TEST_F(ControllerTest, Eviction_RestartsWithoutCountingAgainstTheLimit) {
+  Object j = tiny_job("job");
+  j["spec"]["runPolicy"]["backoffLimit"] = 0;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  for (int i = 1; i <= 3; ++i) {
+    set_pod_evicted("job-worker-0");
+    reconcile();
+    EXPECT_EQ(status()["phase"], "Restarting");
+    EXPECT_EQ(status()["restarts"], 0);
+    EXPECT_EQ(condition("Restarting")["reason"], "Evicted");
+    EXPECT_EQ(attempt_of(pods()[0]), std::to_string(i));
+  }
+}
+
+TEST_F(ControllerTest, ActiveDeadline_FailsTheJob_AndCleansRunningPods) {
+  Object j = tiny_job("job");
+  j["spec"]["runPolicy"]["activeDeadlineSeconds"] = 60;
+  store.create(kTrainingJobs, "default", j);
+  const auto first = reconcile();
+  ASSERT_TRUE(first.requeue_after);
+  EXPECT_EQ(*first.requeue_after, std::chrono::seconds(60));
+  set_pod_running("job-worker-0");
+  now += std::chrono::seconds(59);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Running");
+  now += std::chrono::seconds(2);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Failed")["reason"], "DeadlineExceeded");
+  EXPECT_TRUE(pods().empty());  // cleanPodPolicy Running: the running pod was deleted
+}
+
+TEST_F(ControllerTest, CleanPodPolicy_DecidesWhichPodsStayAfterTheEnd) {
+  for (const char* policy : {"All", "Running", "None"}) {
+    const std::string name = std::string("job-") + (policy[0] == 'A' ? "a" : policy[0] == 'R' ? "r" : "n");
+    Object j = tiny_job(name);
+    j["spec"]["runPolicy"]["cleanPodPolicy"] = policy;
+    store.create(kTrainingJobs, "default", j);
+    reconcile(name);
+    set_pod_exited(name + "-worker-0", 0);
+    reconcile(name);
+    EXPECT_EQ(status(name)["phase"], "Succeeded") << policy;
+    EXPECT_EQ(condition("Succeeded", name)["status"], "True");
+    EXPECT_EQ(status(name)["progress"]["step"], 100);
+    kube::ListOptions by_job;
+    by_job.label_selector = "kubetrain.dev/job-name=" + name;
+    const bool kept = store.list(kPods, "default", by_job).items.size() == 1;
+    EXPECT_EQ(kept, std::string(policy) != "All") << policy;
+  }
+}
+
+TEST_F(ControllerTest, TtlAfterFinished_DeletesTheJobAndItsChildren) {
+  Object j = tiny_job("job");
+  j["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 100;
+  j["spec"]["runPolicy"]["cleanPodPolicy"] = "None";
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_exited("job-worker-0", 0);
+  const auto done = reconcile();
+  ASSERT_TRUE(done.requeue_after);
+  EXPECT_EQ(*done.requeue_after, std::chrono::seconds(100));
+  now += std::chrono::seconds(99);
+  reconcile();
+  EXPECT_NO_THROW(job());
+  now += std::chrono::seconds(1);
+  reconcile();
+  EXPECT_THROW(job(), kube::ApiError);
+  EXPECT_TRUE(pods().empty());  // garbage-collected through the ownerReference
+  EXPECT_THROW(store.get(kConfigMaps, "default", "job-plan"), kube::ApiError);
+  EXPECT_NO_THROW(reconcile());  // a deleted job is not an error
+}
+
+TEST_F(ControllerTest, InvalidSpec_FailsWithTheFieldPath_AndAFixedSpecRuns) {
+  Object j = tiny_job("job");
+  j["spec"]["training"]["steps"] = -5;
+  j["spec"]["parallelism"]["tensorParallel"] = 3;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Planned")["status"], "False");
+  EXPECT_EQ(condition("Planned")["reason"], "InvalidSpec");
+  const std::string message = condition("Planned")["message"];
+  EXPECT_NE(message.find("spec.training.steps"), std::string::npos) << message;
+  EXPECT_NE(message.find("spec.parallelism.tensorParallel"), std::string::npos) << message;
+  EXPECT_TRUE(pods().empty());
+  reconcile();  // no new events for the same generation
+  EXPECT_EQ(event_reasons().size(), 1u);
+
+  j = job();
+  j["spec"]["training"]["steps"] = 10;
+  j["spec"]["parallelism"].erase("tensorParallel");
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Starting");
+  EXPECT_EQ(condition("Failed")["status"], "False");
+  EXPECT_EQ(pods().size(), 1u);
+}
+
+TEST_F(ControllerTest, UnknownField_IsReportedWithItsPath) {
+  Object j = tiny_job("job");
+  j["spec"]["training"]["stepz"] = 5;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_NE(condition("Failed")["message"].get<std::string>().find("spec.training.stepz"),
+            std::string::npos);
+}
+
+TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
+  add_node({{"metadata", {{"name", "gpu-1"}, {"labels", {{"nvidia.com/gpu.product", "Tesla-V100-SXM2-32GB"}}}}},
+                                  {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "64Gi"}, {"nvidia.com/gpu", "1"}}}}}});
+  store.remove(kube::kNodes, "", "node-a");
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt-7b"}};
+  j["spec"]["resources"] = {{"maxNodes", 1}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Planned")["reason"], "NoFeasiblePlan");
+  EXPECT_TRUE(pods().empty());
+}
+
+TEST_F(ControllerTest, ControllerRestartMidReconcile_NoDuplicatePodsNoLostStatus) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  // The first controller dies after writing the ConfigMap, before any pod exists.
+  store.set_fault([](const std::string& verb, const kube::Resource& r, const std::string&,
+                     const std::string&) -> std::optional<kube::ApiError> {
+    if (verb == "create" && r == kPods) return kube::ApiError(500, "InternalError", "crash");
+    return std::nullopt;
+  });
+  EXPECT_THROW(reconcile(), kube::ApiError);
+  store.set_fault(nullptr);
+  const std::string cm_version =
+      store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"];
+  reconcile();  // a new Controller
+  reconcile();
+  EXPECT_EQ(pods().size(), 1u);
+  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"], cm_version);
+  EXPECT_EQ(status()["plan"]["configMap"], "job-plan");
+
+  // Mid-restart: the attempt moved on but the old pods could not be deleted.
+  set_pod_exited("job-worker-0", 137);
+  store.set_fault([](const std::string& verb, const kube::Resource& r, const std::string&,
+                     const std::string&) -> std::optional<kube::ApiError> {
+    if (verb == "delete" && r == kPods) return kube::ApiError(500, "InternalError", "crash");
+    return std::nullopt;
+  });
+  EXPECT_THROW(reconcile(), kube::ApiError);
+  store.set_fault(nullptr);
+  reconcile();
+  reconcile();
+  ASSERT_EQ(pods().size(), 1u);
+  EXPECT_EQ(attempt_of(pods()[0]), "1");
+  EXPECT_LE(status()["restarts"].get<int>(), 1);  // never counted twice
+}
+
+TEST_F(ControllerTest, ConcurrentStatusWrite_IsAConflict_AndTheNextReconcileConverges) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  bool once = true;
+  store.set_fault([&](const std::string& verb, const kube::Resource& r, const std::string&,
+                      const std::string&) -> std::optional<kube::ApiError> {
+    if (verb == "update_status" && r == kTrainingJobs && once) {
+      once = false;
+      return kube::ApiError(409, "Conflict", "the object has been modified");
+    }
+    return std::nullopt;
+  });
+  EXPECT_THROW(reconcile(), kube::ApiError);
+  reconcile();
+  EXPECT_EQ(pods().size(), 1u);
+  EXPECT_EQ(status()["phase"], "Starting");
+}
+
+TEST_F(ControllerTest, Metrics_CountReconcilesAndOutcomes) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_exited("job-worker-0", 0);
+  reconcile();
+  const std::string text = registry.expose();
+  EXPECT_NE(text.find("controller_runtime_reconcile_total{controller=\"trainingjob\",result=\"success\"} 2"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("kubetrain_jobs_succeeded_total 1"), std::string::npos);
+  EXPECT_NE(text.find("kubetrain_jobs_created_total 1"), std::string::npos);
+  EXPECT_NE(text.find("kubetrain_planner_duration_seconds_count 1"), std::string::npos);
+  EXPECT_NE(text.find("kubetrain_jobs{phase=\"Succeeded\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("kubetrain_jobs{phase=\"Starting\"} 0"), std::string::npos);
+}
+
+TEST(ParseWorkerProgress, ReadsRankZeroOnly) {
+  const auto p = parse_worker_progress(
+      "# HELP kubetrain_worker_loss x\n"
+      "kubetrain_worker_loss{rank=\"10\"} 9\n"
+      "kubetrain_worker_loss{job=\"a\",rank=\"0\",node_rank=\"0\"} 2.5\n"
+      "kubetrain_worker_steps_total 7\n");
+  ASSERT_TRUE(p.loss);
+  EXPECT_DOUBLE_EQ(*p.loss, 2.5);
+  ASSERT_TRUE(p.steps);
+  EXPECT_DOUBLE_EQ(*p.steps, 7);
+  EXPECT_FALSE(p.tokens_per_second);
+}
+
+}  // namespace
+}  // namespace kt::controller

@@ -1,0 +1,101 @@
+// The manager drives the reconciler from informer events through the work queue.
+#include "operator/controller/manager.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "operator/local/store.h"
+
+namespace kt::controller {
+namespace {
+
+using kube::Object;
+
+bool eventually(const std::function<bool()>& condition) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(OwningJobKey, PrefersTheControllerReference_ThenTheLabel) {
+  const Object owned = {{"metadata",
+                         {{"namespace", "ns"},
+                          {"labels", {{"kubetrain.dev/job-name", "from-label"}}},
+                          {"ownerReferences",
+                           {{{"kind", "TrainingJob"}, {"name", "owner"}, {"controller", true}}}}}}};
+  EXPECT_EQ(owning_job_key(owned), "ns/owner");
+  const Object labelled = {{"metadata", {{"namespace", "ns"}, {"labels", {{"kubetrain.dev/job-name", "j"}}}}}};
+  EXPECT_EQ(owning_job_key(labelled), "ns/j");
+  EXPECT_EQ(owning_job_key({{"metadata", {{"namespace", "ns"}}}}), "");
+}
+
+Object job_object(const std::string& name) {
+  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}}},
+          {"spec", {{"model", {{"preset", "tiny"}}}, {"training", {{"steps", 10}}}}}};
+}
+
+TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
+  local::Store store;
+  store.register_resource(kube::kTrainingJobs, true);
+  Object node = store.create(kube::kNodes, "", {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
+  node["status"] = {{"allocatable", {{"cpu", "2"}, {"memory", "8Gi"}}}};
+  store.update_status(kube::kNodes, "", node);
+  ControllerOptions options;
+  options.progress_interval = std::chrono::milliseconds(50);
+  Controller controller(store, options);
+  ManagerOptions manager_options;
+  manager_options.workers = 2;
+  Manager manager(store, controller, manager_options);
+  manager.start();
+  ASSERT_TRUE(eventually([&] { return manager.has_synced(); }));
+
+  store.create(kube::kTrainingJobs, "default", job_object("m"));
+  auto pod_exists = [&] {
+    try {
+      store.get(kube::kPods, "default", "m-worker-0");
+      return true;
+    } catch (const kube::ApiError&) {
+      return false;
+    }
+  };
+  ASSERT_TRUE(eventually(pod_exists));
+  auto phase = [&] {
+    return store.get(kube::kTrainingJobs, "default", "m").value("status", Object::object()).value("phase", "");
+  };
+  // The fake kubelet: running, then done. Each pod change must wake the reconciler.
+  Object pod = store.get(kube::kPods, "default", "m-worker-0");
+  pod["status"] = {{"phase", "Running"}, {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}};
+  store.update_status(kube::kPods, "default", pod);
+  EXPECT_TRUE(eventually([&] { return phase() == "Running"; })) << phase();
+  pod = store.get(kube::kPods, "default", "m-worker-0");
+  pod["status"] = {{"phase", "Succeeded"}};
+  store.update_status(kube::kPods, "default", pod);
+  EXPECT_TRUE(eventually([&] { return phase() == "Succeeded"; })) << phase();
+  manager.stop();
+  EXPECT_EQ(store.list(kube::kPods, "default", {}).items.size(), 1u);  // still exactly one pod
+}
+
+TEST(Manager, JobsThatExistedBeforeTheStart_AreReconciledFromTheFirstList) {
+  local::Store store;
+  store.register_resource(kube::kTrainingJobs, true);
+  Object node = store.create(kube::kNodes, "", {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
+  node["status"] = {{"allocatable", {{"cpu", "2"}, {"memory", "8Gi"}}}};
+  store.update_status(kube::kNodes, "", node);
+  store.create(kube::kTrainingJobs, "default", job_object("early"));
+  Controller controller(store, {});
+  ManagerOptions manager_options;
+  manager_options.ns = "default";
+  Manager manager(store, controller, manager_options);
+  manager.start();
+  EXPECT_TRUE(eventually([&] { return store.list(kube::kPods, "default", {}).items.size() == 1; }));
+}
+
+}  // namespace
+}  // namespace kt::controller

@@ -1,0 +1,279 @@
+// The local node and its pod runner, with real processes.
+#include "operator/local/pod_runner.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "api/inventory.h"
+#include "api/quantity.h"
+#include "operator/local/local_node.h"
+#include "operator/local/store.h"
+
+namespace kt::local {
+namespace {
+
+namespace fs = std::filesystem;
+using kube::kPods;
+using kube::Object;
+
+TEST(LocalNode, GfdProductName_ReplacesSpaces) {
+  EXPECT_EQ(gfd_product_name(" NVIDIA H100 80GB HBM3 "), "NVIDIA-H100-80GB-HBM3");
+}
+
+TEST(LocalNode, CpuMachine_DecodesAsACpuNodeForThePlanner) {
+  LocalMachine m;
+  m.node_name = "box";
+  m.cpu_cores = 6;
+  m.memory_bytes = int64_t{24} << 30;
+  const Object list = {{"kind", "List"}, {"items", {local_node_object(m)}}};
+  const api::Inventory inv = api::decode_kubectl_nodes(list);
+  ASSERT_EQ(inv.nodes.size(), 1u);
+  EXPECT_EQ(inv.nodes[0].name, "box");
+  EXPECT_TRUE(inv.nodes[0].is_cpu_node());
+  EXPECT_EQ(inv.nodes[0].cpu_cores, 6);
+  EXPECT_DOUBLE_EQ(inv.nodes[0].memory_bytes, 24 * api::kGiB);
+  EXPECT_EQ(inv.nodes[0].labels.at("kubernetes.io/hostname"), "box");
+}
+
+TEST(LocalNode, GpuMachine_CarriesGfdLabelsAndAllocatableGpus) {
+  LocalMachine m;
+  m.node_name = "gpubox";
+  m.cpu_cores = 16;
+  m.memory_bytes = int64_t{128} << 30;
+  m.gpus = {{"NVIDIA-H200", 143771}};
+  const Object node = local_node_object(m);
+  EXPECT_EQ(node["metadata"]["labels"]["nvidia.com/gpu.count"], "1");
+  const api::Inventory inv =
+      api::decode_kubectl_nodes({{"kind", "List"}, {"items", {node}}});
+  EXPECT_EQ(inv.nodes[0].gpu_count, 1);
+  EXPECT_EQ(inv.nodes[0].gpu_product, "NVIDIA-H200");
+  EXPECT_DOUBLE_EQ(inv.nodes[0].hardware.memory_bytes, 143771 * api::kMiB);
+}
+
+TEST(LocalNode, DetectAndRegister_ThisMachine) {
+  const LocalMachine m = detect_local_machine();
+  EXPECT_GE(m.cpu_cores, 1);
+  EXPECT_GT(m.memory_bytes, 0);
+  EXPECT_EQ(m.cpu_cores, ::sysconf(_SC_NPROCESSORS_ONLN));
+  Store store;
+  register_local_node(store, m);
+  register_local_node(store, m);  // again: an update, not an error
+  const Object node = store.get(kube::kNodes, "", m.node_name);
+  EXPECT_EQ(node["status"]["allocatable"]["cpu"], std::to_string(m.cpu_cores));
+  EXPECT_EQ(node["status"]["conditions"][0]["type"], "Ready");
+}
+
+class PodRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() /
+          ("kt-pod-runner-" + std::to_string(::getpid()) + "-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    LocalMachine m;
+    m.node_name = "local";
+    m.cpu_cores = 2;
+    m.memory_bytes = int64_t{4} << 30;
+    register_local_node(store, m);
+    PodRunnerOptions o;
+    o.node_name = "local";
+    o.work_dir = dir.string();
+    o.worker_binary = "/bin/echo";
+    o.shutdown_grace = std::chrono::milliseconds(500);
+    runner = std::make_unique<PodRunner>(store, o);
+  }
+  void TearDown() override {
+    runner->stop();
+    fs::remove_all(dir);
+  }
+
+  Object shell_pod(const std::string& name, const std::string& script) {
+    return {{"metadata", {{"name", name}}},
+            {"spec",
+             {{"terminationGracePeriodSeconds", 1},
+              {"containers",
+               {{{"name", "main"},
+                 {"image", "busybox"},
+                 {"command", {"/bin/sh", "-c", script}}}}}}}};
+  }
+
+  // Syncs until the pod reaches `phase` (or 10 s pass); returns the pod.
+  Object wait_for_phase(const std::string& name, const std::string& phase) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    Object pod;
+    while (std::chrono::steady_clock::now() < deadline) {
+      runner->sync();
+      pod = store.get(kPods, "default", name);
+      if (pod.contains("status") && pod["status"].value("phase", "") == phase) return pod;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << name << " never reached " << phase << ": " << pod.dump();
+    return pod;
+  }
+
+  std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  fs::path dir;
+  Store store;
+  std::unique_ptr<PodRunner> runner;
+};
+
+TEST_F(PodRunnerTest, UnboundPod_IsBoundRunAndSucceeds_WithItsOutputInTheLog) {
+  store.create(kPods, "default", shell_pod("ok", "echo hello from $HOSTNAME"));
+  const Object pod = wait_for_phase("ok", "Succeeded");
+  EXPECT_EQ(pod["spec"]["nodeName"], "local");
+  EXPECT_EQ(pod["status"]["podIP"], "127.0.0.1");
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
+  EXPECT_NE(read(runner->log_path("default", "ok")).find("hello from ok"), std::string::npos);
+}
+
+TEST_F(PodRunnerTest, NonZeroExit_IsFailedWithTheExitCode) {
+  store.create(kPods, "default", shell_pod("bad", "exit 3"));
+  const Object pod = wait_for_phase("bad", "Failed");
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 3);
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"], "Error");
+}
+
+TEST_F(PodRunnerTest, KilledBySignal_ReportsExitCode128PlusSignal) {
+  store.create(kPods, "default", shell_pod("killed", "kill -KILL $$"));
+  const Object pod = wait_for_phase("killed", "Failed");
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137);
+}
+
+TEST_F(PodRunnerTest, RunningPod_IsReady_AndDeletingItKillsTheProcess) {
+  store.create(kPods, "default", shell_pod("sleeper", "sleep 60"));
+  const Object pod = wait_for_phase("sleeper", "Running");
+  bool ready = false;
+  for (const auto& c : pod["status"]["conditions"])
+    if (c["type"] == "Ready") ready = c["status"] == "True";
+  EXPECT_TRUE(ready);
+  EXPECT_EQ(runner->running(), 1u);
+  store.remove(kPods, "default", "sleeper");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (runner->running() > 0 && std::chrono::steady_clock::now() < deadline) {
+    runner->sync();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(runner->running(), 0u);
+}
+
+TEST_F(PodRunnerTest, ProcessIgnoringSigterm_IsKilledAfterTheGracePeriod) {
+  store.create(kPods, "default",
+               shell_pod("stubborn", "trap '' TERM; while true; do sleep 0.05; done"));
+  wait_for_phase("stubborn", "Running");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the trap is set
+  store.remove(kPods, "default", "stubborn");
+  const auto t0 = std::chrono::steady_clock::now();
+  while (runner->running() > 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    runner->sync();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(runner->running(), 0u);
+  EXPECT_GE(took, std::chrono::milliseconds(900));  // terminationGracePeriodSeconds: 1
+}
+
+TEST_F(PodRunnerTest, ProcessesOrphanedWhenThePodDies_AreKilledToo) {
+  // Like the worker's ranks: a child in its own session outlives its parent's death.
+  const std::string marker = std::to_string(80000 + ::getpid() % 10000);
+  store.create(kPods, "default",
+               shell_pod("orphans", "setsid sleep " + marker + " & sleep 0.5; kill -KILL $$"));
+  wait_for_phase("orphans", "Failed");
+  auto still_running = [&] {
+    return std::system(("pgrep -f '^sleep " + marker + "$' > /dev/null").c_str()) == 0;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (still_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(still_running());
+}
+
+TEST_F(PodRunnerTest, ConfigMapVolume_IsMaterialised_AndMountPathsRewritten) {
+  store.create(kube::kConfigMaps, "default",
+               {{"metadata", {{"name", "cfg"}}}, {"data", {{"plan.json", "{\"x\":1}"}}}});
+  Object pod = shell_pod("reader", "");
+  pod["spec"]["containers"][0]["command"] = {"/bin/sh", "-c",
+                                             "cat \"$1\"; echo \" env=$CFG port=$MASTER_PORT "
+                                             "addr=$MASTER_ADDR\"",
+                                             "sh", "/etc/kt/plan.json"};
+  pod["spec"]["containers"][0]["env"] = {{{"name", "CFG"}, {"value", "/etc/kt/plan.json"}},
+                                         {{"name", "MASTER_ADDR"}, {"value", "w-0.job"}},
+                                         {{"name", "MASTER_PORT"}, {"value", "29500"}}};
+  pod["spec"]["containers"][0]["volumeMounts"] = {{{"name", "plan"}, {"mountPath", "/etc/kt"}}};
+  pod["spec"]["volumes"] = {{{"name", "plan"}, {"configMap", {{"name", "cfg"}}}}};
+  store.create(kPods, "default", pod);
+  const Object done = wait_for_phase("reader", "Succeeded");
+  const std::string log = read(runner->log_path("default", "reader"));
+  EXPECT_NE(log.find("{\"x\":1}"), std::string::npos) << log;
+  const std::string local_plan = runner->pod_dir("default", "reader") + "/volumes/plan/plan.json";
+  EXPECT_NE(log.find("env=" + local_plan), std::string::npos) << log;
+  EXPECT_NE(log.find("addr=127.0.0.1"), std::string::npos) << log;
+  const std::string port = done["metadata"]["annotations"]["kubetrain.dev/master-port"];
+  EXPECT_NE(port, "29500");
+  EXPECT_NE(log.find("port=" + port), std::string::npos) << log;
+}
+
+TEST_F(PodRunnerTest, KubetrainWorkerCommand_RunsThisBuildsBinary_WithAFreeMetricsPort) {
+  Object pod = shell_pod("worker", "");
+  pod["spec"]["containers"][0]["command"] = {"kubetrain-worker"};
+  pod["spec"]["containers"][0]["args"] = {"launch", "--metrics-port", "9090"};
+  store.create(kPods, "default", pod);  // worker_binary is /bin/echo here
+  const Object done = wait_for_phase("worker", "Succeeded");
+  const std::string port = done["metadata"]["annotations"]["kubetrain.dev/metrics-port"];
+  EXPECT_NE(port, "9090");
+  EXPECT_NE(read(runner->log_path("default", "worker")).find("launch --metrics-port " + port),
+            std::string::npos);
+}
+
+TEST_F(PodRunnerTest, PodThatDoesNotFit_StaysPendingAndUnschedulable) {
+  Object gpu_pod = shell_pod("gpu", "true");
+  gpu_pod["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpu", "1"}}}};
+  store.create(kPods, "default", gpu_pod);
+  Object elsewhere = shell_pod("elsewhere", "true");
+  elsewhere["spec"]["nodeSelector"] = {{"kubernetes.io/hostname", "other-node"}};
+  store.create(kPods, "default", elsewhere);
+  runner->sync();
+  runner->sync();
+  for (const char* name : {"gpu", "elsewhere"}) {
+    const Object pod = store.get(kPods, "default", name);
+    EXPECT_FALSE(pod["spec"].contains("nodeName")) << name;
+    EXPECT_EQ(pod["status"]["phase"], "Pending");
+    EXPECT_EQ(pod["status"]["conditions"][0]["reason"], "Unschedulable");
+  }
+  EXPECT_EQ(runner->running(), 0u);
+}
+
+TEST_F(PodRunnerTest, MissingConfigMap_FailsThePodWithTheReason) {
+  Object pod = shell_pod("nocm", "true");
+  pod["spec"]["volumes"] = {{{"name", "v"}, {"configMap", {{"name", "absent"}}}}};
+  store.create(kPods, "default", pod);
+  const Object failed = wait_for_phase("nocm", "Failed");
+  EXPECT_EQ(failed["status"]["reason"], "CreateContainerError");
+  EXPECT_NE(failed["status"]["message"].get<std::string>().find("absent"), std::string::npos);
+}
+
+TEST_F(PodRunnerTest, Stop_TerminatesEveryProcess) {
+  runner->start();
+  store.create(kPods, "default", shell_pod("a", "sleep 60"));
+  store.create(kPods, "default", shell_pod("b", "sleep 60"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (runner->running() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(runner->running(), 2u);
+  runner->stop();
+  EXPECT_EQ(runner->running(), 0u);
+}
+
+}  // namespace
+}  // namespace kt::local
