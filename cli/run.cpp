@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -200,6 +201,11 @@ int run_job(const RunOptions& options) {
     manifest["spec"]["checkpoint"]["volume"] = {
         {"hostPath", {{"path", checkpoints.string()}, {"type", "DirectoryOrCreate"}}}};
   manifest["metadata"]["namespace"] = ns;
+
+  // Local pods inherit this environment. OpenMP threads that spin while they wait (libgomp's
+  // default) collapse on a machine shared with other work: tiny took 57.9 s instead of 5.0 s at
+  // a load average of 8 on 2 cores (docs/OPERATIONS.md). A user's own setting wins.
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
 
   local::Store store;
   store.register_resource(kube::kTrainingJobs, true);
