@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -191,6 +192,11 @@ int run_job(const RunOptions& options) {
         {"hostPath", {{"path", checkpoints.string()}, {"type", "DirectoryOrCreate"}}}};
   manifest["metadata"]["namespace"] = ns;
 
+  // Local pods inherit this environment. OpenMP threads that spin while they wait (libgomp's
+  // default) collapse on a machine shared with other work: tiny took 57.9 s instead of 5.0 s at
+  // a load average of 8 on 2 cores (docs/OPERATIONS.md). A user's own setting wins.
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+
   local::Store store;
   store.register_resource(kube::kTrainingJobs, true);
   const local::LocalMachine machine = local::detect_local_machine();
@@ -241,18 +247,31 @@ int run_job(const RunOptions& options) {
   bool plan_shown = false;
   std::string last_phase;
   int restarts_seen = 0;
-  Object status;
+  Object status = Object::object();
   int exit_code = 1;
 
   for (;;) {
-    job_watch->next(std::chrono::milliseconds(250));  // wakes when the job changes
-    status = store.get(kube::kTrainingJobs, ns, name).value("status", Object::object());
+    // Every version of the job passes through the watch, in order, so a status that was
+    // visible only briefly (ttlSecondsAfterFinished: 0 deletes the job as it finishes) is seen.
+    const auto event = job_watch->next(std::chrono::milliseconds(250));
+    if (event && event->type == kube::WatchEventType::Deleted) {
+      const std::string phase = status.value("phase", "");
+      exit_code = phase == "Succeeded" ? 0 : g_signal ? 130 : 1;
+      if (phase != "Succeeded" && phase != "Failed" && !g_signal)
+        view.message("the job was deleted before it finished");
+      break;
+    }
+    if (event) status = event->object.value("status", Object::object());
     const api::TrainingJobStatus typed = api::decode_status(status);
 
     if (!plan_shown && typed.plan) {
-      const Object cm = store.get(kube::kConfigMaps, ns, typed.plan->config_map);
-      print_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()), machine.node_name);
       plan_shown = true;
+      try {
+        const Object cm = store.get(kube::kConfigMaps, ns, typed.plan->config_map);
+        print_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()), machine.node_name);
+      } catch (const kube::ApiError&) {
+        // Gone already (a job that finished and was collected at once): nothing to show.
+      }
     }
     const std::string phase = status.value("phase", "");
     if (phase != last_phase) {

@@ -558,13 +558,12 @@ ReconcileResult Controller::Pass::run() {
   });
   if (status_.phase == JobPhase::kPending) set_phase(JobPhase::kPlanning);
   bool replanned = false;
-  const auto plan = plan_for(job, cm, attempt, attempt_pods_exist, replanned, result);
+  auto plan = plan_for(job, cm, attempt, attempt_pods_exist, replanned, result);
   if (!plan) {
     if (status_.phase == JobPhase::kFailed) return finished(job);
     write_status();
     return result;
   }
-  if (replanned && status_.plan) status_.plan->plan_hash = plan->plan_hash;
   if (!status_.plan) status_.plan = summarize(*plan);
   ensure_service();
 
@@ -576,7 +575,7 @@ ReconcileResult Controller::Pass::run() {
     else
       current[to_int(label(pod, kNodeRankLabel), -1)] = pod;
   }
-  const int64_t desired = static_cast<int64_t>(plan->placement.size());
+  int64_t desired = static_cast<int64_t>(plan->placement.size());
   status_.workers = {desired, 0, 0, 0};
   const Object* failed = nullptr;
   for (const auto& [rank, pod] : current) {
@@ -633,6 +632,14 @@ ReconcileResult Controller::Pass::run() {
     event("Warning", "Restarting", message);
     for (const auto& [rank, pod] : current) delete_pod(pod);
     current.clear();
+    // The new gang runs on the cluster as it is now: plan again if the inventory changed.
+    plan = plan_for(job, cm, attempt, false, replanned, result);
+    if (!plan) {
+      if (status_.phase == JobPhase::kFailed) return finished(job);
+      write_status();
+      return result;
+    }
+    desired = static_cast<int64_t>(plan->placement.size());
     status_.workers = {desired, 0, 0, 0};
   }
 

@@ -4,7 +4,8 @@
 #  2. an invalid job exits non-zero naming the field, before anything runs;
 #  3. a worker that exits 3 fails the job (permanent exit code) with the reason;
 #  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind;
-#  5. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
+#  5. a job deleted by ttlSecondsAfterFinished: 0 as it succeeds still exits 0;
+#  6. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
 #     the latest checkpoint and succeeds.
 set -u
 KT=$1
@@ -85,7 +86,18 @@ elif ! grep -q '^progress: step' "$DIR/out"; then
 else
   echo "ok   interrupt (rc $rc)"
 fi
-# 5. Kill the first attempt after its first checkpoint; the second attempt must resume.
+# 5. TTL 0: the job is gone the moment it succeeds.
+sed -e 's/steps: 200/steps: 20/' examples/jobs/tiny.yaml > "$DIR/ttl.yaml"
+printf '  runPolicy:\n    ttlSecondsAfterFinished: 0\n' >> "$DIR/ttl.yaml"
+"$KT" run "$DIR/ttl.yaml" --workdir "$DIR/ttl" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+if [[ $rc -ne 0 ]] || ! grep -q '^Succeeded: 20 steps' "$DIR/out"; then
+  echo "FAIL ttl: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+else
+  echo "ok   ttl"
+fi
+
+# 6. Kill the first attempt after its first checkpoint; the second attempt must resume.
 KW=$(cd "$(dirname "$KT")" && pwd)/kubetrain-worker
 cat > "$DIR/flaky-worker" <<SH
 #!/bin/sh

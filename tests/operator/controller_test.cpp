@@ -246,6 +246,32 @@ TEST_F(ControllerTest, InventoryChangeWhileRunning_KeepsThePlan_ButANewGeneratio
   EXPECT_EQ(status()["observedGeneration"], 2);
 }
 
+TEST_F(ControllerTest, GangRestart_ReplansWhenTheInventoryChanged) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  const std::string hash = status()["plan"]["planHash"];
+  // node-a goes (cordoned), node-b comes: the running gang keeps its plan ...
+  Object a = store.get(kube::kNodes, "", "node-a");
+  a["spec"]["unschedulable"] = true;
+  store.update(kube::kNodes, "", a);
+  add_node(cpu_node("node-b", 8));
+  reconcile();
+  EXPECT_EQ(status()["plan"]["planHash"], hash);
+  // ... until it fails: the new gang is planned for node-b.
+  set_pod_exited("job-worker-0", 137);
+  reconcile();
+  EXPECT_NE(status()["plan"]["planHash"], hash);
+  ASSERT_EQ(pods().size(), 1u);
+  EXPECT_EQ(pods()[0]["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-b");
+  EXPECT_EQ(attempt_of(pods()[0]), "1");
+  EXPECT_EQ(status()["restarts"], 1);
+  const api::Plan plan = api::decode_plan(
+      Object::parse(store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
+  EXPECT_EQ(plan.placement, std::vector<std::string>{"node-b"});
+}
+
 TEST_F(ControllerTest, Suspend_DeletesPodsAndCreatesNone_ResumeStartsAgain) {
   Object j = tiny_job("job");
   j["spec"]["runPolicy"]["suspend"] = true;
