@@ -1,0 +1,208 @@
+// kubetrain-operator: the TrainingJob controller for a Kubernetes cluster (DESIGN.md §8). It reads
+// its configuration from --kubeconfig, $KUBECONFIG, ~/.kube/config or the pod's service account,
+// watches TrainingJobs and the pods they own, and reconciles them with N workers; with
+// --leader-elect only the holder of a coordination.k8s.io Lease reconciles. /metrics (the
+// controller-runtime names plus kubetrain_*), /healthz and /readyz are served on their own ports.
+// Logs are logfmt lines on stderr (time, level, msg, keys).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "api/error.h"
+#include "operator/controller/controller.h"
+#include "operator/controller/manager.h"
+#include "operator/controller/metrics.h"
+#include "operator/kube/config.h"
+#include "operator/kube/leader_election.h"
+#include "operator/kube/metrics.h"
+#include "operator/kube/rest_client.h"
+#include "operator/local/http_get.h"
+#include "telemetry/http_server.h"
+#include "telemetry/metrics.h"
+#include "telemetry/metrics_endpoint.h"
+
+namespace {
+
+std::string now_text() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[64];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(ms));
+  return text;
+}
+
+// One logfmt line: ts=… level=… msg="…" key=value…
+void log(const char* level, const std::string& message, const std::string& fields = "") {
+  std::fprintf(stderr, "ts=%s level=%s msg=\"%s\"%s%s\n", now_text().c_str(), level,
+               message.c_str(), fields.empty() ? "" : " ", fields.c_str());
+  std::fflush(stderr);
+}
+
+// ":8080" or "0.0.0.0:8080" or "127.0.0.1:0" → address and port; "0" disables.
+bool parse_bind(const std::string& flag, const std::string& text, std::string& address,
+                int& port) {
+  if (text == "0") return false;
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos)
+    throw kt::Error(flag + ": \"" + text + "\" is not HOST:PORT or :PORT (or 0 to disable)");
+  address = text.substr(0, colon).empty() ? "0.0.0.0" : text.substr(0, colon);
+  try {
+    port = std::stoi(text.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw kt::Error(flag + ": \"" + text + "\" has no port number");
+  }
+  if (port < 0 || port > 65535) throw kt::Error(flag + ": port " + std::to_string(port) + " out of range");
+  return true;
+}
+
+std::string identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + "_" + std::to_string(::getpid());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kubetrain-operator: reconciles TrainingJobs (kubetrain.dev/v1alpha1) on a cluster"};
+  std::string kubeconfig, watch_namespace, metrics_bind = ":8080", health_bind = ":8081";
+  std::string lease_namespace, lease_name = "kubetrain-operator", worker_image;
+  bool leader_elect = false;
+  int workers = 2;
+  app.add_option("--kubeconfig", kubeconfig,
+                 "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)");
+  app.add_option("--namespace", watch_namespace, "only this namespace (default: all)");
+  app.add_flag("--leader-elect", leader_elect,
+               "take a Lease first, so that one of several replicas reconciles");
+  app.add_option("--leader-election-namespace", lease_namespace,
+                 "namespace of the Lease (default: the configuration's namespace)");
+  app.add_option("--leader-election-id", lease_name, "name of the Lease")->capture_default_str();
+  app.add_option("--metrics-bind-address", metrics_bind, "serve /metrics here; 0 disables")
+      ->capture_default_str();
+  app.add_option("--health-probe-bind-address", health_bind,
+                 "serve /healthz and /readyz here; 0 disables")
+      ->capture_default_str();
+  app.add_option("--workers", workers, "concurrent reconciles")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--worker-image", worker_image,
+                 "image of worker pods when a job names none (spec.resources.image)");
+  CLI11_PARSE(app, argc, argv);
+
+  // The stop signals go to sigwait below only.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  try {
+    const kt::kube::Config config = kt::kube::load_config(kubeconfig);
+    if (lease_namespace.empty()) lease_namespace = config.namespace_;
+    kt::telemetry::Registry registry;
+    kt::kube::KubeMetrics kube_metrics(registry);
+    kt::controller::ControllerMetrics controller_metrics(registry);
+    kt::kube::RestClientOptions rest_options;
+    rest_options.metrics = &kube_metrics;
+    kt::kube::RestClient client(config, rest_options);
+    log("info", "configuration loaded",
+        "source=\"" + config.source + "\" server=" + config.server +
+            " namespace=" + (watch_namespace.empty() ? std::string("(all)") : watch_namespace));
+
+    kt::controller::ControllerOptions controller_options;
+    controller_options.metrics = &controller_metrics;
+    if (!worker_image.empty()) controller_options.children.default_image = worker_image;
+    controller_options.fetch_metrics = [](const std::string& host, int port) {
+      return kt::local::http_get(host, port, "/metrics", std::chrono::seconds(2));
+    };
+    kt::controller::Controller controller(client, controller_options);
+    kt::controller::ManagerOptions manager_options;
+    manager_options.ns = watch_namespace;
+    manager_options.workers = workers;
+    manager_options.kube_metrics = &kube_metrics;
+    kt::controller::Manager manager(client, controller, manager_options);
+
+    std::string address;
+    int port = 0;
+    std::unique_ptr<kt::telemetry::HttpServer> metrics_server, health_server;
+    if (parse_bind("--metrics-bind-address", metrics_bind, address, port)) {
+      metrics_server = std::make_unique<kt::telemetry::HttpServer>(address, port);
+      kt::telemetry::serve_metrics(*metrics_server, registry);
+      metrics_server->start();
+      log("info", "serving metrics", "address=" + address + ":" + std::to_string(metrics_server->port()));
+    }
+    std::atomic<bool> leading{!leader_elect}, lost{false};
+    if (parse_bind("--health-probe-bind-address", health_bind, address, port)) {
+      health_server = std::make_unique<kt::telemetry::HttpServer>(address, port);
+      health_server->handle("/healthz", [](const kt::telemetry::Request&) {
+        return kt::telemetry::Response{200, "text/plain; charset=utf-8", "ok"};
+      });
+      // Ready once the caches have synced (a standby replica is ready too: it only waits).
+      health_server->handle("/readyz", [&](const kt::telemetry::Request&) {
+        const bool ready = !leading.load() || manager.has_synced();
+        return kt::telemetry::Response{ready ? 200 : 503, "text/plain; charset=utf-8",
+                                       ready ? "ok" : "informers not synced"};
+      });
+      health_server->start();
+      log("info", "serving health probes",
+          "address=" + address + ":" + std::to_string(health_server->port()));
+    }
+
+    std::unique_ptr<kt::kube::LeaderElector> elector;
+    if (leader_elect) {
+      kt::kube::LeaderElectionConfig election;
+      election.lease_namespace = lease_namespace;
+      election.lease_name = lease_name;
+      election.identity = identity();
+      election.metrics = &kube_metrics;
+      election.on_started_leading = [&] {
+        log("info", "became the leader; reconciling", "lease=" + lease_namespace + "/" + lease_name +
+                                                          " identity=" + election.identity);
+        leading = true;
+        manager.start();
+      };
+      election.on_stopped_leading = [&] {
+        if (!leading.load()) return;
+        // As controller-runtime: a replica that lost its lease exits, and is restarted clean.
+        log("error", "lost the leader lease; exiting", "lease=" + lease_namespace + "/" + lease_name);
+        lost = true;
+        ::kill(::getpid(), SIGTERM);
+      };
+      log("info", "waiting for the leader lease",
+          "lease=" + lease_namespace + "/" + lease_name + " identity=" + election.identity);
+      elector = std::make_unique<kt::kube::LeaderElector>(client, election);
+      elector->start();
+    } else {
+      manager.start();
+      log("info", "reconciling", "workers=" + std::to_string(workers));
+    }
+
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    log("info", lost ? "stopping after losing the lease" : "stopping",
+        "signal=" + std::to_string(signal_number));
+    leading = false;
+    manager.stop();
+    if (elector) elector->stop();  // releases the lease for a successor
+    if (health_server) health_server->stop();
+    if (metrics_server) metrics_server->stop();
+    return lost ? 1 : 0;
+  } catch (const std::exception& e) {
+    log("error", std::string("kubetrain-operator: ") + e.what());
+    return 1;
+  }
+}
