@@ -36,7 +36,9 @@ namespace {
 
 std::atomic<int> g_signal{0};
 
-void on_signal(int sig) { g_signal = sig; }
+void on_signal(int sig) {
+  g_signal = sig;
+}
 
 std::string duration_text(double seconds) {
   if (!(seconds >= 0)) return "?";
@@ -68,9 +70,8 @@ class ProgressView {
                   p.tokens_per_second, eta.c_str());
     if (tty_) {
       constexpr int kWidth = 30;
-      const int filled = steps_ > 0 ? static_cast<int>(kWidth * std::min<int64_t>(p.step, steps_) /
-                                                       steps_)
-                                    : 0;
+      const int filled =
+          steps_ > 0 ? static_cast<int>(kWidth * std::min<int64_t>(p.step, steps_) / steps_) : 0;
       std::fprintf(stderr, "\r[%s%s] %s\033[K", std::string(filled, '#').c_str(),
                    std::string(kWidth - filled, '.').c_str(), line);
       drawn_ = true;
@@ -150,15 +151,16 @@ void print_plan(const Object& plan_json, const std::string& node) {
   const Object predicted = plan_json.value("predicted", Object::object());
   std::printf("plan %s for %s/%s on the local node %s:\n", plan.plan_hash.c_str(),
               plan.job_namespace.c_str(), plan.job_name.c_str(), node.c_str());
-  std::printf("  %lld node(s) × %lld %s rank(s), TP %lld × DP %lld, micro-batch %lld × %lld, "
-              "overlap %s, recompute %s, offload %s, %s\n",
-              static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
-              std::string(api::to_string(plan.device)).c_str(), static_cast<long long>(c.tp),
-              static_cast<long long>(c.dp), static_cast<long long>(c.micro_batch),
-              static_cast<long long>(c.grad_accum), c.sub_batches == 2 ? "on" : "off",
-              std::string(api::to_string(c.recompute)).c_str(),
-              std::string(api::to_string(c.offload)).c_str(),
-              std::string(api::to_string(plan.precision)).c_str());
+  std::printf(
+      "  %lld node(s) × %lld %s rank(s), TP %lld × DP %lld, micro-batch %lld × %lld, "
+      "overlap %s, recompute %s, offload %s, %s\n",
+      static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
+      std::string(api::to_string(plan.device)).c_str(), static_cast<long long>(c.tp),
+      static_cast<long long>(c.dp), static_cast<long long>(c.micro_batch),
+      static_cast<long long>(c.grad_accum), c.sub_batches == 2 ? "on" : "off",
+      std::string(api::to_string(c.recompute)).c_str(),
+      std::string(api::to_string(c.offload)).c_str(),
+      std::string(api::to_string(plan.precision)).c_str());
   std::printf("  model %lld layers, hidden %lld, %.2f M parameters; %lld steps of %lld sequences\n",
               static_cast<long long>(plan.model.layers), static_cast<long long>(plan.model.hidden),
               plan.parameters / 1e6, static_cast<long long>(plan.training.steps),
@@ -180,9 +182,8 @@ int run_job(const RunOptions& options) {
   const std::string ns = job.metadata.namespace_;
   const std::string name = job.metadata.name;
 
-  const fs::path workdir =
-      fs::absolute(options.workdir.empty() ? fs::path("kubetrain-runs") / name
-                                           : fs::path(options.workdir));
+  const fs::path workdir = fs::absolute(options.workdir.empty() ? fs::path("kubetrain-runs") / name
+                                                                : fs::path(options.workdir));
   fs::create_directories(workdir);
   const fs::path checkpoints = workdir / "checkpoints";
   // The gang must find its checkpoints again after a restart: a directory of the run, unless
@@ -219,7 +220,8 @@ int run_job(const RunOptions& options) {
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
   g_signal = 0;
@@ -311,12 +313,13 @@ int run_job(const RunOptions& options) {
     const double tokens = static_cast<double>(summary.steps) *
                           static_cast<double>(job.spec.training.global_batch_size) *
                           static_cast<double>(api::resolve_model(job.spec.model).seq_len);
-    std::printf("Succeeded: %lld steps in %s, loss %s -> %s, %.0f tokens/s overall "
-                "(restarts: %d)\n",
-                static_cast<long long>(summary.steps), duration_text(wall).c_str(),
-                summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
-                summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
-                wall > 0 ? tokens / wall : 0.0, restarts_seen);
+    std::printf(
+        "Succeeded: %lld steps in %s, loss %s -> %s, %.0f tokens/s overall "
+        "(restarts: %d)\n",
+        static_cast<long long>(summary.steps), duration_text(wall).c_str(),
+        summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
+        summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
+        wall > 0 ? tokens / wall : 0.0, restarts_seen);
     std::printf("final loss: %s\n",
                 summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?");
   } else if (exit_code == 1) {
@@ -324,7 +327,8 @@ int run_job(const RunOptions& options) {
     if (reason.empty()) reason = condition_message(status, "Planned");
     std::fprintf(stderr, "kubetrain: job %s/%s failed: %s\n", ns.c_str(), name.c_str(),
                  reason.c_str());
-    if (fs::exists(log)) std::fprintf(stderr, "last lines of %s:\n%s", log.c_str(), tail(log, 10).c_str());
+    if (fs::exists(log))
+      std::fprintf(stderr, "last lines of %s:\n%s", log.c_str(), tail(log, 10).c_str());
   }
   std::printf("checkpoints: %s\nlogs: %s\n",
               job.spec.checkpoint.volume.is_null() ? checkpoints.c_str() : "(the job's volume)",

@@ -29,7 +29,9 @@ Object env_var(const std::string& name, const std::string& value) {
 
 }  // namespace
 
-std::string plan_config_map_name(const std::string& job) { return job + "-plan"; }
+std::string plan_config_map_name(const std::string& job) {
+  return job + "-plan";
+}
 
 std::string worker_pod_name(const std::string& job, int64_t node_rank) {
   return job + "-worker-" + std::to_string(node_rank);
@@ -105,8 +107,8 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
       env_var("KUBETRAIN_RESTART_ATTEMPT", std::to_string(attempt)),
   });
 
-  Object resources = spec.resources.resources.is_object() ? spec.resources.resources
-                                                          : Object::object();
+  Object resources =
+      spec.resources.resources.is_object() ? spec.resources.resources : Object::object();
   if (plan.device == api::DeviceKind::kCuda) {
     resources["limits"]["nvidia.com/gpu"] = std::to_string(procs);
     resources["requests"]["nvidia.com/gpu"] = std::to_string(procs);

@@ -98,8 +98,8 @@ double gpu_request(const Object& pod) {
       const auto m = res.value(kind, Object::object());
       if (!m.contains("nvidia.com/gpu")) continue;
       const auto& v = m["nvidia.com/gpu"];
-      total += v.is_number() ? v.get<double>()
-                             : api::parse_quantity(v.get<std::string>()).value_or(0);
+      total +=
+          v.is_number() ? v.get<double>() : api::parse_quantity(v.get<std::string>()).value_or(0);
       break;  // requests, or limits when there are no requests (the API server's default)
     }
   }
@@ -300,7 +300,8 @@ class Controller::Pass {
   // The nodes as the planner sees them: GPUs requested by other jobs' running pods are not free.
   // Returns the inventory and its fingerprint (what a re-plan would depend on).
   std::pair<api::Inventory, std::string> inventory() {
-    Object nodes = {{"apiVersion", "v1"}, {"kind", "List"},
+    Object nodes = {{"apiVersion", "v1"},
+                    {"kind", "List"},
                     {"items", client_.list(kube::kNodes, "", {}).items}};
     api::Inventory inv = api::decode_kubectl_nodes(nodes);
     std::map<std::string, double> used;
@@ -314,12 +315,12 @@ class Controller::Pass {
     }
     std::string fingerprint;
     for (auto& node : inv.nodes) {
-      node.free_gpus = std::max<int64_t>(
-          0, node.gpu_count - static_cast<int64_t>(std::ceil(used[node.name])));
+      node.free_gpus =
+          std::max<int64_t>(0, node.gpu_count - static_cast<int64_t>(std::ceil(used[node.name])));
       fingerprint += node.name + "|" + node.gpu_product + "|" + std::to_string(node.gpu_count) +
-                     "|" + std::to_string(node.free_gpus) + "|" +
-                     std::to_string(node.cpu_cores) + "|" + std::to_string(node.memory_bytes) +
-                     "|" + (node.schedulable ? "1" : "0") + ";";
+                     "|" + std::to_string(node.free_gpus) + "|" + std::to_string(node.cpu_cores) +
+                     "|" + std::to_string(node.memory_bytes) + "|" +
+                     (node.schedulable ? "1" : "0") + ";";
       for (const auto& [k, v] : node.labels) fingerprint += k + "=" + v + ",";
     }
     return {inv, fnv_hex(fingerprint)};
@@ -409,8 +410,8 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
   if (plan_changed && pods_exist) ++attempt;  // the running gang executes the old plan
-  const Object want = render_plan_config_map(object_, plan_changed ? plan : *stored,
-                                             generation_, inventory_hash, attempt);
+  const Object want = render_plan_config_map(object_, plan_changed ? plan : *stored, generation_,
+                                             inventory_hash, attempt);
   if (!cm) {
     cm = client_.create(kube::kConfigMaps, ns_, want);
   } else {
@@ -423,18 +424,17 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   replanned = true;
   status_.plan = summarize(plan);
   char message[256];
-  std::snprintf(message, sizeof(message),
-                "%lld node(s) × %lld %s, tp %lld, dp %lld, %s, recompute %s, offload %s; "
-                "predicted %.4g s/step, %.4g tokens/s (plan %s)",
-                static_cast<long long>(plan.config.nodes),
-                static_cast<long long>(plan.config.procs_per_node),
-                plan.device == api::DeviceKind::kCuda ? "GPU(s)" : "CPU rank(s)",
-                static_cast<long long>(plan.config.tp), static_cast<long long>(plan.config.dp),
-                plan.config.sub_batches == 2 ? "overlapped" : "not overlapped",
-                std::string(api::to_string(plan.config.recompute)).c_str(),
-                std::string(api::to_string(plan.config.offload)).c_str(),
-                plan.predicted.step_seconds, plan.predicted.tokens_per_second,
-                plan.plan_hash.c_str());
+  std::snprintf(
+      message, sizeof(message),
+      "%lld node(s) × %lld %s, tp %lld, dp %lld, %s, recompute %s, offload %s; "
+      "predicted %.4g s/step, %.4g tokens/s (plan %s)",
+      static_cast<long long>(plan.config.nodes), static_cast<long long>(plan.config.procs_per_node),
+      plan.device == api::DeviceKind::kCuda ? "GPU(s)" : "CPU rank(s)",
+      static_cast<long long>(plan.config.tp), static_cast<long long>(plan.config.dp),
+      plan.config.sub_batches == 2 ? "overlapped" : "not overlapped",
+      std::string(api::to_string(plan.config.recompute)).c_str(),
+      std::string(api::to_string(plan.config.offload)).c_str(), plan.predicted.step_seconds,
+      plan.predicted.tokens_per_second, plan.plan_hash.c_str());
   set_condition("Planned", true, "PlanChosen", message);
   event("Normal", "PlanChosen", message);
   return plan;
@@ -462,8 +462,8 @@ void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& pl
       const double step_seconds = tokens_per_step / *p.tokens_per_second;
       status_.progress.step_seconds = step_seconds;
       status_.progress.eta_seconds =
-          std::max<double>(0, static_cast<double>(job.spec.training.steps -
-                                                  status_.progress.step)) *
+          std::max<double>(0,
+                           static_cast<double>(job.spec.training.steps - status_.progress.step)) *
           step_seconds;
     }
   }
@@ -486,8 +486,7 @@ ReconcileResult Controller::Pass::run() {
   } catch (const FieldError& e) {
     errors = {e};
   }
-  const bool terminal =
-      status_.phase == JobPhase::kSucceeded || status_.phase == JobPhase::kFailed;
+  const bool terminal = status_.phase == JobPhase::kSucceeded || status_.phase == JobPhase::kFailed;
   // A job failed for its spec runs again once the spec is fixed (a new generation).
   const bool failed_for_spec = status_.phase == JobPhase::kFailed &&
                                condition_reason("Failed") == "InvalidSpec" &&
@@ -548,11 +547,11 @@ ReconcileResult Controller::Pass::run() {
 
   // ---- the plan -----------------------------------------------------------------------------
   std::optional<Object> cm = get_config_map();
-  int64_t attempt =
-      cm ? to_int(cm->at("metadata").value("annotations", Object::object())
-                      .value(kAttemptAnnotation, ""),
-                  0)
-         : 0;
+  int64_t attempt = cm ? to_int(cm->at("metadata")
+                                    .value("annotations", Object::object())
+                                    .value(kAttemptAnnotation, ""),
+                                0)
+                       : 0;
   const bool attempt_pods_exist = std::any_of(pods.begin(), pods.end(), [&](const Object& p) {
     return to_int(label(p, kRestartAttemptLabel), -1) == attempt;
   });
@@ -621,10 +620,9 @@ ReconcileResult Controller::Pass::run() {
     if (!was_evicted) ++status_.restarts;
     if (options_.metrics) options_.metrics->jobs_restarted_total.inc();
     const std::string reason = was_evicted ? "Evicted" : "WorkerFailed";
-    const std::string message = what + "; restarting the whole gang (attempt " +
-                                std::to_string(attempt) + ", restarts " +
-                                std::to_string(status_.restarts) + " of " +
-                                std::to_string(policy.backoff_limit) + ")";
+    const std::string message =
+        what + "; restarting the whole gang (attempt " + std::to_string(attempt) + ", restarts " +
+        std::to_string(status_.restarts) + " of " + std::to_string(policy.backoff_limit) + ")";
     set_phase(JobPhase::kRestarting);
     set_condition("Restarting", true, reason, message);
     set_condition("Running", false, reason, "");
@@ -659,9 +657,9 @@ ReconcileResult Controller::Pass::run() {
   for (int64_t rank = 0; rank < desired; ++rank) {
     if (current.count(rank)) continue;
     try {
-      current[rank] = client_.create(
-          kube::kPods, ns_,
-          render_worker_pod(object_, job, *plan, rank, attempt, options_.children));
+      current[rank] =
+          client_.create(kube::kPods, ns_,
+                         render_worker_pod(object_, job, *plan, rank, attempt, options_.children));
       created = true;
     } catch (const ApiError& e) {
       // A pod of the old attempt still terminating holds the name: try again shortly.
@@ -685,21 +683,21 @@ ReconcileResult Controller::Pass::run() {
     set_phase(JobPhase::kRunning);
     set_condition("PodsReady", true, "AllWorkersReady",
                   std::to_string(desired) + "/" + std::to_string(desired) + " workers ready");
-    set_condition("Running", true, "Training", "training step " +
-                                                   std::to_string(status_.progress.step) + " of " +
-                                                   std::to_string(job.spec.training.steps));
+    set_condition("Running", true, "Training",
+                  "training step " + std::to_string(status_.progress.step) + " of " +
+                      std::to_string(job.spec.training.steps));
     clear_condition("Restarting", "Recovered");
     if (current.count(0)) progress(job, *plan, current[0]);
-    set_condition("Running", true, "Training", "training step " +
-                                                   std::to_string(status_.progress.step) + " of " +
-                                                   std::to_string(job.spec.training.steps));
+    set_condition("Running", true, "Training",
+                  "training step " + std::to_string(status_.progress.step) + " of " +
+                      std::to_string(job.spec.training.steps));
     const milliseconds interval = options_.progress_interval;
     if (!result.requeue_after || *result.requeue_after > interval) result.requeue_after = interval;
   } else {
     if (status_.phase != JobPhase::kRestarting) set_phase(JobPhase::kStarting);
-    set_condition("PodsReady", false, "WaitingForWorkers",
-                  std::to_string(status_.workers.ready) + "/" + std::to_string(desired) +
-                      " workers ready");
+    set_condition(
+        "PodsReady", false, "WaitingForWorkers",
+        std::to_string(status_.workers.ready) + "/" + std::to_string(desired) + " workers ready");
   }
   // Look again when the deadline passes.
   if (policy.active_deadline_seconds && !status_.start_time.empty()) {
@@ -721,8 +719,7 @@ ReconcileResult Controller::reconcile(const std::string& ns, const std::string& 
     if (!options_.metrics) return;
     options_.metrics->reconcile_total.with({options_.name, result}).inc();
     options_.metrics->reconcile_time_seconds.with({options_.name})
-        .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
-                     .count());
+        .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   };
   try {
     Object job;

@@ -25,7 +25,7 @@ namespace kt::controller {
 
 struct ControllerOptions {
   ChildOptions children;
-  MetricsFetcher fetch_metrics;  // may be empty: no progress
+  MetricsFetcher fetch_metrics;          // may be empty: no progress
   ControllerMetrics* metrics = nullptr;  // may be null
   // How often a running job is looked at again for progress (and deadlines).
   std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};

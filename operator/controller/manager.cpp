@@ -23,16 +23,17 @@ Manager::Manager(kube::Client& client, Controller& controller, ManagerOptions op
       pods_(client, kube::kPods, options.ns, kJobNameLabel, options.informer_timing),
       workers_(std::max(1, options.workers)) {
   // Handlers only enqueue keys (never touch objects): the reconciler reads the current state.
-  jobs_.add_handler([this](kube::WatchEventType, const Object& job) {
-    queue_.add(kube::object_key(job));
-  });
+  jobs_.add_handler(
+      [this](kube::WatchEventType, const Object& job) { queue_.add(kube::object_key(job)); });
   pods_.add_handler([this](kube::WatchEventType, const Object& pod) {
     const std::string key = owning_job_key(pod);
     if (!key.empty()) queue_.add(key);
   });
 }
 
-Manager::~Manager() { stop(); }
+Manager::~Manager() {
+  stop();
+}
 
 void Manager::start() {
   if (started_.exchange(true)) return;
@@ -50,7 +51,9 @@ void Manager::stop() {
   jobs_.stop();
 }
 
-bool Manager::has_synced() const { return jobs_.has_synced() && pods_.has_synced(); }
+bool Manager::has_synced() const {
+  return jobs_.has_synced() && pods_.has_synced();
+}
 
 void Manager::enqueue(const std::string& ns, const std::string& name) {
   queue_.add(ns + "/" + name);

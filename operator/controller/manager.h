@@ -19,7 +19,7 @@
 namespace kt::controller {
 
 struct ManagerOptions {
-  std::string ns;   // "" = all namespaces
+  std::string ns;  // "" = all namespaces
   int workers = 2;
   kube::KubeMetrics* kube_metrics = nullptr;  // workqueue_* metrics; may be null
   kube::InformerTiming informer_timing;

@@ -13,10 +13,10 @@ namespace kt::controller {
 struct ControllerMetrics {
   explicit ControllerMetrics(telemetry::Registry& registry);
 
-  telemetry::Family<telemetry::Counter>& reconcile_total;         // {controller,result}
-  telemetry::Family<telemetry::Counter>& reconcile_errors_total;  // {controller}
+  telemetry::Family<telemetry::Counter>& reconcile_total;           // {controller,result}
+  telemetry::Family<telemetry::Counter>& reconcile_errors_total;    // {controller}
   telemetry::Family<telemetry::Histogram>& reconcile_time_seconds;  // {controller}
-  telemetry::Family<telemetry::Gauge>& jobs;                      // {phase}
+  telemetry::Family<telemetry::Gauge>& jobs;                        // {phase}
   telemetry::Counter& jobs_created_total;
   telemetry::Counter& jobs_succeeded_total;
   telemetry::Counter& jobs_failed_total;

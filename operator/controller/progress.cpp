@@ -51,10 +51,14 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
     char* end = nullptr;
     const double value = std::strtod(text, &end);
     if (end == text) continue;
-    if (name == "kubetrain_worker_steps_total") out.steps = value;
-    else if (name == "kubetrain_worker_loss") out.loss = value;
-    else if (name == "kubetrain_worker_tokens_per_second") out.tokens_per_second = value;
-    else if (name == "kubetrain_worker_last_checkpoint_step") out.last_checkpoint_step = value;
+    if (name == "kubetrain_worker_steps_total")
+      out.steps = value;
+    else if (name == "kubetrain_worker_loss")
+      out.loss = value;
+    else if (name == "kubetrain_worker_tokens_per_second")
+      out.tokens_per_second = value;
+    else if (name == "kubetrain_worker_last_checkpoint_step")
+      out.last_checkpoint_step = value;
   }
   return out;
 }

@@ -10,8 +10,7 @@ namespace kt::controller {
 
 // Fetches http://host:port/metrics; std::nullopt when it cannot (not up yet, gone). Injected so
 // that tests fake it and the controller knows no HTTP.
-using MetricsFetcher =
-    std::function<std::optional<std::string>(const std::string& host, int port)>;
+using MetricsFetcher = std::function<std::optional<std::string>(const std::string& host, int port)>;
 
 struct WorkerProgress {
   std::optional<double> steps;  // kubetrain_worker_steps_total

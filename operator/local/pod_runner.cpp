@@ -70,8 +70,8 @@ double gpu_request(const Object& pod) {
       const auto m = res.value(kind, Object::object());
       if (!m.contains("nvidia.com/gpu")) continue;
       const auto& v = m["nvidia.com/gpu"];
-      total += v.is_number() ? v.get<double>()
-                             : api::parse_quantity(v.get<std::string>()).value_or(0);
+      total +=
+          v.is_number() ? v.get<double>() : api::parse_quantity(v.get<std::string>()).value_or(0);
       break;
     }
   }
@@ -120,9 +120,8 @@ void signal_pod(pid_t pid, int sig, const std::vector<pid_t>& known) {
 }
 
 Object condition(const std::string& type, bool value, const std::string& reason = "") {
-  Object c = {{"type", type},
-              {"status", value ? "True" : "False"},
-              {"lastTransitionTime", now_rfc3339()}};
+  Object c = {
+      {"type", type}, {"status", value ? "True" : "False"}, {"lastTransitionTime", now_rfc3339()}};
   if (!reason.empty()) c["reason"] = reason;
   return c;
 }
@@ -132,7 +131,9 @@ Object condition(const std::string& type, bool value, const std::string& reason 
 PodRunner::PodRunner(kube::Client& client, PodRunnerOptions options)
     : client_(client), options_(std::move(options)) {}
 
-PodRunner::~PodRunner() { stop(); }
+PodRunner::~PodRunner() {
+  stop();
+}
 
 std::string PodRunner::pod_dir(const std::string& ns, const std::string& name) const {
   return (fs::path(options_.work_dir) / "pods" / (ns + "_" + name)).string();
@@ -183,8 +184,7 @@ void PodRunner::stop() {
   }
 }
 
-void PodRunner::patch_status(const std::string& ns, const std::string& name,
-                             const Object& status) {
+void PodRunner::patch_status(const std::string& ns, const std::string& name, const Object& status) {
   try {
     client_.merge_patch(kube::kPods, ns, name, {{"status", status}}, true);
   } catch (const ApiError& e) {
@@ -247,8 +247,8 @@ void PodRunner::bind_if_fits(const Object& pod, const Object& node,
   const Object selector = pod["spec"].value("nodeSelector", Object::object());
   for (const auto& [k, v] : selector.items())
     if (labels.value(k, "") != v.get<std::string>())
-      why = "node(s) didn't match Pod's node affinity/selector (" + k + "=" +
-            v.get<std::string>() + ")";
+      why = "node(s) didn't match Pod's node affinity/selector (" + k + "=" + v.get<std::string>() +
+            ")";
   if (why.empty()) {
     const auto alloc = node.contains("status")
                            ? node["status"].value("allocatable", Object::object())
@@ -402,15 +402,20 @@ void PodRunner::launch(const Object& pod) {
     std::string value = e.value("value", "");
     if (e.contains("valueFrom") && e["valueFrom"].contains("fieldRef")) {
       const std::string field = e["valueFrom"]["fieldRef"].value("fieldPath", "");
-      if (field == "metadata.name") value = name;
-      else if (field == "metadata.namespace") value = ns;
-      else if (field == "status.podIP" || field == "status.hostIP") value = "127.0.0.1";
-      else if (field == "spec.nodeName") value = options_.node_name;
+      if (field == "metadata.name")
+        value = name;
+      else if (field == "metadata.namespace")
+        value = ns;
+      else if (field == "status.podIP" || field == "status.hostIP")
+        value = "127.0.0.1";
+      else if (field == "spec.nodeName")
+        value = options_.node_name;
     }
     env[e.value("name", "")] = rewrite(value);
   }
   // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
-  if (env.count("MASTER_ADDR") && !is_ip_literal(env["MASTER_ADDR"])) env["MASTER_ADDR"] = "127.0.0.1";
+  if (env.count("MASTER_ADDR") && !is_ip_literal(env["MASTER_ADDR"]))
+    env["MASTER_ADDR"] = "127.0.0.1";
   if (env.count("MASTER_PORT")) {
     env["MASTER_PORT"] = std::to_string(free_port());
     annotations["kubetrain.dev/master-port"] = env["MASTER_PORT"];
@@ -425,8 +430,8 @@ void PodRunner::launch(const Object& pod) {
   const std::string log = log_path(ns, name);
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) throw kt::Error("cannot open " + log + ": " + std::strerror(errno));
-  std::string header = "=== pod " + ns + "/" + name + " (uid " + uid + ") started " +
-                       now_rfc3339() + ":";
+  std::string header =
+      "=== pod " + ns + "/" + name + " (uid " + uid + ") started " + now_rfc3339() + ":";
   for (const auto& a : argv) header += " " + a;
   header += "\n";
   if (::write(log_fd, header.data(), header.size()) < 0) {
@@ -465,28 +470,32 @@ void PodRunner::launch(const Object& pod) {
   const std::string started_at = now_rfc3339();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    processes_[uid] = Process{pid, ns, name, started_at,
+    processes_[uid] = Process{pid,
+                              ns,
+                              name,
+                              started_at,
                               pod["spec"].value("terminationGracePeriodSeconds", int64_t{30}),
-                              {}, false, {}};
+                              {},
+                              false,
+                              {}};
   }
   Object ready = condition("Ready", true);
-  patch_status(
-      ns, name,
-      {{"phase", "Running"},
-       {"podIP", "127.0.0.1"},
-       {"podIPs", {{{"ip", "127.0.0.1"}}}},
-       {"hostIP", "127.0.0.1"},
-       {"startTime", started_at},
-       {"conditions",
-        {condition("PodScheduled", true), condition("Initialized", true),
-         condition("ContainersReady", true), ready}},
-       {"containerStatuses",
-        {{{"name", container.value("name", "main")},
-          {"image", container.value("image", "")},
-          {"ready", true},
-          {"started", true},
-          {"restartCount", 0},
-          {"state", {{"running", {{"startedAt", started_at}}}}}}}}});
+  patch_status(ns, name,
+               {{"phase", "Running"},
+                {"podIP", "127.0.0.1"},
+                {"podIPs", {{{"ip", "127.0.0.1"}}}},
+                {"hostIP", "127.0.0.1"},
+                {"startTime", started_at},
+                {"conditions",
+                 {condition("PodScheduled", true), condition("Initialized", true),
+                  condition("ContainersReady", true), ready}},
+                {"containerStatuses",
+                 {{{"name", container.value("name", "main")},
+                   {"image", container.value("image", "")},
+                   {"ready", true},
+                   {"started", true},
+                   {"restartCount", 0},
+                   {"state", {{"running", {{"startedAt", started_at}}}}}}}}});
 }
 
 void PodRunner::reap(const std::set<std::string>& live_uids) {
@@ -538,12 +547,13 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
     statuses[0]["started"] = false;
     statuses[0]["state"] = {{"terminated", terminated}};
     const std::string reason = code == 0 ? "PodCompleted" : "PodFailed";
-    patch_status(p.ns, p.name,
-                 {{"phase", code == 0 ? "Succeeded" : "Failed"},
-                  {"conditions",
-                   {condition("PodScheduled", true), condition("Initialized", true),
-                    condition("ContainersReady", false, reason), condition("Ready", false, reason)}},
-                  {"containerStatuses", statuses}});
+    patch_status(
+        p.ns, p.name,
+        {{"phase", code == 0 ? "Succeeded" : "Failed"},
+         {"conditions",
+          {condition("PodScheduled", true), condition("Initialized", true),
+           condition("ContainersReady", false, reason), condition("Ready", false, reason)}},
+         {"containerStatuses", statuses}});
   }
 }
 

@@ -66,7 +66,7 @@ class PodRunner {
     pid_t pid = -1;
     std::string ns, name;
     std::string started_at;
-    int64_t grace_seconds = 30;  // the pod's terminationGracePeriodSeconds
+    int64_t grace_seconds = 30;                       // the pod's terminationGracePeriodSeconds
     std::chrono::steady_clock::time_point kill_at{};  // when terminating: SIGKILL after this
     bool terminating = false;
     // Its processes seen at the last sync: when the pod's main process dies first, orphaned

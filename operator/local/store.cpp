@@ -16,9 +16,13 @@ using kube::WatchEventType;
 
 namespace {
 
-std::string kind_key(const Resource& r) { return r.group + "/" + r.plural; }
+std::string kind_key(const Resource& r) {
+  return r.group + "/" + r.plural;
+}
 
-std::string object_key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+std::string object_key(const std::string& ns, const std::string& name) {
+  return ns + "/" + name;
+}
 
 std::string now_rfc3339() {
   const std::time_t t = std::time(nullptr);
@@ -30,25 +34,26 @@ std::string now_rfc3339() {
 }
 
 ApiError not_found(const Resource& r, const std::string& name) {
-  return ApiError(404, "NotFound", r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" +
-                                       name + "\" not found");
+  return ApiError(
+      404, "NotFound",
+      r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" + name + "\" not found");
 }
 
 ApiError invalid(const Resource& r, const std::string& name, const std::string& field,
                  const std::string& why) {
-  return ApiError(422, "Invalid",
-                  r.kind + " \"" + name + "\" is invalid: " + field + ": " + why);
+  return ApiError(422, "Invalid", r.kind + " \"" + name + "\" is invalid: " + field + ": " + why);
 }
 
 // RFC 1123 subdomain: what the API server requires of most object names.
 bool valid_name(const std::string& name) {
   if (name.empty() || name.size() > 253) return false;
   for (char c : name)
-    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
-          c == '-' || c == '.'))
+    if (!(std::islower(static_cast<unsigned char>(c)) ||
+          std::isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '.'))
       return false;
   auto alnum = [](char c) {
-    return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c));
+    return std::islower(static_cast<unsigned char>(c)) ||
+           std::isdigit(static_cast<unsigned char>(c));
   };
   return alnum(name.front()) && alnum(name.back());
 }
@@ -220,9 +225,12 @@ struct Store::WatchState {
     const bool before = type == WatchEventType::Modified && !old_obj.is_null() && matches(old_obj);
     std::optional<WatchEventType> out;
     if (type == WatchEventType::Modified) {
-      if (now && before) out = WatchEventType::Modified;
-      else if (now) out = WatchEventType::Added;
-      else if (before) out = WatchEventType::Deleted;
+      if (now && before)
+        out = WatchEventType::Modified;
+      else if (now)
+        out = WatchEventType::Added;
+      else if (before)
+        out = WatchEventType::Deleted;
     } else if (now) {
       out = type;
     }
@@ -431,7 +439,8 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   if (name.empty() && meta.contains("generateName") && meta["generateName"].is_string())
     name = meta["generateName"].get<std::string>() + random_suffix(++uid_counter_);
   fault("create", r, ns, name);
-  if (name.empty()) throw invalid(r, "", "metadata.name", "Required value: name or generateName is required");
+  if (name.empty())
+    throw invalid(r, "", "metadata.name", "Required value: name or generateName is required");
   if (!valid_name(name))
     throw invalid(r, name, "metadata.name",
                   "Invalid value: \"" + name +
@@ -458,9 +467,9 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   }
   const std::string key = object_key(r.namespaced ? ns : "", name);
   if (kind.objects.count(key))
-    throw ApiError(409, "AlreadyExists",
-                   r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" + name +
-                       "\" already exists");
+    throw ApiError(
+        409, "AlreadyExists",
+        r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" + name + "\" already exists");
   if (kind.resource == kube::kCustomResourceDefinitions) register_crd(o);
   meta["name"] = name;
   meta.erase("generateName");
@@ -504,21 +513,27 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
   Object next;
   if (status_only) {
     next = old;
-    if (obj.contains("status")) next["status"] = obj["status"];
-    else next.erase("status");
+    if (obj.contains("status"))
+      next["status"] = obj["status"];
+    else
+      next.erase("status");
   } else {
     next = obj;
     if (kind.status_subresource) {
-      if (old.contains("status")) next["status"] = old["status"];
-      else next.erase("status");
+      if (old.contains("status"))
+        next["status"] = old["status"];
+      else
+        next.erase("status");
     }
     Object& meta = next["metadata"];
     if (r.namespaced && meta.contains("namespace") && meta["namespace"] != ns)
       throw ApiError(400, "BadRequest", "the namespace of the object does not match the request");
     // The server owns these.
     for (const char* field : {"uid", "creationTimestamp", "namespace", "generation"}) {
-      if (old["metadata"].contains(field)) meta[field] = old["metadata"][field];
-      else meta.erase(field);
+      if (old["metadata"].contains(field))
+        meta[field] = old["metadata"][field];
+      else
+        meta.erase(field);
     }
     meta["name"] = name;
     if (meta.contains("labels") && !meta["labels"].is_null() && !meta["labels"].is_object())
@@ -608,8 +623,10 @@ void Store::remove_locked(Kind& kind, const std::string& key, kube::Propagation 
       Object refs = Object::array();
       for (const auto& ref : obj["metadata"]["ownerReferences"])
         if (ref.value("uid", "") != uid) refs.push_back(ref);
-      if (refs.empty()) obj["metadata"].erase("ownerReferences");
-      else obj["metadata"]["ownerReferences"] = refs;
+      if (refs.empty())
+        obj["metadata"].erase("ownerReferences");
+      else
+        obj["metadata"]["ownerReferences"] = refs;
       const Object previous = dep_kind->objects.at(dep_key);
       obj["metadata"]["resourceVersion"] = next_version();
       dep_kind->objects[dep_key] = obj;

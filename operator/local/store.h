@@ -76,9 +76,8 @@ class Store : public kube::Client {
                       const kube::Object& obj) override;
   kube::Object update_status(const kube::Resource& r, const std::string& ns,
                              const kube::Object& obj) override;
-  kube::Object merge_patch(const kube::Resource& r, const std::string& ns,
-                           const std::string& name, const kube::Object& patch,
-                           bool status_subresource = false) override;
+  kube::Object merge_patch(const kube::Resource& r, const std::string& ns, const std::string& name,
+                           const kube::Object& patch, bool status_subresource = false) override;
   void remove(const kube::Resource& r, const std::string& ns, const std::string& name,
               kube::Propagation propagation = kube::Propagation::Background) override;
   std::unique_ptr<kube::Watch> watch(const kube::Resource& r, const std::string& ns,

@@ -48,7 +48,8 @@ class ControllerTest : public ::testing::Test {
     add_node(cpu_node("node-a", 4));
     options.clock = [this] { return now; };
     options.metrics = &metrics;
-    options.fetch_metrics = [this](const std::string& host, int port) -> std::optional<std::string> {
+    options.fetch_metrics = [this](const std::string& host,
+                                   int port) -> std::optional<std::string> {
       fetched_host = host;
       fetched_port = port;
       return metrics_text;
@@ -66,7 +67,9 @@ class ControllerTest : public ::testing::Test {
     return controller().reconcile("default", name);
   }
   Object job(const std::string& name = "job") { return store.get(kTrainingJobs, "default", name); }
-  Object status(const std::string& name = "job") { return job(name).value("status", Object::object()); }
+  Object status(const std::string& name = "job") {
+    return job(name).value("status", Object::object());
+  }
   std::vector<Object> pods() { return store.list(kPods, "default", {}).items; }
   Object condition(const std::string& type, const std::string& name = "job") {
     for (const auto& c : status(name).value("conditions", Object::array()))
@@ -120,7 +123,8 @@ TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
   reconcile();
 
   const Object cm = store.get(kConfigMaps, "default", "job-plan");
-  const api::Plan plan = api::decode_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()));
+  const api::Plan plan =
+      api::decode_plan(Object::parse(cm["data"]["plan.json"].get<std::string>()));
   EXPECT_EQ(plan.device, api::DeviceKind::kCpu);
   EXPECT_EQ(plan.placement, std::vector<std::string>{"node-a"});
   EXPECT_EQ(plan.job_name, "job");
@@ -213,11 +217,13 @@ TEST_F(ControllerTest, Reconcile_IsIdempotent_PlanAndPodsStayAndStatusIsNotRewri
   reconcile();
   set_pod_running("job-worker-0");
   reconcile();
-  const std::string cm_version = store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"];
+  const std::string cm_version =
+      store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"];
   const std::string pod_uid = pods()[0]["metadata"]["uid"];
   const std::string job_version = job()["metadata"]["resourceVersion"];
   for (int i = 0; i < 3; ++i) reconcile();
-  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"], cm_version);
+  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"],
+            cm_version);
   ASSERT_EQ(pods().size(), 1u);
   EXPECT_EQ(pods()[0]["metadata"]["uid"], pod_uid);
   EXPECT_EQ(job()["metadata"]["resourceVersion"], job_version);  // no status write without change
@@ -267,8 +273,8 @@ TEST_F(ControllerTest, GangRestart_ReplansWhenTheInventoryChanged) {
   EXPECT_EQ(pods()[0]["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-b");
   EXPECT_EQ(attempt_of(pods()[0]), "1");
   EXPECT_EQ(status()["restarts"], 1);
-  const api::Plan plan = api::decode_plan(
-      Object::parse(store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
+  const api::Plan plan = api::decode_plan(Object::parse(
+      store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
   EXPECT_EQ(plan.placement, std::vector<std::string>{"node-b"});
 }
 
@@ -381,7 +387,9 @@ TEST_F(ControllerTest, ActiveDeadline_FailsTheJob_AndCleansRunningPods) {
 
 TEST_F(ControllerTest, CleanPodPolicy_DecidesWhichPodsStayAfterTheEnd) {
   for (const char* policy : {"All", "Running", "None"}) {
-    const std::string name = std::string("job-") + (policy[0] == 'A' ? "a" : policy[0] == 'R' ? "r" : "n");
+    const std::string name = std::string("job-") + (policy[0] == 'A'   ? "a"
+                                                    : policy[0] == 'R' ? "r"
+                                                                       : "n");
     Object j = tiny_job(name);
     j["spec"]["runPolicy"]["cleanPodPolicy"] = policy;
     store.create(kTrainingJobs, "default", j);
@@ -456,8 +464,10 @@ TEST_F(ControllerTest, UnknownField_IsReportedWithItsPath) {
 }
 
 TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
-  add_node({{"metadata", {{"name", "gpu-1"}, {"labels", {{"nvidia.com/gpu.product", "Tesla-V100-SXM2-32GB"}}}}},
-                                  {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "64Gi"}, {"nvidia.com/gpu", "1"}}}}}});
+  add_node(
+      {{"metadata",
+        {{"name", "gpu-1"}, {"labels", {{"nvidia.com/gpu.product", "Tesla-V100-SXM2-32GB"}}}}},
+       {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "64Gi"}, {"nvidia.com/gpu", "1"}}}}}});
   store.remove(kube::kNodes, "", "node-a");
   Object j = tiny_job("job");
   j["spec"]["model"] = {{"preset", "gpt-7b"}};
@@ -484,7 +494,8 @@ TEST_F(ControllerTest, ControllerRestartMidReconcile_NoDuplicatePodsNoLostStatus
   reconcile();  // a new Controller
   reconcile();
   EXPECT_EQ(pods().size(), 1u);
-  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"], cm_version);
+  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["metadata"]["resourceVersion"],
+            cm_version);
   EXPECT_EQ(status()["plan"]["configMap"], "job-plan");
 
   // Mid-restart: the attempt moved on but the old pods could not be deleted.
@@ -526,8 +537,11 @@ TEST_F(ControllerTest, Metrics_CountReconcilesAndOutcomes) {
   set_pod_exited("job-worker-0", 0);
   reconcile();
   const std::string text = registry.expose();
-  EXPECT_NE(text.find("controller_runtime_reconcile_total{controller=\"trainingjob\",result=\"success\"} 2"),
-            std::string::npos) << text;
+  EXPECT_NE(
+      text.find(
+          "controller_runtime_reconcile_total{controller=\"trainingjob\",result=\"success\"} 2"),
+      std::string::npos)
+      << text;
   EXPECT_NE(text.find("kubetrain_jobs_succeeded_total 1"), std::string::npos);
   EXPECT_NE(text.find("kubetrain_jobs_created_total 1"), std::string::npos);
   EXPECT_NE(text.find("kubetrain_planner_duration_seconds_count 1"), std::string::npos);

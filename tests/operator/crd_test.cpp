@@ -21,7 +21,9 @@ const Json& crd() {
   return doc;
 }
 
-const Json& root_schema() { return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]; }
+const Json& root_schema() {
+  return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+}
 
 // Every field of `value` has a schema (recursing until a pass-through subtree). Collects the
 // paths that have none.
@@ -97,7 +99,8 @@ TEST(TrainingJobCrd, SpecSchema_HasExactlyTheDecodersFields) {
   find_unknown(spec, spec_schema, "spec", unknown);
   find_missing(spec, spec_schema, "spec", missing);
   EXPECT_TRUE(unknown.empty()) << "fields without a schema: " << Json(unknown).dump();
-  EXPECT_TRUE(missing.empty()) << "schema fields the decoder does not know: " << Json(missing).dump();
+  EXPECT_TRUE(missing.empty()) << "schema fields the decoder does not know: "
+                               << Json(missing).dump();
   // And the decoder accepts the full spec back (no field is spelled differently).
   const Json manifest = {{"apiVersion", api::kApiVersion},
                          {"kind", "TrainingJob"},
@@ -145,19 +148,21 @@ std::set<std::string> names(std::initializer_list<E> values, bool with_auto) {
 
 TEST(TrainingJobCrd, Enums_AreTheApis) {
   const std::string spec = "/properties/spec/properties";
-  EXPECT_EQ(enum_of(spec + "/parallelism/properties/recompute"),
-            names({api::Recompute::kNone, api::Recompute::kCommAware, api::Recompute::kFull}, true));
-  EXPECT_EQ(enum_of(spec + "/parallelism/properties/offload"),
-            names({api::OffloadMode::kNone, api::OffloadMode::kOptimizer, api::OffloadMode::kWindow},
-                  true));
+  EXPECT_EQ(
+      enum_of(spec + "/parallelism/properties/recompute"),
+      names({api::Recompute::kNone, api::Recompute::kCommAware, api::Recompute::kFull}, true));
+  EXPECT_EQ(
+      enum_of(spec + "/parallelism/properties/offload"),
+      names({api::OffloadMode::kNone, api::OffloadMode::kOptimizer, api::OffloadMode::kWindow},
+            true));
   EXPECT_EQ(enum_of(spec + "/training/properties/precision"),
             names({api::Precision::kBf16, api::Precision::kFp32}, true));
   EXPECT_EQ(enum_of(spec + "/data/properties/source"),
             names({api::DataSource::kSynthetic, api::DataSource::kTokens}, false));
-  EXPECT_EQ(enum_of(spec + "/runPolicy/properties/cleanPodPolicy"),
-            names({api::CleanPodPolicy::kAll, api::CleanPodPolicy::kRunning,
-                   api::CleanPodPolicy::kNone},
-                  false));
+  EXPECT_EQ(
+      enum_of(spec + "/runPolicy/properties/cleanPodPolicy"),
+      names({api::CleanPodPolicy::kAll, api::CleanPodPolicy::kRunning, api::CleanPodPolicy::kNone},
+            false));
   std::set<std::string> presets;
   for (const auto& p : api::model_presets()) presets.insert(p.name);
   EXPECT_EQ(enum_of(spec + "/model/properties/preset"), presets);
@@ -204,8 +209,8 @@ TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
       start = dot == std::string::npos ? path.size() : dot + 1;
     }
   }
-  const std::vector<std::string> design = {"Phase", "Nodes",  "TP",       "DP",  "Offload",
-                                           "Step",  "Loss",   "Tok/s",    "Restarts", "Age"};
+  const std::vector<std::string> design = {"Phase", "Nodes", "TP",    "DP",       "Offload",
+                                           "Step",  "Loss",  "Tok/s", "Restarts", "Age"};
   EXPECT_EQ(columns, design);
   EXPECT_EQ(crd()["spec"]["names"]["shortNames"], Json::array({"tj"}));
   EXPECT_EQ(crd()["spec"]["names"]["categories"], Json::array({"all"}));

@@ -29,7 +29,8 @@ TEST(OwningJobKey, PrefersTheControllerReference_ThenTheLabel) {
                           {"ownerReferences",
                            {{{"kind", "TrainingJob"}, {"name", "owner"}, {"controller", true}}}}}}};
   EXPECT_EQ(owning_job_key(owned), "ns/owner");
-  const Object labelled = {{"metadata", {{"namespace", "ns"}, {"labels", {{"kubetrain.dev/job-name", "j"}}}}}};
+  const Object labelled = {
+      {"metadata", {{"namespace", "ns"}, {"labels", {{"kubetrain.dev/job-name", "j"}}}}}};
   EXPECT_EQ(owning_job_key(labelled), "ns/j");
   EXPECT_EQ(owning_job_key({{"metadata", {{"namespace", "ns"}}}}), "");
 }
@@ -44,7 +45,9 @@ Object job_object(const std::string& name) {
 TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
   local::Store store;
   store.register_resource(kube::kTrainingJobs, true);
-  Object node = store.create(kube::kNodes, "", {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
+  Object node =
+      store.create(kube::kNodes, "",
+                   {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
   node["status"] = {{"allocatable", {{"cpu", "2"}, {"memory", "8Gi"}}}};
   store.update_status(kube::kNodes, "", node);
   ControllerOptions options;
@@ -67,7 +70,9 @@ TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
   };
   ASSERT_TRUE(eventually(pod_exists));
   auto phase = [&] {
-    return store.get(kube::kTrainingJobs, "default", "m").value("status", Object::object()).value("phase", "");
+    return store.get(kube::kTrainingJobs, "default", "m")
+        .value("status", Object::object())
+        .value("phase", "");
   };
   // The fake kubelet: running, then done. Each pod change must wake the reconciler.
   Object pod = store.get(kube::kPods, "default", "m-worker-0");
@@ -85,7 +90,9 @@ TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
 TEST(Manager, JobsThatExistedBeforeTheStart_AreReconciledFromTheFirstList) {
   local::Store store;
   store.register_resource(kube::kTrainingJobs, true);
-  Object node = store.create(kube::kNodes, "", {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
+  Object node =
+      store.create(kube::kNodes, "",
+                   {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
   node["status"] = {{"allocatable", {{"cpu", "2"}, {"memory", "8Gi"}}}};
   store.update_status(kube::kNodes, "", node);
   store.create(kube::kTrainingJobs, "default", job_object("early"));

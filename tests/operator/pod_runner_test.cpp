@@ -48,8 +48,7 @@ TEST(LocalNode, GpuMachine_CarriesGfdLabelsAndAllocatableGpus) {
   m.gpus = {{"NVIDIA-H200", 143771}};
   const Object node = local_node_object(m);
   EXPECT_EQ(node["metadata"]["labels"]["nvidia.com/gpu.count"], "1");
-  const api::Inventory inv =
-      api::decode_kubectl_nodes({{"kind", "List"}, {"items", {node}}});
+  const api::Inventory inv = api::decode_kubectl_nodes({{"kind", "List"}, {"items", {node}}});
   EXPECT_EQ(inv.nodes[0].gpu_count, 1);
   EXPECT_EQ(inv.nodes[0].gpu_product, "NVIDIA-H200");
   EXPECT_DOUBLE_EQ(inv.nodes[0].hardware.memory_bytes, 143771 * api::kMiB);
@@ -93,13 +92,12 @@ class PodRunnerTest : public ::testing::Test {
   }
 
   Object shell_pod(const std::string& name, const std::string& script) {
-    return {{"metadata", {{"name", name}}},
-            {"spec",
-             {{"terminationGracePeriodSeconds", 1},
-              {"containers",
-               {{{"name", "main"},
-                 {"image", "busybox"},
-                 {"command", {"/bin/sh", "-c", script}}}}}}}};
+    return {
+        {"metadata", {{"name", name}}},
+        {"spec",
+         {{"terminationGracePeriodSeconds", 1},
+          {"containers",
+           {{{"name", "main"}, {"image", "busybox"}, {"command", {"/bin/sh", "-c", script}}}}}}}};
   }
 
   // Syncs until the pod reaches `phase` (or 10 s pass); returns the pod.

@@ -149,9 +149,7 @@ TEST(Store, StatusSubresource_UpdateIgnoresStatus_UpdateStatusChangesOnlyStatus)
   EXPECT_FALSE(p["spec"].contains("nodeName"));
   // ConfigMaps have no status subresource.
   store.create(kConfigMaps, "default", config_map("c"));
-  EXPECT_EQ(api_error_code([&] {
-              store.update_status(kConfigMaps, "default", config_map("c"));
-            }),
+  EXPECT_EQ(api_error_code([&] { store.update_status(kConfigMaps, "default", config_map("c")); }),
             404);
 }
 
@@ -191,9 +189,9 @@ TEST(Store, MergePatch_FollowsRfc7386_OnObjectAndStatus) {
 
 TEST(Store, LabelSelectors_EqualityAndSetBased) {
   const Object o = pod("a", {{"app", "kt"}, {"tier", "w"}});
-  for (const char* yes : {"app=kt", "app==kt", "app!=x", "app in (kt,other)", "tier notin (x)",
-                          "app", "!missing", "app=kt,tier=w", " app = kt ", "missing!=x",
-                          "missing notin (a)"})
+  for (const char* yes :
+       {"app=kt", "app==kt", "app!=x", "app in (kt,other)", "tier notin (x)", "app", "!missing",
+        "app=kt,tier=w", " app = kt ", "missing!=x", "missing notin (a)"})
     EXPECT_TRUE(matches_label_selector(o, yes)) << yes;
   for (const char* no : {"app=x", "app!=kt", "app in (x,y)", "tier notin (w)", "missing", "!app",
                          "app=kt,tier=x", "missing in (a)"})
@@ -243,8 +241,7 @@ TEST(Store, List_Pagination_VisitsEveryObjectOnce) {
   do {
     const auto page = store.list(kPods, "default", opts);
     EXPECT_LE(page.items.size(), 3u);
-    for (const auto& item : page.items)
-      EXPECT_TRUE(seen.insert(item["metadata"]["name"]).second);
+    for (const auto& item : page.items) EXPECT_TRUE(seen.insert(item["metadata"]["name"]).second);
     opts.continue_token = page.continue_token;
     ++pages;
   } while (!opts.continue_token.empty());
@@ -294,7 +291,8 @@ TEST(Store, Watch_FromVersion_ReplaysHistory_AndTooOldIsGone) {
     ASSERT_EQ(events.size(), 1u);
     EXPECT_EQ(events[0].second, "b");
   }
-  for (int i = 0; i < 5; ++i) store.create(kConfigMaps, "default", config_map("c" + std::to_string(i)));
+  for (int i = 0; i < 5; ++i)
+    store.create(kConfigMaps, "default", config_map("c" + std::to_string(i)));
   try {
     store.watch(kPods, "default", opts);
     FAIL() << "expected 410";
@@ -400,17 +398,16 @@ TEST(Store, Delete_Orphan_RemovesOnlyTheOwnerReference) {
 
 TEST(Store, Crd_RegistersItsResource_WithStatusSubresource_AndDeletingItRemovesIt) {
   Store store;
-  const Object crd = {
-      {"metadata", {{"name", "trainingjobs.kubetrain.dev"}}},
-      {"spec",
-       {{"group", "kubetrain.dev"},
-        {"scope", "Namespaced"},
-        {"names", {{"plural", "trainingjobs"}, {"kind", "TrainingJob"}}},
-        {"versions",
-         {{{"name", "v1alpha1"},
-           {"served", true},
-           {"storage", true},
-           {"subresources", {{"status", Object::object()}}}}}}}}};
+  const Object crd = {{"metadata", {{"name", "trainingjobs.kubetrain.dev"}}},
+                      {"spec",
+                       {{"group", "kubetrain.dev"},
+                        {"scope", "Namespaced"},
+                        {"names", {{"plural", "trainingjobs"}, {"kind", "TrainingJob"}}},
+                        {"versions",
+                         {{{"name", "v1alpha1"},
+                           {"served", true},
+                           {"storage", true},
+                           {"subresources", {{"status", Object::object()}}}}}}}}};
   store.create(kube::kCustomResourceDefinitions, "", crd);
   Object job = store.create(kTrainingJobs, "default", {{"metadata", {{"name", "j"}}}});
   job["status"] = {{"phase", "Running"}};
