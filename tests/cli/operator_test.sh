@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The operator binary end to end, over HTTP, with the real kubectl: `kubetrain local serve` (this
+# machine as a Node whose pods run as local processes) + `kubetrain-operator` + `kubectl apply` of
+# the CRD and of examples/jobs/tiny.yaml → worker processes train → `kubectl get tj` shows
+# Succeeded. The operator's /metrics passes promtool and counts the reconciles; /healthz and
+# /readyz answer. Then two operators with --leader-elect: exactly one reconciles; SIGKILL it and
+# the other takes the Lease over once it expires and reconciles a new job.
+set -euo pipefail
+KT=$1
+OPERATOR=$2
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl not installed: skipped"
+  exit 77
+fi
+OUT=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$OUT"/*.log; do echo "--- $f"; tail -30 "$f"; done
+  exit 1
+}
+get() {  # get URL: the body, or nothing
+  python3 -c 'import sys, urllib.request
+try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end="")
+except Exception as e: sys.exit(1)' "$1"
+}
+# The port an operator logged for "serving metrics" / "serving health probes".
+port_of() { grep "msg=\"$2\"" "$1" | sed -n 's/.*address=[0-9.]*:\([0-9]*\).*/\1/p' | head -1; }
+wait_for() {  # wait_for SECONDS COMMAND...: until the command succeeds
+  local deadline=$((SECONDS + $1)); shift
+  until "$@" >/dev/null 2>&1; do (( SECONDS < deadline )) || return 1; sleep 0.5; done
+}
+
+"$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
+PIDS+=($!)
+wait_for 10 test -s "$OUT/kubeconfig" || fail "local serve wrote no kubeconfig"
+K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
+K apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null || fail "apply CRD"
+
+start_operator() {  # start_operator NAME [flags...]
+  local name=$1; shift
+  "$OPERATOR" --kubeconfig "$OUT/kubeconfig" --metrics-bind-address 127.0.0.1:0 \
+    --health-probe-bind-address 127.0.0.1:0 "$@" > "$OUT/$name.log" 2>&1 &
+  PIDS+=($!)
+  LAST_PID=$!
+  wait_for 10 grep -q 'msg="serving health probes"' "$OUT/$name.log" || fail "$name did not start"
+}
+phase() { K get tj "$1" -o jsonpath='{.status.phase}'; }
+succeeded() { [[ "$(phase "$1")" == Succeeded ]]; }
+
+# ---- one operator, one job ----
+start_operator op
+OP_PID=$LAST_PID
+"$OPERATOR" --help | grep -q -- "--leader-elect" || fail "--help lists no --leader-elect"
+K apply -f examples/jobs/tiny.yaml > /dev/null || fail "apply tiny"
+wait_for 300 succeeded tiny || fail "tiny did not succeed (phase $(phase tiny))"
+K get tj tiny | tee "$OUT/get.txt"
+grep -q "^tiny *Succeeded *1 *1 *1 *none *200" "$OUT/get.txt" || fail "kubectl get tj: $(cat "$OUT/get.txt")"
+K get tj tiny -o json > "$OUT/tiny.json"
+python3 - "$OUT/tiny.json" <<'PY' || fail "status: $(cat "$OUT/tiny.json")"
+import json, sys
+s = json.load(open(sys.argv[1]))["status"]
+conditions = {c["type"]: c["status"] for c in s["conditions"]}
+assert conditions.get("Succeeded") == "True" and conditions.get("Planned") == "True", conditions
+assert s["plan"]["configMap"] == "tiny-plan" and s["workers"]["succeeded"] == 1, s
+assert s["observedGeneration"] == 1 and s.get("completionTime"), s
+PY
+grep -q "resumed\|step" "$OUT"/work/pods/default_tiny-worker-0*/log 2>/dev/null ||
+  ls "$OUT/work/pods" > /dev/null || fail "no pod directory"
+metrics_port=$(port_of "$OUT/op.log" "serving metrics")
+health_port=$(port_of "$OUT/op.log" "serving health probes")
+get "http://127.0.0.1:$metrics_port/metrics" > "$OUT/metrics" || fail "no /metrics"
+grep -q '^controller_runtime_reconcile_total{controller="trainingjob",result="success"} [1-9]' "$OUT/metrics" ||
+  fail "no successful reconciles counted: $(grep reconcile_total "$OUT/metrics")"
+grep -q '^rest_client_requests_total{code="200"' "$OUT/metrics" || fail "no REST requests counted"
+promtool check metrics < "$OUT/metrics" || fail "promtool rejects the operator's /metrics"
+[[ "$(get "http://127.0.0.1:$health_port/healthz")" == ok ]] || fail "/healthz"
+[[ "$(get "http://127.0.0.1:$health_port/readyz")" == ok ]] || fail "/readyz"
+kill -TERM "$OP_PID"
+wait "$OP_PID" || fail "the operator did not exit 0 on SIGTERM"
+
+# ---- two operators with leader election ----
+LEASE=(--leader-elect --leader-election-namespace default --leader-election-id e2e-lease)
+start_operator a "${LEASE[@]}"
+A_PID=$LAST_PID
+start_operator b "${LEASE[@]}"
+B_PID=$LAST_PID
+wait_for 30 grep -q 'became the leader' "$OUT/a.log" "$OUT/b.log" || fail "nobody became the leader"
+sleep 3  # a second leader would have shown by now (retry period 2 s)
+leaders=$(grep -l 'became the leader' "$OUT/a.log" "$OUT/b.log" | wc -l)
+[[ $leaders -eq 1 ]] || fail "$leaders leaders"
+if grep -q 'became the leader' "$OUT/a.log"; then LEADER=a LPID=$A_PID OTHER=b; else LEADER=b LPID=$B_PID OTHER=a; fi
+sed 's/name: tiny/name: tiny-two/' examples/jobs/tiny.yaml | K apply -f - > /dev/null
+wait_for 300 succeeded tiny-two || fail "tiny-two did not succeed under the leader"
+other_metrics=$(port_of "$OUT/$OTHER.log" "serving metrics")
+get "http://127.0.0.1:$other_metrics/metrics" > "$OUT/other.metrics" || fail "standby /metrics"
+if grep -q '^controller_runtime_reconcile_total{.*} [1-9]' "$OUT/other.metrics"; then
+  fail "the standby reconciled: $(grep reconcile_total "$OUT/other.metrics")"
+fi
+grep -q '^leader_election_master_status{name="e2e-lease"} 0' "$OUT/other.metrics" ||
+  fail "standby's leader_election_master_status: $(grep leader_election "$OUT/other.metrics")"
+killed_at=$SECONDS
+kill -KILL "$LPID"
+# No release: the lease must expire (15 s) before the standby takes it; allow two retry periods.
+wait_for 25 grep -q 'became the leader' "$OUT/$OTHER.log" || fail "$OTHER did not take over"
+echo "takeover after $((SECONDS - killed_at)) s"
+sed 's/name: tiny/name: tiny-three/' examples/jobs/tiny.yaml | K apply -f - > /dev/null
+wait_for 300 succeeded tiny-three || fail "tiny-three did not succeed under the new leader"
+echo "operator ok: tiny Succeeded via kubectl; one leader of two; $OTHER took over from $LEADER"
