@@ -35,6 +35,8 @@ bench: build
 	$(BUILD)/bin/bench_overlap
 	$(BUILD)/bin/bench_adamw
 	$(BUILD)/bin/bench_offload
+	$(BUILD)/bin/bench_kube
+	$(BUILD)/bin/bench_operator
 
 clean:
 	rm -rf $(BUILD)
