@@ -81,7 +81,9 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
   options.init_from_llmc = init_from;
   options.log_every = log_every;
   std::map<std::string, kt::worker::CommStats> last_stats;
+  double last_tokens_per_second = 0;
   options.on_step = [&](const kt::worker::StepReport& r) {
+    last_tokens_per_second = r.tokens_per_second;
     metrics.steps.inc();
     metrics.step_seconds.observe(r.seconds);
     metrics.tokens.inc(static_cast<double>(r.tokens));
@@ -120,6 +122,21 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
   if (result.interrupted) return 143;  // 128 + SIGTERM: retryable, resumes from the checkpoint
   std::printf("done: %lld steps, final loss %.4f\n", static_cast<long long>(result.steps_done),
               result.last_loss);
+  // The final progress as a Kubernetes termination message (the kubelet copies the file into
+  // containerStatuses[].state.terminated.message), so that a finished job's status still shows
+  // its last loss and speed when /metrics is gone. Prometheus text, the same samples the operator
+  // reads from /metrics; well under the 4 KiB limit.
+  if (const char* path = std::getenv("KUBETRAIN_TERMINATION_MESSAGE_PATH");
+      path && *path && rendezvous.rank == 0) {
+    if (std::FILE* out = std::fopen(path, "w")) {
+      std::fprintf(out,
+                   "kubetrain_worker_steps_total %lld\nkubetrain_worker_loss %.6g\n"
+                   "kubetrain_worker_tokens_per_second %.6g\n",
+                   static_cast<long long>(result.steps_done), result.last_loss,
+                   last_tokens_per_second);
+      std::fclose(out);
+    }
+  }
   return 0;
 }
 

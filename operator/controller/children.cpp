@@ -105,6 +105,8 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
       env_var("NPROC_PER_NODE", std::to_string(procs)),
       env_var("KUBETRAIN_PLAN", kPlanPath),
       env_var("KUBETRAIN_RESTART_ATTEMPT", std::to_string(attempt)),
+      // Rank 0 writes its final progress there; the kubelet reports it in the pod's status.
+      env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH", kTerminationMessagePath),
   });
 
   Object resources =
@@ -122,6 +124,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
        {"launch", "--plan", kPlanPath, "--checkpoint-dir", kCheckpointDir, "--metrics-port",
         std::to_string(options.metrics_port)}},
       {"env", env},
+      {"terminationMessagePath", kTerminationMessagePath},
       {"ports",
        {{{"name", "rendezvous"}, {"containerPort", options.master_port}},
         {{"name", "metrics"}, {"containerPort", options.metrics_port}}}},

@@ -27,6 +27,8 @@ inline constexpr const char* kMetricsPortAnnotation = "kubetrain.dev/metrics-por
 
 inline constexpr const char* kPlanMountDir = "/etc/kubetrain";
 inline constexpr const char* kPlanPath = "/etc/kubetrain/plan.json";
+// Kubernetes' default terminationMessagePath: rank 0's final progress (Prometheus text).
+inline constexpr const char* kTerminationMessagePath = "/dev/termination-log";
 inline constexpr const char* kCheckpointDir = "/var/lib/kubetrain/checkpoints";
 inline constexpr const char* kDataDir = "/data";
 

@@ -645,6 +645,19 @@ ReconcileResult Controller::Pass::run() {
   if (desired > 0 && status_.workers.succeeded == desired) {
     status_.progress.step = job.spec.training.steps;
     status_.progress.eta_seconds = 0;
+    // Rank 0's final progress, from its termination message (its /metrics is gone).
+    if (current.count(0)) {
+      const Object& statuses = current[0]["status"].value("containerStatuses", Object::array());
+      if (!statuses.empty()) {
+        const std::string message =
+            statuses[0].value("state", Object::object())
+                .value("terminated", Object::object())
+                .value("message", "");
+        const WorkerProgress last = parse_worker_progress(message);
+        if (last.loss) status_.progress.loss = *last.loss;
+        if (last.tokens_per_second) status_.progress.tokens_per_second = *last.tokens_per_second;
+      }
+    }
     finish(JobPhase::kSucceeded, "Succeeded",
            "all " + std::to_string(desired) + " worker(s) completed " +
                std::to_string(job.spec.training.steps) + " steps",

@@ -135,6 +135,11 @@ PodRunner::~PodRunner() {
   stop();
 }
 
+std::string PodRunner::termination_message_path(const std::string& ns,
+                                                const std::string& name) const {
+  return (fs::path(pod_dir(ns, name)) / "termination-log").string();
+}
+
 std::string PodRunner::pod_dir(const std::string& ns, const std::string& name) const {
   return (fs::path(options_.work_dir) / "pods" / (ns + "_" + name)).string();
 }
@@ -414,6 +419,8 @@ void PodRunner::launch(const Object& pod) {
     env[e.value("name", "")] = rewrite(value);
   }
   // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
+  // The container's termination message file, as the kubelet provides it (read back on exit).
+  env["KUBETRAIN_TERMINATION_MESSAGE_PATH"] = termination_message_path(ns, name);
   if (env.count("MASTER_ADDR") && !is_ip_literal(env["MASTER_ADDR"]))
     env["MASTER_ADDR"] = "127.0.0.1";
   if (env.count("MASTER_PORT")) {
@@ -534,6 +541,13 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
                          {"startedAt", p.started_at},
                          {"finishedAt", now_rfc3339()}};
     if (WIFSIGNALED(wstatus)) terminated["signal"] = WTERMSIG(wstatus);
+    // The kubelet's limit for a termination message is 4 KiB.
+    if (std::ifstream in{termination_message_path(p.ns, p.name)}) {
+      std::string message(4096, '\0');
+      in.read(message.data(), static_cast<std::streamsize>(message.size()));
+      message.resize(static_cast<size_t>(in.gcount()));
+      if (!message.empty()) terminated["message"] = message;
+    }
     Object pod;
     try {
       pod = client_.get(kube::kPods, p.ns, p.name);

@@ -58,6 +58,9 @@ class PodRunner {
 
   std::string pod_dir(const std::string& ns, const std::string& name) const;
   std::string log_path(const std::string& ns, const std::string& name) const;
+  // Where the container's termination message is written (its env
+  // KUBETRAIN_TERMINATION_MESSAGE_PATH); copied into state.terminated.message on exit.
+  std::string termination_message_path(const std::string& ns, const std::string& name) const;
   // Processes running now.
   size_t running() const;
 

@@ -385,6 +385,35 @@ TEST_F(ControllerTest, ActiveDeadline_FailsTheJob_AndCleansRunningPods) {
   EXPECT_TRUE(pods().empty());  // cleanPodPolicy Running: the running pod was deleted
 }
 
+// A finished worker's /metrics is gone: the last loss and speed come from rank 0's termination
+// message (Prometheus text the worker writes to KUBETRAIN_TERMINATION_MESSAGE_PATH).
+TEST_F(ControllerTest, Succeeded_TakesTheFinalProgressFromTheTerminationMessage) {
+  store.create(kTrainingJobs, "default", tiny_job("done"));
+  reconcile("done");
+  const Object pod = store.get(kPods, "default", "done-worker-0");
+  const Object& container = pod["spec"]["containers"][0];
+  EXPECT_EQ(container["terminationMessagePath"], "/dev/termination-log");
+  bool env_set = false;
+  for (const auto& e : container["env"])
+    env_set |= e["name"] == "KUBETRAIN_TERMINATION_MESSAGE_PATH" &&
+               e["value"] == "/dev/termination-log";
+  EXPECT_TRUE(env_set);
+  const Object terminated = {
+      {"exitCode", 0},
+      {"reason", "Completed"},
+      {"message",
+       "kubetrain_worker_steps_total 100\nkubetrain_worker_loss 2.125\n"
+       "kubetrain_worker_tokens_per_second 31250\n"}};
+  set_pod_status("done-worker-0",
+                 {{"phase", "Succeeded"},
+                  {"containerStatuses",
+                   Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+  reconcile("done");
+  EXPECT_EQ(status("done")["phase"], "Succeeded");
+  EXPECT_EQ(status("done")["progress"]["loss"], 2.125);
+  EXPECT_EQ(status("done")["progress"]["tokensPerSecond"], 31250);
+}
+
 TEST_F(ControllerTest, CleanPodPolicy_DecidesWhichPodsStayAfterTheEnd) {
   for (const char* policy : {"All", "Running", "None"}) {
     const std::string name = std::string("job-") + (policy[0] == 'A'   ? "a"

@@ -136,6 +136,14 @@ TEST_F(PodRunnerTest, UnboundPod_IsBoundRunAndSucceeds_WithItsOutputInTheLog) {
   EXPECT_NE(read(runner->log_path("default", "ok")).find("hello from ok"), std::string::npos);
 }
 
+TEST_F(PodRunnerTest, TerminationMessage_IsCopiedIntoTheContainerStatus) {
+  store.create(kPods, "default",
+               shell_pod("msg", "printf 'kubetrain_worker_loss 2.5' > \"$KUBETRAIN_TERMINATION_MESSAGE_PATH\""));
+  const Object pod = wait_for_phase("msg", "Succeeded");
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"],
+            "kubetrain_worker_loss 2.5");
+}
+
 TEST_F(PodRunnerTest, NonZeroExit_IsFailedWithTheExitCode) {
   store.create(kPods, "default", shell_pod("bad", "exit 3"));
   const Object pod = wait_for_phase("bad", "Failed");
