@@ -169,9 +169,11 @@ int main(int argc, char** argv) {
       election.lease_name = lease_name;
       election.identity = identity();
       election.metrics = &kube_metrics;
-      election.on_started_leading = [&] {
-        log("info", "became the leader; reconciling", "lease=" + lease_namespace + "/" + lease_name +
-                                                          " identity=" + election.identity);
+      // The elector keeps a copy of `election`: the callbacks must not refer to it.
+      const std::string me = election.identity;
+      election.on_started_leading = [&, me] {
+        log("info", "became the leader; reconciling",
+            "lease=" + lease_namespace + "/" + lease_name + " identity=" + me);
         leading = true;
         manager.start();
       };
