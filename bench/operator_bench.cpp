@@ -26,7 +26,7 @@
 
 #include "operator/kube/config.h"
 #include "operator/kube/rest_client.h"
-#include "operator/local/http_get.h"
+#include "telemetry/http_get.h"
 
 extern char** environ;
 
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
 
   std::map<double, double> buckets;
   double reconciles = 0;
-  if (auto text = kt::local::http_get("127.0.0.1", metrics_port, "/metrics")) {
+  if (auto text = kt::telemetry::http_get("127.0.0.1", metrics_port, "/metrics")) {
     std::istringstream lines(*text);
     std::string line;
     while (std::getline(lines, line)) {

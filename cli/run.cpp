@@ -21,10 +21,10 @@
 #include "api/yaml_json.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
-#include "operator/local/http_get.h"
 #include "operator/local/local_node.h"
 #include "operator/local/pod_runner.h"
 #include "operator/local/store.h"
+#include "telemetry/http_get.h"
 
 namespace kt::cli {
 
@@ -213,7 +213,7 @@ int run_job(const RunOptions& options) {
   controller::ControllerOptions controller_options;
   controller_options.progress_interval = std::chrono::milliseconds(500);
   controller_options.fetch_metrics = [](const std::string& host, int port) {
-    return local::http_get(host, port, "/metrics", std::chrono::milliseconds(500));
+    return telemetry::http_get(host, port, "/metrics", std::chrono::milliseconds(500));
   };
   controller::Controller controller(store, controller_options);
 

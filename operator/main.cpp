@@ -24,7 +24,7 @@
 #include "operator/kube/leader_election.h"
 #include "operator/kube/metrics.h"
 #include "operator/kube/rest_client.h"
-#include "operator/local/http_get.h"
+#include "telemetry/http_get.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 #include "telemetry/metrics_endpoint.h"
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     controller_options.metrics = &controller_metrics;
     if (!worker_image.empty()) controller_options.children.default_image = worker_image;
     controller_options.fetch_metrics = [](const std::string& host, int port) {
-      return kt::local::http_get(host, port, "/metrics", std::chrono::seconds(2));
+      return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };
     kt::controller::Controller controller(client, controller_options);
     kt::controller::ManagerOptions manager_options;

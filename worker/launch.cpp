@@ -1,11 +1,8 @@
 #include "worker/launch.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +18,7 @@
 #include <vector>
 
 #include "api/error.h"
+#include "telemetry/http_get.h"
 #include "telemetry/http_server.h"
 #include "telemetry/merge.h"
 #include "telemetry/metrics_endpoint.h"
@@ -105,55 +103,6 @@ void relay(int fd, FILE* to, int global_rank, MetricsPorts* ports, size_t local)
   ::close(fd);
 }
 
-// GET http://127.0.0.1:port/path with a deadline; the body, or nullopt on any failure. A plain
-// socket client: the ranks are local, and the HTTP library is only an adapter for serving.
-std::optional<std::string> http_get_local(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::nullopt;
-  timeval tv{2, 0};  // a rank that does not answer in 2 s is left out of this scrape
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(request.size())) {
-      char buffer[8192];
-      ssize_t n;
-      while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0)
-        response.append(buffer, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  const size_t header_end = response.find("\r\n\r\n");
-  // "HTTP/1.x 200 ..." only.
-  if (header_end == std::string::npos || response.compare(0, 7, "HTTP/1.") != 0 ||
-      response.compare(8, 5, " 200 ") != 0) {
-    return std::nullopt;
-  }
-  std::string headers = response.substr(0, header_end);
-  for (auto& c : headers) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::string body = response.substr(header_end + 4);
-  if (headers.find("transfer-encoding: chunked") == std::string::npos) return body;
-  // Chunked despite HTTP/1.0: size line (hex), data, CRLF, ..., 0.
-  std::string decoded;
-  size_t at = 0;
-  for (;;) {
-    const size_t line_end = body.find("\r\n", at);
-    if (line_end == std::string::npos) return std::nullopt;
-    const size_t size = std::stoul(body.substr(at, line_end - at), nullptr, 16);
-    if (size == 0) return decoded;
-    if (line_end + 2 + size > body.size()) return std::nullopt;
-    decoded.append(body, line_end + 2, size);
-    at = line_end + 2 + size + 2;
-  }
-}
-
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
@@ -229,7 +178,10 @@ int launch_ranks(const LaunchOptions& options) {
       std::vector<std::string> texts;
       for (int port : ports.all()) {
         if (port == 0) continue;  // not serving yet
-        if (auto text = http_get_local(port, "/metrics")) texts.push_back(std::move(*text));
+        // A rank that does not answer in 2 s is left out of this scrape.
+        if (auto text =
+                telemetry::http_get("127.0.0.1", port, "/metrics", std::chrono::seconds(2)))
+          texts.push_back(std::move(*text));
       }
       return telemetry::Response{200, telemetry::kPrometheusTextContentType,
                                  telemetry::merge_expositions(texts)};

@@ -23,6 +23,34 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A unit's slices of a model buffer (llm.c layout) to and from one contiguous host block.
+void gather(float* block, const float* base, const std::vector<Gpt::Slice>& slices) {
+  for (const auto& s : slices) {
+    std::memcpy(block, base + s.offset, s.count * sizeof(float));
+    block += s.count;
+  }
+}
+void scatter(float* base, const float* block, const std::vector<Gpt::Slice>& slices) {
+  for (const auto& s : slices) {
+    std::memcpy(base + s.offset, block, s.count * sizeof(float));
+    block += s.count;
+  }
+}
+// The same for pieces given by pointer (activation checkpoints).
+using Pieces = std::vector<std::pair<float*, int64_t>>;
+void gather(float* block, const Pieces& pieces) {
+  for (const auto& [data, count] : pieces) {
+    std::memcpy(block, data, count * sizeof(float));
+    block += count;
+  }
+}
+void scatter(const Pieces& pieces, const float* block) {
+  for (const auto& [data, count] : pieces) {
+    std::memcpy(data, block, count * sizeof(float));
+    block += count;
+  }
+}
+
 // Units updated on the device: all of them without offload, else the plan's first gpuUnits.
 int64_t device_units(const api::Plan& plan) {
   return plan.config.offload == api::OffloadMode::kNone ? plan.model.layers + 1
@@ -131,14 +159,9 @@ OffloadEngine::~OffloadEngine() {
 
 void OffloadEngine::start() {
   synchronize();
-  float* device = model_.params();
   for (auto& unit : units_) {
     if (!unit.cpu) continue;
-    float* master = unit.master.data();
-    for (const auto& s : unit.slices) {
-      std::memcpy(master, device + s.offset, s.count * sizeof(float));
-      master += s.count;
-    }
+    gather(unit.master.data(), model_.params(), unit.slices);
     unit.residency = Residency::kResident;
   }
   for (int64_t i = slots_; i < num_streamed_; ++i) evict(streamed_unit(i));
@@ -181,12 +204,7 @@ void OffloadEngine::fetch(int64_t u) {
   h2d_.enqueue([this, u] {
     const auto t0 = Clock::now();
     const Unit& unit = units_[u];
-    const float* master = unit.master.data();
-    float* device = model_.params();
-    for (const auto& s : unit.slices) {
-      std::memcpy(device + s.offset, master, s.count * sizeof(float));
-      master += s.count;
-    }
+    scatter(model_.params(), unit.master.data(), unit.slices);
     span("h2d", "params L" + std::to_string(u - 1), t0);
   });
   h2d_bytes_ += unit.floats * static_cast<int64_t>(sizeof(float));
@@ -231,11 +249,7 @@ void OffloadEngine::forward_activations_done(int64_t u) {
   d2h_bytes_ += unit.checkpoint.size() * sizeof(float);
   d2h_.enqueue([this, u, slices] {
     const auto t0 = Clock::now();
-    float* host = units_[u].checkpoint.data();
-    for (const auto& [data, count] : slices) {
-      std::memcpy(host, data, count * sizeof(float));
-      host += count;
-    }
+    gather(units_[u].checkpoint.data(), slices);
     span("d2h", "ckpt L" + std::to_string(u - 1), t0);
   });
   unit.checkpoint_home = d2h_.record();
@@ -250,11 +264,7 @@ void OffloadEngine::copy_checkpoint_back(int64_t u) {
   h2d_bytes_ += unit.checkpoint.size() * sizeof(float);
   h2d_.enqueue([this, u, slices] {
     const auto t0 = Clock::now();
-    const float* host = units_[u].checkpoint.data();
-    for (const auto& [data, count] : slices) {
-      std::memcpy(data, host, count * sizeof(float));
-      host += count;
-    }
+    scatter(slices, units_[u].checkpoint.data());
     span("h2d", "ckpt L" + std::to_string(u - 1), t0);
   });
   unit.checkpoint_back = h2d_.record();
@@ -418,15 +428,10 @@ void OffloadEngine::synchronize() {
 void OffloadEngine::with_all_parameters(const std::function<void()>& fn) {
   synchronize();
   std::vector<int64_t> evicted;
-  float* device = model_.params();
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     Unit& unit = units_[u];
     if (unit.residency != Residency::kEvicted) continue;
-    const float* master = unit.master.data();
-    for (const auto& s : unit.slices) {
-      std::memcpy(device + s.offset, master, s.count * sizeof(float));
-      master += s.count;
-    }
+    scatter(model_.params(), unit.master.data(), unit.slices);
     unit.residency = Residency::kResident;
     evicted.push_back(u);
   }

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "api/inventory.h"
-#include "api/quantity.h"
+#include "operator/kube/objects.h"
 #include "planner/planner.h"
 
 namespace kt::controller {
@@ -16,25 +16,12 @@ namespace kt::controller {
 using api::JobPhase;
 using kube::ApiError;
 using kube::Object;
+using kube::parse_rfc3339;
+using kube::rfc3339;
 using Clock = std::chrono::system_clock;
 using std::chrono::milliseconds;
 
 namespace {
-
-std::string rfc3339(Clock::time_point t) {
-  const std::time_t secs = Clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-std::optional<Clock::time_point> parse_rfc3339(const std::string& text) {
-  std::tm tm{};
-  if (text.empty() || !strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return std::nullopt;
-  return Clock::from_time_t(timegm(&tm));
-}
 
 std::string label(const Object& obj, const char* key) {
   const auto& labels = obj["metadata"].value("labels", Object::object());
@@ -88,22 +75,6 @@ std::string fnv_hex(const std::string& text) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
-}
-
-double gpu_request(const Object& pod) {
-  double total = 0;
-  for (const auto& c : pod["spec"].value("containers", Object::array())) {
-    const auto res = c.value("resources", Object::object());
-    for (const char* kind : {"requests", "limits"}) {
-      const auto m = res.value(kind, Object::object());
-      if (!m.contains("nvidia.com/gpu")) continue;
-      const auto& v = m["nvidia.com/gpu"];
-      total +=
-          v.is_number() ? v.get<double>() : api::parse_quantity(v.get<std::string>()).value_or(0);
-      break;  // requests, or limits when there are no requests (the API server's default)
-    }
-  }
-  return total;
 }
 
 api::PlanSummary summarize(const api::Plan& plan) {
@@ -311,7 +282,7 @@ class Controller::Pass {
       if (label(pod, kJobNameLabel) == name_ && pod["metadata"].value("namespace", "") == ns_)
         continue;
       const std::string node = pod["spec"].value("nodeName", "");
-      if (!node.empty()) used[node] += gpu_request(pod);
+      if (!node.empty()) used[node] += kube::pod_gpu_request(pod);
     }
     std::string fingerprint;
     for (auto& node : inv.nodes) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api/quantity.h"
+#include "operator/kube/objects.h"
 
 extern char** environ;
 
@@ -25,17 +26,9 @@ namespace kt::local {
 namespace fs = std::filesystem;
 using kube::ApiError;
 using kube::Object;
+using kube::now_rfc3339;
 
 namespace {
-
-std::string now_rfc3339() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // A port nobody listens on now (the kernel's choice for port 0). Another process could take it
 // before the pod binds it; on one machine that is rare and the pod then fails visibly.
@@ -60,22 +53,6 @@ bool is_ip_literal(const std::string& host) {
   in6_addr v6{};
   return ::inet_pton(AF_INET, host.c_str(), &v4) == 1 ||
          ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
-}
-
-double gpu_request(const Object& pod) {
-  double total = 0;
-  for (const auto& c : pod["spec"].value("containers", Object::array())) {
-    const auto res = c.value("resources", Object::object());
-    for (const char* kind : {"requests", "limits"}) {
-      const auto m = res.value(kind, Object::object());
-      if (!m.contains("nvidia.com/gpu")) continue;
-      const auto& v = m["nvidia.com/gpu"];
-      total +=
-          v.is_number() ? v.get<double>() : api::parse_quantity(v.get<std::string>()).value_or(0);
-      break;
-    }
-  }
-  return total;
 }
 
 std::string phase_of(const Object& pod) {
@@ -266,10 +243,10 @@ void PodRunner::bind_if_fits(const Object& pod, const Object& node,
       const std::string phase = phase_of(other);
       if (other["spec"].value("nodeName", "") == options_.node_name && phase != "Succeeded" &&
           phase != "Failed")
-        used += gpu_request(other);
+        used += kube::pod_gpu_request(other);
     }
-    if (used + gpu_request(pod) > gpus + 1e-9)
-      why = "Insufficient nvidia.com/gpu (requested " + std::to_string(gpu_request(pod)) +
+    if (used + kube::pod_gpu_request(pod) > gpus + 1e-9)
+      why = "Insufficient nvidia.com/gpu (requested " + std::to_string(kube::pod_gpu_request(pod)) +
             ", free " + std::to_string(gpus - used) + ")";
   }
   if (!why.empty()) {

@@ -6,6 +6,8 @@
 #include <random>
 #include <sstream>
 
+#include "operator/kube/objects.h"
+
 namespace kt::local {
 
 using kube::ApiError;
@@ -22,15 +24,6 @@ std::string kind_key(const Resource& r) {
 
 std::string object_key(const std::string& ns, const std::string& name) {
   return ns + "/" + name;
-}
-
-std::string now_rfc3339() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 ApiError not_found(const Resource& r, const std::string& name) {
@@ -478,7 +471,7 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
     std::snprintf(buf, sizeof(buf), "%012llx", static_cast<unsigned long long>(++uid_counter_));
     return std::string(buf);
   }();
-  meta["creationTimestamp"] = now_rfc3339();
+  meta["creationTimestamp"] = kube::now_rfc3339();
   meta["generation"] = 1;
   meta["resourceVersion"] = next_version();
   meta.erase("deletionTimestamp");

@@ -1,4 +1,4 @@
-#include "operator/local/http_get.h"
+#include "telemetry/http_get.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,7 +9,7 @@
 #include <cctype>
 #include <cstdlib>
 
-namespace kt::local {
+namespace kt::telemetry {
 
 std::optional<std::string> http_get(const std::string& host, int port, const std::string& path,
                                     std::chrono::milliseconds timeout) {
@@ -52,10 +52,11 @@ std::optional<std::string> http_get(const std::string& host, int port, const std
     if (eol == std::string::npos) return std::nullopt;
     const size_t size = std::strtoul(body.substr(at, eol - at).c_str(), nullptr, 16);
     if (size == 0) break;
-    out += body.substr(eol + 2, size);
+    if (eol + 2 + size > body.size()) return std::nullopt;
+    out.append(body, eol + 2, size);
     at = eol + 2 + size + 2;
   }
   return out;
 }
 
-}  // namespace kt::local
+}  // namespace kt::telemetry

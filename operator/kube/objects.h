@@ -1,0 +1,23 @@
+// Small readings and writings of API objects shared by the controller and the local control
+// plane: metav1.Time values (RFC 3339, whole seconds, UTC) and a pod's GPU request.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "operator/kube/client.h"
+
+namespace kt::kube {
+
+// "2026-11-30T22:38:58Z".
+std::string rfc3339(std::chrono::system_clock::time_point t);
+std::string now_rfc3339();
+// nullopt for "" or text that is not "YYYY-MM-DDTHH:MM:SS…".
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(const std::string& text);
+
+// The nvidia.com/gpu a pod asks for: per container its requests, or its limits when it has no
+// request (the API server's defaulting), summed over containers.
+double pod_gpu_request(const Object& pod);
+
+}  // namespace kt::kube
