@@ -14,7 +14,7 @@ using cu::bf16;
 using worker::MemoryKind;
 
 int64_t GptDims::parameters() const {
-  return 12 * L * C * C + 13 * L * C + (Vp + T) * C;
+  return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C;  // + lnf
 }
 
 void* GptBf16::alloc(size_t bytes, MemoryKind kind) {

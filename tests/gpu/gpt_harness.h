@@ -15,7 +15,7 @@ namespace kt::gpu_harness {
 
 struct GptDims {
   int64_t L, C, NH, V, Vp, T, B;
-  int64_t parameters() const;  // 12·L·C² + 13·L·C + (Vp + T)·C
+  int64_t parameters() const;  // 12·L·C² + 13·L·C + (Vp + T)·C + 2·C
 };
 
 class GptBf16 {
