@@ -110,10 +110,7 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   Fl_ = c.ffn / t;
   Vl_ = c.padded_vocab / t;
   vocab_offset_ = tp_.rank * Vl_;
-  const int64_t C = c.channels, L = c.layers, maxT = c.max_seq_len;
-  param_sizes_ = {Vl_ * C,     maxT * C, L * C, L * C, L * 3 * Cl_ * C, L * 3 * Cl_,
-                  L * C * Cl_, L * C,    L * C, L * C, L * Fl_ * C,     L * Fl_,
-                  L * C * Fl_, L * C,    C,     C};
+  param_sizes_ = gpt_param_sizes(c, t);
   for (int64_t s : param_sizes_) num_params_ += s;
   params_ = device_->allocate_floats(num_params_, MemoryKind::kParams);
   grads_ = device_->allocate_floats(num_params_, MemoryKind::kGrads);
@@ -204,20 +201,8 @@ bool Gpt::sharded(int tensor_index) const {
 }
 
 std::vector<Gpt::Slice> Gpt::unit_slices(int64_t unit) const {
-  // Tensors 2..13 are stacked (L, ...): layer l's slice is the l-th of L equal parts.
   KT_CHECK(unit >= 0 && unit <= config_.layers, "offload unit out of range");
-  std::vector<Slice> out;
-  int64_t offset = 0;
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    const bool layer_tensor = i >= 2 && i <= 13;
-    if (unit == 0 && !layer_tensor) out.push_back({i, offset, param_sizes_[i]});
-    if (unit > 0 && layer_tensor) {
-      const int64_t per_layer = param_sizes_[i] / config_.layers;
-      out.push_back({i, offset + (unit - 1) * per_layer, per_layer});
-    }
-    offset += param_sizes_[i];
-  }
-  return out;
+  return gpt_unit_slices(param_sizes_, config_.layers, unit);
 }
 
 std::vector<std::pair<float*, int64_t>> Gpt::layer_gradient_slices(int64_t l) const {
@@ -242,9 +227,7 @@ std::vector<std::pair<float*, int64_t>> Gpt::layer_checkpoint_slices(int64_t l) 
 }
 
 bool Gpt::decays(int tensor_index) {
-  // wte, wpe, qkvw, attprojw, fcw, fcprojw
-  return tensor_index == 0 || tensor_index == 1 || tensor_index == 4 || tensor_index == 6 ||
-         tensor_index == 10 || tensor_index == 12;
+  return gpt_decays(tensor_index);
 }
 
 double Gpt::flops_per_micro_step() const {
@@ -283,28 +266,13 @@ void copy_slice(const std::vector<float>& logical, const TensorView& view) {
 void Gpt::init_weights(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const float residual_std = 0.02f / std::sqrt(2.0f * config_.layers);
   auto views_now = parameter_views();
   for (int i = 0; i < kNumParamTensors; ++i) {
-    const std::string name = kParamNames[i];
     TensorView& t = views_now[i];
-    const bool layernorm_weight = name == "ln1w" || name == "ln2w" || name == "lnfw";
-    const bool bias = name.back() == 'b';  // qkvb, fcb, ...: biases and LayerNorm biases
     int64_t n = 1;
     for (int64_t d : (t.logical_shape.empty() ? t.shape : t.logical_shape)) n *= d;
     std::vector<float> full(n);
-    for (int64_t j = 0; j < n; ++j) {
-      if (layernorm_weight)
-        full[j] = 1.0f;
-      else if (bias)
-        full[j] = 0.0f;
-      else if (name == "attprojw" || name == "fcprojw")
-        full[j] = residual_std * normal(rng);
-      else
-        full[j] = 0.02f * normal(rng);
-    }
-    if (i == 0)  // the padded vocabulary rows are never targets; llm.c keeps them at zero
-      std::fill(full.begin() + config_.vocab * config_.channels, full.end(), 0.0f);
+    gpt_initial_values(config_, i, n, rng, normal, full.data());
     if (t.logical_shape.empty())
       std::memcpy(t.data, full.data(), n * sizeof(float));
     else

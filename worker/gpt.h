@@ -15,26 +15,12 @@
 #include "api/model.h"
 #include "worker/comm.h"
 #include "worker/device.h"
+#include "worker/gpt_layout.h"
 #include "worker/tensor_view.h"
 
 namespace kt::worker {
 
-struct GptConfig {
-  int64_t max_seq_len = 0;   // maxT: rows of wpe
-  int64_t vocab = 0;         // V
-  int64_t padded_vocab = 0;  // Vp
-  int64_t layers = 0;        // L
-  int64_t heads = 0;         // NH
-  int64_t channels = 0;      // C
-  int64_t ffn = 0;           // F (4C in GPT-2)
-  static GptConfig from(const api::ModelDims& m);
-};
-
-// The 16 parameter tensors, in llm.c's order.
-inline constexpr int kNumParamTensors = 16;
-inline constexpr std::array<const char*, kNumParamTensors> kParamNames = {
-    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
+// GptConfig, kParamNames and the parameter layout: worker/gpt_layout.h.
 
 // Tensor parallelism in Megatron's layout (Shoeybi et al. 2019): qkv and fc are column-parallel
 // (each rank holds NH/t heads and F/t hidden units), attention projection and fc2 row-parallel
@@ -105,11 +91,7 @@ class Gpt {
   std::vector<std::pair<float*, int64_t>> layer_checkpoint_slices(int64_t l) const;
   // The pieces of layer l's parameters (one slice of each stacked per-layer tensor), and those of
   // the embedding unit (wte, wpe, lnfw, lnfb), with the tensor index of each piece.
-  struct Slice {
-    int tensor;
-    int64_t offset;  // floats from the start of the parameter (or gradient) buffer
-    int64_t count;
-  };
+  using Slice = ParamSlice;
   std::vector<Slice> unit_slices(int64_t unit) const;
   // The pieces of layer l's gradients (one slice of each stacked per-layer tensor).
   std::vector<std::pair<float*, int64_t>> layer_gradient_slices(int64_t l) const;

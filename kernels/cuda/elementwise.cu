@@ -58,28 +58,31 @@ __global__ void residual_backward_kernel(T* da, T* db, const T* dout, int64_t N)
   }
 }
 
-// out (B,T,C) = wte[tokens] + wpe[t]
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
-                                         const float* wpe, int64_t BT, int64_t T, int64_t C) {
+// out (B,T,C) = wte[tokens] + wpe[t] (the sum in fp32, one rounding when Real is bf16)
+template <class Real>
+__global__ void embedding_forward_kernel(Real* out, const int32_t* tokens, const Real* wte,
+                                         const Real* wpe, int64_t BT, int64_t T, int64_t C) {
   KT_GRID_STRIDE(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
-    out[i] = wte[static_cast<int64_t>(tokens[bt]) * C + c] + wpe[(bt % T) * C + c];
+    st(out + i, ld(wte[static_cast<int64_t>(tokens[bt]) * C + c]) + ld(wpe[(bt % T) * C + c]));
   }
 }
 // dwte: rows repeat when a token repeats, so the adds are atomic (order not fixed).
-__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+template <class Grad>
+__global__ void embedding_backward_wte_kernel(float* dwte, const Grad* dout, const int32_t* tokens,
                                               int64_t BT, int64_t C) {
   KT_GRID_STRIDE(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
-    atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dout[i]);
+    atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], ld(dout[i]));
   }
 }
 // dwpe (T,C) += Σ_b dout (b,t,c): one thread per (t,c).
-__global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
+template <class Grad>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const Grad* dout, int64_t B, int64_t T,
                                               int64_t C) {
   KT_GRID_STRIDE(i, T * C) {
     float acc = 0.0f;
-    for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + i];
+    for (int64_t b = 0; b < B; ++b) acc += ld(dout[b * T * C + i]);
     dwpe[i] += acc;
   }
 }
@@ -174,12 +177,26 @@ void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout,
 }
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C) {
-  launch_elementwise(ctx, B * T * C, embedding_forward_kernel, out, tokens, wte, wpe, B * T, T, C);
+  launch_elementwise(ctx, B * T * C, embedding_forward_kernel<float>, out, tokens, wte, wpe, B * T,
+                     T, C);
 }
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel, dwte, dout, tokens, B * T, C);
-  launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel, dwpe, dout, B, T, C);
+  launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel<float>, dwte, dout, tokens,
+                     B * T, C);
+  launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel<float>, dwpe, dout, B, T, C);
+}
+void embedding_forward(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* wte,
+                       const bf16* wpe, int64_t B, int64_t T, int64_t C) {
+  launch_elementwise(ctx, B * T * C, embedding_forward_kernel<__nv_bfloat16>, native(out), tokens,
+                     native(wte), native(wpe), B * T, T, C);
+}
+void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const bf16* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel<__nv_bfloat16>, dwte,
+                     native(dout), tokens, B * T, C);
+  launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel<__nv_bfloat16>, dwpe, native(dout),
+                     B, T, C);
 }
 void sum_of_squares(const Context& ctx, double* result, const float* x, int64_t N) {
   launch_elementwise(ctx, N, sum_of_squares_kernel, result, x, N);

@@ -117,6 +117,12 @@ void gelu_forward(const Context& ctx, bf16* out, const bf16* inp, int64_t N);
 void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N);
 void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t N);
 void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout, int64_t N);
+// bf16 tables and output (the two rows summed in fp32, rounded once); gradients fp32 from bf16
+// dout, same order-free dwte accumulation as the fp32 version.
+void embedding_forward(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* wte,
+                       const bf16* wpe, int64_t B, int64_t T, int64_t C);
+void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const bf16* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 void softmax_cross_entropy(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
                            const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss);
 // Multi-tensor AdamW: one launch updates every tensor of the list (fp32 master params, grads and

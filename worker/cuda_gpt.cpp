@@ -1,0 +1,518 @@
+#include "worker/cuda_gpt.h"
+
+#include <cuda_runtime.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "api/error.h"
+#include "kernels/bf16.h"
+#include "kernels/cuda/check.h"
+
+namespace kt::worker {
+
+namespace cu = kernels::cuda;
+using cu::bf16;
+
+CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t T,
+                 const CudaGptOptions& options)
+    : device_(device), c_(config), B_(B), T_(T), cpu_threads_(std::max(1, options.cpu_threads)) {
+  KT_CHECK(B > 0 && T > 0 && T <= c_.max_seq_len, "micro-batch shape out of range");
+  KT_CHECK(c_.channels % c_.heads == 0, "heads must divide channels");
+  const int64_t units = c_.layers + 1;
+  device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
+  try {
+    allocate();
+  } catch (...) {  // e.g. out of memory: give back what was taken, then report
+    for (void* p : allocations_) device_.deallocate(p);
+    for (void* p : pinned_allocations_) device_.deallocate_pinned(p);
+    throw;
+  }
+  if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
+}
+
+CudaGpt::~CudaGpt() {
+  try {
+    wait_cpu_idle();
+  } catch (...) {  // already reported by the call that failed
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (cpu_thread_.joinable()) cpu_thread_.join();
+  cudaDeviceSynchronize();  // no check: a destructor must not throw; the memory goes back anyway
+  ctx_.reset();
+  for (void* p : allocations_) device_.deallocate(p);
+  for (void* p : pinned_allocations_) device_.deallocate_pinned(p);
+}
+
+void* CudaGpt::take(size_t bytes, MemoryKind kind) {
+  void* p = device_.allocate(std::max<size_t>(bytes, 1), kind);
+  allocations_.push_back(p);
+  return p;
+}
+
+void* CudaGpt::take_pinned(size_t bytes, MemoryKind kind) {
+  void* p = device_.allocate_pinned(std::max<size_t>(bytes, 1), kind);
+  pinned_allocations_.push_back(p);
+  return p;
+}
+
+void CudaGpt::allocate() {
+  const int64_t L = c_.layers, C = c_.channels, BT = B_ * T_;
+  ctx_ = std::make_unique<cu::Context>(device_.stream(StreamRole::kCompute).handle());
+  sizes_ = gpt_param_sizes(c_);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    offsets_[i] = num_params_;
+    num_params_ += sizes_[i];
+  }
+  const size_t P = static_cast<size_t>(num_params_);
+  params16_ = static_cast<bf16*>(take(P * 2, MemoryKind::kParams));
+  grads_ = static_cast<float*>(take(P * 4, MemoryKind::kGrads));
+
+  // The device units' slices, merged where consecutive layers of one tensor touch, packed.
+  units_.resize(L + 1);
+  for (int64_t u = 0; u < device_units_; ++u)
+    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u)) device_slices_.push_back(s);
+  std::sort(device_slices_.begin(), device_slices_.end(),
+            [](const ParamSlice& a, const ParamSlice& b) { return a.offset < b.offset; });
+  std::vector<ParamSlice> merged;
+  for (const ParamSlice& s : device_slices_) {
+    if (!merged.empty() && merged.back().tensor == s.tensor &&
+        merged.back().offset + merged.back().count == s.offset)
+      merged.back().count += s.count;
+    else
+      merged.push_back(s);
+  }
+  device_slices_ = merged;
+  for (const ParamSlice& s : device_slices_) device_packed_ += s.count;
+  if (device_packed_ > 0) {
+    dmaster_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kParams));
+    dm_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kOptimizer));
+    dv_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kOptimizer));
+  }
+  int64_t packed = 0;
+  for (const ParamSlice& s : device_slices_) {
+    device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
+        {dmaster_ + packed, grads_ + s.offset, dm_ + packed, dv_ + packed, params16_ + s.offset,
+         s.count});
+    packed += s.count;
+  }
+  // The host units: pinned master, moments, gradients and bf16 staging, packed unit by unit.
+  for (int64_t u = device_units_; u <= L; ++u) {
+    Unit& unit = units_[u];
+    unit.on_device = false;
+    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u)) {
+      unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
+      host_packed_ += s.count;
+    }
+    unit.grads_final = std::make_unique<CudaEvent>();
+    unit.grads_copied = std::make_unique<CudaEvent>();
+    unit.weights_copied = std::make_unique<CudaEvent>();
+  }
+  if (host_packed_ > 0) {
+    const size_t H = static_cast<size_t>(host_packed_);
+    hmaster_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kParams));
+    hm_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kOptimizer));
+    hv_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kOptimizer));
+    hgrads_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kGrads));
+    hparams16_ = static_cast<uint16_t*>(take_pinned(H * 2, MemoryKind::kParams));
+  }
+
+  auto act16 = [&](int64_t n) {
+    return static_cast<bf16*>(take(n * 2, MemoryKind::kActivations));
+  };
+  auto act32 = [&](int64_t n) {
+    return static_cast<float*>(take(n * 4, MemoryKind::kActivations));
+  };
+  const int64_t att = B_ * c_.heads * T_ * T_;
+  res_.push_back(act16(BT * C));
+  for (int64_t l = 0; l < L; ++l) {
+    ln1_.push_back(act16(BT * C));
+    qkv_.push_back(act16(BT * 3 * C));
+    atty_.push_back(act16(BT * C));
+    res2_.push_back(act16(BT * C));
+    ln2_.push_back(act16(BT * C));
+    fch_.push_back(act16(BT * c_.ffn));
+    fchg_.push_back(act16(BT * c_.ffn));
+    res_.push_back(act16(BT * C));
+    ln1_mean_.push_back(act32(BT));
+    ln1_rstd_.push_back(act32(BT));
+    ln2_mean_.push_back(act32(BT));
+    ln2_rstd_.push_back(act32(BT));
+    att_.push_back(act32(att));
+  }
+  lnf_ = act16(BT * C);
+  logits_ = act16(BT * c_.padded_vocab);
+  proj_tmp_ = act16(BT * C);
+  dres_ = act16(BT * C);
+  dtmp_c_ = act16(BT * C);
+  dtmp_3c_ = act16(BT * 3 * C);
+  dtmp_4c_a_ = act16(BT * c_.ffn);
+  dtmp_4c_b_ = act16(BT * c_.ffn);
+  lnf_mean_ = act32(BT);
+  lnf_rstd_ = act32(BT);
+  losses_ = act32(BT);
+  qkv32_ = act32(BT * 3 * C);
+  atty32_ = act32(BT * C);
+  preatt_ = act32(att);
+  datt_ = act32(att);
+  dpreatt_ = act32(att);
+  dqkv32_ = act32(BT * 3 * C);
+  dc32_ = act32(BT * C);
+  norm_ = static_cast<double*>(take(8, MemoryKind::kWorkspace));
+  tokens_ = static_cast<int32_t*>(take(2 * BT * 4, MemoryKind::kWorkspace));
+  for (int i = 0; i < 2; ++i) {
+    token_staging_[i] = static_cast<int32_t*>(take_pinned(2 * BT * 4, MemoryKind::kWorkspace));
+    staging_free_[i] = std::make_unique<CudaEvent>();
+  }
+  norm_host_ = static_cast<double*>(take_pinned(8, MemoryKind::kWorkspace));
+}
+
+double CudaGpt::flops_per_micro_step() const {
+  const double tokens = static_cast<double>(B_ * T_);
+  return 6.0 * static_cast<double>(num_params_) * tokens +
+         12.0 * static_cast<double>(c_.layers * c_.channels * T_) * tokens;
+}
+
+// ---- host access: initialisation and checkpoints -------------------------------------------
+
+void CudaGpt::init_weights(uint64_t seed) {
+  std::vector<float> host(num_params_);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < kNumParamTensors; ++i)
+    gpt_initial_values(c_, i, sizes_[i], rng, normal, host.data() + offsets_[i]);
+  set_parameters(host.data());
+  std::vector<float> zeros(num_params_, 0.0f);
+  set_moments(zeros.data(), zeros.data());
+}
+
+namespace {
+// Synchronous copies between a full host array (llm.c layout) and packed state.
+void copy_device_state(float* packed_device, const std::vector<ParamSlice>& slices, float* host,
+                       bool to_device) {
+  int64_t packed = 0;
+  for (const ParamSlice& s : slices) {
+    if (to_device)
+      KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, s.count * 4,
+                               cudaMemcpyHostToDevice));
+    else
+      KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, s.count * 4,
+                               cudaMemcpyDeviceToHost));
+    packed += s.count;
+  }
+}
+}  // namespace
+
+void CudaGpt::set_parameters(const float* host) {
+  synchronize();
+  float* h = const_cast<float*>(host);  // only read (to_device)
+  if (dmaster_) copy_device_state(dmaster_, device_slices_, h, true);
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices)
+      std::memcpy(hmaster_ + s.packed, host + s.offset, s.count * 4);
+  refresh_bf16();
+}
+
+void CudaGpt::get_parameters(float* host) {
+  synchronize();
+  if (dmaster_) copy_device_state(dmaster_, device_slices_, host, false);
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices)
+      std::memcpy(host + s.offset, hmaster_ + s.packed, s.count * 4);
+}
+
+void CudaGpt::set_moments(const float* m, const float* v) {
+  synchronize();
+  if (dm_) {
+    copy_device_state(dm_, device_slices_, const_cast<float*>(m), true);
+    copy_device_state(dv_, device_slices_, const_cast<float*>(v), true);
+  }
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices) {
+      std::memcpy(hm_ + s.packed, m + s.offset, s.count * 4);
+      std::memcpy(hv_ + s.packed, v + s.offset, s.count * 4);
+    }
+}
+
+void CudaGpt::get_moments(float* m, float* v) {
+  synchronize();
+  if (dm_) {
+    copy_device_state(dm_, device_slices_, m, false);
+    copy_device_state(dv_, device_slices_, v, false);
+  }
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices) {
+      std::memcpy(m + s.offset, hm_ + s.packed, s.count * 4);
+      std::memcpy(v + s.offset, hv_ + s.packed, s.count * 4);
+    }
+}
+
+void CudaGpt::get_gradients(float* host) {
+  synchronize();
+  KT_CUDA_CHECK(cudaMemcpy(host, grads_, static_cast<size_t>(num_params_) * 4,
+                           cudaMemcpyDeviceToHost));
+}
+
+void CudaGpt::refresh_bf16() {
+  int64_t packed = 0;
+  for (const ParamSlice& s : device_slices_) {
+    cu::cast_to_bf16(*ctx_, params16_ + s.offset, dmaster_ + packed, s.count);
+    packed += s.count;
+  }
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices) {
+      for (int64_t i = 0; i < s.count; ++i)
+        hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
+      KT_CUDA_CHECK(cudaMemcpy(params16_ + s.offset, hparams16_ + s.packed, s.count * 2,
+                               cudaMemcpyHostToDevice));
+    }
+  device_.stream(StreamRole::kCompute).synchronize();
+}
+
+// ---- the step --------------------------------------------------------------------------------
+
+void CudaGpt::zero_grad() {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  // The last step's gradient copies read grads_: zeroing waits for them.
+  for (const Unit& u : units_)
+    if (!u.on_device) compute.wait(*u.grads_copied);
+  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(num_params_) * 4, compute.handle()));
+  micro_ = 0;
+}
+
+void CudaGpt::before_unit(int64_t unit) {
+  Unit& u = units_[unit];
+  if (u.on_device) return;
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
+    if (cpu_error_) std::rethrow_exception(cpu_error_);
+  }
+  device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
+}
+
+void CudaGpt::unit_grads_final(int64_t unit) {
+  Unit& u = units_[unit];
+  if (u.on_device) return;
+  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+  device_.stream(StreamRole::kCompute).record(*u.grads_final);
+  d2h.wait(*u.grads_final);
+  for (const HostSlice& s : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + s.packed, grads_ + s.offset, s.count * 4,
+                                  cudaMemcpyDeviceToHost, d2h.handle()));
+    d2h_bytes_ += s.count * 4;
+  }
+  d2h.record(*u.grads_copied);
+}
+
+void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
+                               bool last) {
+  const int64_t L = c_.layers, C = c_.channels, NH = c_.heads, F = c_.ffn, Vp = c_.padded_vocab;
+  const int64_t B = B_, T = T_, BT = B * T;
+  const cu::Context& x = *ctx_;
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  cudaStream_t s = compute.handle();
+
+  // Tokens through pinned staging (the buffer's previous copy must have left it).
+  const int k = staging_next_;
+  staging_next_ ^= 1;
+  staging_free_[k]->synchronize();
+  std::memcpy(token_staging_[k], inputs, BT * 4);
+  std::memcpy(token_staging_[k] + BT, targets, BT * 4);
+  KT_CUDA_CHECK(cudaMemcpyAsync(tokens_, token_staging_[k], 2 * BT * 4, cudaMemcpyHostToDevice, s));
+  compute.record(*staging_free_[k]);
+  const int32_t* tok = tokens_;
+  const int32_t* tgt = tokens_ + BT;
+
+  auto zero = [&](void* p, size_t bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); };
+  const bf16* p16 = params16_;
+  auto w = [&](int i, int64_t l) { return p16 + offsets_[i] + l * (sizes_[i] / L); };
+  auto g = [&](int i, int64_t l) { return grads_ + offsets_[i] + l * (sizes_[i] / L); };
+  enum { kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb };
+  enum { kFcprojw = 12, kFcprojb, kLnfw, kLnfb };
+
+  // ---- forward
+  before_unit(0);
+  cu::embedding_forward(x, res_[0], tok, p16 + offsets_[kWte], p16 + offsets_[kWpe], B, T, C);
+  for (int64_t l = 0; l < L; ++l) {
+    before_unit(l + 1);
+    cu::layernorm_forward(x, ln1_[l], ln1_mean_[l], ln1_rstd_[l], res_[l], w(kLn1w, l),
+                          w(kLn1b, l), BT, C);
+    cu::matmul_forward_bf16(x, qkv_[l], ln1_[l], w(kQkvw, l), w(kQkvb, l), BT, C, 3 * C);
+    cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);
+    cu::attention_forward(x, atty32_, preatt_, att_[l], qkv32_, B, T, C, NH);
+    cu::cast_to_bf16(x, atty_[l], atty32_, BT * C);
+    cu::matmul_forward_bf16(x, proj_tmp_, atty_[l], w(kAttprojw, l), w(kAttprojb, l), BT, C, C);
+    cu::residual_forward(x, res2_[l], res_[l], proj_tmp_, BT * C);
+    cu::layernorm_forward(x, ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], w(kLn2w, l),
+                          w(kLn2b, l), BT, C);
+    cu::matmul_forward_bf16(x, fch_[l], ln2_[l], w(kFcw, l), w(kFcb, l), BT, C, F);
+    cu::gelu_forward(x, fchg_[l], fch_[l], BT * F);
+    cu::matmul_forward_bf16(x, proj_tmp_, fchg_[l], w(kFcprojw, l), w(kFcprojb, l), BT, F, C);
+    cu::residual_forward(x, res_[l + 1], res2_[l], proj_tmp_, BT * C);
+  }
+  cu::layernorm_forward(x, lnf_, lnf_mean_, lnf_rstd_, res_[L], p16 + offsets_[kLnfw],
+                        p16 + offsets_[kLnfb], BT, C);
+  cu::matmul_forward_bf16(x, logits_, lnf_, p16 + offsets_[kWte], nullptr, BT, C, Vp);
+  // Losses, and dlogits in place of the logits: d(scaled mean loss)/d(token loss) = scale/BT.
+  cu::softmax_cross_entropy(x, losses_, logits_, logits_, tgt, BT, c_.vocab, Vp,
+                            loss_scale / static_cast<float>(BT));
+  if (static_cast<int64_t>(loss_host_.size()) <= micro_)  // first step only: no later allocation
+    loss_host_.push_back(static_cast<float*>(take_pinned(BT * 4, MemoryKind::kWorkspace)));
+  KT_CUDA_CHECK(cudaMemcpyAsync(loss_host_[micro_], losses_, BT * 4, cudaMemcpyDeviceToHost, s));
+  ++micro_;
+
+  // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
+  zero(dtmp_c_, BT * C * 2);
+  cu::matmul_backward_bf16(x, dtmp_c_, grads_ + offsets_[kWte], nullptr, logits_, lnf_,
+                           p16 + offsets_[kWte], BT, C, Vp);
+  zero(dres_, BT * C * 2);
+  cu::layernorm_backward(x, dres_, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb], dtmp_c_,
+                         res_[L], p16 + offsets_[kLnfw], lnf_mean_, lnf_rstd_, BT, C);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    // res[l+1] = res2 + fcproj: dres is the gradient of both; the MLP adds into it.
+    zero(dtmp_4c_a_, BT * F * 2);
+    cu::matmul_backward_bf16(x, dtmp_4c_a_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[l],
+                             w(kFcprojw, l), BT, F, C);
+    zero(dtmp_4c_b_, BT * F * 2);
+    cu::gelu_backward(x, dtmp_4c_b_, fch_[l], dtmp_4c_a_, BT * F);
+    zero(dtmp_c_, BT * C * 2);
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_b_, ln2_[l], w(kFcw, l),
+                             BT, C, F);
+    cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[l], w(kLn2w, l),
+                           ln2_mean_[l], ln2_rstd_[l], BT, C);
+    // res2 = res[l] + attproj: dres is the gradient of both; attention adds into it.
+    zero(dtmp_c_, BT * C * 2);
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[l],
+                             w(kAttprojw, l), BT, C, C);
+    cu::cast_to_float(x, dc32_, dtmp_c_, BT * C);
+    cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);  // one fp32 qkv buffer for all layers
+    zero(dqkv32_, BT * 3 * C * 4);
+    cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[l], B, T, C, NH);
+    cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
+    zero(dtmp_c_, BT * C * 2);
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[l],
+                             w(kQkvw, l), BT, C, 3 * C);
+    cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
+                           ln1_mean_[l], ln1_rstd_[l], BT, C);
+    if (last) unit_grads_final(l + 1);  // layer l's gradients are final: copy (host units)
+  }
+  cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T, C);
+  if (last) unit_grads_final(0);
+}
+
+double CudaGpt::mean_loss() {
+  device_.stream(StreamRole::kCompute).synchronize();
+  const int64_t BT = B_ * T_;
+  double sum = 0;
+  for (int64_t m = 0; m < micro_; ++m) {
+    double micro = 0;
+    for (int64_t i = 0; i < BT; ++i) micro += loss_host_[m][i];
+    sum += micro / static_cast<double>(BT);
+  }
+  return micro_ > 0 ? sum / static_cast<double>(micro_) : 0.0;
+}
+
+double CudaGpt::grad_sum_of_squares() {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 8, compute.handle()));
+  cu::sum_of_squares(*ctx_, norm_, grads_, num_params_);
+  KT_CUDA_CHECK(
+      cudaMemcpyAsync(norm_host_, norm_, 8, cudaMemcpyDeviceToHost, compute.handle()));
+  compute.synchronize();
+  return *norm_host_;
+}
+
+void CudaGpt::update(const kernels::AdamWStep& step, float weight_decay) {
+  for (int decays = 0; decays < 2; ++decays) {
+    if (device_tensors_[decays].empty()) continue;
+    kernels::AdamWStep s = step;
+    s.weight_decay = decays ? weight_decay : 0.0f;
+    cu::adamw_update_multi(*ctx_, device_tensors_[decays].data(),
+                           static_cast<int>(device_tensors_[decays].size()), s);
+  }
+  // The host units, in the order the next forward reads them.
+  for (int64_t u = device_units_; u <= c_.layers; ++u) {
+    std::lock_guard lock(mutex_);
+    units_[u].pending = true;
+    cpu_tasks_.push_back([this, u, step, weight_decay] { cpu_update(u, step, weight_decay); });
+  }
+  changed_.notify_all();
+}
+
+void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay) {
+  Unit& u = units_[unit];
+  u.grads_copied->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const HostSlice& s : u.host_slices) {
+    kernels::AdamWStep k = step;
+    k.weight_decay = gpt_decays(s.tensor) ? weight_decay : 0.0f;
+    kernels::cpu::adamw_update_mixed(hmaster_ + s.packed, hgrads_ + s.packed, nullptr,
+                                     hm_ + s.packed, hv_ + s.packed, hparams16_ + s.packed,
+                                     s.count, k);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+  for (const HostSlice& s : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + s.offset, hparams16_ + s.packed, s.count * 2,
+                                  cudaMemcpyHostToDevice, h2d.handle()));
+    h2d_bytes_ += s.count * 2;
+  }
+  h2d.record(*u.weights_copied);
+  std::lock_guard lock(mutex_);
+  cpu_seconds_ += seconds;
+  u.pending = false;
+}
+
+void CudaGpt::run_cpu_tasks() {
+  // The current device and OpenMP's thread count are per thread.
+  cudaSetDevice(device_.ordinal());
+  omp_set_num_threads(cpu_threads_);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !cpu_tasks_.empty(); });
+    if (cpu_tasks_.empty()) return;  // stopping, nothing left
+    auto task = std::move(cpu_tasks_.front());
+    cpu_tasks_.pop_front();
+    cpu_busy_ = true;
+    const bool failed_before = static_cast<bool>(cpu_error_);  // skip the rest after an error
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      if (!failed_before) task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error && !cpu_error_) cpu_error_ = error;
+    cpu_busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+void CudaGpt::wait_cpu_idle() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return (cpu_tasks_.empty() && !cpu_busy_) || !cpu_thread_.joinable(); });
+  if (cpu_error_) std::rethrow_exception(cpu_error_);
+}
+
+void CudaGpt::synchronize() {
+  wait_cpu_idle();
+  device_.synchronize();
+}
+
+double CudaGpt::cpu_optimizer_seconds() const {
+  std::lock_guard lock(mutex_);
+  return cpu_seconds_;
+}
+
+}  // namespace kt::worker

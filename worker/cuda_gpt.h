@@ -1,0 +1,176 @@
+// GPT-2 on one CUDA device in bf16 mixed precision (DESIGN.md §7): bf16 weights and activations
+// on the device, fp32 gradients, fp32 master weights and AdamW moments — on the device, or, for
+// the offload units the Plan gives to the CPU (`offload: optimizer`, SynergyScale's CPU/GPU split
+// of the optimizer), in pinned host memory, updated by the CPU while the device goes on.
+//
+// The parameter layout is the CPU model's (worker/gpt_layout.h), so seeds, checkpoints and llm.c
+// files mean the same model on both. The step, for the units updated on the CPU:
+//   backward (last micro-batch): as each layer's gradients become final, the d2h stream copies
+//     them into pinned memory (waiting on an event the compute stream recorded);
+//   update: the device units' AdamW is one multi-tensor launch per decay class on the compute
+//     stream; the CPU optimizer thread runs AdamW on the host units in forward order (each after
+//     its gradient copy landed), writes their bf16 weights into pinned memory and issues their
+//     h2d copy;
+//   next forward: before a host unit's first op, the compute stream waits for that unit's h2d
+//     copy (the trainer thread waits only until the copy is issued), so the first layers compute
+//     while the CPU still updates the later ones.
+// Attention is the fp32 kernel family's (the T×T matrix materialised per layer).
+// Not here (the trainer refuses such plans on CUDA): tensor or data parallelism, recompute,
+// window offload.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "worker/cuda_device.h"
+#include "worker/gpt_layout.h"
+
+namespace kt::worker {
+
+struct CudaGptOptions {
+  // Offload units [0, device_units) keep their master weights and moments on the device and are
+  // updated there; the rest (offload: optimizer) in pinned host memory, updated by the CPU.
+  // Default (-1): every unit on the device.
+  int64_t device_units = -1;
+  int cpu_threads = 1;  // OpenMP threads of the CPU optimizer
+};
+
+class CudaGpt {
+ public:
+  // Allocates everything (throws kt::Error naming what did not fit) on `device`, whose compute
+  // stream runs the kernels. B×T is the micro-batch.
+  CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t T,
+          const CudaGptOptions& options = {});
+  ~CudaGpt();
+  CudaGpt(const CudaGpt&) = delete;
+  CudaGpt& operator=(const CudaGpt&) = delete;
+
+  int64_t num_parameters() const { return num_params_; }
+  const std::array<int64_t, kNumParamTensors>& param_sizes() const { return sizes_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  int64_t device_units() const { return device_units_; }
+  // Training FLOPs of one B×T micro-batch: 6·P·BT + attention 12·L·C·T·BT (as the CPU model).
+  double flops_per_micro_step() const;
+
+  // GPT-2's initialisation from `seed` (worker/gpt_layout.h: the CPU model's values).
+  void init_weights(uint64_t seed);
+  // The fp32 master weights (num_parameters() floats, llm.c layout), and the AdamW moments. Each
+  // call waits for queued work first; set_* refresh the bf16 copy.
+  void set_parameters(const float* host);
+  void get_parameters(float* host);
+  void set_moments(const float* m, const float* v);
+  void get_moments(float* m, float* v);
+  // The fp32 gradients accumulated so far (num_parameters() floats; waits for queued work).
+  void get_gradients(float* host);
+
+  // Starts an accumulation: gradients and the loss sum are zeroed.
+  void zero_grad();
+  // Enqueues forward and backward of one micro-batch (inputs and targets: B·T host tokens);
+  // parameter gradients accumulate, scaled by `loss_scale` (1/accumulation steps for a mean).
+  // `last`: the last micro-batch of the step (its backward starts the gradient copies of the
+  // CPU-updated units).
+  void train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
+                        bool last);
+  // Mean loss of the micro-batches since zero_grad (waits for them).
+  double mean_loss();
+  // Σ g² over every gradient, in double (waits for the backward).
+  double grad_sum_of_squares();
+  // AdamW on every parameter: `step` as given, with step.weight_decay = weight_decay for the
+  // decayed tensors and 0 for the others. Returns once the device's part is enqueued and the
+  // CPU's queued; the next forward waits for what it needs.
+  void update(const kernels::AdamWStep& step, float weight_decay);
+  // Waits for everything: device streams and the CPU optimizer.
+  void synchronize();
+
+  // Offload traffic since construction, and the CPU optimizer's busy seconds.
+  int64_t h2d_bytes() const { return h2d_bytes_.load(); }
+  int64_t d2h_bytes() const { return d2h_bytes_.load(); }
+  double cpu_optimizer_seconds() const;
+
+ private:
+  struct HostSlice {  // a slice of a CPU-updated unit: where it lives on the device and the host
+    int tensor;
+    int64_t offset;  // in the device's parameter / gradient buffers
+    int64_t packed;  // in the host buffers
+    int64_t count;
+  };
+  struct Unit {
+    bool on_device = true;
+    std::vector<HostSlice> host_slices;
+    std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
+    bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
+  };
+  void allocate();
+  void* take(size_t bytes, MemoryKind kind);
+  void* take_pinned(size_t bytes, MemoryKind kind);
+  void refresh_bf16();       // bf16 copy := master (all units), synchronous
+  void before_unit(int64_t unit);  // the next forward is about to read unit's weights
+  void unit_grads_final(int64_t unit);
+  void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
+  void run_cpu_tasks();
+  void wait_cpu_idle();
+
+  CudaDevice& device_;
+  GptConfig c_;
+  int64_t B_, T_;
+  int64_t device_units_;
+  int cpu_threads_;
+  std::unique_ptr<kernels::cuda::Context> ctx_;
+  std::array<int64_t, kNumParamTensors> sizes_{};
+  std::array<int64_t, kNumParamTensors> offsets_{};
+  int64_t num_params_ = 0;
+  std::vector<void*> allocations_, pinned_allocations_;
+
+  // Parameters: the bf16 copy and fp32 gradients of everything on the device; fp32 master and
+  // moments of the device units, packed by the device tensors list; of the host units, packed.
+  kernels::cuda::bf16* params16_ = nullptr;
+  float* grads_ = nullptr;
+  float *dmaster_ = nullptr, *dm_ = nullptr, *dv_ = nullptr;
+  std::vector<kernels::cuda::AdamWTensor> device_tensors_[2];  // [decays]
+  std::vector<ParamSlice> device_slices_;                       // ranges, packed in this order
+  int64_t device_packed_ = 0, host_packed_ = 0;
+  float *hmaster_ = nullptr, *hm_ = nullptr, *hv_ = nullptr, *hgrads_ = nullptr;
+  uint16_t* hparams16_ = nullptr;
+  std::vector<Unit> units_;
+
+  // Activations (bf16 unless named 32), per layer where indexed.
+  std::vector<kernels::cuda::bf16*> res_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fchg_;
+  std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, att_;
+  kernels::cuda::bf16 *lnf_ = nullptr, *logits_ = nullptr, *proj_tmp_ = nullptr,
+                      *dres_ = nullptr, *dtmp_c_ = nullptr, *dtmp_3c_ = nullptr,
+                      *dtmp_4c_a_ = nullptr, *dtmp_4c_b_ = nullptr;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr, *qkv32_ = nullptr,
+        *atty32_ = nullptr, *preatt_ = nullptr, *datt_ = nullptr, *dpreatt_ = nullptr,
+        *dqkv32_ = nullptr, *dc32_ = nullptr;
+  double* norm_ = nullptr;  // device Σ g²
+  int32_t* tokens_ = nullptr;  // inputs then targets, 2·B·T on the device
+  // Pinned staging: two token buffers (inputs|targets) with their copy events; the loss sums.
+  int32_t* token_staging_[2] = {nullptr, nullptr};
+  std::unique_ptr<CudaEvent> staging_free_[2];
+  int staging_next_ = 0;
+  std::vector<float*> loss_host_;  // per micro-batch of the step: B·T losses (pinned)
+  int64_t micro_ = 0;              // micro-batches since zero_grad
+  double* norm_host_ = nullptr;
+
+  // The CPU optimizer thread.
+  std::thread cpu_thread_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> cpu_tasks_;
+  bool cpu_busy_ = false, stopping_ = false;
+  std::exception_ptr cpu_error_;
+  double cpu_seconds_ = 0;
+  std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
+};
+
+}  // namespace kt::worker
