@@ -901,9 +901,13 @@ void test_cuda_gpt_vs_reference() {
                 detail.c_str());
 }
 
-// offload: optimizer moves AdamW of some units to the CPU; the model must train the same: the
-// same losses and weights as with everything on the device (up to fp32 rounding of the two
-// AdamW implementations), and the copies must have happened.
+// offload: optimizer moves AdamW of some units to the CPU; the model must train the same as with
+// everything on the device, up to the fp32 rounding of the two AdamW implementations: after one
+// step the weights agree to 1e-6; over 5 steps (2 micro-batches each, clipping) every loss to
+// 1e-4 (a forward that read a unit's weights before their copy landed would use the previous
+// step's and miss by far more). The final weights are compared loosely only: AdamW turns
+// rounding-level differences in noise-only gradients (the key biases' is 0 in exact arithmetic)
+// into full-size steps of either sign. And the copies must have happened.
 void test_cuda_gpt_offload() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 5, accum = 2;
@@ -913,7 +917,13 @@ void test_cuda_gpt_offload() {
     batches.push_back(tok);
     batches.push_back(tgt);
   }
-  auto run = [&](int64_t device_units, F& params, std::vector<double>& losses, int64_t& h2d) {
+  struct Run {
+    F first, last;  // weights after the first and the last step
+    std::vector<double> losses;
+    int64_t copied = 0;
+  };
+  auto run = [&](int64_t device_units) {
+    Run r;
     CudaGptOptions options;
     options.device_units = device_units;
     options.cpu_threads = 2;
@@ -926,36 +936,38 @@ void test_cuda_gpt_offload() {
         const auto& tgt = batches[2 * (s * accum + k) + 1];
         gpt.train_micro_step(tok.data(), tgt.data(), 1.0f / accum, k == accum - 1);
       }
-      losses.push_back(gpt.mean_loss());
+      r.losses.push_back(gpt.mean_loss());
       const double norm = std::sqrt(gpt.grad_sum_of_squares());
       AdamWStep adam;
       adam.learning_rate = 2e-3f;
       adam.t = s + 1;
       adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;  // clip at 1
       gpt.update(adam, 0.1f);
+      if (s == 0 || s == steps - 1) {
+        F& out = s == 0 ? r.first : r.last;
+        out.resize(gpt.num_parameters());
+        gpt.get_parameters(out.data());
+      }
     }
-    params.resize(gpt.num_parameters());
-    gpt.get_parameters(params.data());
-    h2d = gpt.h2d_bytes() + gpt.d2h_bytes();
+    r.copied = gpt.h2d_bytes() + gpt.d2h_bytes();
+    return r;
   };
-  F base_params;
-  std::vector<double> base_losses;
-  int64_t base_copies = 0;
-  run(-1, base_params, base_losses, base_copies);
-  check(base_copies == 0, "cuda gpt without offload copied " + std::to_string(base_copies) +
+  const Run base = run(-1);
+  check(base.copied == 0, "cuda gpt without offload copied " + std::to_string(base.copied) +
                               " bytes between host and device");
   for (int64_t device_units : {int64_t{1}, int64_t{0}, c.layers}) {
-    F params;
-    std::vector<double> losses;
-    int64_t copies = 0;
-    run(device_units, params, losses, copies);
+    const Run r = run(device_units);
     const std::string tag = " (gpuUnits " + std::to_string(device_units) + ")";
-    expect_close(params, widen(base_params), 1e-5, "offload: optimizer weights = on device" + tag);
+    expect_close(r.first, widen(base.first), 1e-6, "offload: optimizer step-1 weights" + tag);
     double worst = 0;
-    for (size_t i = 0; i < losses.size(); ++i)
-      worst = std::max(worst, std::abs(losses[i] - base_losses[i]) / base_losses[i]);
-    check(worst < 1e-5, "offload: optimizer losses differ by " + std::to_string(worst) + tag);
-    check(copies > 0, "offload: optimizer moved no bytes" + tag);
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      worst = std::max(worst, std::abs(r.losses[i] - base.losses[i]) / base.losses[i]);
+    check(worst < 1e-4, "offload: optimizer losses differ by " + std::to_string(worst) + tag);
+    if (worst < 1e-4)
+      std::printf("ok    %-44s worst rel diff %.1e (tol 1e-04)\n",
+                  ("offload: optimizer 5 losses" + tag).c_str(), worst);
+    expect_close(r.last, widen(base.last), 1e-2, "offload: optimizer step-5 weights" + tag);
+    check(r.copied > 0, "offload: optimizer moved no bytes" + tag);
   }
 }
 
