@@ -153,6 +153,20 @@ Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
           a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]};
 }
 
+std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) {
+  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {Vp, C},    {c.max_seq_len, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C}, {L, C, C}, {L, C},
+      {L, C},     {L, C},             {L, F, C},      {L, F},        {L, C, F},  {L, C},    {C},
+      {C}};
+  std::vector<TensorView> out;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    out.push_back({kParamNames[i], shapes[i], base, {}, {}});
+    base += out.back().numel();
+  }
+  return out;
+}
+
 std::vector<TensorView> Gpt::views(float* base) const {
   const auto& c = config_;
   const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
@@ -163,18 +177,7 @@ std::vector<TensorView> Gpt::views(float* base) const {
     out.push_back({kParamNames[i], std::move(shape), base, std::move(logical), std::move(offset)});
     base += param_sizes_[i];
   };
-  if (tp_.size == 1) {
-    const std::vector<std::vector<int64_t>> shapes = {{Vp, C},       {c.max_seq_len, C},
-                                                      {L, C},        {L, C},
-                                                      {L, 3 * C, C}, {L, 3 * C},
-                                                      {L, C, C},     {L, C},
-                                                      {L, C},        {L, C},
-                                                      {L, F, C},     {L, F},
-                                                      {L, C, F},     {L, C},
-                                                      {C},           {C}};
-    for (int i = 0; i < kNumParamTensors; ++i) add(i, shapes[i]);
-    return out;
-  }
+  if (tp_.size == 1) return gpt_whole_views(c, base);
   add(0, {Vl_, C}, {Vp, C}, {r * Vl_, 0});
   add(1, {c.max_seq_len, C});
   add(2, {L, C});

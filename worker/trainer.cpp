@@ -16,6 +16,9 @@
 #include "worker/device.h"
 #include "worker/gpt.h"
 #include "worker/offload.h"
+#ifdef KUBETRAIN_WITH_CUDA
+#include "worker/cuda_gpt.h"
+#endif
 
 namespace kt::worker {
 namespace {
@@ -51,6 +54,182 @@ std::string format_step(const StepReport& r) {
   return line;
 }
 
+#ifdef KUBETRAIN_WITH_CUDA
+// The plan on one CUDA GPU (worker/cuda_gpt.h): the CPU loop's data, schedule, clipping,
+// checkpoints and signals; the model and its optimizer split on the device.
+TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
+                       const std::function<void(const std::string&)>& log) {
+  if (CudaDevice::device_count() == 0)
+    throw Error("this plan runs on CUDA (device: cuda) and this machine has no usable CUDA "
+                "device: " + CudaDevice::unavailable_reason());
+  omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, plan.cpu_threads)));
+  const auto& t = plan.training;
+  const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
+  const int64_t accum = plan.config.grad_accum;
+  check_host_memory(plan, options.host_memory_bytes);
+  CudaDevice device(0);  // the pod's GPU (its nvidia.com/gpu), or the first one here
+  CudaGptOptions model_options;
+  if (plan.config.offload == api::OffloadMode::kOptimizer)
+    model_options.device_units = plan.config.gpu_units;
+  model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
+  const GptConfig config = GptConfig::from(plan.model);
+  CudaGpt model(device, config, B, T, model_options);
+  log("training on " + device.name() + " (" + device.product() + "), bf16; AdamW of " +
+      std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
+      " offload units on the GPU");
+  // Host copies for checkpoints and initialisation (llm.c layout).
+  const int64_t P = model.num_parameters();
+  std::vector<float> host_params(P), host_m(P), host_v(P);
+  const CheckpointTensors ckpt_tensors{gpt_whole_views(config, host_params.data()),
+                                       gpt_whole_views(config, host_m.data()),
+                                       gpt_whole_views(config, host_v.data())};
+  std::unique_ptr<DataSource> data = make_data(plan, 0, 1);
+
+  int64_t start_step = 0;
+  std::optional<CheckpointMeta> resumed;
+  if (!options.checkpoint_dir.empty())
+    resumed = load_latest_checkpoint(options.checkpoint_dir, ckpt_tensors);
+  if (resumed) {
+    if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
+      log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
+          plan.plan_hash);
+    model.set_parameters(host_params.data());
+    model.set_moments(host_m.data(), host_v.data());
+    start_step = resumed->step;
+    data->restore(resumed->data_cursor);
+    log("resumed from step " + std::to_string(start_step) + " (loss " +
+        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
+  } else if (!options.init_from_llmc.empty()) {
+    const LlmcDims dims{
+        static_cast<int>(plan.model.seq_len), static_cast<int>(plan.model.vocab),
+        static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
+        static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
+    import_llmc(options.init_from_llmc, dims, ckpt_tensors.params);
+    model.set_parameters(host_params.data());
+    model.set_moments(host_m.data(), host_v.data());  // zeros
+    log("initialised from llm.c model " + options.init_from_llmc);
+  } else {
+    model.init_weights(static_cast<uint64_t>(t.seed));
+  }
+  if (options.on_memory) {
+    std::map<std::string, double> bytes;
+    for (const auto& [kind, n] : device.device_memory_stats().in_use_bytes)
+      bytes[to_string(kind)] = static_cast<double>(n);
+    options.on_memory(device.name(), bytes);
+    bytes.clear();
+    for (const auto& [kind, n] : device.pinned_memory_stats().in_use_bytes)
+      bytes[to_string(kind)] = static_cast<double>(n);
+    options.on_memory("host", bytes);
+  }
+
+  Stream loader("data");
+  std::vector<int32_t> batch, next;
+  nlohmann::json next_cursor;
+  auto prefetch = [&] {
+    loader.enqueue([&] {
+      next_cursor = data->cursor();
+      data->next_batch(static_cast<int>(B), static_cast<int>(T), next);
+    });
+  };
+  prefetch();
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  const api::HardwareProfile* profile = api::find_profile(plan.hardware);
+  const double peak = profile && profile->peak_bf16_flops > 0 ? profile->peak_bf16_flops : 0.0;
+
+  TrainResult result;
+  result.steps_done = start_step;
+  auto save = [&](int64_t steps_done, double loss) {
+    if (options.checkpoint_dir.empty()) return;
+    loader.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    model.get_parameters(host_params.data());
+    model.get_moments(host_m.data(), host_v.data());
+    CheckpointMeta meta;
+    meta.step = steps_done;
+    meta.data_cursor = next_cursor;
+    meta.rng = {{"seed", t.seed}};
+    meta.plan_hash = plan.plan_hash;
+    meta.loss = loss;
+    meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}},
+                  {"device", "cuda"}};
+    const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+                                            static_cast<int>(plan.checkpoint.keep));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
+    log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
+  };
+
+  for (int64_t step = start_step; step < t.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t h2d_before = model.h2d_bytes(), d2h_before = model.d2h_bytes();
+    const double cpu_adam_before = model.cpu_optimizer_seconds();
+    model.zero_grad();
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      loader.synchronize();
+      batch.swap(next);
+      prefetch();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < T; ++i) {
+          inputs[b * T + i] = batch[b * (T + 1) + i];
+          targets[b * T + i] = batch[b * (T + 1) + i + 1];
+        }
+      model.train_micro_step(inputs.data(), targets.data(), 1.0f / static_cast<float>(accum),
+                             micro == accum - 1);
+    }
+    const double loss = model.mean_loss();
+    const auto t_opt = std::chrono::steady_clock::now();
+    const double norm = std::sqrt(model.grad_sum_of_squares());
+    kernels::AdamWStep adam;
+    adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
+    adam.t = step + 1;
+    adam.grad_scale =
+        t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
+    model.update(adam, static_cast<float>(t.weight_decay));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!std::isfinite(loss))
+      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                  " (diverged; lower spec.training.learningRate)");
+
+    StepReport r;
+    r.step = step + 1;
+    r.total_steps = t.steps;
+    r.loss = loss;
+    r.learning_rate = adam.learning_rate;
+    r.grad_norm = norm;
+    r.seconds = std::chrono::duration<double>(t1 - t0).count();
+    r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+    r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
+    r.h2d_bytes = model.h2d_bytes() - h2d_before;
+    r.d2h_bytes = model.d2h_bytes() - d2h_before;
+    r.tokens = B * T * accum;
+    r.tokens_per_second = r.tokens / r.seconds;
+    r.mfu = peak > 0 ? model.flops_per_micro_step() * accum / r.seconds / peak : 0.0;
+    result.losses.push_back(loss);
+    result.last_loss = loss;
+    result.steps_done = step + 1;
+    if (options.on_step) options.on_step(r);
+    if (options.log_every > 0 &&
+        (r.step % options.log_every == 0 || r.step == t.steps || r.step == 1))
+      log(format_step(r));
+    const int64_t interval = plan.checkpoint.interval_steps;
+    if (g_stop.load()) {
+      save(step + 1, loss);
+      result.interrupted = true;
+      log("stopped by signal after step " + std::to_string(step + 1));
+      break;
+    }
+    if (step + 1 == t.steps || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
+  }
+  loader.synchronize();
+  if (options.on_finish) {
+    model.get_parameters(host_params.data());
+    options.on_finish(ckpt_tensors.params);
+  }
+  return result;
+}
+#endif
+
 }  // namespace
 
 void install_stop_handlers() {
@@ -67,24 +246,49 @@ void request_stop() {
 
 void check_executable(const api::Plan& plan) {
   auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
-  if (plan.device != api::DeviceKind::kCpu)
-    refuse("device is " + std::string(api::to_string(plan.device)) +
-           "; this worker runs device: cpu plans only: the CUDA kernels and device exist "
-           "(kernels/cuda, worker/cuda_device) but the model does not run on them yet "
-           "(docs/WORKER.md, \"The CUDA runtime\")");
   if (plan.config.tp * plan.config.dp != plan.world)
     refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
            std::to_string(plan.world));
-  if (plan.config.sub_batches != 1 &&
-      (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
-    refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
-           std::to_string(plan.config.micro_batch) + ", sub-batches " +
-           std::to_string(plan.config.sub_batches) + ")");
+  if (plan.config.micro_batch * plan.config.grad_accum * plan.config.dp != plan.global_batch)
+    refuse("batch: micro " + std::to_string(plan.config.micro_batch) + " × accumulation " +
+           std::to_string(plan.config.grad_accum) + " ≠ global " +
+           std::to_string(plan.global_batch));
   const int64_t L = plan.model.layers;
   if (plan.config.offload != api::OffloadMode::kNone &&
       (plan.config.gpu_units < 0 || plan.config.gpu_units > L + 1))
     refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
            std::to_string(L + 1) + "]");
+  if (plan.device == api::DeviceKind::kCuda) {
+#ifndef KUBETRAIN_WITH_CUDA
+    refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
+           "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
+#endif
+    // What the CUDA runtime executes today (docs/WORKER.md): one GPU, bf16, every activation
+    // kept, the optimizer on the device or split with the CPU.
+    if (plan.world != 1)
+      refuse("a CUDA plan of " + std::to_string(plan.world) +
+             " ranks: the CUDA runtime trains on one GPU per job so far (tensor and data "
+             "parallelism run on the CPU path; NCCL is built but not yet driven by the CUDA "
+             "model)");
+    if (plan.precision != api::Precision::kBf16)
+      refuse("precision " + std::string(api::to_string(plan.precision)) +
+             " on CUDA: the CUDA runtime trains in bf16 mixed precision");
+    if (plan.config.recompute != api::Recompute::kNone)
+      refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
+             " on CUDA: the CUDA runtime keeps every activation (recompute none)");
+    if (plan.config.offload == api::OffloadMode::kWindow)
+      refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
+    if (plan.config.sub_batches != 1)
+      refuse("sub-batches " + std::to_string(plan.config.sub_batches) +
+             " on CUDA: the Oases overlap needs tensor parallelism, which the CUDA runtime does "
+             "not run yet");
+    return;
+  }
+  if (plan.config.sub_batches != 1 &&
+      (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
+    refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
+           std::to_string(plan.config.micro_batch) + ", sub-batches " +
+           std::to_string(plan.config.sub_batches) + ")");
   if (plan.config.offload == api::OffloadMode::kWindow) {
     if (plan.config.recompute == api::Recompute::kNone)
       refuse("window offload streams each layer's activation checkpoint, so it needs recompute "
@@ -97,10 +301,6 @@ void check_executable(const api::Plan& plan) {
   if (plan.precision != api::Precision::kFp32)
     refuse("precision " + std::string(api::to_string(plan.precision)) +
            "; the CPU path computes in fp32");
-  if (plan.config.micro_batch * plan.config.grad_accum * plan.config.dp != plan.global_batch)
-    refuse("batch: micro " + std::to_string(plan.config.micro_batch) + " × accumulation " +
-           std::to_string(plan.config.grad_accum) + " ≠ global " +
-           std::to_string(plan.global_batch));
 }
 
 double learning_rate_at(const api::TrainingSpec& t, int64_t step) {
@@ -118,6 +318,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
                   const std::function<void(const std::string&)>& log) {
   check_executable(plan);
   g_stop.store(false);  // a stop request belongs to one run
+#ifdef KUBETRAIN_WITH_CUDA
+  if (plan.device == api::DeviceKind::kCuda) return train_cuda(plan, options, log);
+#endif
   // The rank's share of the node's cores (the planner's cpuThreads), not every core per rank.
   omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, plan.cpu_threads)));
   const auto& t = plan.training;

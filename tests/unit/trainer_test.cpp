@@ -12,6 +12,9 @@
 #include "api/error.h"
 #include "planner/planner.h"
 #include "test_util.h"
+#ifdef KUBETRAIN_WITH_CUDA
+#include "worker/cuda_device.h"
+#endif
 #include "worker/data.h"
 
 namespace kt {
@@ -101,11 +104,57 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   expect_refusal(window, "needs recompute");
   EXPECT_NO_THROW(worker::check_executable(
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
+  EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
+
+  // device: cuda — one GPU, bf16, recompute none, offload none or optimizer.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
-  expect_refusal(gpu, "device is cuda");
-  EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
+  gpu.precision = api::Precision::kBf16;
+#ifdef KUBETRAIN_WITH_CUDA
+  EXPECT_NO_THROW(worker::check_executable(gpu));
+  api::Plan fp32 = gpu;
+  fp32.precision = api::Precision::kFp32;
+  expect_refusal(fp32, "trains in bf16");
+  api::Plan recompute = gpu;
+  recompute.config.recompute = api::Recompute::kFull;
+  expect_refusal(recompute, "keeps every activation");
+  api::Plan window_gpu = gpu;
+  window_gpu.config.offload = api::OffloadMode::kWindow;
+  expect_refusal(window_gpu, "offloads the optimizer only");
+  api::Plan two = gpu;
+  two.world = 2;
+  two.config.dp = 2;
+  two.global_batch *= 2;
+  expect_refusal(two, "one GPU per job");
+#else
+  expect_refusal(gpu, "built without the CUDA path");
+#endif
 }
+
+#ifdef KUBETRAIN_WITH_CUDA
+// A CUDA plan goes to the CUDA runtime: where there is no GPU (CI) the worker says so and why;
+// on a GPU machine it trains (the GPU checks themselves are tests/gpu).
+TEST(Trainer, CudaPlanNeedsAGpuAndSaysWhy) {
+  api::Plan gpu = tiny_plan(2);
+  gpu.device = api::DeviceKind::kCuda;
+  gpu.precision = api::Precision::kBf16;
+  worker::TrainOptions options;
+  options.log_every = 0;
+  if (worker::CudaDevice::device_count() == 0) {
+    try {
+      worker::train(gpu, options, [](const std::string&) {});
+      FAIL() << "a CUDA plan trained without a CUDA device";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no usable CUDA device"), std::string::npos)
+          << e.what();
+    }
+  } else {
+    const auto result = worker::train(gpu, options, [](const std::string&) {});
+    EXPECT_EQ(result.steps_done, 2);
+    EXPECT_TRUE(std::isfinite(result.last_loss));
+  }
+}
+#endif
 
 TEST(Trainer, LearningRateWarmsUpThenDecaysToATenth) {
   api::TrainingSpec t;
