@@ -209,7 +209,7 @@ __host__ __device__ constexpr int tile_elements() {
 // Grid (B·NH, query tiles), the last query tile (the most key tiles) scheduled first. Shared:
 // Q, then K and V in two stages each.
 template <int kHs>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kHs <= 64 ? 4 : 2)
     flash_forward_kernel(bf16_t* out, float* lse, const bf16_t* qkv, int T, int C, int NH,
                          float scale) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
