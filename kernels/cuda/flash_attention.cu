@@ -13,7 +13,7 @@
 //   forward:      block = 64 queries of one (b, h); loops over key tiles 0..diagonal.
 //   backward dot: D[row] = Σ_d dO·O (one warp per row and head), into the caller's scratch.
 //   backward dQ:  block = 64 queries; loops over key tiles 0..diagonal (recomputes S and dP).
-//   backward dKV: block = 64 keys; loops over query tiles diagonal..end (recomputes S and dP).
+//   backward dKV: block = 64 keys; loops over 32-query tiles diagonal..end (recomputes S, dP).
 // dQ and dK/dV come from separate kernels, each the only writer of its rows, so no atomics: the
 // result is bit-for-bit reproducible. The price is recomputing QKᵀ and dO·Vᵀ once more than
 // FA2's atomic dQ (7 tile products instead of 5).
@@ -199,7 +199,7 @@ __device__ inline void store_rows(bf16_t* dst, int64_t ld, const float (&acc)[kH
   }
 }
 
-// Shared memory layout of the kernels, in bf16 elements: all tiles have kTile rows.
+// bf16 elements of one kTile-row tile in shared memory (padded rows).
 template <int kHs>
 __host__ __device__ constexpr int tile_elements() {
   return kTile * (kHs + kPad);
