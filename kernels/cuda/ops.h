@@ -125,6 +125,23 @@ void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const bf16
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 void softmax_cross_entropy(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
                            const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss);
+// Causal self-attention without the T×T matrix (FlashAttention-2 style: tiles of 64 queries
+// against tiles of 64 keys on the tensor cores, online softmax; kernels/cuda/flash_attention.cu).
+// qkv (B,T,3C) bf16 [q | k | v, each C = NH·hs, head h at columns h·hs..]; out (B,T,C) bf16;
+// lse (B,NH,T) fp32: each query row's log-sum-exp of its scaled scores, saved for the backward.
+// Scale 1/sqrt(hs). Same math as attention_forward (kernels/reference.h); any T ≥ 1. bf16
+// tensors 16-byte aligned. A head size the kernels are not built for throws kt::Error.
+bool flash_attention_supported(int64_t head_size);  // hs 32, 64 and 128
+void attention_forward_bf16(const Context& ctx, bf16* out, float* lse, const bf16* qkv, int64_t B,
+                            int64_t T, int64_t C, int64_t NH);
+// dqkv (B,T,3C) bf16 is OVERWRITTEN (not accumulated); needs the forward's out and lse.
+// `scratch`: device memory of attention_backward_bf16_scratch_bytes(B,T,C,NH) bytes (the rows'
+// D = Σ dO·O, fp32), owned by the caller. Deterministic: dQ and dK/dV come from two kernels that
+// each own their rows (no atomics), so repeated calls give bit-identical dqkv.
+size_t attention_backward_bf16_scratch_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_backward_bf16(const Context& ctx, bf16* dqkv, void* scratch, const bf16* dout,
+                             const bf16* qkv, const bf16* out, const float* lse, int64_t B,
+                             int64_t T, int64_t C, int64_t NH);
 // Multi-tensor AdamW: one launch updates every tensor of the list (fp32 master params, grads and
 // moments), and writes the bf16 copy of each updated parameter when params_bf16[i] is not null.
 struct AdamWTensor {

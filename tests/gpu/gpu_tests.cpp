@@ -346,6 +346,63 @@ void test_attention(const gpu::Context& ctx) {
   }
 }
 
+// The flash-style bf16 attention against the float64 reference on the same bf16-rounded inputs:
+// out (bf16), lse (fp32, from the reference's scores), dqkv (bf16, overwritten: its poison must
+// go), at head sizes 32/64/128 and T not a multiple of the 64-row tile (and T = 1). A second
+// backward must give bit-identical dqkv (no atomics). An unsupported head size must throw.
+void test_flash_attention(const gpu::Context& ctx) {
+  struct Case {
+    int64_t B, T, C, NH;
+  };
+  for (Case k : {Case{2, 67, 128, 2}, Case{1, 300, 192, 3}, Case{2, 1, 128, 2}, Case{1, 128, 64, 1},
+                 Case{2, 100, 96, 3}, Case{1, 130, 256, 2}}) {
+    const int64_t B = k.B, T = k.T, C = k.C, NH = k.NH, hs = C / NH;
+    const std::string tag = " B=" + std::to_string(B) + " NH=" + std::to_string(NH) +
+                            " T=" + std::to_string(T) + " hs=" + std::to_string(hs);
+    check(gpu::flash_attention_supported(hs),
+          "flash_attention_supported(" + std::to_string(hs) + ")");
+    const F qkv = round_bf16(random(B * T * 3 * C)), dout = round_bf16(random(B * T * C));
+    DeviceArray<bf16> d_qkv(qkv), d_out(B * T * C), d_dout(dout), d_dqkv(B * T * 3 * C);
+    DeviceArray<float> d_lse(B * NH * T);
+    DeviceArray<unsigned char> d_scratch(gpu::attention_backward_bf16_scratch_bytes(B, T, C, NH));
+    gpu::attention_forward_bf16(ctx, d_out, d_lse, d_qkv, B, T, C, NH);
+    gpu::attention_backward_bf16(ctx, d_dqkv, d_scratch, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    const auto first = d_dqkv.raw();
+    d_dqkv.poison();
+    gpu::attention_backward_bf16(ctx, d_dqkv, d_scratch, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    const auto second = d_dqkv.raw();
+    check(std::memcmp(first.data(), second.data(), first.size() * sizeof(bf16)) == 0,
+          "attention_backward_bf16 bit-identical on a second run" + tag);
+
+    D out(B * T * C), pre(B * NH * T * T), att(B * NH * T * T), dinp(B * T * 3 * C, 0.0);
+    D dpre(B * NH * T * T, 0.0), datt(B * NH * T * T, 0.0), lse(B * NH * T);
+    ref::attention_forward<double>(out.data(), pre.data(), att.data(), widen(qkv).data(), B, T, C,
+                                   NH);
+    ref::attention_backward<double>(dinp.data(), dpre.data(), datt.data(), widen(dout).data(),
+                                    widen(qkv).data(), att.data(), B, T, C, NH);
+    for (int64_t row = 0; row < B * NH * T; ++row) {  // lse = log Σ_{t2 ≤ t} exp(preatt)
+      const int64_t t = row % T;
+      const double* scores = pre.data() + row * T;
+      const double max = *std::max_element(scores, scores + t + 1);
+      double sum = 0;
+      for (int64_t t2 = 0; t2 <= t; ++t2) sum += std::exp(scores[t2] - max);
+      lse[row] = max + std::log(sum);
+    }
+    expect_close(d_out.floats(), out, 1e-2, "attention_forward_bf16 out" + tag);
+    expect_close(d_lse.floats(), lse, 1e-4, "attention_forward_bf16 lse (fp32)" + tag);
+    expect_close(d_dqkv.floats(), dinp, 2e-2, "attention_backward_bf16 dqkv" + tag);
+  }
+  bool threw = false;
+  try {
+    DeviceArray<bf16> qkv(3 * 48), out(48);
+    DeviceArray<float> lse(1);
+    gpu::attention_forward_bf16(ctx, out, lse, qkv, 1, 1, 48, 1);  // hs 48
+  } catch (const Error&) {
+    threw = true;
+  }
+  check(threw && !gpu::flash_attention_supported(48), "attention_forward_bf16 rejects hs 48");
+}
+
 void test_cross_entropy(const gpu::Context& ctx) {
   const int64_t BT = 37, V = 1000, Vp = 1024;
   const float dloss = 1.0f / BT;
@@ -709,6 +766,28 @@ void bench(const gpu::Context& ctx) {
              s, 3,
              [&] { gpu::attention_backward(ctx, dqkv, dpre, datt, dout, qkv, a, B, T, C, NH); }),
          2.0 * flops, true});
+  }
+  {
+    // The same shape and FLOP convention in bf16 (flash: no T×T matrix): forward counts the two
+    // causal products QKᵀ and PV, backward twice that (recomputed products not counted).
+    const int64_t hs = C / NH;
+    DeviceArray<bf16> qkv(BT * 3 * C), out(BT * C), dout(BT * C), dqkv(BT * 3 * C);
+    DeviceArray<float> lse(B * NH * T);
+    DeviceArray<unsigned char> scratch(gpu::attention_backward_bf16_scratch_bytes(B, T, C, NH));
+    fill16(qkv, BT * 3 * C, 1.0f);
+    fill16(dout, BT * C, 1.0f);
+    const double flops = 4.0 * B * NH * T * T / 2 * hs;  // causal: half the T² pairs
+    rows.push_back(
+        {"attention_forward_bf16 flash B16 NH12 T1024",
+         time_ms(s, 20, [&] { gpu::attention_forward_bf16(ctx, out, lse, qkv, B, T, C, NH); }),
+         flops, true});
+    rows.push_back({"attention_backward_bf16 flash",
+                    time_ms(s, 20,
+                            [&] {
+                              gpu::attention_backward_bf16(ctx, dqkv, scratch, dout, qkv, out, lse,
+                                                           B, T, C, NH);
+                            }),
+                    2.0 * flops, true});
   }
   {
     DeviceArray<float> logits(BT * Vp), losses(BT);
@@ -1107,6 +1186,7 @@ int main(int argc, char** argv) {
       test_elementwise(ctx);
       test_embedding(ctx);
       test_attention(ctx);
+      test_flash_attention(ctx);
       test_cross_entropy(ctx);
       test_bf16_storage(ctx);
       test_adamw(ctx);
