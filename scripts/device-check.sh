@@ -4,7 +4,7 @@
 # CMake and g++, none of the Debian -dev packages), runs every GPU kernel test against the float64
 # CPU reference, then prints one table of kernel times against measured ceilings (cuBLASLt bf16
 # GEMM, D2D and pinned H2D/D2H copies), then GPT-2 124M bf16 training tokens/s and MFU on the
-# kernel harness (tests/gpu/gpt_harness.*; the worker itself does not run on CUDA yet).
+# CUDA model the worker runs (worker/cuda_gpt), with and without offload: optimizer.
 #
 #   scripts/device-check.sh               build, test, bench (≈ 2–4 min on an H200)
 #   scripts/device-check.sh --build-only  build only (works without a GPU: CI and dev machines)
@@ -73,7 +73,7 @@ if ((test_rc != 2)); then
   echo "== timings"
   timeout 240 "$tests" --bench
   bench_rc=$?
-  echo "== GPT-2 124M training step (bf16, kernel harness)"
+  echo "== GPT-2 124M training step (bf16, the worker's CUDA model)"
   timeout 180 "$tests" --gpt-bench
   gpt_rc=$?
   ((bench_rc == 0)) && bench_rc=$gpt_rc

@@ -131,7 +131,8 @@ void CudaGpt::allocate() {
   auto act32 = [&](int64_t n) {
     return static_cast<float*>(take(n * 4, MemoryKind::kActivations));
   };
-  const int64_t att = B_ * c_.heads * T_ * T_;
+  flash_ = cu::flash_attention_supported(C / c_.heads);
+  const int64_t att = flash_ ? 0 : B_ * c_.heads * T_ * T_;
   res_.push_back(act16(BT * C));
   for (int64_t l = 0; l < L; ++l) {
     ln1_.push_back(act16(BT * C));
@@ -146,7 +147,10 @@ void CudaGpt::allocate() {
     ln1_rstd_.push_back(act32(BT));
     ln2_mean_.push_back(act32(BT));
     ln2_rstd_.push_back(act32(BT));
-    att_.push_back(act32(att));
+    if (flash_)
+      lse_.push_back(act32(B_ * c_.heads * T_));
+    else
+      att_.push_back(act32(att));
   }
   lnf_ = act16(BT * C);
   logits_ = act16(BT * c_.padded_vocab);
@@ -159,13 +163,18 @@ void CudaGpt::allocate() {
   lnf_mean_ = act32(BT);
   lnf_rstd_ = act32(BT);
   losses_ = act32(BT);
-  qkv32_ = act32(BT * 3 * C);
-  atty32_ = act32(BT * C);
-  preatt_ = act32(att);
-  datt_ = act32(att);
-  dpreatt_ = act32(att);
-  dqkv32_ = act32(BT * 3 * C);
-  dc32_ = act32(BT * C);
+  if (flash_) {
+    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(B_, T_, C, c_.heads),
+                              MemoryKind::kWorkspace);
+  } else {  // the fp32 kernels' materialised attention and its fp32 operands
+    qkv32_ = act32(BT * 3 * C);
+    atty32_ = act32(BT * C);
+    preatt_ = act32(att);
+    datt_ = act32(att);
+    dpreatt_ = act32(att);
+    dqkv32_ = act32(BT * 3 * C);
+    dc32_ = act32(BT * C);
+  }
   norm_ = static_cast<double*>(take(8, MemoryKind::kWorkspace));
   tokens_ = static_cast<int32_t*>(take(2 * BT * 4, MemoryKind::kWorkspace));
   for (int i = 0; i < 2; ++i) {
@@ -347,9 +356,13 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     cu::layernorm_forward(x, ln1_[l], ln1_mean_[l], ln1_rstd_[l], res_[l], w(kLn1w, l),
                           w(kLn1b, l), BT, C);
     cu::matmul_forward_bf16(x, qkv_[l], ln1_[l], w(kQkvw, l), w(kQkvb, l), BT, C, 3 * C);
-    cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);
-    cu::attention_forward(x, atty32_, preatt_, att_[l], qkv32_, B, T, C, NH);
-    cu::cast_to_bf16(x, atty_[l], atty32_, BT * C);
+    if (flash_) {
+      cu::attention_forward_bf16(x, atty_[l], lse_[l], qkv_[l], B, T, C, NH);
+    } else {
+      cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);
+      cu::attention_forward(x, atty32_, preatt_, att_[l], qkv32_, B, T, C, NH);
+      cu::cast_to_bf16(x, atty_[l], atty32_, BT * C);
+    }
     cu::matmul_forward_bf16(x, proj_tmp_, atty_[l], w(kAttprojw, l), w(kAttprojb, l), BT, C, C);
     cu::residual_forward(x, res2_[l], res_[l], proj_tmp_, BT * C);
     cu::layernorm_forward(x, ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], w(kLn2w, l),
@@ -393,11 +406,16 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     zero(dtmp_c_, BT * C * 2);
     cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[l],
                              w(kAttprojw, l), BT, C, C);
-    cu::cast_to_float(x, dc32_, dtmp_c_, BT * C);
-    cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);  // one fp32 qkv buffer for all layers
-    zero(dqkv32_, BT * 3 * C * 4);
-    cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[l], B, T, C, NH);
-    cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
+    if (flash_) {  // dqkv overwritten
+      cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[l], atty_[l],
+                                  lse_[l], B, T, C, NH);
+    } else {
+      cu::cast_to_float(x, dc32_, dtmp_c_, BT * C);
+      cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);  // one fp32 qkv buffer for all layers
+      zero(dqkv32_, BT * 3 * C * 4);
+      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[l], B, T, C, NH);
+      cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
+    }
     zero(dtmp_c_, BT * C * 2);
     cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[l],
                              w(kQkvw, l), BT, C, 3 * C);

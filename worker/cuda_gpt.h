@@ -14,7 +14,9 @@
 //   next forward: before a host unit's first op, the compute stream waits for that unit's h2d
 //     copy (the trainer thread waits only until the copy is issued), so the first layers compute
 //     while the CPU still updates the later ones.
-// Attention is the fp32 kernel family's (the T×T matrix materialised per layer).
+// Attention is the flash-style bf16 kernel (kernels/cuda/flash_attention.cu: no T×T matrix; the
+// rows' log-sum-exp kept per layer) for the head sizes it is built for (32, 64, 128), else the
+// fp32 kernels' (the T×T matrix materialised per layer).
 // Not here (the trainer refuses such plans on CUDA): tensor or data parallelism, recompute,
 // window offload.
 #pragma once
@@ -145,7 +147,9 @@ class CudaGpt {
 
   // Activations (bf16 unless named 32), per layer where indexed.
   std::vector<kernels::cuda::bf16*> res_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fchg_;
-  std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, att_;
+  bool flash_ = false;  // flash attention (else the materialised fp32 one)
+  std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, att_, lse_;
+  void* attention_scratch_ = nullptr;
   kernels::cuda::bf16 *lnf_ = nullptr, *logits_ = nullptr, *proj_tmp_ = nullptr,
                       *dres_ = nullptr, *dtmp_c_ = nullptr, *dtmp_3c_ = nullptr,
                       *dtmp_4c_a_ = nullptr, *dtmp_4c_b_ = nullptr;
