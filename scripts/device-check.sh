@@ -6,8 +6,14 @@
 # GEMM, D2D and pinned H2D/D2H copies), then GPT-2 124M bf16 training tokens/s and MFU on the
 # CUDA model the worker runs (worker/cuda_gpt), with and without offload: optimizer.
 #
-#   scripts/device-check.sh               build, test, bench (≈ 2–4 min on an H200)
-#   scripts/device-check.sh --build-only  build only (works without a GPU: CI and dev machines)
+#   scripts/device-check.sh                 build, test, bench (≈ 1–2 min on an H200)
+#   scripts/device-check.sh --build-only    build only (works without a GPU: CI and dev machines)
+#   scripts/device-check.sh --bundle-worker (here, after `make`) packs build/bin/kubetrain-worker,
+#       its non-system shared libraries (not the CUDA ones: the GPU machine's toolkit has those)
+#       and two GPT-2 124M plans for one H200 (offload none and optimizer) into gpu-worker/
+#       (git-ignored; ≈ 20 MB xz). Carry ["gpu-worker"] and the check then also runs the real
+#       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
+#       its step time, tokens/s and MFU next to the planner's prediction.
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only).
@@ -22,6 +28,37 @@ cd "$(dirname "$0")/.."
 
 build_only=0
 [[ "${1:-}" == "--build-only" ]] && build_only=1
+if [[ "${1:-}" == "--bundle-worker" ]]; then
+  full=${KT_FULL_BUILD:-build}
+  worker="$full/bin/kubetrain-worker"
+  [[ -x "$worker" && -x "$full/bin/kubetrain" ]] || { echo "device-check: build $worker first (make)" >&2; exit 1; }
+  stage=$(mktemp -d)
+  mkdir -p "$stage/lib" gpu-worker
+  cp "$worker" "$stage/"
+  # Everything it links but the C/C++ runtime and CUDA (the GPU machine's own are used).
+  ldd "$worker" | awk '/=>/ {print $3}' |
+    grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcuda|libcublas|libcudart' |
+    xargs -r -I{} cp -L {} "$stage/lib/"
+  for offload in none optimizer; do
+    cat >"$stage/job-$offload.yaml" <<EOF
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: gpt2-124m-$offload}
+spec:
+  model: {preset: gpt2-124m}
+  training: {steps: 12, globalBatchSize: 512, learningRate: 6.0e-4, warmupSteps: 4}
+  data: {source: synthetic}
+  checkpoint: {intervalSteps: 12}
+  parallelism: {offload: $offload}
+EOF
+    "$full/bin/kubetrain" plan "$stage/job-$offload.yaml" -c examples/clusters/h200-single.yaml \
+      -o json >"$stage/plan-$offload.json" || exit 1
+  done
+  tar -C "$stage" -cf - . | xz -T0 -6 >gpu-worker/worker.tar.xz
+  rm -rf "$stage"
+  echo "device-check: gpu-worker/worker.tar.xz ($(du -h gpu-worker/worker.tar.xz | cut -f1)); carry [\"gpu-worker\"]"
+  exit 0
+fi
 build_dir=${KT_GPU_BUILD:-build-gpu}
 log_dir=${OUT:-$build_dir}
 mkdir -p "$log_dir"
@@ -78,11 +115,48 @@ if ((test_rc != 2)); then
   gpt_rc=$?
   ((bench_rc == 0)) && bench_rc=$gpt_rc
 fi
+worker_rc=skipped
+if ((test_rc != 2)) && [[ -f gpu-worker/worker.tar.xz ]]; then
+  echo "== kubetrain-worker train on the GPU (GPT-2 124M plans for one H200, 12 steps each)"
+  wdir="$build_dir/worker-bundle"
+  rm -rf "$wdir" && mkdir -p "$wdir" && tar -C "$wdir" -xJf gpu-worker/worker.tar.xz
+  worker_rc=0
+  summary=()
+  for offload in none optimizer; do
+    plan="$wdir/plan-$offload.json"
+    ckpt="$wdir/ckpt-$offload"
+    LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" timeout 150 "$wdir/kubetrain-worker" train \
+      --plan "$plan" --checkpoint-dir "$ckpt" --log-every 1 >"$wdir/train-$offload.log" 2>&1
+    rc=$?
+    grep -E "training on|step +(1|6|12)/|checkpoint|error|cannot" "$wdir/train-$offload.log"
+    ((rc == 0)) || { worker_rc=$rc; echo "kubetrain-worker ($offload) FAILED (exit $rc)"; tail -5 "$wdir/train-$offload.log"; }
+    [[ -n "${OUT:-}" ]] && cp "$wdir/train-$offload.log" "$OUT/"
+    # Median of steps 3..12 (format: "step N/M | loss … | 123.4 ms | 456 tok/s | MFU 12.3%").
+    stats=$(python3 - "$wdir/train-$offload.log" <<'PY'
+import re, statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    m = re.search(r"step +(\d+)/\d+ .*\| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+)%", line)
+    if m and int(m.group(1)) >= 3:
+        rows.append([float(g) for g in m.groups()[1:]])
+if rows:
+    ms, tok, mfu = (statistics.median(c) for c in zip(*rows))
+    print("%.1f ms/step, %.0f tokens/s, MFU %.1f%%" % (ms, tok, mfu))
+else:
+    print("n/a")
+PY
+)
+    predicted=$(python3 -c "import json,sys; p=json.load(open('$plan')); q=p['predicted']; print('%.1f ms/step, %.0f tokens/s' % (q['stepSeconds']*1e3, q['tokensPerSecond']))" 2>/dev/null || echo "n/a")
+    summary+=("$(printf '%-10s measured %s; planner predicted %s' "$offload" "$stats" "$predicted")")
+  done
+  echo "kubetrain-worker, GPT-2 124M on one H200 (median of steps 3–12; gradient accumulation as planned):"
+  printf '  %s\n' "${summary[@]}"
+fi
 case $test_rc in
   0) verdict=PASSED ;;
   2) verdict="NOT RUN (no usable GPU)" ;;
   *) verdict="FAILED (exit $test_rc)" ;;
 esac
-echo "== device-check: GPU tests $verdict; bench exit $bench_rc; $((SECONDS - start)) s; log $log"
+echo "== device-check: GPU tests $verdict; bench exit $bench_rc; worker $worker_rc; $((SECONDS - start)) s; log $log"
 if ((test_rc != 0)); then exit "$test_rc"; fi
-[[ $bench_rc == 0 ]]
+[[ $bench_rc == 0 && ($worker_rc == 0 || $worker_rc == skipped) ]]
