@@ -54,6 +54,26 @@ EOF
     "$full/bin/kubetrain" plan "$stage/job-$offload.yaml" -c examples/clusters/h200-single.yaml \
       -o json >"$stage/plan-$offload.json" || exit 1
   done
+  # One small model three ways, for the CPU-vs-GPU comparison: the CPU plan (fp32), the CUDA
+  # plan (bf16, head size 64: the flash attention) and the CUDA plan with offload: optimizer.
+  for variant in cpu cuda cuda-offload; do
+    cluster=h200-single parallelism=""
+    [[ $variant == cpu ]] && cluster=cpu-local
+    [[ $variant == cuda-offload ]] && parallelism="  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}"
+    cat >"$stage/job-small-$variant.yaml" <<EOF
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: small-$variant}
+spec:
+  model: {layers: 2, hidden: 128, heads: 2, vocab: 512, seqLen: 128}
+  training: {steps: 30, globalBatchSize: 16, learningRate: 0.003, warmupSteps: 5, seed: 11}
+  data: {source: synthetic}
+  resources: {gpusPerNode: 1}
+$parallelism
+EOF
+    "$full/bin/kubetrain" plan "$stage/job-small-$variant.yaml" -c "examples/clusters/$cluster.yaml" \
+      -o json >"$stage/plan-small-$variant.json" || exit 1
+  done
   tar -C "$stage" -cf - . | xz -T0 -6 >gpu-worker/worker.tar.xz
   rm -rf "$stage"
   echo "device-check: gpu-worker/worker.tar.xz ($(du -h gpu-worker/worker.tar.xz | cut -f1)); carry [\"gpu-worker\"]"
@@ -151,6 +171,34 @@ PY
   done
   echo "kubetrain-worker, GPT-2 124M on one H200 (median of steps 3–12; gradient accumulation as planned):"
   printf '  %s\n' "${summary[@]}"
+  # The same small job on the CPU (fp32) and on the GPU (bf16, and with offload: optimizer):
+  # the same seed, weights and data, so the losses must agree within bf16's error.
+  echo "== the same job on the CPU and on the GPU (L2 C128 hs64, 30 steps, seed 11)"
+  for variant in cpu cuda cuda-offload; do
+    LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" OMP_NUM_THREADS=8 timeout 120 \
+      "$wdir/kubetrain-worker" train --plan "$wdir/plan-small-$variant.json" --log-every 1 \
+      >"$wdir/small-$variant.log" 2>&1 || { worker_rc=1; echo "small $variant FAILED"; tail -3 "$wdir/small-$variant.log"; }
+    [[ -n "${OUT:-}" ]] && cp "$wdir/small-$variant.log" "$OUT/"
+  done
+  python3 - "$wdir" <<'PY' || worker_rc=1
+import re, sys
+def losses(name):
+    out = {}
+    for line in open(f"{sys.argv[1]}/small-{name}.log"):
+        m = re.search(r"step +(\d+)/\d+ \| loss ([\d.]+)", line)
+        if m: out[int(m.group(1))] = float(m.group(2))
+    return out
+cpu, gpu, off = losses("cpu"), losses("cuda"), losses("cuda-offload")
+steps = sorted(cpu)
+ok = steps and sorted(gpu) == steps and sorted(off) == steps
+worst_gpu = max((abs(gpu[s] - cpu[s]) / cpu[s] for s in steps), default=float("nan")) if ok else float("nan")
+worst_off = max((abs(off[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok else float("nan")
+for s in [s for s in steps if s in (1, 10, 20, 30)]:
+    print(f"  step {s:3d}: loss cpu fp32 {cpu[s]:.4f} | cuda bf16 {gpu[s]:.4f} | cuda bf16 offload optimizer {off[s]:.4f}")
+passed = ok and worst_gpu < 2e-2 and worst_off < 2e-2 and cpu[steps[-1]] < cpu[steps[0]] - 0.5
+print(f"  worst relative loss difference: GPU vs CPU {worst_gpu:.2e} (tol 2e-2), offload vs not {worst_off:.2e} (tol 2e-2): {'PASS' if passed else 'FAIL'}")
+sys.exit(0 if passed else 1)
+PY
 fi
 case $test_rc in
   0) verdict=PASSED ;;
