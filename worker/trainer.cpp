@@ -54,6 +54,124 @@ std::string format_step(const StepReport& r) {
   return line;
 }
 
+// Data for the next micro-batch is produced on its own stream while the model computes; the
+// cursor recorded with it is the position after every batch already consumed.
+class BatchFeeder {
+ public:
+  BatchFeeder(DataSource& data, int64_t B, int64_t T) : data_(data), B_(B), T_(T), loader_("data") {
+    prefetch();
+  }
+  // The next micro-batch as inputs and next-token targets (B·T each).
+  void take(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    loader_.synchronize();
+    batch_.swap(next_);
+    prefetch();
+    inputs.resize(B_ * T_);
+    targets.resize(B_ * T_);
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t i = 0; i < T_; ++i) {
+        inputs[b * T_ + i] = batch_[b * (T_ + 1) + i];
+        targets[b * T_ + i] = batch_[b * (T_ + 1) + i + 1];
+      }
+  }
+  // The cursor after every batch taken so far (waits for the prefetch).
+  nlohmann::json cursor() {
+    loader_.synchronize();
+    return next_cursor_;
+  }
+  void synchronize() { loader_.synchronize(); }
+
+ private:
+  void prefetch() {
+    loader_.enqueue([this] {
+      next_cursor_ = data_.cursor();
+      data_.next_batch(static_cast<int>(B_), static_cast<int>(T_), next_);
+    });
+  }
+  DataSource& data_;
+  int64_t B_, T_;
+  Stream loader_;
+  std::vector<int32_t> batch_, next_;
+  nlohmann::json next_cursor_;
+};
+
+// Where training starts: the latest checkpoint in options.checkpoint_dir (loaded into `tensors`,
+// then `loaded()`), else an llm.c file (into tensors.params, then `loaded()`), else `init()`.
+// Returns the number of steps already done.
+int64_t restore_or_init(const api::Plan& plan, const TrainOptions& options,
+                        const CheckpointTensors& tensors, DataSource& data,
+                        const std::function<void(const std::string&)>& log,
+                        const std::function<void()>& loaded, const std::function<void()>& init) {
+  std::optional<CheckpointMeta> resumed;
+  if (!options.checkpoint_dir.empty())
+    resumed = load_latest_checkpoint(options.checkpoint_dir, tensors);
+  if (resumed) {
+    if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
+      log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
+          plan.plan_hash);
+    loaded();
+    data.restore(resumed->data_cursor);
+    log("resumed from step " + std::to_string(resumed->step) + " (loss " +
+        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
+    return resumed->step;
+  }
+  if (!options.init_from_llmc.empty()) {
+    const LlmcDims dims{
+        static_cast<int>(plan.model.seq_len), static_cast<int>(plan.model.vocab),
+        static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
+        static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
+    import_llmc(options.init_from_llmc, dims, tensors.params);
+    loaded();
+    log("initialised from llm.c model " + options.init_from_llmc);
+    return 0;
+  }
+  init();
+  return 0;
+}
+
+CheckpointMeta checkpoint_meta(const api::Plan& plan, int64_t steps_done, nlohmann::json cursor,
+                               double loss) {
+  CheckpointMeta meta;
+  meta.step = steps_done;
+  meta.data_cursor = std::move(cursor);
+  meta.rng = {{"seed", plan.training.seed}};
+  meta.plan_hash = plan.plan_hash;
+  meta.loss = loss;
+  meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}},
+                {"device", std::string(api::to_string(plan.device))}};
+  return meta;
+}
+
+// The step's report from its times and counters; `flops` = the model's FLOPs of the step.
+StepReport step_report(const api::Plan& plan, int64_t step, double loss, double lr, double norm,
+                       std::chrono::steady_clock::time_point t0,
+                       std::chrono::steady_clock::time_point t_opt,
+                       std::chrono::steady_clock::time_point t1, double flops, double peak) {
+  StepReport r;
+  r.step = step + 1;
+  r.total_steps = plan.training.steps;
+  r.loss = loss;
+  r.learning_rate = lr;
+  r.grad_norm = norm;
+  r.seconds = std::chrono::duration<double>(t1 - t0).count();
+  r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+  r.tokens = plan.config.micro_batch * plan.model.seq_len * plan.config.grad_accum;
+  r.tokens_per_second = r.tokens / r.seconds;
+  r.mfu = peak > 0 ? flops / r.seconds / peak : 0.0;
+  return r;
+}
+
+void report_step(const StepReport& r, const TrainOptions& options, TrainResult& result,
+                 const std::function<void(const std::string&)>& log) {
+  result.losses.push_back(r.loss);
+  result.last_loss = r.loss;
+  result.steps_done = r.step;
+  if (options.on_step) options.on_step(r);
+  if (options.log_every > 0 &&
+      (r.step % options.log_every == 0 || r.step == r.total_steps || r.step == 1))
+    log(format_step(r));
+}
+
 #ifdef KUBETRAIN_WITH_CUDA
 // The plan on one CUDA GPU (worker/cuda_gpt.h): the CPU loop's data, schedule, clipping,
 // checkpoints and signals; the model and its optimizer split on the device.
@@ -84,33 +202,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                                        gpt_whole_views(config, host_m.data()),
                                        gpt_whole_views(config, host_v.data())};
   std::unique_ptr<DataSource> data = make_data(plan, 0, 1);
-
-  int64_t start_step = 0;
-  std::optional<CheckpointMeta> resumed;
-  if (!options.checkpoint_dir.empty())
-    resumed = load_latest_checkpoint(options.checkpoint_dir, ckpt_tensors);
-  if (resumed) {
-    if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
-      log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
-          plan.plan_hash);
-    model.set_parameters(host_params.data());
-    model.set_moments(host_m.data(), host_v.data());
-    start_step = resumed->step;
-    data->restore(resumed->data_cursor);
-    log("resumed from step " + std::to_string(start_step) + " (loss " +
-        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
-  } else if (!options.init_from_llmc.empty()) {
-    const LlmcDims dims{
-        static_cast<int>(plan.model.seq_len), static_cast<int>(plan.model.vocab),
-        static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
-        static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
-    import_llmc(options.init_from_llmc, dims, ckpt_tensors.params);
-    model.set_parameters(host_params.data());
-    model.set_moments(host_m.data(), host_v.data());  // zeros
-    log("initialised from llm.c model " + options.init_from_llmc);
-  } else {
-    model.init_weights(static_cast<uint64_t>(t.seed));
-  }
+  const int64_t start_step = restore_or_init(
+      plan, options, ckpt_tensors, *data, log,
+      [&] {  // a checkpoint's or llm.c's weights (and moments: zeros from llm.c)
+        model.set_parameters(host_params.data());
+        model.set_moments(host_m.data(), host_v.data());
+      },
+      [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
   if (options.on_memory) {
     std::map<std::string, double> bytes;
     for (const auto& [kind, n] : device.device_memory_stats().in_use_bytes)
@@ -122,36 +220,19 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     options.on_memory("host", bytes);
   }
 
-  Stream loader("data");
-  std::vector<int32_t> batch, next;
-  nlohmann::json next_cursor;
-  auto prefetch = [&] {
-    loader.enqueue([&] {
-      next_cursor = data->cursor();
-      data->next_batch(static_cast<int>(B), static_cast<int>(T), next);
-    });
-  };
-  prefetch();
-  std::vector<int32_t> inputs(B * T), targets(B * T);
+  BatchFeeder feeder(*data, B, T);
+  std::vector<int32_t> inputs, targets;
   const api::HardwareProfile* profile = api::find_profile(plan.hardware);
-  const double peak = profile && profile->peak_bf16_flops > 0 ? profile->peak_bf16_flops : 0.0;
+  const double peak = profile ? profile->peak_bf16_flops : 0.0;
 
   TrainResult result;
   result.steps_done = start_step;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
-    loader.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
+    const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
     model.get_parameters(host_params.data());
     model.get_moments(host_m.data(), host_v.data());
-    CheckpointMeta meta;
-    meta.step = steps_done;
-    meta.data_cursor = next_cursor;
-    meta.rng = {{"seed", t.seed}};
-    meta.plan_hash = plan.plan_hash;
-    meta.loss = loss;
-    meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}},
-                  {"device", "cuda"}};
     const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
                                             static_cast<int>(plan.checkpoint.keep));
     const double seconds =
@@ -166,14 +247,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const double cpu_adam_before = model.cpu_optimizer_seconds();
     model.zero_grad();
     for (int64_t micro = 0; micro < accum; ++micro) {
-      loader.synchronize();
-      batch.swap(next);
-      prefetch();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < T; ++i) {
-          inputs[b * T + i] = batch[b * (T + 1) + i];
-          targets[b * T + i] = batch[b * (T + 1) + i + 1];
-        }
+      feeder.take(inputs, targets);
       model.train_micro_step(inputs.data(), targets.data(), 1.0f / static_cast<float>(accum),
                              micro == accum - 1);
     }
@@ -190,28 +264,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     if (!std::isfinite(loss))
       throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (diverged; lower spec.training.learningRate)");
-
-    StepReport r;
-    r.step = step + 1;
-    r.total_steps = t.steps;
-    r.loss = loss;
-    r.learning_rate = adam.learning_rate;
-    r.grad_norm = norm;
-    r.seconds = std::chrono::duration<double>(t1 - t0).count();
-    r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+    StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
+                               model.flops_per_micro_step() * accum, peak);
     r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = model.h2d_bytes() - h2d_before;
     r.d2h_bytes = model.d2h_bytes() - d2h_before;
-    r.tokens = B * T * accum;
-    r.tokens_per_second = r.tokens / r.seconds;
-    r.mfu = peak > 0 ? model.flops_per_micro_step() * accum / r.seconds / peak : 0.0;
-    result.losses.push_back(loss);
-    result.last_loss = loss;
-    result.steps_done = step + 1;
-    if (options.on_step) options.on_step(r);
-    if (options.log_every > 0 &&
-        (r.step % options.log_every == 0 || r.step == t.steps || r.step == 1))
-      log(format_step(r));
+    report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
     if (g_stop.load()) {
       save(step + 1, loss);
@@ -221,7 +279,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     }
     if (step + 1 == t.steps || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
-  loader.synchronize();
+  feeder.synchronize();
   if (options.on_finish) {
     model.get_parameters(host_params.data());
     options.on_finish(ckpt_tensors.params);
@@ -352,28 +410,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
 
-  int64_t start_step = 0;
-  std::optional<CheckpointMeta> resumed;
-  if (!options.checkpoint_dir.empty())
-    resumed = load_latest_checkpoint(options.checkpoint_dir, ckpt_tensors);
-  if (resumed) {
-    if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
-      log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
-          plan.plan_hash);
-    start_step = resumed->step;
-    data->restore(resumed->data_cursor);
-    log("resumed from step " + std::to_string(start_step) + " (loss " +
-        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
-  } else if (!options.init_from_llmc.empty()) {
-    const LlmcDims dims{
-        static_cast<int>(plan.model.seq_len), static_cast<int>(plan.model.vocab),
-        static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
-        static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
-    import_llmc(options.init_from_llmc, dims, params);
-    log("initialised from llm.c model " + options.init_from_llmc);
-  } else {
-    model.init_weights(static_cast<uint64_t>(t.seed));
-  }
+  const int64_t start_step = restore_or_init(
+      plan, options, ckpt_tensors, *data, log, [] {},
+      [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
   engine.start();
   if (options.on_memory) {
     for (const auto& space : {device, Device::host()}) {
@@ -383,19 +422,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     }
   }
 
-  // Data for the next micro-batch is produced on its own stream while the model computes; the
-  // cursor recorded with it is the position after every batch already consumed.
-  Stream loader("data");
-  std::vector<int32_t> batch, next;
-  nlohmann::json next_cursor;
-  auto prefetch = [&] {
-    loader.enqueue([&] {
-      next_cursor = data->cursor();
-      data->next_batch(static_cast<int>(B), static_cast<int>(T), next);
-    });
-  };
-  prefetch();
-  std::vector<int32_t> inputs(B * T), targets(B * T);
+  BatchFeeder feeder(*data, B, T);
+  std::vector<int32_t> inputs, targets;
 
   const double peak = api::cpu_profile().peak_fp32_flops *
                       static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
@@ -403,15 +431,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   result.steps_done = start_step;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
-    loader.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    CheckpointMeta meta;
-    meta.step = steps_done;
-    meta.data_cursor = next_cursor;
-    meta.rng = {{"seed", t.seed}};
-    meta.plan_hash = plan.plan_hash;
-    meta.loss = loss;
-    meta.extra = {{"model", {{"layers", plan.model.layers}, {"hidden", plan.model.hidden}}}};
+    const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
     ShardedSave sharding;
     sharding.shard_index = groups.tp->rank();
     sharding.shard_count = tp;
@@ -438,14 +459,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     model.zero_grad();
     double loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
-      loader.synchronize();
-      batch.swap(next);
-      prefetch();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < T; ++i) {
-          inputs[b * T + i] = batch[b * (T + 1) + i];
-          targets[b * T + i] = batch[b * (T + 1) + i + 1];
-        }
+      feeder.take(inputs, targets);
       // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the sum below.
       // Data parallel: during the last micro-batch's backward, each layer's gradients (already
       // scaled by 1/dp) start their all-reduce as soon as they are final, bucket by bucket,
@@ -501,27 +515,12 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   " (diverged; lower spec.training.learningRate)");
 
-    StepReport r;
-    r.step = step + 1;
-    r.total_steps = t.steps;
-    r.loss = loss;
-    r.learning_rate = adam.learning_rate;
-    r.grad_norm = norm;
-    r.seconds = std::chrono::duration<double>(t1 - t0).count();
-    r.optimizer_seconds = std::chrono::duration<double>(t1 - t_opt).count();
+    StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
+                               model.flops_per_micro_step() * accum, peak);
     r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = engine.h2d_bytes() - h2d_before;
     r.d2h_bytes = engine.d2h_bytes() - d2h_before;
-    r.tokens = B * T * accum;
-    r.tokens_per_second = r.tokens / r.seconds;
-    r.mfu = model.flops_per_micro_step() * accum / r.seconds / peak;
-    result.losses.push_back(loss);
-    result.last_loss = loss;
-    result.steps_done = step + 1;
-    if (options.on_step) options.on_step(r);
-    if (options.log_every > 0 &&
-        (r.step % options.log_every == 0 || r.step == t.steps || r.step == 1))
-      log(format_step(r));
+    report_step(r, options, result, log);
 
     const int64_t interval = plan.checkpoint.interval_steps;
     const bool last = step + 1 == t.steps;
@@ -540,7 +539,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (options.on_timeline) options.on_timeline(step + 1, engine.timeline());
     if (last || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
-  loader.synchronize();
+  feeder.synchronize();
   model.unit_observer = nullptr;
   if (options.on_finish) engine.with_all_parameters([&] { options.on_finish(params); });
   return result;
