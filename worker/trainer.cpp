@@ -142,6 +142,22 @@ CheckpointMeta checkpoint_meta(const api::Plan& plan, int64_t steps_done, nlohma
   return meta;
 }
 
+// AdamW's settings for 0-based `step` with the global gradient norm (clipping at gradClip).
+kernels::AdamWStep adamw_step(const api::TrainingSpec& t, int64_t step, double norm) {
+  kernels::AdamWStep adam;
+  adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
+  adam.t = step + 1;
+  adam.grad_scale =
+      t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
+  return adam;
+}
+
+void check_finite(double loss, int64_t step) {
+  if (!std::isfinite(loss))
+    throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                " (diverged; lower spec.training.learningRate)");
+}
+
 // The step's report from its times and counters; `flops` = the model's FLOPs of the step.
 StepReport step_report(const api::Plan& plan, int64_t step, double loss, double lr, double norm,
                        std::chrono::steady_clock::time_point t0,
@@ -254,16 +270,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const double loss = model.mean_loss();
     const auto t_opt = std::chrono::steady_clock::now();
     const double norm = std::sqrt(model.grad_sum_of_squares());
-    kernels::AdamWStep adam;
-    adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
-    adam.t = step + 1;
-    adam.grad_scale =
-        t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
+    const kernels::AdamWStep adam = adamw_step(t, step, norm);
     model.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
-    if (!std::isfinite(loss))
-      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                  " (diverged; lower spec.training.learningRate)");
+    check_finite(loss, step);
     StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
                                model.flops_per_micro_step() * accum, peak);
     r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
@@ -504,16 +514,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     float sharded_sum = static_cast<float>(sums[0]);
     if (tp > 1) groups.tp->allreduce(&sharded_sum, 1);
     const double norm = std::sqrt(static_cast<double>(sharded_sum) + sums[1]);
-    kernels::AdamWStep adam;
-    adam.learning_rate = static_cast<float>(learning_rate_at(t, step));
-    adam.t = step + 1;
-    adam.grad_scale =
-        t.grad_clip > 0 && norm > t.grad_clip ? static_cast<float>(t.grad_clip / norm) : 1.0f;
+    const kernels::AdamWStep adam = adamw_step(t, step, norm);
     engine.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
-    if (!std::isfinite(loss))
-      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                  " (diverged; lower spec.training.learningRate)");
+    check_finite(loss, step);
 
     StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
                                model.flops_per_micro_step() * accum, peak);
