@@ -158,8 +158,7 @@ void CudaGpt::allocate() {
   dres_ = act16(BT * C);
   dtmp_c_ = act16(BT * C);
   dtmp_3c_ = act16(BT * 3 * C);
-  dtmp_4c_a_ = act16(BT * c_.ffn);
-  dtmp_4c_b_ = act16(BT * c_.ffn);
+  dtmp_4c_ = act16(BT * c_.ffn);
   lnf_mean_ = act32(BT);
   lnf_rstd_ = act32(BT);
   losses_ = act32(BT);
@@ -384,28 +383,25 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   ++micro_;
 
   // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
-  zero(dtmp_c_, BT * C * 2);
+  // Overwriting backward products (no memset first): dinp written, not accumulated.
+  const bool acc_dw = true, overwrite = false;
   cu::matmul_backward_bf16(x, dtmp_c_, grads_ + offsets_[kWte], nullptr, logits_, lnf_,
-                           p16 + offsets_[kWte], BT, C, Vp);
+                           p16 + offsets_[kWte], BT, C, Vp, acc_dw, overwrite);
   zero(dres_, BT * C * 2);
   cu::layernorm_backward(x, dres_, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb], dtmp_c_,
                          res_[L], p16 + offsets_[kLnfw], lnf_mean_, lnf_rstd_, BT, C);
   for (int64_t l = L - 1; l >= 0; --l) {
     // res[l+1] = res2 + fcproj: dres is the gradient of both; the MLP adds into it.
-    zero(dtmp_4c_a_, BT * F * 2);
-    cu::matmul_backward_bf16(x, dtmp_4c_a_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[l],
-                             w(kFcprojw, l), BT, F, C);
-    zero(dtmp_4c_b_, BT * F * 2);
-    cu::gelu_backward(x, dtmp_4c_b_, fch_[l], dtmp_4c_a_, BT * F);
-    zero(dtmp_c_, BT * C * 2);
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_b_, ln2_[l], w(kFcw, l),
-                             BT, C, F);
+    cu::matmul_backward_bf16(x, dtmp_4c_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[l],
+                             w(kFcprojw, l), BT, F, C, acc_dw, overwrite);
+    cu::gelu_backward(x, dtmp_4c_, fch_[l], dtmp_4c_, BT * F, overwrite);  // in place
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_, ln2_[l], w(kFcw, l),
+                             BT, C, F, acc_dw, overwrite);
     cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[l], w(kLn2w, l),
                            ln2_mean_[l], ln2_rstd_[l], BT, C);
     // res2 = res[l] + attproj: dres is the gradient of both; attention adds into it.
-    zero(dtmp_c_, BT * C * 2);
     cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[l],
-                             w(kAttprojw, l), BT, C, C);
+                             w(kAttprojw, l), BT, C, C, acc_dw, overwrite);
     if (flash_) {  // dqkv overwritten
       cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[l], atty_[l],
                                   lse_[l], B, T, C, NH);
@@ -416,9 +412,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[l], B, T, C, NH);
       cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
     }
-    zero(dtmp_c_, BT * C * 2);
     cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[l],
-                             w(kQkvw, l), BT, C, 3 * C);
+                             w(kQkvw, l), BT, C, 3 * C, acc_dw, overwrite);
     cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
                            ln1_mean_[l], ln1_rstd_[l], BT, C);
     if (last) unit_grads_final(l + 1);  // layer l's gradients are final: copy (host units)

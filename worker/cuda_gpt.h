@@ -152,7 +152,7 @@ class CudaGpt {
   void* attention_scratch_ = nullptr;
   kernels::cuda::bf16 *lnf_ = nullptr, *logits_ = nullptr, *proj_tmp_ = nullptr,
                       *dres_ = nullptr, *dtmp_c_ = nullptr, *dtmp_3c_ = nullptr,
-                      *dtmp_4c_a_ = nullptr, *dtmp_4c_b_ = nullptr;
+                      *dtmp_4c_ = nullptr;
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr, *qkv32_ = nullptr,
         *atty32_ = nullptr, *preatt_ = nullptr, *datt_ = nullptr, *dpreatt_ = nullptr,
         *dqkv32_ = nullptr, *dc32_ = nullptr;

@@ -37,11 +37,13 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t N) {
   }
 }
 template <class T>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t N) {
-  KT_GRID_STRIDE(i, N) {
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t N,
+                                     bool accumulate) {
+  KT_GRID_STRIDE(i, N) {  // dinp may alias dout: each element is read before it is written
     const float x = ld(inp[i]);
     const float grad = math::gelu_grad_from_tanh(x, tanhf(math::gelu_tanh_argument(x)));
-    st(&dinp[i], ld(dinp[i]) + grad * ld(dout[i]));
+    const float d = grad * ld(dout[i]);
+    st(&dinp[i], accumulate ? ld(dinp[i]) + d : d);
   }
 }
 
@@ -155,11 +157,12 @@ void gelu_forward(const Context& ctx, bf16* out, const bf16* inp, int64_t N) {
 }
 void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
                    int64_t N) {
-  launch_elementwise(ctx, N, gelu_backward_kernel<float>, dinp, inp, dout, N);
+  launch_elementwise(ctx, N, gelu_backward_kernel<float>, dinp, inp, dout, N, true);
 }
-void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N) {
+void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N,
+                   bool accumulate) {
   launch_elementwise(ctx, N, gelu_backward_kernel<__nv_bfloat16>, native(dinp), native(inp),
-                     native(dout), N);
+                     native(dout), N, accumulate);
 }
 void residual_forward(const Context& ctx, float* out, const float* a, const float* b, int64_t N) {
   launch_elementwise(ctx, N, residual_forward_kernel<float>, out, a, b, N);

@@ -169,9 +169,11 @@ void matmul_forward_bf16(const Context& ctx, bf16* out, const bf16* inp, const b
 
 void matmul_backward_bf16(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
                           const bf16* dout, const bf16* inp, const bf16* weight, int64_t BT,
-                          int64_t C, int64_t OC, bool accumulate_dweight) {
+                          int64_t C, int64_t OC, bool accumulate_dweight,
+                          bool accumulate_dinp) {
   Gemm gi = dinp_gemm(dinp, dout, weight, BT, C, OC);
   gi.ab_type = gi.d_type = CUDA_R_16BF;
+  gi.beta = accumulate_dinp ? 1.0f : 0.0f;  // beta 0: cuBLASLt does not read the old dinp
   run(ctx, gi);
   Gemm gw = dweight_gemm(dweight, dout, inp, BT, C, OC, accumulate_dweight);
   gw.ab_type = CUDA_R_16BF;  // bf16 operands, fp32 gradient accumulated in place

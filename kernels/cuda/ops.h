@@ -101,11 +101,13 @@ void cast_to_float(const Context& ctx, float* out, const bf16* inp, int64_t N);
 // bf16 result, bias (bf16, may be null) fused as the cuBLASLt epilogue.
 void matmul_forward_bf16(const Context& ctx, bf16* out, const bf16* inp, const bf16* weight,
                          const bf16* bias, int64_t BT, int64_t C, int64_t OC);
-// dinp (BT,C) += dout·weight (bf16); dweight (OC,C) fp32 += doutᵀ·inp (overwritten when
+// dinp (BT,C) += dout·weight (bf16; overwritten when !accumulate_dinp: then dinp's old contents,
+// even NaN, are never read); dweight (OC,C) fp32 += doutᵀ·inp (overwritten when
 // !accumulate_dweight); dbias (OC) fp32 += Σ_rows dout (may be null).
 void matmul_backward_bf16(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
                           const bf16* dout, const bf16* inp, const bf16* weight, int64_t BT,
-                          int64_t C, int64_t OC, bool accumulate_dweight = true);
+                          int64_t C, int64_t OC, bool accumulate_dweight = true,
+                          bool accumulate_dinp = true);
 // bf16 storage of activations and parameter copies, fp32 arithmetic inside; statistics (mean,
 // rstd), parameter gradients and losses stay fp32. Same semantics as the fp32 versions above.
 void layernorm_forward(const Context& ctx, bf16* out, float* mean, float* rstd, const bf16* inp,
@@ -114,7 +116,9 @@ void layernorm_backward(const Context& ctx, bf16* dinp, float* dweight, float* d
                         const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C);
 void gelu_forward(const Context& ctx, bf16* out, const bf16* inp, int64_t N);
-void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N);
+// !accumulate: dinp = gelu'(inp)·dout, and dinp may then be dout itself (in place).
+void gelu_backward(const Context& ctx, bf16* dinp, const bf16* inp, const bf16* dout, int64_t N,
+                   bool accumulate = true);
 void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t N);
 void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout, int64_t N);
 // bf16 tables and output (the two rows summed in fp32, rounded once); gradients fp32 from bf16

@@ -207,6 +207,17 @@ void test_matmul(const gpu::Context& ctx) {
   expect_close(d_dinp.floats(), dinp, 1e-2, "matmul_backward bf16 dinp");
   expect_close(d_dw.floats(), dw, 1e-4, "matmul_backward bf16 dweight (fp32)");
   expect_close(d_db.floats(), db, 1e-4, "matmul_backward bf16 dbias (fp32)");
+
+  // Overwriting dinp and dweight: their old contents are NaN (poisoned) and must not be read.
+  DeviceArray<bf16> o_dinp(BT2 * C2);
+  DeviceArray<float> o_dw(OC2 * C2);
+  gpu::matmul_backward_bf16(ctx, o_dinp, o_dw, nullptr, d_dout, d_inp, d_w, BT2, C2, OC2,
+                            /*accumulate_dweight=*/false, /*accumulate_dinp=*/false);
+  D odinp(BT2 * C2, 0.0), odw(OC2 * C2, 0.0);
+  ref::matmul_backward<double>(odinp.data(), odw.data(), nullptr, widen(dout).data(),
+                               widen(inp).data(), widen(w).data(), BT2, C2, OC2, false);
+  expect_close(o_dinp.floats(), odinp, 1e-2, "matmul_backward bf16 dinp overwritten");
+  expect_close(o_dw.floats(), odw, 1e-4, "matmul_backward bf16 dweight overwritten");
 }
 
 void test_layernorm(const gpu::Context& ctx) {
@@ -462,6 +473,12 @@ void test_bf16_storage(const gpu::Context& ctx) {
     gpu::gelu_backward(ctx, d_da, d_x, d_dout, N);
     ref::gelu_backward<double>(dinp.data(), widen(x).data(), widen(dout).data(), N);
     expect_close(d_da.floats(), dinp, 1e-2, "gelu_backward bf16");
+    // Overwrite, in place: dout's buffer becomes dinp.
+    DeviceArray<bf16> d_inplace(dout);
+    gpu::gelu_backward(ctx, d_inplace, d_x, d_inplace, N, /*accumulate=*/false);
+    D fresh(N, 0.0);
+    ref::gelu_backward<double>(fresh.data(), widen(x).data(), widen(dout).data(), N);
+    expect_close(d_inplace.floats(), fresh, 1e-2, "gelu_backward bf16 in place, overwriting");
     d_da.upload(d0);
     gpu::residual_forward(ctx, d_out, d_x, d_y, N);
     gpu::residual_backward(ctx, d_da, d_db, d_dout, N);
