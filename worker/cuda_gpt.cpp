@@ -488,9 +488,13 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
 
 void CudaGpt::run_cpu_tasks() {
   // The current device and OpenMP's thread count are per thread.
-  cudaSetDevice(device_.ordinal());
   omp_set_num_threads(cpu_threads_);
   std::unique_lock lock(mutex_);
+  try {
+    KT_CUDA_CHECK(cudaSetDevice(device_.ordinal()));
+  } catch (...) {  // every task will be skipped; the trainer sees the error at its next wait
+    cpu_error_ = std::current_exception();
+  }
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !cpu_tasks_.empty(); });
     if (cpu_tasks_.empty()) return;  // stopping, nothing left
