@@ -203,17 +203,22 @@ void CudaGpt::init_weights(uint64_t seed) {
 }
 
 namespace {
-// Synchronous copies between a full host array (llm.c layout) and packed state.
-void copy_device_state(float* packed_device, const std::vector<ParamSlice>& slices, float* host,
-                       bool to_device) {
+// Synchronous copies between a full host array (llm.c layout) and packed device state.
+void upload_packed(float* packed_device, const std::vector<ParamSlice>& slices,
+                   const float* host) {
   int64_t packed = 0;
   for (const ParamSlice& s : slices) {
-    if (to_device)
-      KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, s.count * 4,
-                               cudaMemcpyHostToDevice));
-    else
-      KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, s.count * 4,
-                               cudaMemcpyDeviceToHost));
+    KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, s.count * 4,
+                             cudaMemcpyHostToDevice));
+    packed += s.count;
+  }
+}
+void download_packed(const float* packed_device, const std::vector<ParamSlice>& slices,
+                     float* host) {
+  int64_t packed = 0;
+  for (const ParamSlice& s : slices) {
+    KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, s.count * 4,
+                             cudaMemcpyDeviceToHost));
     packed += s.count;
   }
 }
@@ -221,8 +226,7 @@ void copy_device_state(float* packed_device, const std::vector<ParamSlice>& slic
 
 void CudaGpt::set_parameters(const float* host) {
   synchronize();
-  float* h = const_cast<float*>(host);  // only read (to_device)
-  if (dmaster_) copy_device_state(dmaster_, device_slices_, h, true);
+  if (dmaster_) upload_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
       std::memcpy(hmaster_ + s.packed, host + s.offset, s.count * 4);
@@ -231,7 +235,7 @@ void CudaGpt::set_parameters(const float* host) {
 
 void CudaGpt::get_parameters(float* host) {
   synchronize();
-  if (dmaster_) copy_device_state(dmaster_, device_slices_, host, false);
+  if (dmaster_) download_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
       std::memcpy(host + s.offset, hmaster_ + s.packed, s.count * 4);
@@ -240,8 +244,8 @@ void CudaGpt::get_parameters(float* host) {
 void CudaGpt::set_moments(const float* m, const float* v) {
   synchronize();
   if (dm_) {
-    copy_device_state(dm_, device_slices_, const_cast<float*>(m), true);
-    copy_device_state(dv_, device_slices_, const_cast<float*>(v), true);
+    upload_packed(dm_, device_slices_, m);
+    upload_packed(dv_, device_slices_, v);
   }
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices) {
@@ -253,8 +257,8 @@ void CudaGpt::set_moments(const float* m, const float* v) {
 void CudaGpt::get_moments(float* m, float* v) {
   synchronize();
   if (dm_) {
-    copy_device_state(dm_, device_slices_, m, false);
-    copy_device_state(dv_, device_slices_, v, false);
+    download_packed(dm_, device_slices_, m);
+    download_packed(dv_, device_slices_, v);
   }
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices) {
