@@ -1,11 +1,13 @@
 #include "worker/comm_nccl.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
-#include <vector>
 
 #include "api/error.h"
 
@@ -17,62 +19,123 @@ void check_cuda(cudaError_t status, const char* what) {
     throw Error(std::string(what) + " failed: " + cudaGetErrorString(status));
 }
 
-void check_nccl(ncclResult_t status, const char* what) {
-  if (status != ncclSuccess)
-    throw Error(std::string(what) + " failed: " + ncclGetErrorString(status) +
-                " (a rank died, or NCCL_DEBUG=INFO says more)");
+// The NCCL entry points we use, from the library loaded at run time.
+struct NcclApi {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+  std::string error;  // why loading failed; "" when loaded
+
+  static const NcclApi& get() {
+    static const NcclApi api = load();
+    return api;
+  }
+
+ private:
+  static NcclApi load() {
+    NcclApi api;
+    const char* configured = std::getenv("KUBETRAIN_NCCL_LIBRARY");
+    const std::string path = configured && *configured ? configured : "libnccl.so.2";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = dlerror();
+      api.error = "cannot load " + path + " (" + (why ? why : "dlopen failed") +
+                  "; set KUBETRAIN_NCCL_LIBRARY to libnccl.so.2's path)";
+      return api;
+    }
+    auto bind = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn && api.error.empty()) api.error = path + " has no " + name;
+    };
+    bind(api.get_unique_id, "ncclGetUniqueId");
+    bind(api.comm_init_rank, "ncclCommInitRank");
+    bind(api.comm_destroy, "ncclCommDestroy");
+    bind(api.error_string, "ncclGetErrorString");
+    bind(api.all_reduce, "ncclAllReduce");
+    bind(api.all_gather, "ncclAllGather");
+    bind(api.reduce_scatter, "ncclReduceScatter");
+    bind(api.broadcast, "ncclBroadcast");
+    bind(api.group_start, "ncclGroupStart");
+    bind(api.group_end, "ncclGroupEnd");
+    return api;  // the library stays loaded for the process's life
+  }
+};
+
+const NcclApi& nccl() {
+  const NcclApi& api = NcclApi::get();
+  if (!api.error.empty()) throw Error("NCCL: " + api.error);
+  return api;
 }
 
-class NcclCommunicator;
+void check_nccl(ncclResult_t status, const char* what) {
+  if (status != ncclSuccess)
+    throw Error(std::string(what) + " failed: " + nccl().error_string(status) +
+                " (a rank died, two ranks share a GPU, or NCCL_DEBUG=INFO says more)");
+}
+
+class NcclGroup;
 
 class NcclWork : public CommWork {
  public:
-  NcclWork(NcclCommunicator& owner, cudaEvent_t event) : owner_(owner), event_(event) {}
+  NcclWork(NcclGroup& owner, cudaEvent_t event) : owner_(owner), event_(event) {}
   ~NcclWork() override { cudaEventDestroy(event_); }
   void wait() override;
 
  private:
-  NcclCommunicator& owner_;
+  NcclGroup& owner_;
   cudaEvent_t event_;
   bool done_ = false;
 };
 
-class NcclCommunicator : public Communicator {
+class NcclGroup : public Communicator, public GradientReducer {
  public:
-  NcclCommunicator(const ncclUniqueId& id, std::string name, int rank, int size, int device)
+  NcclGroup(const ncclUniqueId& id, std::string name, int rank, int size, int device)
       : name_(std::move(name)), rank_(rank), size_(size), device_(device) {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    check_nccl(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank");
   }
-  ~NcclCommunicator() override {
-    if (comm_) ncclCommDestroy(comm_);
+  ~NcclGroup() override {
+    if (comm_) nccl().comm_destroy(comm_);
+    if (scratch_) cudaFree(scratch_);
+    if (done_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
+  const char* backend() const override { return "nccl"; }
 
+  // ---- Communicator
   std::shared_ptr<CommWork> allreduce_async(float* data, size_t count, ReduceOp op) override {
-    check_nccl(ncclAllReduce(data, data, count, ncclFloat, op == ReduceOp::kSum ? ncclSum : ncclMax,
-                             comm_, stream_),
+    check_nccl(nccl().all_reduce(data, data, count, ncclFloat,
+                                 op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_),
                "ncclAllReduce");
     count_op(count * sizeof(float), true);
     return record();
   }
   void allgather(const float* in, float* out, size_t count) override {
-    check_nccl(ncclAllGather(in, out, count, ncclFloat, comm_, stream_), "ncclAllGather");
-    count_op(count * sizeof(float), false);
+    check_nccl(nccl().all_gather(in, out, count, ncclFloat, comm_, stream_), "ncclAllGather");
+    count_op(count * size_ * sizeof(float), false);
     record()->wait();
   }
   void reduce_scatter(const float* in, float* out, size_t count) override {
-    check_nccl(ncclReduceScatter(in, out, count, ncclFloat, ncclSum, comm_, stream_),
+    check_nccl(nccl().reduce_scatter(in, out, count, ncclFloat, ncclSum, comm_, stream_),
                "ncclReduceScatter");
     count_op(count * size_ * sizeof(float), false);
     record()->wait();
   }
   void broadcast(float* data, size_t count, int root) override {
-    check_nccl(ncclBroadcast(data, data, count, ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    check_nccl(nccl().broadcast(data, data, count, ncclFloat, root, comm_, stream_),
+               "ncclBroadcast");
     count_op(count * sizeof(float), false);
     record()->wait();
   }
@@ -81,6 +144,32 @@ class NcclCommunicator : public Communicator {
     if (!scratch_) check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     allreduce_async(scratch_, 1, ReduceOp::kSum)->wait();
   }
+
+  // ---- GradientReducer: one NCCL group call per reduce, after `ready`
+  void reduce(const Ranges& ranges, const CudaEvent& ready) override {
+    check_cuda(cudaStreamWaitEvent(stream_, ready.handle(), 0), "cudaStreamWaitEvent");
+    check_nccl(nccl().group_start(), "ncclGroupStart");
+    size_t bytes = 0;
+    for (const auto& [data, count] : ranges) {
+      const ncclResult_t status =
+          nccl().all_reduce(data, data, count, ncclFloat, ncclSum, comm_, stream_);
+      if (status != ncclSuccess) {
+        nccl().group_end();
+        check_nccl(status, "ncclAllReduce");
+      }
+      bytes += count * sizeof(float);
+    }
+    check_nccl(nccl().group_end(), "ncclGroupEnd");
+    std::lock_guard lock(mutex_);
+    stats_.collectives += static_cast<int64_t>(ranges.size());
+    stats_.allreduces += static_cast<int64_t>(ranges.size());
+    stats_.bytes += static_cast<int64_t>(bytes);
+  }
+  void join(CudaStream& stream) override {
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream.handle(), done_, 0), "cudaStreamWaitEvent");
+  }
+
   CommStats stats() const override {
     std::lock_guard lock(mutex_);
     return stats_;
@@ -110,6 +199,7 @@ class NcclCommunicator : public Communicator {
   std::string name_;
   int rank_, size_, device_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
   ncclComm_t comm_ = nullptr;
   float* scratch_ = nullptr;
   mutable std::mutex mutex_;
@@ -124,25 +214,37 @@ void NcclWork::wait() {
   done_ = true;
 }
 
+// The NCCL id travels as the bytes of 32 floats through `bootstrap`'s broadcast (a copy: no
+// arithmetic touches them).
+std::unique_ptr<NcclGroup> connect(Communicator& bootstrap, int device) {
+  nccl();  // fail before any collective if libnccl is missing (every rank fails alike)
+  static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0);
+  float words[sizeof(ncclUniqueId) / sizeof(float)] = {};
+  ncclUniqueId id;
+  if (bootstrap.rank() == 0) {
+    check_nccl(nccl().get_unique_id(&id), "ncclGetUniqueId");
+    std::memcpy(words, &id, sizeof id);
+  }
+  bootstrap.broadcast(words, sizeof words / sizeof(float), 0);
+  std::memcpy(&id, words, sizeof id);
+  return std::make_unique<NcclGroup>(id, bootstrap.name(), bootstrap.rank(), bootstrap.size(),
+                                     device);
+}
+
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(gloo::rendezvous::Store& store,
-                                                     const std::string& key,
-                                                     const std::string& name, int rank, int size,
-                                                     int device) {
-  if (size == 1) return make_single_rank_communicator(name);
-  ncclUniqueId id;
-  if (rank == 0) {
-    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    store.set(key, std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
-  } else {
-    const std::vector<char> bytes = store.get(key);
-    if (bytes.size() != sizeof(id.internal))
-      throw Error("rendezvous: NCCL id under " + key + " has " + std::to_string(bytes.size()) +
-                  " bytes, expected " + std::to_string(sizeof(id.internal)));
-    std::copy(bytes.begin(), bytes.end(), id.internal);
-  }
-  return std::make_unique<NcclCommunicator>(id, name, rank, size, device);
+bool nccl_available(std::string* why) {
+  const NcclApi& api = NcclApi::get();
+  if (why) *why = api.error;
+  return api.error.empty();
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
+  return connect(bootstrap, device);
+}
+
+std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device) {
+  return connect(bootstrap, device);
 }
 
 }  // namespace kt::worker

@@ -1,25 +1,30 @@
-// The NCCL backend of worker/comm.h for CUDA ranks (compiled when the CUDA path is on; it runs
-// on GPUs, so CI builds it but cannot execute it — the device check will). Collectives run on
-// the communicator's own CUDA stream; allreduce_async returns at once and wait() blocks on a
-// CUDA event, so the Oases schedule overlaps NCCL with compute on the compute stream. Buffers
-// are device pointers.
+// The NCCL backend for CUDA ranks (DESIGN.md §7), compiled when the CUDA path is on. CI builds it
+// but cannot run it; the device check runs it. libnccl is loaded at run time (dlopen of
+// $KUBETRAIN_NCCL_LIBRARY, else libnccl.so.2), so a worker without NCCL on its machine still
+// trains on one GPU and its data-parallel ranks fall back to the host reducer.
+//
+// Collectives run on the group's own CUDA stream. As a Communicator, allreduce_async returns at
+// once and wait() blocks on a CUDA event; as a GradientReducer, reductions wait for the compute
+// stream's event and the stream that needs the sums waits for theirs, so the host never blocks.
+// Buffers are device pointers of `device`. NCCL needs one GPU per rank: two ranks of a group on
+// one device fail at ncclCommInitRank.
 #pragma once
-
-#include <gloo/rendezvous/store.h>
 
 #include <memory>
 #include <string>
 
 #include "worker/comm.h"
+#include "worker/gradient_reducer.h"
 
 namespace kt::worker {
 
-// Rank 0 of the group creates the NCCL unique id and publishes it in `store` under `key`; the
-// others read it there. `device` is the CUDA device of this rank. Throws kt::Error naming the
-// CUDA/NCCL call and its error string.
-std::unique_ptr<Communicator> make_nccl_communicator(gloo::rendezvous::Store& store,
-                                                     const std::string& key,
-                                                     const std::string& name, int rank, int size,
-                                                     int device);
+// Whether libnccl can be loaded here; when not, `why` says what dlopen said.
+bool nccl_available(std::string* why = nullptr);
+
+// A group with the members of `bootstrap` (rank 0 creates the NCCL id and broadcasts it over
+// `bootstrap`); every member must call this together. Throws kt::Error naming the CUDA/NCCL call
+// and its error string (or why libnccl could not be loaded).
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
+std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device);
 
 }  // namespace kt::worker

@@ -139,6 +139,12 @@ size_t CudaDevice::total_memory_bytes() const {
   return prop.totalGlobalMem;
 }
 
+std::string CudaDevice::pci_bus_id() const {
+  char id[32] = {};
+  KT_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, ordinal_));
+  return id;
+}
+
 void CudaDevice::copy(void* dst, const void* src, size_t bytes, CudaStream& stream) {
   KT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream.handle()));
 }

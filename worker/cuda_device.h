@@ -78,6 +78,9 @@ class CudaDevice {
   int ordinal() const { return ordinal_; }
   std::string product() const;  // "NVIDIA H200", from cudaGetDeviceProperties
   size_t total_memory_bytes() const;
+  // "0000:3B:00.0": the same for every process on this GPU (CUDA_VISIBLE_DEVICES renumbers
+  // ordinals, not bus ids).
+  std::string pci_bus_id() const;
 
   CudaStream& stream(StreamRole role) { return *streams_[static_cast<size_t>(role)]; }
 

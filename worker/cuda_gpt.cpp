@@ -20,7 +20,12 @@ using cu::bf16;
 
 CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t T,
                  const CudaGptOptions& options)
-    : device_(device), c_(config), B_(B), T_(T), cpu_threads_(std::max(1, options.cpu_threads)) {
+    : device_(device),
+      c_(config),
+      B_(B),
+      T_(T),
+      cpu_threads_(std::max(1, options.cpu_threads)),
+      reducer_(options.reducer) {
   KT_CHECK(B > 0 && T > 0 && T <= c_.max_seq_len, "micro-batch shape out of range");
   KT_CHECK(c_.channels % c_.heads == 0, "heads must divide channels");
   const int64_t units = c_.layers + 1;
@@ -104,6 +109,12 @@ void CudaGpt::allocate() {
          s.count});
     packed += s.count;
   }
+  for (int64_t u = 0; u <= L; ++u) {
+    Unit& unit = units_[u];
+    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u))
+      unit.grad_ranges.emplace_back(grads_ + s.offset, static_cast<size_t>(s.count));
+    unit.grads_final = std::make_unique<CudaEvent>();
+  }
   // The host units: pinned master, moments, gradients and bf16 staging, packed unit by unit.
   for (int64_t u = device_units_; u <= L; ++u) {
     Unit& unit = units_[u];
@@ -112,7 +123,6 @@ void CudaGpt::allocate() {
       unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
       host_packed_ += s.count;
     }
-    unit.grads_final = std::make_unique<CudaEvent>();
     unit.grads_copied = std::make_unique<CudaEvent>();
     unit.weights_copied = std::make_unique<CudaEvent>();
   }
@@ -293,6 +303,7 @@ void CudaGpt::refresh_bf16() {
 
 void CudaGpt::zero_grad() {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
+  join_reductions(compute);
   // The last step's gradient copies read grads_: zeroing waits for them.
   for (const Unit& u : units_)
     if (!u.on_device) compute.wait(*u.grads_copied);
@@ -311,12 +322,19 @@ void CudaGpt::before_unit(int64_t unit) {
   device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
 }
 
+void CudaGpt::join_reductions(CudaStream& stream) {
+  if (reducer_) reducer_->join(stream);
+}
+
 void CudaGpt::unit_grads_final(int64_t unit) {
   Unit& u = units_[unit];
+  if (u.on_device && !reducer_) return;
+  device_.stream(StreamRole::kCompute).record(*u.grads_final);
+  if (reducer_) reducer_->reduce(u.grad_ranges, *u.grads_final);
   if (u.on_device) return;
   CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
-  device_.stream(StreamRole::kCompute).record(*u.grads_final);
   d2h.wait(*u.grads_final);
+  join_reductions(d2h);  // the copy takes the sums
   for (const HostSlice& s : u.host_slices) {
     KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + s.packed, grads_ + s.offset, s.count * 4,
                                   cudaMemcpyDeviceToHost, d2h.handle()));
@@ -420,7 +438,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
                              w(kQkvw, l), BT, C, 3 * C, acc_dw, overwrite);
     cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
                            ln1_mean_[l], ln1_rstd_[l], BT, C);
-    if (last) unit_grads_final(l + 1);  // layer l's gradients are final: copy (host units)
+    if (last) unit_grads_final(l + 1);  // layer l's gradients are final: sum (DP), copy (host)
   }
   cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T, C);
   if (last) unit_grads_final(0);
@@ -440,6 +458,7 @@ double CudaGpt::mean_loss() {
 
 double CudaGpt::grad_sum_of_squares() {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
+  join_reductions(compute);
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 8, compute.handle()));
   cu::sum_of_squares(*ctx_, norm_, grads_, num_params_);
   KT_CUDA_CHECK(
@@ -449,6 +468,7 @@ double CudaGpt::grad_sum_of_squares() {
 }
 
 void CudaGpt::update(const kernels::AdamWStep& step, float weight_decay) {
+  join_reductions(device_.stream(StreamRole::kCompute));
   for (int decays = 0; decays < 2; ++decays) {
     if (device_tensors_[decays].empty()) continue;
     kernels::AdamWStep s = step;

@@ -17,8 +17,12 @@
 // Attention is the flash-style bf16 kernel (kernels/cuda/flash_attention.cu: no T×T matrix; the
 // rows' log-sum-exp kept per layer) for the head sizes it is built for (32, 64, 128), else the
 // fp32 kernels' (the T×T matrix materialised per layer).
-// Not here (the trainer refuses such plans on CUDA): tensor or data parallelism, recompute,
-// window offload.
+// Data parallelism (options.reducer, worker/gradient_reducer.h): as each unit's gradients become
+// final in the last backward, the reducer sums them over the DP group (NCCL on its own stream
+// behind the compute stream's event); the unit's d2h copy, the norm and the device AdamW wait
+// for the sums.
+// Not here (the trainer refuses such plans on CUDA): tensor parallelism, recompute, window
+// offload.
 #pragma once
 
 #include <array>
@@ -35,6 +39,7 @@
 #include "kernels/cuda/ops.h"
 #include "worker/cuda_device.h"
 #include "worker/gpt_layout.h"
+#include "worker/gradient_reducer.h"
 
 namespace kt::worker {
 
@@ -44,6 +49,9 @@ struct CudaGptOptions {
   // Default (-1): every unit on the device.
   int64_t device_units = -1;
   int cpu_threads = 1;  // OpenMP threads of the CPU optimizer
+  // Data parallelism: sums each unit's gradients over the DP group as they become final in the
+  // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
+  GradientReducer* reducer = nullptr;
 };
 
 class CudaGpt {
@@ -109,6 +117,7 @@ class CudaGpt {
   struct Unit {
     bool on_device = true;
     std::vector<HostSlice> host_slices;
+    GradientReducer::Ranges grad_ranges;  // its gradients on the device (for the reducer)
     std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
     bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
   };
@@ -118,6 +127,7 @@ class CudaGpt {
   void refresh_bf16();       // bf16 copy := master (all units), synchronous
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
   void unit_grads_final(int64_t unit);
+  void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
   void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
   void run_cpu_tasks();
   void wait_cpu_idle();
@@ -127,6 +137,7 @@ class CudaGpt {
   int64_t B_, T_;
   int64_t device_units_;
   int cpu_threads_;
+  GradientReducer* reducer_;
   std::unique_ptr<kernels::cuda::Context> ctx_;
   std::array<int64_t, kNumParamTensors> sizes_{};
   std::array<int64_t, kNumParamTensors> offsets_{};

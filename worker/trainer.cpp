@@ -1,12 +1,14 @@
 #include "worker/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 
 #include "api/error.h"
 #include "api/hardware.h"
@@ -18,6 +20,9 @@
 #include "worker/offload.h"
 #ifdef KUBETRAIN_WITH_CUDA
 #include "worker/cuda_gpt.h"
+#endif
+#ifdef KUBETRAIN_WITH_NCCL
+#include "worker/comm_nccl.h"
 #endif
 
 namespace kt::worker {
@@ -188,7 +193,98 @@ void report_step(const StepReport& r, const TrainOptions& options, TrainResult& 
     log(format_step(r));
 }
 
+// The rank's process groups: the launcher's, or groups of one for a single-rank plan (kept in
+// `single`).
+ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
+                         ProcessGroups& single) {
+  if (plan.world > 1 && !options.groups)
+    throw Error("a plan of " + std::to_string(plan.world) + " ranks needs its process groups");
+  if (!options.groups) {
+    single.world = make_single_rank_communicator("world");
+    single.tp = make_single_rank_communicator("tp");
+    single.dp = make_single_rank_communicator("dp");
+  }
+  ProcessGroups& groups = options.groups ? *options.groups : single;
+  KT_CHECK(groups.tp->size() == plan.config.tp && groups.dp->size() == plan.config.dp,
+           "process groups do not match the plan");
+  return groups;
+}
+
+// Who writes what of a checkpoint: TP shards by TP rank, written by DP rank 0 (the replicas hold
+// the same values), world rank 0 publishing it after a barrier.
+ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
+  ShardedSave sharding;
+  sharding.shard_index = groups.tp->rank();
+  sharding.shard_count = static_cast<int>(plan.config.tp);
+  sharding.writes = groups.dp->rank() == 0;
+  sharding.leader = groups.world->rank() == 0;
+  if (plan.world > 1) sharding.barrier = [&groups] { groups.world->barrier(); };
+  return sharding;
+}
+
+// Every rank must stop after the same step (a signal reaches them at different moments, and a
+// rank that ran one step further would wait forever in its collectives).
+bool stop_requested(const api::Plan& plan, ProcessGroups& groups) {
+  float stop = g_stop.load() ? 1.0f : 0.0f;
+  if (plan.world > 1) groups.world->allreduce(&stop, 1, ReduceOp::kMax);
+  return stop > 0;
+}
+
 #ifdef KUBETRAIN_WITH_CUDA
+// The rank's GPU: LOCAL_RANK modulo the visible devices (a pod sees its one GPU as device 0;
+// `kubetrain-worker launch` on a machine with several GPUs spreads its ranks over them).
+int local_device_ordinal() {
+  const char* local = std::getenv("LOCAL_RANK");
+  int rank = 0;
+  if (local && *local) {
+    try {
+      rank = std::stoi(local);
+    } catch (const std::exception&) {
+      throw Error(std::string("LOCAL_RANK='") + local + "' is not a rank number");
+    }
+  }
+  return std::max(0, rank) % std::max(1, CudaDevice::device_count());
+}
+
+// How the DP group sums gradients (worker/gradient_reducer.h): NCCL when every rank has a GPU of
+// its own and libnccl loads on every rank, else through the host; KUBETRAIN_DP_COMM=nccl|host
+// forces one. Every rank reaches the same choice (the facts are gathered over `dp` first).
+std::unique_ptr<GradientReducer> make_dp_reducer(Communicator& dp, CudaDevice& device,
+                                                 const std::function<void(const std::string&)>& log) {
+  const char* env = std::getenv("KUBETRAIN_DP_COMM");
+  const std::string mode = env && *env ? env : "auto";
+  // This rank's GPU as two exactly representable floats of a 48-bit hash of host and PCI bus
+  // id, gathered from every rank.
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const uint64_t key = std::hash<std::string>{}(std::string(host) + "/" + device.pci_bus_id());
+  const float mine[2] = {static_cast<float>(key & 0xFFFFFF),
+                         static_cast<float>((key >> 24) & 0xFFFFFF)};
+  std::vector<float> gathered(2 * static_cast<size_t>(dp.size()));
+  dp.allgather(mine, gathered.data(), 2);
+  std::vector<std::vector<float>> keys;
+  for (size_t r = 0; r < static_cast<size_t>(dp.size()); ++r)
+    keys.push_back({gathered[2 * r], gathered[2 * r + 1]});
+  std::string no_nccl = "this worker was built without nccl.h";
+#ifdef KUBETRAIN_WITH_NCCL
+  nccl_available(&no_nccl);
+#endif
+  float missing = no_nccl.empty() ? 0.0f : 1.0f;  // on any rank
+  dp.allreduce(&missing, 1, ReduceOp::kMax);
+  if (missing > 0 && no_nccl.empty()) no_nccl = "another rank cannot load libnccl";
+  const ReducerChoice choice = choose_reducer(mode, keys, no_nccl);
+  const std::string ranks = std::to_string(dp.size()) + " DP ranks";
+#ifdef KUBETRAIN_WITH_NCCL
+  if (choice.backend == "nccl") {
+    log("gradients summed over " + ranks + " by NCCL on " + device.name() + " (" +
+        choice.reason + ")");
+    return make_nccl_gradient_reducer(dp, device.ordinal());
+  }
+#endif
+  log("gradients summed over " + ranks + " through the host (Gloo): " + choice.reason);
+  return make_host_gradient_reducer(dp, device);
+}
+
 // The plan on one CUDA GPU (worker/cuda_gpt.h): the CPU loop's data, schedule, clipping,
 // checkpoints and signals; the model and its optimizer split on the device.
 TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
@@ -200,9 +296,15 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const auto& t = plan.training;
   const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
   const int64_t accum = plan.config.grad_accum;
+  const int dp = static_cast<int>(plan.config.dp);
+  ProcessGroups single;
+  ProcessGroups& groups = groups_of(plan, options, single);
   check_host_memory(plan, options.host_memory_bytes);
-  CudaDevice device(0);  // the pod's GPU (its nvidia.com/gpu), or the first one here
+  CudaDevice device(local_device_ordinal());
+  std::unique_ptr<GradientReducer> reducer;
+  if (dp > 1) reducer = make_dp_reducer(*groups.dp, device, log);
   CudaGptOptions model_options;
+  model_options.reducer = reducer.get();
   if (plan.config.offload == api::OffloadMode::kOptimizer)
     model_options.device_units = plan.config.gpu_units;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
@@ -217,7 +319,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const CheckpointTensors ckpt_tensors{gpt_whole_views(config, host_params.data()),
                                        gpt_whole_views(config, host_m.data()),
                                        gpt_whole_views(config, host_v.data())};
-  std::unique_ptr<DataSource> data = make_data(plan, 0, 1);
+  std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const int64_t start_step = restore_or_init(
       plan, options, ckpt_tensors, *data, log,
       [&] {  // a checkpoint's or llm.c's weights (and moments: zeros from llm.c)
@@ -250,7 +352,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     model.get_parameters(host_params.data());
     model.get_moments(host_m.data(), host_v.data());
     const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
-                                            static_cast<int>(plan.checkpoint.keep));
+                                            static_cast<int>(plan.checkpoint.keep),
+                                            sharded_save(plan, groups));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
@@ -264,10 +367,16 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     model.zero_grad();
     for (int64_t micro = 0; micro < accum; ++micro) {
       feeder.take(inputs, targets);
-      model.train_micro_step(inputs.data(), targets.data(), 1.0f / static_cast<float>(accum),
-                             micro == accum - 1);
+      // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum.
+      model.train_micro_step(inputs.data(), targets.data(),
+                             1.0f / static_cast<float>(accum * dp), micro == accum - 1);
     }
-    const double loss = model.mean_loss();
+    double loss = model.mean_loss();
+    if (dp > 1) {
+      float step_loss = static_cast<float>(loss);
+      groups.dp->allreduce(&step_loss, 1);
+      loss = step_loss / dp;
+    }
     const auto t_opt = std::chrono::steady_clock::now();
     const double norm = std::sqrt(model.grad_sum_of_squares());
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
@@ -281,7 +390,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     r.d2h_bytes = model.d2h_bytes() - d2h_before;
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
-    if (g_stop.load()) {
+    if (stop_requested(plan, groups)) {
       save(step + 1, loss);
       result.interrupted = true;
       log("stopped by signal after step " + std::to_string(step + 1));
@@ -331,13 +440,12 @@ void check_executable(const api::Plan& plan) {
     refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
            "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
 #endif
-    // What the CUDA runtime executes today (docs/WORKER.md): one GPU, bf16, every activation
-    // kept, the optimizer on the device or split with the CPU.
-    if (plan.world != 1)
-      refuse("a CUDA plan of " + std::to_string(plan.world) +
-             " ranks: the CUDA runtime trains on one GPU per job so far (tensor and data "
-             "parallelism run on the CPU path; NCCL is built but not yet driven by the CUDA "
-             "model)");
+    // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data parallel,
+    // bf16, every activation kept, the optimizer on the device or split with the CPU.
+    if (plan.config.tp != 1)
+      refuse("tensor parallelism (tp " + std::to_string(plan.config.tp) +
+             ") on CUDA: the CUDA runtime runs data parallelism only so far (TP runs on the CPU "
+             "path)");
     if (plan.precision != api::Precision::kBf16)
       refuse("precision " + std::string(api::to_string(plan.precision)) +
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
@@ -395,17 +503,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int64_t B = plan.config.micro_batch, T = plan.model.seq_len;
   const int64_t accum = plan.config.grad_accum;
   const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
-  if (plan.world > 1 && !options.groups)
-    throw Error("a plan of " + std::to_string(plan.world) + " ranks needs its process groups");
   ProcessGroups single;
-  if (!options.groups) {
-    single.world = make_single_rank_communicator("world");
-    single.tp = make_single_rank_communicator("tp");
-    single.dp = make_single_rank_communicator("dp");
-  }
-  ProcessGroups& groups = options.groups ? *options.groups : single;
-  KT_CHECK(groups.tp->size() == tp && groups.dp->size() == dp,
-           "process groups do not match the plan");
+  ProcessGroups& groups = groups_of(plan, options, single);
   const int dp_rank = groups.dp->rank();
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
@@ -443,12 +542,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (options.checkpoint_dir.empty()) return;
     const auto t0 = std::chrono::steady_clock::now();
     const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
-    ShardedSave sharding;
-    sharding.shard_index = groups.tp->rank();
-    sharding.shard_count = tp;
-    sharding.writes = dp_rank == 0;  // DP replicas hold the same slices
-    sharding.leader = groups.world->rank() == 0;
-    if (plan.world > 1) sharding.barrier = [&] { groups.world->barrier(); };
+    const ShardedSave sharding = sharded_save(plan, groups);
     std::string dir;
     engine.with_all_parameters([&] {
       dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
@@ -528,11 +622,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
 
     const int64_t interval = plan.checkpoint.interval_steps;
     const bool last = step + 1 == t.steps;
-    // Every rank must stop after the same step (a signal reaches them at different moments,
-    // and a rank that ran one step further would wait forever in its collectives).
-    float stop = g_stop.load() ? 1.0f : 0.0f;
-    if (plan.world > 1) groups.world->allreduce(&stop, 1, ReduceOp::kMax);
-    if (stop > 0) {
+    if (stop_requested(plan, groups)) {
       save(step + 1, loss);
       result.interrupted = true;
       log("stopped by signal after step " + std::to_string(step + 1));

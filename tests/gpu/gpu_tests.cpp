@@ -14,7 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,6 +28,10 @@
 #include "kernels/reference.h"
 #include "worker/cuda_device.h"
 #include "worker/cuda_gpt.h"
+#include "worker/gradient_reducer.h"
+#ifdef KUBETRAIN_WITH_NCCL
+#include "worker/comm_nccl.h"
+#endif
 
 namespace kt {
 namespace {
@@ -1100,6 +1106,234 @@ void test_cuda_gpt_memorises() {
               losses.front(), losses.back(), ln_v);
 }
 
+// ---- data parallelism (worker/gradient_reducer.h) -------------------------------------------------
+
+// A group of ranks that are threads of this process: each collective meets at a barrier, then
+// every rank reads the others' buffers (sums in rank order, so every rank gets the same bits).
+// Stands in for Gloo, which the GPU-only build does not have; the host reducer sees only the
+// Communicator interface.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), buffers_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  class Rank : public worker::Communicator {
+   public:
+    Rank(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return group_.size_; }
+    const std::string& name() const override { return name_; }
+    std::shared_ptr<worker::CommWork> allreduce_async(float* data, size_t count,
+                                                      worker::ReduceOp op) override {
+      group_.publish(rank_, data);
+      std::vector<float> out(count);
+      for (size_t i = 0; i < count; ++i) {
+        float acc = group_.buffers_[0][i];
+        for (int r = 1; r < group_.size_; ++r) {
+          const float x = group_.buffers_[static_cast<size_t>(r)][i];
+          acc = op == worker::ReduceOp::kSum ? acc + x : std::max(acc, x);
+        }
+        out[i] = acc;
+      }
+      group_.arrive();  // everyone has read every buffer
+      std::copy(out.begin(), out.end(), data);
+      ++stats_.allreduces;
+      stats_.bytes += static_cast<int64_t>(count * 4);
+      return std::make_shared<Done>();
+    }
+    void allgather(const float* in, float* out, size_t count) override {
+      group_.publish(rank_, const_cast<float*>(in));
+      for (int r = 0; r < group_.size_; ++r)
+        std::copy(group_.buffers_[static_cast<size_t>(r)],
+                  group_.buffers_[static_cast<size_t>(r)] + count, out + r * count);
+      group_.arrive();
+    }
+    void reduce_scatter(const float*, float*, size_t) override {
+      throw Error("ThreadGroup: reduce_scatter is not used by these tests");
+    }
+    void broadcast(float* data, size_t count, int root) override {
+      group_.publish(rank_, data);
+      std::vector<float> value(group_.buffers_[static_cast<size_t>(root)],
+                               group_.buffers_[static_cast<size_t>(root)] + count);
+      group_.arrive();
+      std::copy(value.begin(), value.end(), data);
+    }
+    void barrier() override { group_.arrive(); }
+    worker::CommStats stats() const override { return stats_; }
+
+   private:
+    struct Done : worker::CommWork {
+      void wait() override {}
+    };
+    ThreadGroup& group_;
+    int rank_;
+    std::string name_ = "dp";
+    worker::CommStats stats_;
+  };
+
+ private:
+  void publish(int rank, float* data) {
+    buffers_[static_cast<size_t>(rank)] = data;
+    arrive();
+  }
+  void arrive() {  // a reusable barrier
+    std::unique_lock lock(mutex_);
+    const int64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+    } else {
+      changed_.wait(lock, [&] { return generation_ != generation; });
+    }
+  }
+  int size_;
+  std::vector<float*> buffers_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// One run of `steps` AdamW steps (clipped at norm 1) on the given batches (token pairs of B·T),
+// returning every loss, the gradients of step 1 and the weights after the last step.
+struct DpRun {
+  std::vector<double> losses;
+  F grads1, weights;
+};
+DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
+                  const CudaGptOptions& options, float loss_scale, int64_t steps,
+                  const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(
+                      int64_t step)>& batch_of) {
+  DpRun r;
+  CudaGpt gpt(device, c, B, T, options);
+  gpt.init_weights(g_seed);
+  for (int64_t s = 0; s < steps; ++s) {
+    const auto [tok, tgt] = batch_of(s);
+    gpt.zero_grad();
+    gpt.train_micro_step(tok.data(), tgt.data(), loss_scale, true);
+    r.losses.push_back(gpt.mean_loss());
+    const double norm = std::sqrt(gpt.grad_sum_of_squares());
+    if (s == 0) {
+      r.grads1.resize(gpt.num_parameters());
+      gpt.get_gradients(r.grads1.data());
+    }
+    AdamWStep adam;
+    adam.learning_rate = 2e-3f;
+    adam.t = s + 1;
+    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+    gpt.update(adam, 0.1f);
+  }
+  r.weights.resize(gpt.num_parameters());
+  gpt.get_parameters(r.weights.data());
+  return r;
+}
+
+// Two data-parallel ranks on one GPU (threads, each with its own CudaDevice and model), summing
+// through the host reducer, each on half of every batch with loss scale 1/2, against one rank on
+// the whole batch: step-1 gradients within 5e-3 (the same sums split differently; cuBLASLt may
+// pick other kernels for the other shape), the 3 losses within 1e-3 — and the two replicas
+// bit-identical (a replica that drifted would train a different model). With gpuUnits 1 too
+// (the offloaded units' copies must take the sums).
+void test_cuda_gpt_data_parallel() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3, dp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
+  const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
+                                  [&](int64_t s) { return batches[s]; });
+  for (int64_t device_units : {int64_t{-1}, int64_t{1}}) {
+    const std::string tag = device_units < 0 ? "" : " (gpuUnits 1)";
+    ThreadGroup group(static_cast<int>(dp));
+    std::vector<DpRun> ranks(dp);
+    std::vector<std::string> errors(dp);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < dp; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          CudaDevice device(g_device->ordinal());
+          ThreadGroup::Rank comm(group, r);
+          auto reducer = worker::make_host_gradient_reducer(comm, device);
+          CudaGptOptions options;
+          options.reducer = reducer.get();
+          options.device_units = device_units;
+          options.cpu_threads = 1;
+          ranks[r] = train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
+            const auto& [tok, tgt] = batches[s];
+            const int64_t n = B * T;
+            return std::make_pair(std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
+                                  std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
+          });
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    if (!errors[0].empty() || !errors[1].empty()) {
+      check(false, "data parallel" + tag + ": " + errors[0] + " " + errors[1]);
+      continue;
+    }
+    expect_close(ranks[0].grads1, widen(whole.grads1), 5e-3,
+                 "data parallel 2 ranks, host reducer: step-1 summed gradients vs one rank" + tag);
+    double worst = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
+      worst = std::max(worst, std::abs(mean - whole.losses[s]) / whole.losses[s]);
+    }
+    const bool identical = ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
+    check(worst < 1e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
+                            std::to_string(worst));
+    check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
+    if (worst < 1e-3 && identical)
+      std::printf("ok    %-44s losses worst rel diff %.1e (tol 1e-03), replicas bit-identical\n",
+                  ("data parallel, 2 ranks, host reducer" + tag).c_str(), worst);
+  }
+}
+
+// The NCCL reducer's plumbing on one GPU (NCCL refuses two ranks on one device, so the sum itself
+// and its ordering need 2+ GPUs): libnccl loads, the id travels over the bootstrap group, the
+// grouped all-reduces and the stream joins run, and a group of one — whose all-reduce is the
+// identity, so this cannot see an ordering bug — trains as without a reducer.
+void test_nccl_reducer_single_rank() {
+#ifdef KUBETRAIN_WITH_NCCL
+  std::string why;
+  if (!worker::nccl_available(&why)) {
+    check(false, "NCCL reducer: " + why);
+    return;
+  }
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(B * T, c.vocab));
+  for (int64_t device_units : {int64_t{-1}, int64_t{1}}) {
+    const std::string tag = device_units < 0 ? "" : " (gpuUnits 1)";
+    CudaGptOptions options;
+    options.device_units = device_units;
+    const DpRun plain = train_steps(*g_device, c, B, T, options, 1.0f, steps,
+                                    [&](int64_t s) { return batches[s]; });
+    ThreadGroup group(1);
+    ThreadGroup::Rank bootstrap(group, 0);
+    auto reducer = worker::make_nccl_gradient_reducer(bootstrap, g_device->ordinal());
+    options.reducer = reducer.get();
+    const DpRun nccl = train_steps(*g_device, c, B, T, options, 1.0f, steps,
+                                   [&](int64_t s) { return batches[s]; });
+    // Not bitwise: wte's backward adds with atomics (order not fixed) in both runs.
+    expect_close(nccl.grads1, widen(plain.grads1), 1e-5,
+                 "NCCL reducer, one rank: step-1 gradients vs no reducer" + tag);
+    double worst = 0;
+    for (int64_t s = 0; s < steps; ++s)
+      worst = std::max(worst, std::abs(nccl.losses[s] - plain.losses[s]) / plain.losses[s]);
+    check(worst < 1e-5, "NCCL reducer, one rank" + tag + ": losses differ from no reducer by " +
+                            std::to_string(worst));
+    expect_close(nccl.weights, widen(plain.weights), 1e-3,
+                 "NCCL reducer, one rank: step-3 weights vs no reducer" + tag);
+    check(reducer->stats().allreduces > 0, "NCCL reducer" + tag + ": issued no all-reduce");
+  }
+#else
+  check(false, "NCCL reducer: gpu_tests was built without nccl.h");
+#endif
+}
+
 // GPT-2 124M (T 1024, bf16) on the CUDA model: tokens/s and MFU for the largest micro-batch that
 // fits, with every unit's AdamW on the device and with offload: optimizer. One step is
 // zero_grad, one micro-batch, the global norm and AdamW, as the worker runs it; the time is the
@@ -1212,6 +1446,8 @@ int main(int argc, char** argv) {
       test_cuda_gpt_vs_reference();
       test_cuda_gpt_offload();
       test_cuda_gpt_memorises();
+      test_cuda_gpt_data_parallel();
+      test_nccl_reducer_single_rank();
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (const std::exception& e) {

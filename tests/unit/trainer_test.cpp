@@ -14,6 +14,7 @@
 #include "test_util.h"
 #ifdef KUBETRAIN_WITH_CUDA
 #include "worker/cuda_device.h"
+#include "worker/gradient_reducer.h"
 #endif
 #include "worker/data.h"
 
@@ -106,7 +107,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
   EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
 
-  // device: cuda — one GPU, bf16, recompute none, offload none or optimizer.
+  // device: cuda — one GPU per rank (DP), bf16, recompute none, offload none or optimizer.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   gpu.precision = api::Precision::kBf16;
@@ -121,11 +122,15 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan window_gpu = gpu;
   window_gpu.config.offload = api::OffloadMode::kWindow;
   expect_refusal(window_gpu, "offloads the optimizer only");
-  api::Plan two = gpu;
-  two.world = 2;
-  two.config.dp = 2;
-  two.global_batch *= 2;
-  expect_refusal(two, "one GPU per job");
+  api::Plan data_parallel = gpu;  // one GPU per rank, gradients summed by NCCL or the host
+  data_parallel.world = 2;
+  data_parallel.config.dp = 2;
+  data_parallel.global_batch *= 2;
+  EXPECT_NO_THROW(worker::check_executable(data_parallel));
+  api::Plan tensor_parallel = gpu;
+  tensor_parallel.world = 2;
+  tensor_parallel.config.tp = 2;
+  expect_refusal(tensor_parallel, "data parallelism only");
 #else
   expect_refusal(gpu, "built without the CUDA path");
 #endif
@@ -153,6 +158,35 @@ TEST(Trainer, CudaPlanNeedsAGpuAndSaysWhy) {
     EXPECT_EQ(result.steps_done, 2);
     EXPECT_TRUE(std::isfinite(result.last_loss));
   }
+}
+#endif
+
+#ifdef KUBETRAIN_WITH_CUDA
+// The DP reducer choice every rank makes from the gathered facts: NCCL only with one GPU per rank
+// and libnccl everywhere; forcing NCCL where it cannot run is an error that says why.
+TEST(Trainer, DataParallelCudaPicksNcclOnlyWithOneGpuPerRank) {
+  const std::vector<std::vector<float>> own = {{1, 2}, {1, 3}, {4, 2}};
+  const std::vector<std::vector<float>> shared = {{1, 2}, {5, 6}, {1, 2}};
+  EXPECT_EQ(worker::choose_reducer("auto", own, "").backend, "nccl");
+  const auto on_shared = worker::choose_reducer("auto", shared, "");
+  EXPECT_EQ(on_shared.backend, "host");
+  EXPECT_EQ(on_shared.reason, "DP ranks 0 and 2 share a GPU");
+  const auto no_lib = worker::choose_reducer("auto", own, "cannot load libnccl.so.2");
+  EXPECT_EQ(no_lib.backend, "host");
+  EXPECT_EQ(no_lib.reason, "cannot load libnccl.so.2");
+  EXPECT_EQ(worker::choose_reducer("host", own, "").backend, "host");
+  EXPECT_EQ(worker::choose_reducer("nccl", own, "").backend, "nccl");
+  auto expect_error = [](const std::string& mode, const std::vector<std::vector<float>>& keys,
+                         const std::string& words) {
+    try {
+      worker::choose_reducer(mode, keys, "");
+      FAIL() << "expected an error mentioning " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_error("nccl", shared, "share a GPU");
+  expect_error("gloo", own, "expected nccl, host or auto");
 }
 #endif
 

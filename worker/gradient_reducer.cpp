@@ -1,0 +1,83 @@
+#include "worker/gradient_reducer.h"
+
+#include <chrono>
+
+#include "api/error.h"
+
+namespace kt::worker {
+namespace {
+
+class HostGradientReducer : public GradientReducer {
+ public:
+  HostGradientReducer(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
+  ~HostGradientReducer() override {
+    if (staging_) device_.deallocate_pinned(staging_);
+  }
+  int size() const override { return group_.size(); }
+  const char* backend() const override { return "host"; }
+
+  void reduce(const Ranges& ranges, const CudaEvent& ready) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
+    stream.wait(ready);
+    for (const auto& [data, count] : ranges) {
+      if (count > capacity_) {  // grows to the largest range in the first step, then stays
+        stream.synchronize();
+        if (staging_) device_.deallocate_pinned(staging_);
+        staging_ = static_cast<float*>(device_.allocate_pinned(count * 4, MemoryKind::kGrads));
+        capacity_ = count;
+      }
+      device_.copy(staging_, data, count * 4, stream);
+      stream.synchronize();
+      group_.allreduce(staging_, count, ReduceOp::kSum);
+      device_.copy(data, staging_, count * 4, stream);
+      stream.synchronize();  // the staging buffer is reused by the next range
+      stats_.bytes += static_cast<int64_t>(count * 4);
+      ++stats_.allreduces;
+      ++stats_.collectives;
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.seconds += seconds;
+    stats_.exposed_seconds += seconds;  // the host waits for all of it
+  }
+  void join(CudaStream&) override {}  // reduce returned with the sums in place
+  CommStats stats() const override { return stats_; }
+
+ private:
+  Communicator& group_;
+  CudaDevice& device_;
+  float* staging_ = nullptr;
+  size_t capacity_ = 0;
+  CommStats stats_;
+};
+
+}  // namespace
+
+ReducerChoice choose_reducer(const std::string& mode,
+                             const std::vector<std::vector<float>>& gpu_keys,
+                             const std::string& no_nccl) {
+  if (mode != "auto" && mode != "nccl" && mode != "host")
+    throw Error("KUBETRAIN_DP_COMM='" + mode + "': expected nccl, host or auto");
+  std::string why_not;
+  for (size_t a = 0; a < gpu_keys.size() && why_not.empty(); ++a)
+    for (size_t b = a + 1; b < gpu_keys.size(); ++b)
+      if (gpu_keys[a] == gpu_keys[b]) {
+        why_not = "DP ranks " + std::to_string(a) + " and " + std::to_string(b) + " share a GPU";
+        break;
+      }
+  if (why_not.empty()) why_not = no_nccl;
+  if (mode == "nccl" && !why_not.empty())
+    throw Error("KUBETRAIN_DP_COMM=nccl, but " + why_not +
+                " (NCCL needs one GPU per rank; KUBETRAIN_DP_COMM=host sums through the host)");
+  if (mode == "host") return {"host", "KUBETRAIN_DP_COMM=host"};
+  if (!why_not.empty()) return {"host", why_not};
+  return {"nccl", "one GPU per rank"};
+}
+
+std::unique_ptr<GradientReducer> make_host_gradient_reducer(Communicator& group,
+                                                            CudaDevice& device) {
+  return std::make_unique<HostGradientReducer>(group, device);
+}
+
+}  // namespace kt::worker

@@ -1,0 +1,61 @@
+// Data parallelism for the CUDA model (DESIGN.md §7): the sum of gradient ranges over the ranks
+// of the DP group, in place in device memory, started as each layer's gradients become final in
+// the last micro-batch's backward, so that it overlaps the backward of the layers below.
+//
+// Two implementations:
+//   NCCL (worker/comm_nccl.h): ncclAllReduce on the reducer's own stream, after an event the
+//     compute stream recorded; nothing blocks the host. Needs one GPU per rank (NCCL refuses two
+//     ranks on one device).
+//   host (make_host_gradient_reducer): device → pinned host → the group's Communicator (Gloo over
+//     TCP) → device, synchronously. Slower; it serves ranks that share a GPU (a workstation
+//     with fewer GPUs than ranks, or the device check on one GPU) and machines without NCCL.
+// Both sum; the model scales its loss by 1/dp, so the sums are the global batch's mean gradient.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/comm.h"
+#include "worker/cuda_device.h"
+
+namespace kt::worker {
+
+class GradientReducer {
+ public:
+  using Ranges = std::vector<std::pair<float*, size_t>>;  // device pointer, float count
+  virtual ~GradientReducer() = default;
+  virtual int size() const = 0;              // ranks in the group
+  virtual const char* backend() const = 0;   // "nccl" or "host"
+  // Sums every range over the group (in place), after `ready` (an event recorded on the stream
+  // that produced them). Every rank must reduce the same ranges in the same order.
+  virtual void reduce(const Ranges& ranges, const CudaEvent& ready) = 0;
+  // Work enqueued on `stream` from now on waits for every reduction issued so far.
+  virtual void join(CudaStream& stream) = 0;
+  // Bytes summed so far (this rank's buffers) and the seconds the host was blocked in reduce
+  // or join (the exposed communication time).
+  virtual CommStats stats() const = 0;
+};
+
+// Which reducer a DP group uses, decided alike on every rank from facts gathered from all of
+// them: `mode` (KUBETRAIN_DP_COMM: "auto", "nccl" or "host"), the GPU of each rank as
+// `gpu_keys` (any equal-length identity per rank; equal keys = ranks sharing a GPU), and why
+// NCCL cannot run somewhere ("" when libnccl loads on every rank). NCCL when it can, else the
+// host; `reason` says why for the log. Throws kt::Error for an unknown mode, or for "nccl" where
+// NCCL cannot run.
+struct ReducerChoice {
+  std::string backend;  // "nccl" or "host"
+  std::string reason;
+};
+ReducerChoice choose_reducer(const std::string& mode,
+                             const std::vector<std::vector<float>>& gpu_keys,
+                             const std::string& no_nccl);
+
+// The host-staged reducer over `group` (its allreduce), copying through pinned memory of
+// `device` on its data-parallel stream.
+std::unique_ptr<GradientReducer> make_host_gradient_reducer(Communicator& group,
+                                                            CudaDevice& device);
+
+}  // namespace kt::worker
