@@ -13,10 +13,14 @@
 #       and two GPT-2 124M plans for one H200 (offload none and optimizer) into gpu-worker/
 #       (git-ignored; ≈ 20 MB xz). Carry ["gpu-worker"] and the check then also runs the real
 #       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
-#       its step time, tokens/s and MFU next to the planner's prediction.
+#       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
+#       the CPU, on the GPU, with offload: optimizer and as 2 data-parallel ranks sharing the GPU
+#       (`kubetrain-worker launch`), comparing their losses.
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
-# CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only).
+# CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only),
+# KUBETRAIN_NCCL_LIBRARY (libnccl.so.2's path when the loader does not find it; the script looks
+# in the toolkit and the nvidia-nccl Python wheel).
 # Fallback: if the build fails there but a gpu_tests binary built elsewhere was carried in
 # gpu-prebuilt/ (git-ignored: `scripts/device-check.sh --build-only && mkdir -p gpu-prebuilt &&
 # cp build-gpu/bin/gpu_tests gpu-prebuilt/`, then carry ["gpu-prebuilt"]), that one runs; it needs
@@ -74,6 +78,21 @@ EOF
     "$full/bin/kubetrain" plan "$stage/job-small-$variant.yaml" -c "examples/clusters/$cluster.yaml" \
       -o json >"$stage/plan-small-$variant.json" || exit 1
   done
+  # Data parallelism on CUDA: the small CUDA job as 2 DP ranks (a plan for a 2-GPU node). On the
+  # one-GPU device machine both ranks share the GPU, so they sum through the host (NCCL needs a
+  # GPU per rank); the check runs them through `kubetrain-worker launch`.
+  cat >"$stage/h200x2.yaml" <<EOF
+apiVersion: kubetrain.dev/v1alpha1
+kind: Inventory
+metadata: {name: h200x2}
+nodes:
+  - {name: h200, gpu: {product: NVIDIA-H200, count: 2}, cpu: {cores: 16}, memory: 128Gi}
+EOF
+  sed -e 's/name: small-cuda}$/name: small-cuda-dp2}/' -e 's/gpusPerNode: 1/gpusPerNode: 2/' \
+    "$stage/job-small-cuda.yaml" >"$stage/job-small-cuda-dp2.yaml"
+  echo "  parallelism: {tensorParallel: 1, dataParallel: 2}" >>"$stage/job-small-cuda-dp2.yaml"
+  "$full/bin/kubetrain" plan "$stage/job-small-cuda-dp2.yaml" -c "$stage/h200x2.yaml" \
+    -o json >"$stage/plan-small-cuda-dp2.json" || exit 1
   tar -C "$stage" -cf - . | xz -T0 -6 >gpu-worker/worker.tar.xz
   rm -rf "$stage"
   echo "device-check: gpu-worker/worker.tar.xz ($(du -h gpu-worker/worker.tar.xz | cut -f1)); carry [\"gpu-worker\"]"
@@ -94,11 +113,25 @@ if [[ -f "$build_dir/CMakeCache.txt" ]] && ! grep -q "KUBETRAIN_GPU_ONLY:BOOL=ON
   exit 1
 fi
 
+# libnccl for the NCCL reducer (loaded at run time): the loader's path, else the toolkit's, else
+# the nvidia-nccl Python wheel's; its headers let the GPU-only build compile the NCCL group.
+nccl_args=()
+if [[ -z "${KUBETRAIN_NCCL_LIBRARY:-}" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  wheel=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  for candidate in /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 $wheel; do
+    [[ -f $candidate ]] && { export KUBETRAIN_NCCL_LIBRARY=$candidate; break; }
+  done
+fi
+if [[ -n "${KUBETRAIN_NCCL_LIBRARY:-}" && -f "$(dirname "$KUBETRAIN_NCCL_LIBRARY")/../include/nccl.h" ]]; then
+  nccl_args=(-DNCCL_INCLUDE_DIR="$(cd "$(dirname "$KUBETRAIN_NCCL_LIBRARY")/../include" && pwd)")
+fi
+
 echo "== device-check $(date -u +%FT%TZ) on $(hostname); archs $archs; jobs $jobs"
+echo "NCCL: ${KUBETRAIN_NCCL_LIBRARY:-libnccl.so.2 from the loader path} ${nccl_args[*]:-}"
 command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
 start=$SECONDS
 built=1
-if ! cmake -S . -B "$build_dir" "${generator[@]}" -DKUBETRAIN_GPU_ONLY=ON -DKUBETRAIN_WERROR=ON \
+if ! cmake -S . -B "$build_dir" "${generator[@]}" "${nccl_args[@]}" -DKUBETRAIN_GPU_ONLY=ON -DKUBETRAIN_WERROR=ON \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$archs" >"$log_dir/configure.log" 2>&1; then
   built=0
   echo "device-check: configure FAILED:"; tail -30 "$log_dir/configure.log"
@@ -180,6 +213,13 @@ PY
       >"$wdir/small-$variant.log" 2>&1 || { worker_rc=1; echo "small $variant FAILED"; tail -3 "$wdir/small-$variant.log"; }
     [[ -n "${OUT:-}" ]] && cp "$wdir/small-$variant.log" "$OUT/"
   done
+  echo "== data parallelism on CUDA: the small CUDA job as 2 ranks sharing the GPU (host reducer)"
+  LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" OMP_NUM_THREADS=4 MASTER_ADDR=127.0.0.1 \
+    MASTER_PORT=29517 timeout 180 "$wdir/kubetrain-worker" launch \
+    --plan "$wdir/plan-small-cuda-dp2.json" >"$wdir/small-cuda-dp2.log" 2>&1 ||
+    { worker_rc=1; echo "small cuda-dp2 FAILED"; tail -5 "$wdir/small-cuda-dp2.log"; }
+  grep -E "gradients summed|step +(1|30)/" "$wdir/small-cuda-dp2.log"
+  [[ -n "${OUT:-}" ]] && cp "$wdir/small-cuda-dp2.log" "$OUT/"
   python3 - "$wdir" <<'PY' || worker_rc=1
 import re, sys
 def losses(name):
@@ -195,8 +235,16 @@ worst_gpu = max((abs(gpu[s] - cpu[s]) / cpu[s] for s in steps), default=float("n
 worst_off = max((abs(off[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok else float("nan")
 for s in [s for s in steps if s in (1, 10, 20, 30)]:
     print(f"  step {s:3d}: loss cpu fp32 {cpu[s]:.4f} | cuda bf16 {gpu[s]:.4f} | cuda bf16 offload optimizer {off[s]:.4f}")
+dp2 = losses("cuda-dp2")  # 2 ranks, each on half of every batch (its own data shard)
+ok_dp = ok and sorted(dp2) == steps
+worst_dp = max((abs(dp2[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_dp else float("nan")
+for s in [s for s in steps if s in (1, 10, 20, 30) and s in dp2]:
+    print(f"  step {s:3d}: loss cuda bf16 1 rank {gpu[s]:.4f} | 2 DP ranks {dp2[s]:.4f}")
 passed = ok and worst_gpu < 2e-2 and worst_off < 2e-2 and cpu[steps[-1]] < cpu[steps[0]] - 0.5
+passed_dp = ok_dp and worst_dp < 2e-2
 print(f"  worst relative loss difference: GPU vs CPU {worst_gpu:.2e} (tol 2e-2), offload vs not {worst_off:.2e} (tol 2e-2): {'PASS' if passed else 'FAIL'}")
+print(f"  2 DP ranks vs 1 rank (same global batch, each rank its data shard): {worst_dp:.2e} (tol 2e-2): {'PASS' if passed_dp else 'FAIL'}")
+passed = passed and passed_dp
 sys.exit(0 if passed else 1)
 PY
 fi
