@@ -98,13 +98,10 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.transfer_bytes.with({"h2d"}).inc(static_cast<double>(r.h2d_bytes));
     metrics.transfer_bytes.with({"d2h"}).inc(static_cast<double>(r.d2h_bytes));
     // Communication: the groups' totals since the last step.
-    for (kt::worker::Communicator* group : {groups.tp.get(), groups.dp.get()}) {
-      if (!group || group->size() == 1) continue;
-      const auto now = group->stats();
-      auto& last = last_stats[group->name()];
-      metrics.comm_seconds.with({group->name()}).inc(now.seconds - last.seconds);
-      metrics.comm_exposed_seconds.with({group->name()})
-          .inc(now.exposed_seconds - last.exposed_seconds);
+    for (const auto& [name, now] : r.comm) {
+      auto& last = last_stats[name];
+      metrics.comm_seconds.with({name}).inc(now.seconds - last.seconds);
+      metrics.comm_exposed_seconds.with({name}).inc(now.exposed_seconds - last.exposed_seconds);
       last = now;
     }
   };

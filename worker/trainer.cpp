@@ -230,6 +230,14 @@ bool stop_requested(const api::Plan& plan, ProcessGroups& groups) {
   return stop > 0;
 }
 
+// The communication totals of the rank's groups of more than one rank.
+std::map<std::string, CommStats> comm_totals(ProcessGroups& groups) {
+  std::map<std::string, CommStats> totals;
+  for (Communicator* group : {groups.tp.get(), groups.dp.get()})
+    if (group->size() > 1) totals[group->name()] = group->stats();
+  return totals;
+}
+
 #ifdef KUBETRAIN_WITH_CUDA
 // The rank's GPU: LOCAL_RANK modulo the visible devices (a pod sees its one GPU as device 0;
 // `kubetrain-worker launch` on a machine with several GPUs spreads its ranks over them).
@@ -388,6 +396,16 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = model.h2d_bytes() - h2d_before;
     r.d2h_bytes = model.d2h_bytes() - d2h_before;
+    r.comm = comm_totals(groups);
+    if (reducer) {  // the gradient sums, beside the DP group's own (the loss)
+      CommStats& dp_stats = r.comm["dp"];
+      const CommStats sums = reducer->stats();
+      dp_stats.collectives += sums.collectives;
+      dp_stats.allreduces += sums.allreduces;
+      dp_stats.bytes += sums.bytes;
+      dp_stats.seconds += sums.seconds;
+      dp_stats.exposed_seconds += sums.exposed_seconds;
+    }
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
     if (stop_requested(plan, groups)) {
@@ -618,6 +636,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = engine.h2d_bytes() - h2d_before;
     r.d2h_bytes = engine.d2h_bytes() - d2h_before;
+    r.comm = comm_totals(groups);
     report_step(r, options, result, log);
 
     const int64_t interval = plan.checkpoint.interval_steps;

@@ -33,6 +33,9 @@ struct StepReport {
   double cpu_optimizer_seconds = 0;  // AdamW of CPU-updated units on the host pool
   int64_t h2d_bytes = 0;             // offload engine copies issued in this step
   int64_t d2h_bytes = 0;
+  // Per group of more than one rank ("tp", "dp"): its communication since the run started (on
+  // CUDA, "dp" includes the gradient reducer's), for the comm metrics.
+  std::map<std::string, CommStats> comm;
 };
 
 struct TrainOptions {
