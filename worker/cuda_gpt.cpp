@@ -25,6 +25,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
       B_(B),
       T_(T),
       cpu_threads_(std::max(1, options.cpu_threads)),
+      recompute_(options.recompute),
       reducer_(options.reducer) {
   KT_CHECK(B > 0 && T > 0 && T <= c_.max_seq_len, "micro-batch shape out of range");
   KT_CHECK(c_.channels % c_.heads == 0, "heads must divide channels");
@@ -143,16 +144,18 @@ void CudaGpt::allocate() {
   };
   flash_ = cu::flash_attention_supported(C / c_.heads);
   const int64_t att = flash_ ? 0 : B_ * c_.heads * T_ * T_;
-  res_.push_back(act16(BT * C));
+  // Every layer's input; with recompute one layer's working set (and commAware keeps every res2).
+  for (int64_t l = 0; l <= L; ++l) res_.push_back(act16(BT * C));
+  for (int64_t l = 0; l < L; ++l)
+    if (res2_index(l) == l) res2_.push_back(act16(BT * C));
   for (int64_t l = 0; l < L; ++l) {
+    if (work_index(l) != l) break;
     ln1_.push_back(act16(BT * C));
     qkv_.push_back(act16(BT * 3 * C));
     atty_.push_back(act16(BT * C));
-    res2_.push_back(act16(BT * C));
     ln2_.push_back(act16(BT * C));
     fch_.push_back(act16(BT * c_.ffn));
     fchg_.push_back(act16(BT * c_.ffn));
-    res_.push_back(act16(BT * C));
     ln1_mean_.push_back(act32(BT));
     ln1_rstd_.push_back(act32(BT));
     ln2_mean_.push_back(act32(BT));
@@ -343,6 +346,39 @@ void CudaGpt::unit_grads_final(int64_t unit) {
   d2h.record(*u.grads_copied);
 }
 
+// Layer l's forward from its input res_[l] into the working set (work_index(l)). `rerun`: the
+// recompute before its backward, which needs neither fc2's output (res_[l + 1] is kept) nor, with
+// commAware, the attention projection (res2 is kept).
+void CudaGpt::layer_forward(int64_t l, bool rerun) {
+  const int64_t C = c_.channels, NH = c_.heads, F = c_.ffn, B = B_, T = T_, BT = B * T;
+  const cu::Context& x = *ctx_;
+  const int64_t a = work_index(l), r2 = res2_index(l);
+  auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
+  enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb };
+  enum { kFcprojw = 12, kFcprojb };
+  cu::layernorm_forward(x, ln1_[a], ln1_mean_[a], ln1_rstd_[a], res_[l], w(kLn1w), w(kLn1b), BT,
+                        C);
+  cu::matmul_forward_bf16(x, qkv_[a], ln1_[a], w(kQkvw), w(kQkvb), BT, C, 3 * C);
+  if (flash_) {
+    cu::attention_forward_bf16(x, atty_[a], lse_[a], qkv_[a], B, T, C, NH);
+  } else {
+    cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * C);
+    cu::attention_forward(x, atty32_, preatt_, att_[a], qkv32_, B, T, C, NH);
+    cu::cast_to_bf16(x, atty_[a], atty32_, BT * C);
+  }
+  if (!rerun || recompute_ != ActivationRecompute::kCommAware) {
+    cu::matmul_forward_bf16(x, proj_tmp_, atty_[a], w(kAttprojw), w(kAttprojb), BT, C, C);
+    cu::residual_forward(x, res2_[r2], res_[l], proj_tmp_, BT * C);
+  }
+  cu::layernorm_forward(x, ln2_[a], ln2_mean_[a], ln2_rstd_[a], res2_[r2], w(kLn2w), w(kLn2b),
+                        BT, C);
+  cu::matmul_forward_bf16(x, fch_[a], ln2_[a], w(kFcw), w(kFcb), BT, C, F);
+  cu::gelu_forward(x, fchg_[a], fch_[a], BT * F);
+  if (rerun) return;
+  cu::matmul_forward_bf16(x, proj_tmp_, fchg_[a], w(kFcprojw), w(kFcprojb), BT, F, C);
+  cu::residual_forward(x, res_[l + 1], res2_[r2], proj_tmp_, BT * C);
+}
+
 void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                                bool last) {
   const int64_t L = c_.layers, C = c_.channels, NH = c_.heads, F = c_.ffn, Vp = c_.padded_vocab;
@@ -374,24 +410,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   cu::embedding_forward(x, res_[0], tok, p16 + offsets_[kWte], p16 + offsets_[kWpe], B, T, C);
   for (int64_t l = 0; l < L; ++l) {
     before_unit(l + 1);
-    cu::layernorm_forward(x, ln1_[l], ln1_mean_[l], ln1_rstd_[l], res_[l], w(kLn1w, l),
-                          w(kLn1b, l), BT, C);
-    cu::matmul_forward_bf16(x, qkv_[l], ln1_[l], w(kQkvw, l), w(kQkvb, l), BT, C, 3 * C);
-    if (flash_) {
-      cu::attention_forward_bf16(x, atty_[l], lse_[l], qkv_[l], B, T, C, NH);
-    } else {
-      cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);
-      cu::attention_forward(x, atty32_, preatt_, att_[l], qkv32_, B, T, C, NH);
-      cu::cast_to_bf16(x, atty_[l], atty32_, BT * C);
-    }
-    cu::matmul_forward_bf16(x, proj_tmp_, atty_[l], w(kAttprojw, l), w(kAttprojb, l), BT, C, C);
-    cu::residual_forward(x, res2_[l], res_[l], proj_tmp_, BT * C);
-    cu::layernorm_forward(x, ln2_[l], ln2_mean_[l], ln2_rstd_[l], res2_[l], w(kLn2w, l),
-                          w(kLn2b, l), BT, C);
-    cu::matmul_forward_bf16(x, fch_[l], ln2_[l], w(kFcw, l), w(kFcb, l), BT, C, F);
-    cu::gelu_forward(x, fchg_[l], fch_[l], BT * F);
-    cu::matmul_forward_bf16(x, proj_tmp_, fchg_[l], w(kFcprojw, l), w(kFcprojb, l), BT, F, C);
-    cu::residual_forward(x, res_[l + 1], res2_[l], proj_tmp_, BT * C);
+    layer_forward(l, false);
   }
   cu::layernorm_forward(x, lnf_, lnf_mean_, lnf_rstd_, res_[L], p16 + offsets_[kLnfw],
                         p16 + offsets_[kLnfb], BT, C);
@@ -413,31 +432,34 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   cu::layernorm_backward(x, dres_, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb], dtmp_c_,
                          res_[L], p16 + offsets_[kLnfw], lnf_mean_, lnf_rstd_, BT, C);
   for (int64_t l = L - 1; l >= 0; --l) {
+    // With recompute, the working set holds the last layer's forward; the others re-run theirs.
+    if (recompute_ != ActivationRecompute::kNone && l != L - 1) layer_forward(l, true);
+    const int64_t a = work_index(l), r2 = res2_index(l);
     // res[l+1] = res2 + fcproj: dres is the gradient of both; the MLP adds into it.
-    cu::matmul_backward_bf16(x, dtmp_4c_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[l],
+    cu::matmul_backward_bf16(x, dtmp_4c_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[a],
                              w(kFcprojw, l), BT, F, C, acc_dw, overwrite);
-    cu::gelu_backward(x, dtmp_4c_, fch_[l], dtmp_4c_, BT * F, overwrite);  // in place
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_, ln2_[l], w(kFcw, l),
+    cu::gelu_backward(x, dtmp_4c_, fch_[a], dtmp_4c_, BT * F, overwrite);  // in place
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_, ln2_[a], w(kFcw, l),
                              BT, C, F, acc_dw, overwrite);
-    cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[l], w(kLn2w, l),
-                           ln2_mean_[l], ln2_rstd_[l], BT, C);
+    cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[r2], w(kLn2w, l),
+                           ln2_mean_[a], ln2_rstd_[a], BT, C);
     // res2 = res[l] + attproj: dres is the gradient of both; attention adds into it.
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[l],
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[a],
                              w(kAttprojw, l), BT, C, C, acc_dw, overwrite);
     if (flash_) {  // dqkv overwritten
-      cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[l], atty_[l],
-                                  lse_[l], B, T, C, NH);
+      cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[a], atty_[a],
+                                  lse_[a], B, T, C, NH);
     } else {
       cu::cast_to_float(x, dc32_, dtmp_c_, BT * C);
-      cu::cast_to_float(x, qkv32_, qkv_[l], BT * 3 * C);  // one fp32 qkv buffer for all layers
+      cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * C);  // one fp32 qkv buffer for all layers
       zero(dqkv32_, BT * 3 * C * 4);
-      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[l], B, T, C, NH);
+      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[a], B, T, C, NH);
       cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
     }
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[l],
+    cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[a],
                              w(kQkvw, l), BT, C, 3 * C, acc_dw, overwrite);
     cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
-                           ln1_mean_[l], ln1_rstd_[l], BT, C);
+                           ln1_mean_[a], ln1_rstd_[a], BT, C);
     if (last) unit_grads_final(l + 1);  // layer l's gradients are final: sum (DP), copy (host)
   }
   cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T, C);

@@ -21,8 +21,8 @@
 // final in the last backward, the reducer sums them over the DP group (NCCL on its own stream
 // behind the compute stream's event); the unit's d2h copy, the norm and the device AdamW wait
 // for the sums.
-// Not here (the trainer refuses such plans on CUDA): tensor parallelism, recompute, window
-// offload.
+// Recompute (options.recompute): see ActivationRecompute.
+// Not here (the trainer refuses such plans on CUDA): tensor parallelism, window offload.
 #pragma once
 
 #include <array>
@@ -43,6 +43,13 @@
 
 namespace kt::worker {
 
+// The Plan's recompute on CUDA: kNone keeps every layer's activations; kFull keeps each layer's
+// input and re-runs the layer's forward before its backward (all but fc2's GEMM, whose output the
+// backward does not read), so one layer's working set serves all layers; kCommAware also keeps
+// each layer's res2 (input + attention projection: with TP, the all-reduced output), so the
+// re-run skips the projection GEMM too (Oases).
+enum class ActivationRecompute { kNone, kFull, kCommAware };
+
 struct CudaGptOptions {
   // Offload units [0, device_units) keep their master weights and moments on the device and are
   // updated there; the rest (offload: optimizer) in pinned host memory, updated by the CPU.
@@ -52,6 +59,7 @@ struct CudaGptOptions {
   // Data parallelism: sums each unit's gradients over the DP group as they become final in the
   // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
   GradientReducer* reducer = nullptr;
+  ActivationRecompute recompute = ActivationRecompute::kNone;
 };
 
 class CudaGpt {
@@ -128,6 +136,11 @@ class CudaGpt {
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
   void unit_grads_final(int64_t unit);
   void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
+  void layer_forward(int64_t l, bool rerun);
+  // Where layer l's activations live: its own buffers, or (recompute) the one working set; res2
+  // is kept per layer unless recompute is full.
+  int64_t work_index(int64_t l) const { return recompute_ == ActivationRecompute::kNone ? l : 0; }
+  int64_t res2_index(int64_t l) const { return recompute_ == ActivationRecompute::kFull ? 0 : l; }
   void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
   void run_cpu_tasks();
   void wait_cpu_idle();
@@ -137,6 +150,7 @@ class CudaGpt {
   int64_t B_, T_;
   int64_t device_units_;
   int cpu_threads_;
+  ActivationRecompute recompute_;
   GradientReducer* reducer_;
   std::unique_ptr<kernels::cuda::Context> ctx_;
   std::array<int64_t, kNumParamTensors> sizes_{};

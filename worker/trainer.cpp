@@ -313,12 +313,18 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   if (dp > 1) reducer = make_dp_reducer(*groups.dp, device, log);
   CudaGptOptions model_options;
   model_options.reducer = reducer.get();
+  model_options.recompute = plan.config.recompute == api::Recompute::kFull
+                                ? ActivationRecompute::kFull
+                                : plan.config.recompute == api::Recompute::kCommAware
+                                      ? ActivationRecompute::kCommAware
+                                      : ActivationRecompute::kNone;
   if (plan.config.offload == api::OffloadMode::kOptimizer)
     model_options.device_units = plan.config.gpu_units;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   const GptConfig config = GptConfig::from(plan.model);
   CudaGpt model(device, config, B, T, model_options);
-  log("training on " + device.name() + " (" + device.product() + "), bf16; AdamW of " +
+  log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
+      std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
       " offload units on the GPU");
   // Host copies for checkpoints and initialisation (llm.c layout).
@@ -459,7 +465,7 @@ void check_executable(const api::Plan& plan) {
            "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
 #endif
     // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data parallel,
-    // bf16, every activation kept, the optimizer on the device or split with the CPU.
+    // bf16, any recompute, the optimizer on the device or split with the CPU.
     if (plan.config.tp != 1)
       refuse("tensor parallelism (tp " + std::to_string(plan.config.tp) +
              ") on CUDA: the CUDA runtime runs data parallelism only so far (TP runs on the CPU "
@@ -467,9 +473,6 @@ void check_executable(const api::Plan& plan) {
     if (plan.precision != api::Precision::kBf16)
       refuse("precision " + std::string(api::to_string(plan.precision)) +
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
-    if (plan.config.recompute != api::Recompute::kNone)
-      refuse("recompute " + std::string(api::to_string(plan.config.recompute)) +
-             " on CUDA: the CUDA runtime keeps every activation (recompute none)");
     if (plan.config.offload == api::OffloadMode::kWindow)
       refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
     if (plan.config.sub_batches != 1)

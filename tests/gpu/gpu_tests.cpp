@@ -1229,12 +1229,56 @@ DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
   return r;
 }
 
+// Recompute re-runs each layer's forward from its kept input before its backward; the forward
+// kernels are deterministic, so training must match keeping every activation: step-1 gradients
+// within 1e-6 (only wte's atomic adds differ in order), 3 losses within 1e-5, the weights loosely
+// (AdamW magnifies rounding-level differences in noise-only gradients) — with less activation
+// memory. Both attention paths: head size 32 (flash) and 16 (materialised fp32).
+void test_cuda_gpt_recompute() {
+  for (const GptConfig& c : {kSmallGpt, GptConfig{32, 256, 256, 2, 4, 64, 256}}) {
+    const int64_t B = 2, T = 32, steps = 3;
+    const std::string shape = " (hs " + std::to_string(c.channels / c.heads) + ")";
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+    for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(B * T, c.vocab));
+    auto run = [&](worker::ActivationRecompute mode, double* activation_bytes) {
+      CudaGptOptions options;
+      options.recompute = mode;
+      const auto before = g_device->device_memory_stats().in_use_bytes[MemoryKind::kActivations];
+      {
+        CudaGpt probe(*g_device, c, B, T, options);
+        *activation_bytes = static_cast<double>(
+            g_device->device_memory_stats().in_use_bytes[MemoryKind::kActivations] - before);
+      }
+      return train_steps(*g_device, c, B, T, options, 1.0f, steps,
+                         [&](int64_t s) { return batches[s]; });
+    };
+    double none_bytes = 0, full_bytes = 0, comm_bytes = 0;
+    const DpRun none = run(worker::ActivationRecompute::kNone, &none_bytes);
+    for (auto mode : {worker::ActivationRecompute::kFull, worker::ActivationRecompute::kCommAware}) {
+      const bool full = mode == worker::ActivationRecompute::kFull;
+      const std::string tag = std::string(full ? "full" : "commAware") + shape;
+      const DpRun r = run(mode, full ? &full_bytes : &comm_bytes);
+      expect_close(r.grads1, widen(none.grads1), 1e-6, "recompute " + tag + ": step-1 gradients");
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s)
+        worst = std::max(worst, std::abs(r.losses[s] - none.losses[s]) / none.losses[s]);
+      check(worst < 1e-5, "recompute " + tag + ": losses differ by " + std::to_string(worst));
+      expect_close(r.weights, widen(none.weights), 1e-2, "recompute " + tag + ": step-3 weights");
+    }
+    check(full_bytes < comm_bytes && comm_bytes < none_bytes,
+          "recompute" + shape + ": activation bytes none " + std::to_string(none_bytes) +
+              ", commAware " + std::to_string(comm_bytes) + ", full " + std::to_string(full_bytes) +
+              " (expected full < commAware < none)");
+  }
+}
+
 // Two data-parallel ranks on one GPU (threads, each with its own CudaDevice and model), summing
 // through the host reducer, each on half of every batch with loss scale 1/2, against one rank on
-// the whole batch: step-1 gradients within 5e-3 (the same sums split differently; cuBLASLt may
-// pick other kernels for the other shape), the 3 losses within 1e-3 — and the two replicas
-// bit-identical (a replica that drifted would train a different model). With gpuUnits 1 too
-// (the offloaded units' copies must take the sums).
+// the whole batch: step-1 gradients within 2e-2 (bf16 activations: cuBLASLt may pick other
+// kernels for the other shape, so roundings differ as between two bf16 runs; a missing sum is off
+// by 1/2, a missing 1/dp by 2×), the 3 losses within 5e-3 — and the two replicas bit-identical (a
+// replica that drifted would train a different model). With gpuUnits 1 too (the offloaded units'
+// copies must take the sums).
 void test_cuda_gpt_data_parallel() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 3, dp = 2;
@@ -1273,7 +1317,7 @@ void test_cuda_gpt_data_parallel() {
       check(false, "data parallel" + tag + ": " + errors[0] + " " + errors[1]);
       continue;
     }
-    expect_close(ranks[0].grads1, widen(whole.grads1), 5e-3,
+    expect_close(ranks[0].grads1, widen(whole.grads1), 2e-2,
                  "data parallel 2 ranks, host reducer: step-1 summed gradients vs one rank" + tag);
     double worst = 0;
     for (int64_t s = 0; s < steps; ++s) {
@@ -1281,11 +1325,11 @@ void test_cuda_gpt_data_parallel() {
       worst = std::max(worst, std::abs(mean - whole.losses[s]) / whole.losses[s]);
     }
     const bool identical = ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
-    check(worst < 1e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
+    check(worst < 5e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
                             std::to_string(worst));
     check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
-    if (worst < 1e-3 && identical)
-      std::printf("ok    %-44s losses worst rel diff %.1e (tol 1e-03), replicas bit-identical\n",
+    if (worst < 5e-3 && identical)
+      std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
                   ("data parallel, 2 ranks, host reducer" + tag).c_str(), worst);
   }
 }
@@ -1363,13 +1407,18 @@ void gpt_bench() {
   struct Variant {
     const char* name;
     int64_t device_units;
+    worker::ActivationRecompute recompute = worker::ActivationRecompute::kNone;
   };
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  for (Variant variant : {Variant{"offload none (AdamW on the GPU)", -1},
-                          Variant{"offload optimizer, gpuUnits 7 (6 layers on CPU)", 7},
-                          Variant{"offload optimizer, gpuUnits 1 (all layers on CPU)", 1}}) {
+  for (Variant variant :
+       {Variant{"offload none (AdamW on the GPU)", -1},
+        Variant{"offload optimizer, gpuUnits 7 (6 layers on CPU)", 7},
+        Variant{"offload optimizer, gpuUnits 1 (all layers on CPU)", 1},
+        Variant{"offload none, recompute full", -1, worker::ActivationRecompute::kFull},
+        Variant{"offload none, recompute commAware", -1, worker::ActivationRecompute::kCommAware}}) {
     CudaGptOptions options;
     options.device_units = variant.device_units;
+    options.recompute = variant.recompute;
     options.cpu_threads = threads;
     CudaGpt gpt(*g_device, c, fits, 1024, options);
     gpt.init_weights(1234);
@@ -1394,9 +1443,11 @@ void gpt_bench() {
     std::sort(times.begin(), times.end());
     const double sec = times[times.size() / 2];
     const double flops = gpt.flops_per_micro_step();
-    std::printf("%-44s %6ld %9.1f %10.0f %9.1f %5.1f%% %7.3f\n", variant.name,
-                static_cast<long>(fits), sec * 1e3, fits * 1024.0 / sec, flops / sec / 1e12,
-                100.0 * flops / sec / peak, loss);
+    std::printf("%-44s %6ld %9.1f %10.0f %9.1f %5.1f%% %7.3f  activations %.1f GiB\n",
+                variant.name, static_cast<long>(fits), sec * 1e3, fits * 1024.0 / sec,
+                flops / sec / 1e12, 100.0 * flops / sec / peak, loss,
+                g_device->device_memory_stats().in_use_bytes[MemoryKind::kActivations] /
+                    1073741824.0);
     g_device->release_cached();
   }
   std::printf("(median of 6 steps after 2 warm-up; each step waits for its CPU AdamW, so the "
@@ -1446,6 +1497,7 @@ int main(int argc, char** argv) {
       test_cuda_gpt_vs_reference();
       test_cuda_gpt_offload();
       test_cuda_gpt_memorises();
+      test_cuda_gpt_recompute();
       test_cuda_gpt_data_parallel();
       test_nccl_reducer_single_rank();
     }

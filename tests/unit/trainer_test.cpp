@@ -107,7 +107,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
   EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
 
-  // device: cuda — one GPU per rank (DP), bf16, recompute none, offload none or optimizer.
+  // device: cuda — one GPU per rank (DP), bf16, any recompute, offload none or optimizer.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   gpu.precision = api::Precision::kBf16;
@@ -116,9 +116,11 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan fp32 = gpu;
   fp32.precision = api::Precision::kFp32;
   expect_refusal(fp32, "trains in bf16");
-  api::Plan recompute = gpu;
-  recompute.config.recompute = api::Recompute::kFull;
-  expect_refusal(recompute, "keeps every activation");
+  for (api::Recompute mode : {api::Recompute::kFull, api::Recompute::kCommAware}) {
+    api::Plan recompute = gpu;
+    recompute.config.recompute = mode;
+    EXPECT_NO_THROW(worker::check_executable(recompute));
+  }
   api::Plan window_gpu = gpu;
   window_gpu.config.offload = api::OffloadMode::kWindow;
   expect_refusal(window_gpu, "offloads the optimizer only");
