@@ -94,7 +94,7 @@ class NcclWork : public CommWork {
   bool done_ = false;
 };
 
-class NcclGroup : public Communicator, public GradientReducer {
+class NcclGroup : public Communicator, public GradientReducer, public StreamCollectives {
  public:
   NcclGroup(const ncclUniqueId& id, std::string name, int rank, int size, int device)
       : name_(std::move(name)), rank_(rank), size_(size), device_(device) {
@@ -168,6 +168,16 @@ class NcclGroup : public Communicator, public GradientReducer {
   void join(CudaStream& stream) override {
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream.handle(), done_, 0), "cudaStreamWaitEvent");
+  }
+
+  // ---- StreamCollectives: on the caller's stream
+  void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                 CudaStream& stream) override {
+    const bool bf16 = type == DeviceDtype::kBfloat16;
+    check_nccl(nccl().all_reduce(data, data, count, bf16 ? ncclBfloat16 : ncclFloat,
+                                 op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream.handle()),
+               "ncclAllReduce");
+    count_op(count * (bf16 ? 2 : 4), true);
   }
 
   CommStats stats() const override {
@@ -244,6 +254,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
 }
 
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device) {
+  return connect(bootstrap, device);
+}
+
+std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,
+                                                                int device) {
   return connect(bootstrap, device);
 }
 

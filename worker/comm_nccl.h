@@ -3,9 +3,10 @@
 // $KUBETRAIN_NCCL_LIBRARY, else libnccl.so.2), so a worker without NCCL on its machine still
 // trains on one GPU and its data-parallel ranks fall back to the host reducer.
 //
-// Collectives run on the group's own CUDA stream. As a Communicator, allreduce_async returns at
+// As a Communicator, collectives run on the group's own CUDA stream, allreduce_async returns at
 // once and wait() blocks on a CUDA event; as a GradientReducer, reductions wait for the compute
-// stream's event and the stream that needs the sums waits for theirs, so the host never blocks.
+// stream's event and the stream that needs the sums waits for theirs, so the host never blocks;
+// as StreamCollectives (tensor parallelism), all-reduces run on the caller's stream.
 // Buffers are device pointers of `device`. NCCL needs one GPU per rank: two ranks of a group on
 // one device fail at ncclCommInitRank.
 #pragma once
@@ -26,5 +27,7 @@ bool nccl_available(std::string* why = nullptr);
 // and its error string (or why libnccl could not be loaded).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device);
+std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,
+                                                                int device);
 
 }  // namespace kt::worker

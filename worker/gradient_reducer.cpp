@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "api/error.h"
+#include "kernels/bf16.h"
 
 namespace kt::worker {
 namespace {
@@ -52,7 +53,63 @@ class HostGradientReducer : public GradientReducer {
   CommStats stats_;
 };
 
+class HostStreamCollectives : public StreamCollectives {
+ public:
+  HostStreamCollectives(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
+  ~HostStreamCollectives() override {
+    if (staging_) device_.deallocate_pinned(staging_);
+  }
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  const char* backend() const override { return "host"; }
+
+  void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                 CudaStream& stream) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t bytes = count * (type == DeviceDtype::kBfloat16 ? 2 : 4);
+    if (bytes > capacity_) {
+      if (staging_) device_.deallocate_pinned(staging_);
+      staging_ = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
+      capacity_ = bytes;
+    }
+    device_.copy(staging_, data, bytes, stream);
+    stream.synchronize();
+    if (type == DeviceDtype::kFloat32) {
+      group_.allreduce(static_cast<float*>(staging_), count, op);
+    } else {  // summed in fp32, rounded to bf16 once
+      auto* bits = static_cast<uint16_t*>(staging_);
+      floats_.resize(count);
+      for (size_t i = 0; i < count; ++i) floats_[i] = kernels::bf16_to_float(bits[i]);
+      group_.allreduce(floats_.data(), count, op);
+      for (size_t i = 0; i < count; ++i) bits[i] = kernels::float_to_bf16(floats_[i]);
+    }
+    device_.copy(data, staging_, bytes, stream);
+    stream.synchronize();  // the staging buffer is reused by the next call
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stats_.collectives;
+    ++stats_.allreduces;
+    stats_.bytes += static_cast<int64_t>(bytes);
+    stats_.seconds += seconds;
+    stats_.exposed_seconds += seconds;
+  }
+  CommStats stats() const override { return stats_; }
+
+ private:
+  Communicator& group_;
+  CudaDevice& device_;
+  void* staging_ = nullptr;
+  size_t capacity_ = 0;
+  std::vector<float> floats_;
+  CommStats stats_;
+};
+
 }  // namespace
+
+std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
+                                                                CudaDevice& device) {
+  return std::make_unique<HostStreamCollectives>(group, device);
+}
 
 ReducerChoice choose_reducer(const std::string& mode,
                              const std::vector<std::vector<float>>& gpu_keys,

@@ -39,6 +39,26 @@ class GradientReducer {
   virtual CommStats stats() const = 0;
 };
 
+// Tensor parallelism's collectives for the CUDA model: all-reduces of device buffers in a
+// stream's order. NCCL issues them on that stream (the stream waits, the host does not); the host
+// implementation synchronises the stream, sums through the group's Communicator (Gloo) and
+// copies back.
+enum class DeviceDtype { kFloat32, kBfloat16 };
+class StreamCollectives {
+ public:
+  virtual ~StreamCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "nccl" or "host"
+  // After the work enqueued on `stream` so far: `count` elements at device `data` := their sum
+  // (or max) over the group; later work on `stream` sees the result.
+  virtual void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                         CudaStream& stream) = 0;
+  virtual CommStats stats() const = 0;
+};
+std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
+                                                                CudaDevice& device);
+
 // Which reducer a DP group uses, decided alike on every rank from facts gathered from all of
 // them: `mode` (KUBETRAIN_DP_COMM: "auto", "nccl" or "host"), the GPU of each rank as
 // `gpu_keys` (any equal-length identity per rank; equal keys = ranks sharing a GPU), and why

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <cmath>
 
@@ -61,21 +63,29 @@ __global__ void residual_backward_kernel(T* da, T* db, const T* dout, int64_t N)
 }
 
 // out (B,T,C) = wte[tokens] + wpe[t] (the sum in fp32, one rounding when Real is bf16)
+constexpr int64_t kAllRows = INT64_MAX;  // the whole table
+
+// With vocabulary rows [lo, lo + rows) only (a TP rank's slice of wte, row 0 = token lo): tokens
+// outside contribute 0; wpe may be null (its rows then not added).
 template <class Real>
 __global__ void embedding_forward_kernel(Real* out, const int32_t* tokens, const Real* wte,
-                                         const Real* wpe, int64_t BT, int64_t T, int64_t C) {
+                                         const Real* wpe, int64_t BT, int64_t T, int64_t C,
+                                         int64_t lo, int64_t rows) {
   KT_GRID_STRIDE(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
-    st(out + i, ld(wte[static_cast<int64_t>(tokens[bt]) * C + c]) + ld(wpe[(bt % T) * C + c]));
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - lo;
+    const float token = row >= 0 && row < rows ? ld(wte[row * C + c]) : 0.0f;
+    st(out + i, token + (wpe ? ld(wpe[(bt % T) * C + c]) : 0.0f));
   }
 }
 // dwte: rows repeat when a token repeats, so the adds are atomic (order not fixed).
 template <class Grad>
 __global__ void embedding_backward_wte_kernel(float* dwte, const Grad* dout, const int32_t* tokens,
-                                              int64_t BT, int64_t C) {
+                                              int64_t BT, int64_t C, int64_t lo, int64_t rows) {
   KT_GRID_STRIDE(i, BT * C) {
     const int64_t bt = i / C, c = i % C;
-    atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], ld(dout[i]));
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - lo;
+    if (row >= 0 && row < rows) atomicAdd(&dwte[row * C + c], ld(dout[i]));
   }
 }
 // dwpe (T,C) += Σ_b dout (b,t,c): one thread per (t,c).
@@ -181,23 +191,33 @@ void residual_backward(const Context& ctx, bf16* da, bf16* db, const bf16* dout,
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C) {
   launch_elementwise(ctx, B * T * C, embedding_forward_kernel<float>, out, tokens, wte, wpe, B * T,
-                     T, C);
+                     T, C, int64_t{0}, kAllRows);
 }
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
   launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel<float>, dwte, dout, tokens,
-                     B * T, C);
+                     B * T, C, int64_t{0}, kAllRows);
   launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel<float>, dwpe, dout, B, T, C);
 }
 void embedding_forward(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* wte,
                        const bf16* wpe, int64_t B, int64_t T, int64_t C) {
-  launch_elementwise(ctx, B * T * C, embedding_forward_kernel<__nv_bfloat16>, native(out), tokens,
-                     native(wte), native(wpe), B * T, T, C);
+  embedding_forward_rows(ctx, out, tokens, wte, wpe, B, T, C, 0, kAllRows);
 }
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const bf16* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  embedding_backward_rows(ctx, dwte, dwpe, dout, tokens, B, T, C, 0, kAllRows);
+}
+void embedding_forward_rows(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* wte,
+                            const bf16* wpe, int64_t B, int64_t T, int64_t C, int64_t vocab_lo,
+                            int64_t vocab_rows) {
+  launch_elementwise(ctx, B * T * C, embedding_forward_kernel<__nv_bfloat16>, native(out), tokens,
+                     native(wte), native(wpe), B * T, T, C, vocab_lo, vocab_rows);
+}
+void embedding_backward_rows(const Context& ctx, float* dwte, float* dwpe, const bf16* dout,
+                             const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                             int64_t vocab_lo, int64_t vocab_rows) {
   launch_elementwise(ctx, B * T * C, embedding_backward_wte_kernel<__nv_bfloat16>, dwte,
-                     native(dout), tokens, B * T, C);
+                     native(dout), tokens, B * T, C, vocab_lo, vocab_rows);
   launch_elementwise(ctx, T * C, embedding_backward_wpe_kernel<__nv_bfloat16>, dwpe, native(dout),
                      B, T, C);
 }

@@ -129,6 +129,35 @@ void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const bf16
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C);
 void softmax_cross_entropy(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
                            const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss);
+
+// ---- tensor parallelism: the vocabulary split over the TP ranks (Megatron's vocab-parallel
+// embedding and cross-entropy; rank r holds wte rows [vocab_lo, vocab_lo + vocab_rows)).
+// Embedding of the rows held here (0 for other tokens), plus wpe unless it is null: summed over
+// the ranks, with wpe passed on one of them, it is embedding_forward's output.
+void embedding_forward_rows(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* wte,
+                            const bf16* wpe, int64_t B, int64_t T, int64_t C, int64_t vocab_lo,
+                            int64_t vocab_rows);
+// dwte (vocab_rows, C) += only the rows held here; dwpe (T, C) += as embedding_backward.
+void embedding_backward_rows(const Context& ctx, float* dwte, float* dwpe, const bf16* dout,
+                             const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                             int64_t vocab_lo, int64_t vocab_rows);
+// Softmax cross-entropy over logits split by columns: this rank's logits (BT, Vl) cover
+// vocabulary [vocab_lo, vocab_lo + Vl) of which the first `valid` are real tokens. Three steps
+// with an all-reduce after each of the first two:
+//   1. row_max (BT) := max over the valid columns here        → all-reduce max
+//   2. sums (2·BT) := Σ exp(x − row_max) here | the target's logit if held here, else 0
+//                                                              → all-reduce sum
+//   3. losses (BT) := log Σ − (target logit − max); dlogits (BT, Vl) := (softmax − onehot)·dloss
+//      on the valid columns, 0 on the rest (dlogits may alias logits).
+void vocab_parallel_ce_max(const Context& ctx, float* row_max, const bf16* logits, int64_t BT,
+                           int64_t valid, int64_t Vl);
+void vocab_parallel_ce_sums(const Context& ctx, float* sums, const bf16* logits,
+                            const float* row_max, const int32_t* targets, int64_t BT,
+                            int64_t vocab_lo, int64_t valid, int64_t Vl);
+void vocab_parallel_ce_finish(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
+                              const float* row_max, const float* sums, const int32_t* targets,
+                              int64_t BT, int64_t vocab_lo, int64_t valid, int64_t Vl, float dloss);
+
 // Causal self-attention without the T×T matrix (FlashAttention-2 style: tiles of 64 queries
 // against tiles of 64 keys on the tensor cores, online softmax; kernels/cuda/flash_attention.cu).
 // qkv (B,T,3C) bf16 [q | k | v, each C = NH·hs, head h at columns h·hs..]; out (B,T,C) bf16;
