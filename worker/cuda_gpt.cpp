@@ -26,9 +26,22 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
       T_(T),
       cpu_threads_(std::max(1, options.cpu_threads)),
       recompute_(options.recompute),
-      reducer_(options.reducer) {
+      reducer_(options.reducer),
+      tp_(options.tp) {
   KT_CHECK(B > 0 && T > 0 && T <= c_.max_seq_len, "micro-batch shape out of range");
   KT_CHECK(c_.channels % c_.heads == 0, "heads must divide channels");
+  if (tp_) {
+    t_ = tp_->size();
+    tr_ = tp_->rank();
+  }
+  KT_CHECK(c_.heads % t_ == 0 && c_.ffn % t_ == 0 && c_.padded_vocab % t_ == 0,
+           "the TP degree must divide heads, ffn and the padded vocabulary");
+  Cl_ = c_.channels / t_;
+  NHl_ = c_.heads / t_;
+  Fl_ = c_.ffn / t_;
+  Vl_ = c_.padded_vocab / t_;
+  vocab_lo_ = tr_ * Vl_;
+  vocab_valid_ = std::max<int64_t>(0, std::min(Vl_, c_.vocab - vocab_lo_));
   const int64_t units = c_.layers + 1;
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
   try {
@@ -73,7 +86,7 @@ void* CudaGpt::take_pinned(size_t bytes, MemoryKind kind) {
 void CudaGpt::allocate() {
   const int64_t L = c_.layers, C = c_.channels, BT = B_ * T_;
   ctx_ = std::make_unique<cu::Context>(device_.stream(StreamRole::kCompute).handle());
-  sizes_ = gpt_param_sizes(c_);
+  sizes_ = gpt_param_sizes(c_, t_);
   for (int i = 0; i < kNumParamTensors; ++i) {
     offsets_[i] = num_params_;
     num_params_ += sizes_[i];
@@ -142,8 +155,9 @@ void CudaGpt::allocate() {
   auto act32 = [&](int64_t n) {
     return static_cast<float*>(take(n * 4, MemoryKind::kActivations));
   };
+  const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
-  const int64_t att = flash_ ? 0 : B_ * c_.heads * T_ * T_;
+  const int64_t att = flash_ ? 0 : B_ * NHl * T_ * T_;
   // Every layer's input; with recompute one layer's working set (and commAware keeps every res2).
   for (int64_t l = 0; l <= L; ++l) res_.push_back(act16(BT * C));
   for (int64_t l = 0; l < L; ++l)
@@ -151,65 +165,72 @@ void CudaGpt::allocate() {
   for (int64_t l = 0; l < L; ++l) {
     if (work_index(l) != l) break;
     ln1_.push_back(act16(BT * C));
-    qkv_.push_back(act16(BT * 3 * C));
-    atty_.push_back(act16(BT * C));
+    qkv_.push_back(act16(BT * 3 * Cl));
+    atty_.push_back(act16(BT * Cl));
     ln2_.push_back(act16(BT * C));
-    fch_.push_back(act16(BT * c_.ffn));
-    fchg_.push_back(act16(BT * c_.ffn));
+    fch_.push_back(act16(BT * Fl));
+    fchg_.push_back(act16(BT * Fl));
     ln1_mean_.push_back(act32(BT));
     ln1_rstd_.push_back(act32(BT));
     ln2_mean_.push_back(act32(BT));
     ln2_rstd_.push_back(act32(BT));
     if (flash_)
-      lse_.push_back(act32(B_ * c_.heads * T_));
+      lse_.push_back(act32(B_ * NHl * T_));
     else
       att_.push_back(act32(att));
   }
   lnf_ = act16(BT * C);
-  logits_ = act16(BT * c_.padded_vocab);
+  logits_ = act16(BT * Vl_);
   proj_tmp_ = act16(BT * C);
   dres_ = act16(BT * C);
   dtmp_c_ = act16(BT * C);
-  dtmp_3c_ = act16(BT * 3 * C);
-  dtmp_4c_ = act16(BT * c_.ffn);
+  dtmp_3c_ = act16(BT * 3 * Cl);
+  dtmp_4c_ = act16(BT * Fl);
+  if (t_ > 1) {
+    ce_max_ = act32(BT);
+    ce_sums_ = act32(2 * BT);
+  }
   lnf_mean_ = act32(BT);
   lnf_rstd_ = act32(BT);
   losses_ = act32(BT);
   if (flash_) {
-    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(B_, T_, C, c_.heads),
+    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(B_, T_, Cl, NHl),
                               MemoryKind::kWorkspace);
   } else {  // the fp32 kernels' materialised attention and its fp32 operands
-    qkv32_ = act32(BT * 3 * C);
-    atty32_ = act32(BT * C);
+    qkv32_ = act32(BT * 3 * Cl);
+    atty32_ = act32(BT * Cl);
     preatt_ = act32(att);
     datt_ = act32(att);
     dpreatt_ = act32(att);
-    dqkv32_ = act32(BT * 3 * C);
-    dc32_ = act32(BT * C);
+    dqkv32_ = act32(BT * 3 * Cl);
+    dc32_ = act32(BT * Cl);
   }
-  norm_ = static_cast<double*>(take(8, MemoryKind::kWorkspace));
+  norm_ = static_cast<double*>(take(16, MemoryKind::kWorkspace));
   tokens_ = static_cast<int32_t*>(take(2 * BT * 4, MemoryKind::kWorkspace));
   for (int i = 0; i < 2; ++i) {
     token_staging_[i] = static_cast<int32_t*>(take_pinned(2 * BT * 4, MemoryKind::kWorkspace));
     staging_free_[i] = std::make_unique<CudaEvent>();
   }
-  norm_host_ = static_cast<double*>(take_pinned(8, MemoryKind::kWorkspace));
+  norm_host_ = static_cast<double*>(take_pinned(16, MemoryKind::kWorkspace));
 }
 
 double CudaGpt::flops_per_micro_step() const {
   const double tokens = static_cast<double>(B_ * T_);
   return 6.0 * static_cast<double>(num_params_) * tokens +
-         12.0 * static_cast<double>(c_.layers * c_.channels * T_) * tokens;
+         12.0 * static_cast<double>(c_.layers * Cl_ * T_) * tokens;
+}
+
+bool CudaGpt::sharded(int tensor_index) const {
+  return t_ > 1 && (tensor_index == 0 || tensor_index == 4 || tensor_index == 5 ||
+                    tensor_index == 6 || tensor_index == 10 || tensor_index == 11 ||
+                    tensor_index == 12);
 }
 
 // ---- host access: initialisation and checkpoints -------------------------------------------
 
 void CudaGpt::init_weights(uint64_t seed) {
   std::vector<float> host(num_params_);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int i = 0; i < kNumParamTensors; ++i)
-    gpt_initial_values(c_, i, sizes_[i], rng, normal, host.data() + offsets_[i]);
+  gpt_init_rank(c_, t_, tr_, seed, host.data());
   set_parameters(host.data());
   std::vector<float> zeros(num_params_, 0.0f);
   set_moments(zeros.data(), zeros.data());
@@ -349,8 +370,14 @@ void CudaGpt::unit_grads_final(int64_t unit) {
 // Layer l's forward from its input res_[l] into the working set (work_index(l)). `rerun`: the
 // recompute before its backward, which needs neither fc2's output (res_[l + 1] is kept) nor, with
 // commAware, the attention projection (res2 is kept).
+void CudaGpt::tp_allreduce(bf16* data, int64_t count) {
+  if (tp_ && t_ > 1)
+    tp_->allreduce(data, static_cast<size_t>(count), DeviceDtype::kBfloat16, ReduceOp::kSum,
+                   device_.stream(StreamRole::kCompute));
+}
+
 void CudaGpt::layer_forward(int64_t l, bool rerun) {
-  const int64_t C = c_.channels, NH = c_.heads, F = c_.ffn, B = B_, T = T_, BT = B * T;
+  const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, Fl = Fl_, B = B_, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), r2 = res2_index(l);
   auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
@@ -358,30 +385,36 @@ void CudaGpt::layer_forward(int64_t l, bool rerun) {
   enum { kFcprojw = 12, kFcprojb };
   cu::layernorm_forward(x, ln1_[a], ln1_mean_[a], ln1_rstd_[a], res_[l], w(kLn1w), w(kLn1b), BT,
                         C);
-  cu::matmul_forward_bf16(x, qkv_[a], ln1_[a], w(kQkvw), w(kQkvb), BT, C, 3 * C);
+  cu::matmul_forward_bf16(x, qkv_[a], ln1_[a], w(kQkvw), w(kQkvb), BT, C, 3 * Cl);
   if (flash_) {
-    cu::attention_forward_bf16(x, atty_[a], lse_[a], qkv_[a], B, T, C, NH);
+    cu::attention_forward_bf16(x, atty_[a], lse_[a], qkv_[a], B, T, Cl, NHl);
   } else {
-    cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * C);
-    cu::attention_forward(x, atty32_, preatt_, att_[a], qkv32_, B, T, C, NH);
-    cu::cast_to_bf16(x, atty_[a], atty32_, BT * C);
+    cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * Cl);
+    cu::attention_forward(x, atty32_, preatt_, att_[a], qkv32_, B, T, Cl, NHl);
+    cu::cast_to_bf16(x, atty_[a], atty32_, BT * Cl);
   }
+  // Row-parallel projections: each rank's partial product (the bias on rank 0 only), summed.
+  const bool bias_here = tr_ == 0;
   if (!rerun || recompute_ != ActivationRecompute::kCommAware) {
-    cu::matmul_forward_bf16(x, proj_tmp_, atty_[a], w(kAttprojw), w(kAttprojb), BT, C, C);
+    cu::matmul_forward_bf16(x, proj_tmp_, atty_[a], w(kAttprojw),
+                            bias_here ? w(kAttprojb) : nullptr, BT, Cl, C);
+    tp_allreduce(proj_tmp_, BT * C);
     cu::residual_forward(x, res2_[r2], res_[l], proj_tmp_, BT * C);
   }
   cu::layernorm_forward(x, ln2_[a], ln2_mean_[a], ln2_rstd_[a], res2_[r2], w(kLn2w), w(kLn2b),
                         BT, C);
-  cu::matmul_forward_bf16(x, fch_[a], ln2_[a], w(kFcw), w(kFcb), BT, C, F);
-  cu::gelu_forward(x, fchg_[a], fch_[a], BT * F);
+  cu::matmul_forward_bf16(x, fch_[a], ln2_[a], w(kFcw), w(kFcb), BT, C, Fl);
+  cu::gelu_forward(x, fchg_[a], fch_[a], BT * Fl);
   if (rerun) return;
-  cu::matmul_forward_bf16(x, proj_tmp_, fchg_[a], w(kFcprojw), w(kFcprojb), BT, F, C);
+  cu::matmul_forward_bf16(x, proj_tmp_, fchg_[a], w(kFcprojw), bias_here ? w(kFcprojb) : nullptr,
+                          BT, Fl, C);
+  tp_allreduce(proj_tmp_, BT * C);
   cu::residual_forward(x, res_[l + 1], res2_[r2], proj_tmp_, BT * C);
 }
 
 void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                                bool last) {
-  const int64_t L = c_.layers, C = c_.channels, NH = c_.heads, F = c_.ffn, Vp = c_.padded_vocab;
+  const int64_t L = c_.layers, C = c_.channels, Cl = Cl_, NHl = NHl_, Fl = Fl_, Vl = Vl_;
   const int64_t B = B_, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
@@ -407,17 +440,33 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
 
   // ---- forward
   before_unit(0);
-  cu::embedding_forward(x, res_[0], tok, p16 + offsets_[kWte], p16 + offsets_[kWpe], B, T, C);
+  if (t_ == 1) {
+    cu::embedding_forward(x, res_[0], tok, p16 + offsets_[kWte], p16 + offsets_[kWpe], B, T, C);
+  } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
+    cu::embedding_forward_rows(x, res_[0], tok, p16 + offsets_[kWte],
+                               tr_ == 0 ? p16 + offsets_[kWpe] : nullptr, B, T, C, vocab_lo_, Vl);
+    tp_allreduce(res_[0], BT * C);
+  }
   for (int64_t l = 0; l < L; ++l) {
     before_unit(l + 1);
     layer_forward(l, false);
   }
   cu::layernorm_forward(x, lnf_, lnf_mean_, lnf_rstd_, res_[L], p16 + offsets_[kLnfw],
                         p16 + offsets_[kLnfb], BT, C);
-  cu::matmul_forward_bf16(x, logits_, lnf_, p16 + offsets_[kWte], nullptr, BT, C, Vp);
+  cu::matmul_forward_bf16(x, logits_, lnf_, p16 + offsets_[kWte], nullptr, BT, C, Vl);
   // Losses, and dlogits in place of the logits: d(scaled mean loss)/d(token loss) = scale/BT.
-  cu::softmax_cross_entropy(x, losses_, logits_, logits_, tgt, BT, c_.vocab, Vp,
-                            loss_scale / static_cast<float>(BT));
+  const float dloss = loss_scale / static_cast<float>(BT);
+  if (t_ == 1) {
+    cu::softmax_cross_entropy(x, losses_, logits_, logits_, tgt, BT, c_.vocab, Vl, dloss);
+  } else {  // over the vocabulary split: the row maxima, then the sums, over the TP group
+    cu::vocab_parallel_ce_max(x, ce_max_, logits_, BT, vocab_valid_, Vl);
+    tp_->allreduce(ce_max_, BT, DeviceDtype::kFloat32, ReduceOp::kMax, compute);
+    cu::vocab_parallel_ce_sums(x, ce_sums_, logits_, ce_max_, tgt, BT, vocab_lo_, vocab_valid_,
+                               Vl);
+    tp_->allreduce(ce_sums_, 2 * BT, DeviceDtype::kFloat32, ReduceOp::kSum, compute);
+    cu::vocab_parallel_ce_finish(x, losses_, logits_, logits_, ce_max_, ce_sums_, tgt, BT,
+                                 vocab_lo_, vocab_valid_, Vl, dloss);
+  }
   if (static_cast<int64_t>(loss_host_.size()) <= micro_)  // first step only: no later allocation
     loss_host_.push_back(static_cast<float*>(take_pinned(BT * 4, MemoryKind::kWorkspace)));
   KT_CUDA_CHECK(cudaMemcpyAsync(loss_host_[micro_], losses_, BT * 4, cudaMemcpyDeviceToHost, s));
@@ -426,8 +475,10 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
   // Overwriting backward products (no memset first): dinp written, not accumulated.
   const bool acc_dw = true, overwrite = false;
+  // Column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
   cu::matmul_backward_bf16(x, dtmp_c_, grads_ + offsets_[kWte], nullptr, logits_, lnf_,
-                           p16 + offsets_[kWte], BT, C, Vp, acc_dw, overwrite);
+                           p16 + offsets_[kWte], BT, C, Vl, acc_dw, overwrite);
+  tp_allreduce(dtmp_c_, BT * C);
   zero(dres_, BT * C * 2);
   cu::layernorm_backward(x, dres_, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb], dtmp_c_,
                          res_[L], p16 + offsets_[kLnfw], lnf_mean_, lnf_rstd_, BT, C);
@@ -437,32 +488,39 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     const int64_t a = work_index(l), r2 = res2_index(l);
     // res[l+1] = res2 + fcproj: dres is the gradient of both; the MLP adds into it.
     cu::matmul_backward_bf16(x, dtmp_4c_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[a],
-                             w(kFcprojw, l), BT, F, C, acc_dw, overwrite);
-    cu::gelu_backward(x, dtmp_4c_, fch_[a], dtmp_4c_, BT * F, overwrite);  // in place
+                             w(kFcprojw, l), BT, Fl, C, acc_dw, overwrite);
+    cu::gelu_backward(x, dtmp_4c_, fch_[a], dtmp_4c_, BT * Fl, overwrite);  // in place
     cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_, ln2_[a], w(kFcw, l),
-                             BT, C, F, acc_dw, overwrite);
+                             BT, C, Fl, acc_dw, overwrite);
+    tp_allreduce(dtmp_c_, BT * C);
     cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[r2], w(kLn2w, l),
                            ln2_mean_[a], ln2_rstd_[a], BT, C);
     // res2 = res[l] + attproj: dres is the gradient of both; attention adds into it.
     cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[a],
-                             w(kAttprojw, l), BT, C, C, acc_dw, overwrite);
+                             w(kAttprojw, l), BT, Cl, C, acc_dw, overwrite);
     if (flash_) {  // dqkv overwritten
       cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[a], atty_[a],
-                                  lse_[a], B, T, C, NH);
+                                  lse_[a], B, T, Cl, NHl);
     } else {
-      cu::cast_to_float(x, dc32_, dtmp_c_, BT * C);
-      cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * C);  // one fp32 qkv buffer for all layers
-      zero(dqkv32_, BT * 3 * C * 4);
-      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[a], B, T, C, NH);
-      cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * C);
+      cu::cast_to_float(x, dc32_, dtmp_c_, BT * Cl);
+      cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * Cl);  // one fp32 qkv buffer for all layers
+      zero(dqkv32_, BT * 3 * Cl * 4);
+      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[a], B, T, Cl, NHl);
+      cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * Cl);
     }
     cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[a],
-                             w(kQkvw, l), BT, C, 3 * C, acc_dw, overwrite);
+                             w(kQkvw, l), BT, C, 3 * Cl, acc_dw, overwrite);
+    tp_allreduce(dtmp_c_, BT * C);
     cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
                            ln1_mean_[a], ln1_rstd_[a], BT, C);
     if (last) unit_grads_final(l + 1);  // layer l's gradients are final: sum (DP), copy (host)
   }
-  cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T, C);
+  if (t_ == 1)
+    cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T,
+                           C);
+  else  // the rows held here; wpe (replicated) from the same summed dres on every rank
+    cu::embedding_backward_rows(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B,
+                                T, C, vocab_lo_, Vl);
   if (last) unit_grads_final(0);
 }
 
@@ -479,14 +537,26 @@ double CudaGpt::mean_loss() {
 }
 
 double CudaGpt::grad_sum_of_squares() {
+  double sharded_sum = 0, replicated_sum = 0;
+  grad_sums_of_squares(&sharded_sum, &replicated_sum);
+  return sharded_sum + replicated_sum;
+}
+
+void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   join_reductions(compute);
-  KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 8, compute.handle()));
-  cu::sum_of_squares(*ctx_, norm_, grads_, num_params_);
+  KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 16, compute.handle()));
+  if (t_ == 1) {
+    cu::sum_of_squares(*ctx_, norm_ + 1, grads_, num_params_);
+  } else {
+    for (int i = 0; i < kNumParamTensors; ++i)
+      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), grads_ + offsets_[i], sizes_[i]);
+  }
   KT_CUDA_CHECK(
-      cudaMemcpyAsync(norm_host_, norm_, 8, cudaMemcpyDeviceToHost, compute.handle()));
+      cudaMemcpyAsync(norm_host_, norm_, 16, cudaMemcpyDeviceToHost, compute.handle()));
   compute.synchronize();
-  return *norm_host_;
+  *sharded_sum = norm_host_[0];
+  *replicated_sum = norm_host_[1];
 }
 
 void CudaGpt::update(const kernels::AdamWStep& step, float weight_decay) {

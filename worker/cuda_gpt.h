@@ -22,7 +22,12 @@
 // behind the compute stream's event); the unit's d2h copy, the norm and the device AdamW wait
 // for the sums.
 // Recompute (options.recompute): see ActivationRecompute.
-// Not here (the trainer refuses such plans on CUDA): tensor parallelism, window offload.
+// Tensor parallelism (options.tp, Megatron's split, the CPU model's layout): each rank holds its
+// heads of qkv and attproj, its ffn units of fc and fcproj and its rows of wte; the row-parallel
+// outputs (attention projection, fc2) and the column-parallel input gradients (of qkv and fc, and
+// the LM head's) are all-reduced in bf16 on the compute stream, the embedding and the
+// cross-entropy are vocabulary-parallel. Not overlapped with compute yet (Oases' sub-batches).
+// Not here (the trainer refuses such plans on CUDA): sub-batches, window offload.
 #pragma once
 
 #include <array>
@@ -60,6 +65,9 @@ struct CudaGptOptions {
   // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
   GradientReducer* reducer = nullptr;
   ActivationRecompute recompute = ActivationRecompute::kNone;
+  // Tensor parallelism (Megatron): this rank's group; nullptr = TP 1. The model then holds rank
+  // r's slices (gpt_rank_views) and all-reduces activations in the compute stream's order.
+  StreamCollectives* tp = nullptr;
 };
 
 class CudaGpt {
@@ -103,6 +111,13 @@ class CudaGpt {
   double mean_loss();
   // Σ g² over every gradient, in double (waits for the backward).
   double grad_sum_of_squares();
+  // The same split into the TP-sharded tensors' (sum those over the TP group) and the replicated
+  // ones' (the same on every TP rank).
+  void grad_sums_of_squares(double* sharded, double* replicated);
+  // Whether a tensor is split over the TP ranks (false for every tensor at TP 1).
+  bool sharded(int tensor_index) const;
+  int64_t tp_size() const { return t_; }
+  int64_t tp_rank() const { return tr_; }
   // AdamW on every parameter: `step` as given, with step.weight_decay = weight_decay for the
   // decayed tensors and 0 for the others. Returns once the device's part is enqueued and the
   // CPU's queued; the next forward waits for what it needs.
@@ -137,6 +152,7 @@ class CudaGpt {
   void unit_grads_final(int64_t unit);
   void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
   void layer_forward(int64_t l, bool rerun);
+  void tp_allreduce(kernels::cuda::bf16* data, int64_t count);  // TP sum, compute-stream order
   // Where layer l's activations live: its own buffers, or (recompute) the one working set; res2
   // is kept per layer unless recompute is full.
   int64_t work_index(int64_t l) const { return recompute_ == ActivationRecompute::kNone ? l : 0; }
@@ -152,6 +168,12 @@ class CudaGpt {
   int cpu_threads_;
   ActivationRecompute recompute_;
   GradientReducer* reducer_;
+  StreamCollectives* tp_;
+  int64_t t_ = 1, tr_ = 0;  // TP size and rank
+  // Per rank: attention channels and heads, ffn units, vocabulary rows (from vocab_lo_, of which
+  // vocab_valid_ are real tokens).
+  int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_lo_ = 0, vocab_valid_ = 0;
+  float *ce_max_ = nullptr, *ce_sums_ = nullptr;  // vocab-parallel cross-entropy (BT, 2·BT)
   std::unique_ptr<kernels::cuda::Context> ctx_;
   std::array<int64_t, kNumParamTensors> sizes_{};
   std::array<int64_t, kNumParamTensors> offsets_{};

@@ -153,48 +153,8 @@ Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
           a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]};
 }
 
-std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) {
-  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
-  const std::vector<std::vector<int64_t>> shapes = {
-      {Vp, C},    {c.max_seq_len, C}, {L, C}, {L, C}, {L, 3 * C, C}, {L, 3 * C}, {L, C, C}, {L, C},
-      {L, C},     {L, C},             {L, F, C},      {L, F},        {L, C, F},  {L, C},    {C},
-      {C}};
-  std::vector<TensorView> out;
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    out.push_back({kParamNames[i], shapes[i], base, {}, {}});
-    base += out.back().numel();
-  }
-  return out;
-}
-
 std::vector<TensorView> Gpt::views(float* base) const {
-  const auto& c = config_;
-  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
-  const int64_t r = tp_.rank;
-  std::vector<TensorView> out;
-  auto add = [&](int i, std::vector<int64_t> shape, std::vector<int64_t> logical = {},
-                 std::vector<int64_t> offset = {}) {
-    out.push_back({kParamNames[i], std::move(shape), base, std::move(logical), std::move(offset)});
-    base += param_sizes_[i];
-  };
-  if (tp_.size == 1) return gpt_whole_views(c, base);
-  add(0, {Vl_, C}, {Vp, C}, {r * Vl_, 0});
-  add(1, {c.max_seq_len, C});
-  add(2, {L, C});
-  add(3, {L, C});
-  add(4, {L, 3, Cl_, C}, {L, 3, C, C}, {0, 0, r * Cl_, 0});  // q, k, v rows of this rank's heads
-  add(5, {L, 3, Cl_}, {L, 3, C}, {0, 0, r * Cl_});
-  add(6, {L, C, Cl_}, {L, C, C}, {0, 0, r * Cl_});
-  add(7, {L, C});
-  add(8, {L, C});
-  add(9, {L, C});
-  add(10, {L, Fl_, C}, {L, F, C}, {0, r * Fl_, 0});
-  add(11, {L, Fl_}, {L, F}, {0, r * Fl_});
-  add(12, {L, C, Fl_}, {L, C, F}, {0, 0, r * Fl_});
-  add(13, {L, C});
-  add(14, {C});
-  add(15, {C});
-  return out;
+  return gpt_rank_views(config_, tp_.size, tp_.rank, base);
 }
 
 bool Gpt::sharded(int tensor_index) const {
@@ -238,49 +198,8 @@ double Gpt::flops_per_micro_step() const {
   return 6.0 * num_params_ * tokens + 12.0 * config_.layers * config_.channels * T_ * tokens;
 }
 
-namespace {
-
-// Copies the slice of a row-major logical tensor that `view` holds (offset/shape per dim).
-void copy_slice(const std::vector<float>& logical, const TensorView& view) {
-  const auto& L = view.logical_shape;
-  const auto& S = view.shape;
-  const size_t dims = S.size();
-  std::vector<int64_t> index(dims, 0);
-  int64_t out = 0;
-  const int64_t inner = S.back();
-  for (;;) {
-    int64_t src = 0;
-    for (size_t d = 0; d < dims; ++d)
-      src = src * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
-    std::memcpy(view.data + out, logical.data() + src, inner * sizeof(float));
-    out += inner;
-    // advance all but the last index
-    int d = static_cast<int>(dims) - 2;
-    for (; d >= 0; --d) {
-      if (++index[d] < S[d]) break;
-      index[d] = 0;
-    }
-    if (d < 0) break;
-  }
-}
-
-}  // namespace
-
 void Gpt::init_weights(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto views_now = parameter_views();
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    TensorView& t = views_now[i];
-    int64_t n = 1;
-    for (int64_t d : (t.logical_shape.empty() ? t.shape : t.logical_shape)) n *= d;
-    std::vector<float> full(n);
-    gpt_initial_values(config_, i, n, rng, normal, full.data());
-    if (t.logical_shape.empty())
-      std::memcpy(t.data, full.data(), n * sizeof(float));
-    else
-      copy_slice(full, t);
-  }
+  gpt_init_rank(config_, tp_.size, tp_.rank, seed, params_.data());
 }
 
 void Gpt::zero_grad() {

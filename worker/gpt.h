@@ -35,8 +35,6 @@ struct TensorParallel {
   Communicator* group = nullptr;  // required when size > 1
 };
 
-// The 16 tensors of a whole (unsharded) model over `base` (llm.c's order and shapes).
-std::vector<TensorView> gpt_whole_views(const GptConfig& config, float* base);
 
 class Gpt {
  public:

@@ -7,9 +7,12 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "worker/tensor_view.h"
 
 namespace kt::api {
 struct ModelDims;
@@ -97,6 +100,100 @@ inline void gpt_initial_values(const GptConfig& c, int tensor_index, int64_t n,
   }
   if (tensor_index == 0)
     for (int64_t j = c.vocab * c.channels; j < n; ++j) out[j] = 0.0f;
+}
+
+// The 16 tensors of a whole (unsharded) model over `base` (llm.c's order and shapes).
+inline std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) {
+  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
+  const std::vector<std::vector<int64_t>> shapes = {
+      {Vp, C}, {c.max_seq_len, C}, {L, C},    {L, C},    {L, 3 * C, C}, {L, 3 * C},
+      {L, C, C}, {L, C},           {L, C},    {L, C},    {L, F, C},     {L, F},
+      {L, C, F}, {L, C},           {C},       {C}};
+  std::vector<TensorView> out;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    out.push_back({kParamNames[i], shapes[i], base, {}, {}});
+    base += out.back().numel();
+  }
+  return out;
+}
+
+// The tensors rank r of a TP group of t holds over `base` (gpt_param_sizes(c, t) floats), with
+// their place in the logical tensors (Megatron's split): wte's rows, the q, k and v rows of the
+// rank's heads and their columns of attproj, the rank's ffn units of fc (rows) and fcproj
+// (columns); everything else replicated. t = 1: gpt_whole_views.
+inline std::vector<TensorView> gpt_rank_views(const GptConfig& c, int64_t t, int64_t r,
+                                              float* base) {
+  if (t == 1) return gpt_whole_views(c, base);
+  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
+  const int64_t Vl = Vp / t, Cl = C / t, Fl = F / t;
+  const auto sizes = gpt_param_sizes(c, t);
+  std::vector<TensorView> out;
+  auto add = [&](int i, std::vector<int64_t> shape, std::vector<int64_t> logical = {},
+                 std::vector<int64_t> offset = {}) {
+    out.push_back({kParamNames[i], std::move(shape), base, std::move(logical), std::move(offset)});
+    base += sizes[i];
+  };
+  add(0, {Vl, C}, {Vp, C}, {r * Vl, 0});
+  add(1, {c.max_seq_len, C});
+  add(2, {L, C});
+  add(3, {L, C});
+  add(4, {L, 3, Cl, C}, {L, 3, C, C}, {0, 0, r * Cl, 0});  // q, k, v rows of this rank's heads
+  add(5, {L, 3, Cl}, {L, 3, C}, {0, 0, r * Cl});
+  add(6, {L, C, Cl}, {L, C, C}, {0, 0, r * Cl});
+  add(7, {L, C});
+  add(8, {L, C});
+  add(9, {L, C});
+  add(10, {L, Fl, C}, {L, F, C}, {0, r * Fl, 0});
+  add(11, {L, Fl}, {L, F}, {0, r * Fl});
+  add(12, {L, C, Fl}, {L, C, F}, {0, 0, r * Fl});
+  add(13, {L, C});
+  add(14, {C});
+  add(15, {C});
+  return out;
+}
+
+// Copies into view.data the slice of the row-major logical tensor at `logical` that `view` holds
+// (view.offset and view.shape per dimension; a view without logical shape takes it whole).
+inline void gpt_copy_slice(const float* logical, const TensorView& view) {
+  if (view.logical_shape.empty()) {
+    std::memcpy(view.data, logical, static_cast<size_t>(view.numel()) * sizeof(float));
+    return;
+  }
+  const auto& L = view.logical_shape;
+  const auto& S = view.shape;
+  const size_t dims = S.size();
+  std::vector<int64_t> index(dims, 0);
+  int64_t out = 0;
+  const int64_t inner = S.back();
+  for (;;) {
+    int64_t src = 0;
+    for (size_t d = 0; d < dims; ++d)
+      src = src * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
+    std::memcpy(view.data + out, logical + src, static_cast<size_t>(inner) * sizeof(float));
+    out += inner;
+    int d = static_cast<int>(dims) - 2;  // advance all but the last index
+    for (; d >= 0; --d) {
+      if (++index[d] < S[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) break;
+  }
+}
+
+// GPT-2's initialisation of rank r's parameters (TP group of t) at `base`: every rank draws every
+// whole logical tensor and keeps its slice, so every TP degree starts from the same model.
+inline void gpt_init_rank(const GptConfig& c, int64_t t, int64_t r, uint64_t seed, float* base) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto views = gpt_rank_views(c, t, r, base);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const TensorView& v = views[static_cast<size_t>(i)];
+    int64_t n = 1;
+    for (int64_t d : (v.logical_shape.empty() ? v.shape : v.logical_shape)) n *= d;
+    std::vector<float> whole(static_cast<size_t>(n));
+    gpt_initial_values(c, i, n, rng, normal, whole.data());
+    gpt_copy_slice(whole.data(), v);
+  }
 }
 
 }  // namespace kt::worker

@@ -115,19 +115,19 @@ ReducerChoice choose_reducer(const std::string& mode,
                              const std::vector<std::vector<float>>& gpu_keys,
                              const std::string& no_nccl) {
   if (mode != "auto" && mode != "nccl" && mode != "host")
-    throw Error("KUBETRAIN_DP_COMM='" + mode + "': expected nccl, host or auto");
+    throw Error("KUBETRAIN_CUDA_COMM='" + mode + "': expected nccl, host or auto");
   std::string why_not;
   for (size_t a = 0; a < gpu_keys.size() && why_not.empty(); ++a)
     for (size_t b = a + 1; b < gpu_keys.size(); ++b)
       if (gpu_keys[a] == gpu_keys[b]) {
-        why_not = "DP ranks " + std::to_string(a) + " and " + std::to_string(b) + " share a GPU";
+        why_not = "ranks " + std::to_string(a) + " and " + std::to_string(b) + " share a GPU";
         break;
       }
   if (why_not.empty()) why_not = no_nccl;
   if (mode == "nccl" && !why_not.empty())
-    throw Error("KUBETRAIN_DP_COMM=nccl, but " + why_not +
-                " (NCCL needs one GPU per rank; KUBETRAIN_DP_COMM=host sums through the host)");
-  if (mode == "host") return {"host", "KUBETRAIN_DP_COMM=host"};
+    throw Error("KUBETRAIN_CUDA_COMM=nccl, but " + why_not +
+                " (NCCL needs one GPU per rank; KUBETRAIN_CUDA_COMM=host sums through the host)");
+  if (mode == "host") return {"host", "KUBETRAIN_CUDA_COMM=host"};
   if (!why_not.empty()) return {"host", why_not};
   return {"nccl", "one GPU per rank"};
 }

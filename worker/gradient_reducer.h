@@ -59,8 +59,9 @@ class StreamCollectives {
 std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
                                                                 CudaDevice& device);
 
-// Which reducer a DP group uses, decided alike on every rank from facts gathered from all of
-// them: `mode` (KUBETRAIN_DP_COMM: "auto", "nccl" or "host"), the GPU of each rank as
+// Which collectives (DP reducer, TP all-reduces) a job's CUDA ranks use, decided alike on every
+// rank from facts gathered from all of them: `mode` (KUBETRAIN_CUDA_COMM: "auto", "nccl" or
+// "host"), the GPU of each rank as
 // `gpu_keys` (any equal-length identity per rank; equal keys = ranks sharing a GPU), and why
 // NCCL cannot run somewhere ("" when libnccl loads on every rank). NCCL when it can, else the
 // host; `reason` says why for the log. Throws kt::Error for an unknown mode, or for "nccl" where

@@ -254,12 +254,20 @@ int local_device_ordinal() {
   return std::max(0, rank) % std::max(1, CudaDevice::device_count());
 }
 
-// How the DP group sums gradients (worker/gradient_reducer.h): NCCL when every rank has a GPU of
-// its own and libnccl loads on every rank, else through the host; KUBETRAIN_DP_COMM=nccl|host
-// forces one. Every rank reaches the same choice (the facts are gathered over `dp` first).
-std::unique_ptr<GradientReducer> make_dp_reducer(Communicator& dp, CudaDevice& device,
-                                                 const std::function<void(const std::string&)>& log) {
-  const char* env = std::getenv("KUBETRAIN_DP_COMM");
+// The CUDA model's collectives (worker/gradient_reducer.h): the DP group's gradient sums and the
+// TP group's activation all-reduces. NCCL when every rank has a GPU of its own and libnccl loads
+// on every rank, else through the host (Gloo); KUBETRAIN_CUDA_COMM=nccl|host forces one. Every
+// rank reaches the same choice: the facts are gathered over the world group first.
+struct CudaCollectives {
+  std::unique_ptr<GradientReducer> dp;    // null at DP 1
+  std::unique_ptr<StreamCollectives> tp;  // null at TP 1
+};
+CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
+                                      const std::function<void(const std::string&)>& log) {
+  CudaCollectives out;
+  Communicator& world = *groups.world;
+  if (world.size() == 1) return out;
+  const char* env = std::getenv("KUBETRAIN_CUDA_COMM");
   const std::string mode = env && *env ? env : "auto";
   // This rank's GPU as two exactly representable floats of a 48-bit hash of host and PCI bus
   // id, gathered from every rank.
@@ -268,29 +276,36 @@ std::unique_ptr<GradientReducer> make_dp_reducer(Communicator& dp, CudaDevice& d
   const uint64_t key = std::hash<std::string>{}(std::string(host) + "/" + device.pci_bus_id());
   const float mine[2] = {static_cast<float>(key & 0xFFFFFF),
                          static_cast<float>((key >> 24) & 0xFFFFFF)};
-  std::vector<float> gathered(2 * static_cast<size_t>(dp.size()));
-  dp.allgather(mine, gathered.data(), 2);
+  std::vector<float> gathered(2 * static_cast<size_t>(world.size()));
+  world.allgather(mine, gathered.data(), 2);
   std::vector<std::vector<float>> keys;
-  for (size_t r = 0; r < static_cast<size_t>(dp.size()); ++r)
+  for (size_t r = 0; r < static_cast<size_t>(world.size()); ++r)
     keys.push_back({gathered[2 * r], gathered[2 * r + 1]});
   std::string no_nccl = "this worker was built without nccl.h";
 #ifdef KUBETRAIN_WITH_NCCL
   nccl_available(&no_nccl);
 #endif
   float missing = no_nccl.empty() ? 0.0f : 1.0f;  // on any rank
-  dp.allreduce(&missing, 1, ReduceOp::kMax);
+  world.allreduce(&missing, 1, ReduceOp::kMax);
   if (missing > 0 && no_nccl.empty()) no_nccl = "another rank cannot load libnccl";
   const ReducerChoice choice = choose_reducer(mode, keys, no_nccl);
-  const std::string ranks = std::to_string(dp.size()) + " DP ranks";
+  const bool dp = groups.dp->size() > 1, tp = groups.tp->size() > 1;
+  const std::string what =
+      std::string(dp ? "DP gradient sums over " + std::to_string(groups.dp->size()) + " ranks" : "") +
+      (dp && tp ? ", " : "") +
+      (tp ? "TP all-reduces over " + std::to_string(groups.tp->size()) + " ranks" : "");
 #ifdef KUBETRAIN_WITH_NCCL
   if (choice.backend == "nccl") {
-    log("gradients summed over " + ranks + " by NCCL on " + device.name() + " (" +
-        choice.reason + ")");
-    return make_nccl_gradient_reducer(dp, device.ordinal());
+    log(what + ": NCCL on " + device.name() + " (" + choice.reason + ")");
+    if (dp) out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal());
+    if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
+    return out;
   }
 #endif
-  log("gradients summed over " + ranks + " through the host (Gloo): " + choice.reason);
-  return make_host_gradient_reducer(dp, device);
+  log(what + ": through the host (Gloo): " + choice.reason);
+  if (dp) out.dp = make_host_gradient_reducer(*groups.dp, device);
+  if (tp) out.tp = make_host_stream_collectives(*groups.tp, device);
+  return out;
 }
 
 // The plan on one CUDA GPU (worker/cuda_gpt.h): the CPU loop's data, schedule, clipping,
@@ -309,10 +324,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   ProcessGroups& groups = groups_of(plan, options, single);
   check_host_memory(plan, options.host_memory_bytes);
   CudaDevice device(local_device_ordinal());
-  std::unique_ptr<GradientReducer> reducer;
-  if (dp > 1) reducer = make_dp_reducer(*groups.dp, device, log);
+  const CudaCollectives collectives = make_cuda_collectives(groups, device, log);
+  GradientReducer* reducer = collectives.dp.get();
   CudaGptOptions model_options;
-  model_options.reducer = reducer.get();
+  model_options.reducer = reducer;
+  model_options.tp = collectives.tp.get();
   model_options.recompute = plan.config.recompute == api::Recompute::kFull
                                 ? ActivationRecompute::kFull
                                 : plan.config.recompute == api::Recompute::kCommAware
@@ -330,9 +346,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   // Host copies for checkpoints and initialisation (llm.c layout).
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
-  const CheckpointTensors ckpt_tensors{gpt_whole_views(config, host_params.data()),
-                                       gpt_whole_views(config, host_m.data()),
-                                       gpt_whole_views(config, host_v.data())};
+  const int64_t tp = plan.config.tp, tp_rank = groups.tp->rank();
+  const CheckpointTensors ckpt_tensors{gpt_rank_views(config, tp, tp_rank, host_params.data()),
+                                       gpt_rank_views(config, tp, tp_rank, host_m.data()),
+                                       gpt_rank_views(config, tp, tp_rank, host_v.data())};
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const int64_t start_step = restore_or_init(
       plan, options, ckpt_tensors, *data, log,
@@ -392,7 +409,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       loss = step_loss / dp;
     }
     const auto t_opt = std::chrono::steady_clock::now();
-    const double norm = std::sqrt(model.grad_sum_of_squares());
+    // Global norm: the sharded tensors' slices summed over the TP group, replicated ones once.
+    double sums[2];
+    model.grad_sums_of_squares(&sums[0], &sums[1]);
+    float sharded_sum = static_cast<float>(sums[0]);
+    if (tp > 1) groups.tp->allreduce(&sharded_sum, 1);
+    const double norm = std::sqrt(static_cast<double>(sharded_sum) + sums[1]);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     model.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
@@ -403,15 +425,17 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     r.h2d_bytes = model.h2d_bytes() - h2d_before;
     r.d2h_bytes = model.d2h_bytes() - d2h_before;
     r.comm = comm_totals(groups);
-    if (reducer) {  // the gradient sums, beside the DP group's own (the loss)
-      CommStats& dp_stats = r.comm["dp"];
-      const CommStats sums = reducer->stats();
-      dp_stats.collectives += sums.collectives;
-      dp_stats.allreduces += sums.allreduces;
-      dp_stats.bytes += sums.bytes;
-      dp_stats.seconds += sums.seconds;
-      dp_stats.exposed_seconds += sums.exposed_seconds;
-    }
+    // The device collectives, beside the groups' own (the loss, the norm)
+    auto add = [&](const std::string& group, const CommStats& more) {
+      CommStats& total = r.comm[group];
+      total.collectives += more.collectives;
+      total.allreduces += more.allreduces;
+      total.bytes += more.bytes;
+      total.seconds += more.seconds;
+      total.exposed_seconds += more.exposed_seconds;
+    };
+    if (collectives.dp) add("dp", collectives.dp->stats());
+    if (collectives.tp) add("tp", collectives.tp->stats());
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
     if (stop_requested(plan, groups)) {
@@ -464,12 +488,9 @@ void check_executable(const api::Plan& plan) {
     refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
            "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
 #endif
-    // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data parallel,
-    // bf16, any recompute, the optimizer on the device or split with the CPU.
-    if (plan.config.tp != 1)
-      refuse("tensor parallelism (tp " + std::to_string(plan.config.tp) +
-             ") on CUDA: the CUDA runtime runs data parallelism only so far (TP runs on the CPU "
-             "path)");
+    // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data and tensor
+    // parallel (TP without the sub-batch overlap), bf16, any recompute, the optimizer on the
+    // device or split with the CPU.
     if (plan.precision != api::Precision::kBf16)
       refuse("precision " + std::string(api::to_string(plan.precision)) +
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
@@ -477,8 +498,9 @@ void check_executable(const api::Plan& plan) {
       refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
     if (plan.config.sub_batches != 1)
       refuse("sub-batches " + std::to_string(plan.config.sub_batches) +
-             " on CUDA: the Oases overlap needs tensor parallelism, which the CUDA runtime does "
-             "not run yet");
+             " on CUDA: the CUDA runtime's tensor parallelism does not overlap its all-reduces "
+             "with the other sub-batch yet (the Oases schedule runs on the CPU path); plan with "
+             "spec.parallelism.overlap: false");
     return;
   }
   if (plan.config.sub_batches != 1 &&

@@ -107,7 +107,8 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
   EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
 
-  // device: cuda — one GPU per rank (DP), bf16, any recompute, offload none or optimizer.
+  // device: cuda — one GPU per rank (DP, TP without overlap), bf16, any recompute, offload none
+  // or optimizer.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   gpu.precision = api::Precision::kBf16;
@@ -129,10 +130,13 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   data_parallel.config.dp = 2;
   data_parallel.global_batch *= 2;
   EXPECT_NO_THROW(worker::check_executable(data_parallel));
-  api::Plan tensor_parallel = gpu;
+  api::Plan tensor_parallel = gpu;  // Megatron TP, all-reduces not overlapped
   tensor_parallel.world = 2;
   tensor_parallel.config.tp = 2;
-  expect_refusal(tensor_parallel, "data parallelism only");
+  EXPECT_NO_THROW(worker::check_executable(tensor_parallel));
+  api::Plan overlapped = tensor_parallel;
+  overlapped.config.sub_batches = 2;
+  expect_refusal(overlapped, "does not overlap its all-reduces");
 #else
   expect_refusal(gpu, "built without the CUDA path");
 #endif
@@ -172,7 +176,7 @@ TEST(Trainer, DataParallelCudaPicksNcclOnlyWithOneGpuPerRank) {
   EXPECT_EQ(worker::choose_reducer("auto", own, "").backend, "nccl");
   const auto on_shared = worker::choose_reducer("auto", shared, "");
   EXPECT_EQ(on_shared.backend, "host");
-  EXPECT_EQ(on_shared.reason, "DP ranks 0 and 2 share a GPU");
+  EXPECT_EQ(on_shared.reason, "ranks 0 and 2 share a GPU");
   const auto no_lib = worker::choose_reducer("auto", own, "cannot load libnccl.so.2");
   EXPECT_EQ(no_lib.backend, "host");
   EXPECT_EQ(no_lib.reason, "cannot load libnccl.so.2");
