@@ -339,6 +339,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   const GptConfig config = GptConfig::from(plan.model);
   CudaGpt model(device, config, B, T, model_options);
+  if (plan.config.sub_batches > 1)
+    log("note: the plan overlaps TP all-reduces with a second sub-batch (Oases); the CUDA runtime "
+        "runs the micro-batch as one (same result) without that overlap yet, so steps take "
+        "longer than planned (spec.parallelism.overlap: false plans without it)");
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
@@ -489,18 +493,13 @@ void check_executable(const api::Plan& plan) {
            "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
 #endif
     // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data and tensor
-    // parallel (TP without the sub-batch overlap), bf16, any recompute, the optimizer on the
-    // device or split with the CPU.
+    // parallel (a plan's 2 sub-batches run as one: no overlap yet), bf16, any recompute, the
+    // optimizer on the device or split with the CPU.
     if (plan.precision != api::Precision::kBf16)
       refuse("precision " + std::string(api::to_string(plan.precision)) +
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
     if (plan.config.offload == api::OffloadMode::kWindow)
       refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
-    if (plan.config.sub_batches != 1)
-      refuse("sub-batches " + std::to_string(plan.config.sub_batches) +
-             " on CUDA: the CUDA runtime's tensor parallelism does not overlap its all-reduces "
-             "with the other sub-batch yet (the Oases schedule runs on the CPU path); plan with "
-             "spec.parallelism.overlap: false");
     return;
   }
   if (plan.config.sub_batches != 1 &&

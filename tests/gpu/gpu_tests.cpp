@@ -16,6 +16,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -437,6 +438,105 @@ void test_cross_entropy(const gpu::Context& ctx) {
   gpu::softmax_cross_entropy(ctx, d_losses, d_logits, d_logits, d_targets, BT, V, Vp, dloss);
   expect_close(d_logits.floats(), dlogits, 2e-5, "softmax_cross_entropy dlogits in place");
   expect_close(d_losses.floats(), losses, 2e-5, "softmax_cross_entropy losses in place");
+}
+
+// Tensor parallelism's vocabulary split, emulated here with t = 2 "ranks" on one device and the
+// all-reduces done on the host: the embedding's rows summed over the ranks must be the whole
+// table's embedding, each rank's dwte its rows of the whole dwte; the three cross-entropy steps
+// must give softmax_cross_entropy's losses and dlogits (the float64 reference) — with a
+// vocabulary whose padding falls on the last rank (V < Vp) and targets on both ranks.
+void test_vocab_parallel(const gpu::Context& ctx) {
+  const int64_t t = 2;
+  {
+    const int64_t B = 3, T = 29, C = 80, Vp = 16, Vl = Vp / t;
+    auto tokens = random_tokens(B * T, static_cast<int32_t>(Vp));
+    const F wte = round_bf16(random(Vp * C)), wpe = round_bf16(random(T * C)),
+            dout = round_bf16(random(B * T * C));
+    D out(B * T * C), dwte(Vp * C, 0.0), dwpe(T * C, 0.0);
+    ref::embedding_forward<double>(out.data(), tokens.data(), widen(wte).data(), widen(wpe).data(),
+                                   B, T, C);
+    ref::embedding_backward<double>(dwte.data(), dwpe.data(), widen(dout).data(), tokens.data(),
+                                    B, T, C);
+    DeviceArray<int32_t> d_tokens(tokens);
+    DeviceArray<bf16> d_wpe(wpe), d_dout(dout);
+    F summed(B * T * C, 0.0f), dwte_got;
+    bool dwpe_ok = true;
+    for (int64_t r = 0; r < t; ++r) {
+      DeviceArray<bf16> d_wte(F(wte.begin() + r * Vl * C, wte.begin() + (r + 1) * Vl * C));
+      DeviceArray<bf16> d_out(B * T * C);
+      DeviceArray<float> d_dwte(Vl * C), d_dwpe(T * C);
+      d_dwte.zero();
+      d_dwpe.zero();
+      gpu::embedding_forward_rows(ctx, d_out, d_tokens, d_wte, r == 0 ? d_wpe.get() : nullptr, B,
+                                  T, C, r * Vl, Vl);
+      gpu::embedding_backward_rows(ctx, d_dwte, d_dwpe, d_dout, d_tokens, B, T, C, r * Vl, Vl);
+      const F part = d_out.floats(), rows = d_dwte.floats();
+      for (size_t i = 0; i < part.size(); ++i) summed[i] += part[i];
+      dwte_got.insert(dwte_got.end(), rows.begin(), rows.end());
+      const F pos = d_dwpe.floats();
+      double err = 0, ref_norm = 0;
+      for (size_t i = 0; i < pos.size(); ++i) {
+        err += (pos[i] - dwpe[i]) * (pos[i] - dwpe[i]);
+        ref_norm += dwpe[i] * dwpe[i];
+      }
+      dwpe_ok = dwpe_ok && std::sqrt(err / ref_norm) < 2e-6;
+    }
+    expect_close(summed, out, 1e-2, "embedding_forward_rows summed over 2 ranks (bf16)");
+    expect_close(dwte_got, dwte, 2e-6, "embedding_backward_rows dwte rows of 2 ranks");
+    check(dwpe_ok, "embedding_backward_rows dwpe on every rank");
+  }
+  {
+    const int64_t BT = 37, V = 1000, Vp = 1024, Vl = Vp / t;
+    const float dloss = 1.0f / BT;
+    const F logits = round_bf16(random(BT * Vp, 3.0f));
+    auto targets = random_tokens(BT, static_cast<int32_t>(V));
+    D losses(BT), dlogits(BT * Vp);
+    ref::softmax_cross_entropy<double>(losses.data(), dlogits.data(), widen(logits).data(),
+                                       targets.data(), BT, V, Vp, dloss);
+    DeviceArray<int32_t> d_targets(targets);
+    std::vector<std::unique_ptr<DeviceArray<bf16>>> parts;
+    std::vector<std::unique_ptr<DeviceArray<float>>> maxes, sums, rank_losses;
+    for (int64_t r = 0; r < t; ++r) {
+      F slice(BT * Vl);
+      for (int64_t i = 0; i < BT; ++i)
+        std::copy(logits.begin() + i * Vp + r * Vl, logits.begin() + i * Vp + (r + 1) * Vl,
+                  slice.begin() + i * Vl);
+      parts.push_back(std::make_unique<DeviceArray<bf16>>(slice));
+      maxes.push_back(std::make_unique<DeviceArray<float>>(BT));
+      sums.push_back(std::make_unique<DeviceArray<float>>(2 * BT));
+      rank_losses.push_back(std::make_unique<DeviceArray<float>>(BT));
+    }
+    auto valid = [&](int64_t r) { return std::max<int64_t>(0, std::min(Vl, V - r * Vl)); };
+    F all_max(BT, -3.4e38f), all_sums(2 * BT, 0.0f);
+    for (int64_t r = 0; r < t; ++r) {
+      gpu::vocab_parallel_ce_max(ctx, *maxes[r], *parts[r], BT, valid(r), Vl);
+      const F m = maxes[r]->floats();
+      for (int64_t i = 0; i < BT; ++i) all_max[i] = std::max(all_max[i], m[i]);
+    }
+    for (int64_t r = 0; r < t; ++r) {
+      maxes[r]->upload(all_max);
+      gpu::vocab_parallel_ce_sums(ctx, *sums[r], *parts[r], *maxes[r], d_targets, BT, r * Vl,
+                                  valid(r), Vl);
+      const F part = sums[r]->floats();
+      for (int64_t i = 0; i < 2 * BT; ++i) all_sums[i] += part[i];
+    }
+    F got_dlogits(BT * Vp);
+    bool losses_agree = true;
+    F first_losses;
+    for (int64_t r = 0; r < t; ++r) {
+      sums[r]->upload(all_sums);
+      gpu::vocab_parallel_ce_finish(ctx, *rank_losses[r], *parts[r], *parts[r], *maxes[r],
+                                    *sums[r], d_targets, BT, r * Vl, valid(r), Vl, dloss);
+      const F l = rank_losses[r]->floats(), d = parts[r]->floats();
+      if (r == 0) first_losses = l;
+      losses_agree = losses_agree && l == first_losses;
+      for (int64_t i = 0; i < BT; ++i)
+        std::copy(d.begin() + i * Vl, d.begin() + (i + 1) * Vl, got_dlogits.begin() + i * Vp + r * Vl);
+    }
+    expect_close(first_losses, losses, 1e-5, "vocab-parallel cross-entropy losses (2 ranks)");
+    expect_close(got_dlogits, dlogits, 1e-2, "vocab-parallel cross-entropy dlogits (bf16, in place)");
+    check(losses_agree, "vocab-parallel cross-entropy: the ranks' losses differ");
+  }
 }
 
 // bf16 storage versions: inputs rounded to bf16 on the host, so the float64 reference sees the
@@ -1334,6 +1434,114 @@ void test_cuda_gpt_data_parallel() {
   }
 }
 
+// Tensor parallelism on one GPU: 2 TP ranks (threads, each its own CudaDevice and model, the
+// all-reduces through the host collectives over an in-process group) against TP 1 on the same
+// batches: losses within 5e-3 and step-1 gradients (the ranks' slices put together) within 3e-2
+// (partial products are rounded to bf16 before their sum, so activations round differently than
+// at TP 1); the replicated tensors' gradients and final weights bit-identical on both ranks (they
+// are computed from the same summed activations). Also with recompute full and offload gpuUnits 1.
+// gpt_copy_slice's inverse: the slice `view` holds, written into its place in the logical tensor.
+void paste_slice(const worker::TensorView& view, float* logical) {
+  const auto& L = view.logical_shape;
+  const auto& S = view.shape;
+  const size_t dims = S.size();
+  std::vector<int64_t> index(dims, 0);
+  int64_t in = 0;
+  for (;;) {
+    int64_t dst = 0;
+    for (size_t d = 0; d < dims; ++d)
+      dst = dst * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
+    std::copy(view.data + in, view.data + in + S.back(), logical + dst);
+    in += S.back();
+    int d = static_cast<int>(dims) - 2;
+    for (; d >= 0; --d) {
+      if (++index[d] < S[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) break;
+  }
+}
+
+void test_cuda_gpt_tensor_parallel() {
+  const GptConfig c = kSmallGpt;  // NH 2: one head per rank; Vp 96: 48 rows each, V 91
+  const int64_t B = 2, T = 32, steps = 3, tp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(B * T, c.vocab));
+  auto batch_of = [&](int64_t s) { return batches[s]; };
+  const DpRun whole = train_steps(*g_device, c, B, T, CudaGptOptions{}, 1.0f, steps, batch_of);
+  struct Variant {
+    const char* tag;
+    int64_t device_units;
+    worker::ActivationRecompute recompute;
+  };
+  for (const Variant v : {Variant{"", -1, worker::ActivationRecompute::kNone},
+                          Variant{" (recompute full, gpuUnits 1)", 1,
+                                  worker::ActivationRecompute::kFull}}) {
+    ThreadGroup group(static_cast<int>(tp));
+    std::vector<DpRun> ranks(tp);
+    std::vector<std::string> errors(tp);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          CudaDevice device(g_device->ordinal());
+          ThreadGroup::Rank comm(group, r);
+          auto collectives = worker::make_host_stream_collectives(comm, device);
+          CudaGptOptions options;
+          options.tp = collectives.get();
+          options.device_units = v.device_units;
+          options.recompute = v.recompute;
+          options.cpu_threads = 1;
+          ranks[r] = train_steps(device, c, B, T, options, 1.0f, steps, batch_of);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& thread : threads) thread.join();
+    const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
+    if (!errors[0].empty() || !errors[1].empty()) {
+      check(false, tag + ": " + errors[0] + " " + errors[1]);
+      continue;
+    }
+    double worst = 0;
+    for (int64_t s = 0; s < steps; ++s)
+      worst = std::max(worst, std::abs(ranks[0].losses[s] - whole.losses[s]) / whole.losses[s]);
+    check(worst < 5e-3, tag + ": losses differ from TP 1 by " + std::to_string(worst));
+    check(ranks[0].losses == ranks[1].losses, tag + ": the ranks' losses differ");
+    // The step-1 gradients of both ranks, put together in the whole model's layout.
+    F assembled(whole.grads1.size(), std::nanf(""));
+    bool replicated_same = true;
+    for (int r = 0; r < tp; ++r) {
+      F& g = ranks[r].grads1;
+      const auto views = worker::gpt_rank_views(c, tp, r, g.data());
+      const auto whole_views = worker::gpt_whole_views(c, assembled.data());
+      for (int i = 0; i < worker::kNumParamTensors; ++i) {
+        if (views[i].logical_shape.empty()) {
+          std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
+          const auto other = worker::gpt_rank_views(c, tp, 1 - r, ranks[1 - r].grads1.data());
+          replicated_same = replicated_same &&
+                            std::equal(views[i].data, views[i].data + views[i].numel(),
+                                       other[i].data);
+        } else {
+          paste_slice(views[i], whole_views[i].data);
+        }
+      }
+    }
+    expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
+    check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
+    bool weights_same = true;
+    const auto w0 = worker::gpt_rank_views(c, tp, 0, ranks[0].weights.data());
+    const auto w1 = worker::gpt_rank_views(c, tp, 1, ranks[1].weights.data());
+    for (int i = 0; i < worker::kNumParamTensors; ++i)
+      if (w0[i].logical_shape.empty())
+        weights_same = weights_same &&
+                       std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
+    check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
+    if (worst < 5e-3 && replicated_same && weights_same)
+      std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
+  }
+}
+
 // The NCCL reducer's plumbing on one GPU (NCCL refuses two ranks on one device, so the sum itself
 // and its ordering need 2+ GPUs): libnccl loads, the id travels over the bootstrap group, the
 // grouped all-reduces and the stream joins run, and a group of one — whose all-reduce is the
@@ -1492,6 +1700,7 @@ int main(int argc, char** argv) {
       test_attention(ctx);
       test_flash_attention(ctx);
       test_cross_entropy(ctx);
+      test_vocab_parallel(ctx);
       test_bf16_storage(ctx);
       test_adamw(ctx);
       test_cuda_gpt_vs_reference();
@@ -1499,6 +1708,7 @@ int main(int argc, char** argv) {
       test_cuda_gpt_memorises();
       test_cuda_gpt_recompute();
       test_cuda_gpt_data_parallel();
+      test_cuda_gpt_tensor_parallel();
       test_nccl_reducer_single_rank();
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
