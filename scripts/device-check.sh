@@ -14,8 +14,8 @@
 #       (git-ignored; ≈ 20 MB xz). Carry ["gpu-worker"] and the check then also runs the real
 #       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
 #       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
-#       the CPU, on the GPU, with offload: optimizer and as 2 data-parallel ranks sharing the GPU
-#       (`kubetrain-worker launch`), comparing their losses.
+#       the CPU, on the GPU, with offload: optimizer, and as 2 data-parallel and as 2
+#       tensor-parallel ranks sharing the GPU (`kubetrain-worker launch`), comparing their losses.
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only),
@@ -78,9 +78,10 @@ EOF
     "$full/bin/kubetrain" plan "$stage/job-small-$variant.yaml" -c "examples/clusters/$cluster.yaml" \
       -o json >"$stage/plan-small-$variant.json" || exit 1
   done
-  # Data parallelism on CUDA: the small CUDA job as 2 DP ranks (a plan for a 2-GPU node). On the
-  # one-GPU device machine both ranks share the GPU, so they sum through the host (NCCL needs a
-  # GPU per rank); the check runs them through `kubetrain-worker launch`.
+  # Data and tensor parallelism on CUDA: the small CUDA job as 2 DP ranks and as 2 TP ranks (plans
+  # for a 2-GPU node). On the one-GPU device machine both ranks share the GPU, so their
+  # collectives go through the host (NCCL needs a GPU per rank); the check runs them through
+  # `kubetrain-worker launch`.
   cat >"$stage/h200x2.yaml" <<EOF
 apiVersion: kubetrain.dev/v1alpha1
 kind: Inventory
@@ -93,6 +94,11 @@ EOF
   echo "  parallelism: {tensorParallel: 1, dataParallel: 2}" >>"$stage/job-small-cuda-dp2.yaml"
   "$full/bin/kubetrain" plan "$stage/job-small-cuda-dp2.yaml" -c "$stage/h200x2.yaml" \
     -o json >"$stage/plan-small-cuda-dp2.json" || exit 1
+  sed -e 's/name: small-cuda}$/name: small-cuda-tp2}/' -e 's/gpusPerNode: 1/gpusPerNode: 2/' \
+    "$stage/job-small-cuda.yaml" >"$stage/job-small-cuda-tp2.yaml"
+  echo "  parallelism: {tensorParallel: 2, dataParallel: 1, overlap: false}" >>"$stage/job-small-cuda-tp2.yaml"
+  "$full/bin/kubetrain" plan "$stage/job-small-cuda-tp2.yaml" -c "$stage/h200x2.yaml" \
+    -o json >"$stage/plan-small-cuda-tp2.json" || exit 1
   tar -C "$stage" -cf - . | xz -T0 -6 >gpu-worker/worker.tar.xz
   rm -rf "$stage"
   echo "device-check: gpu-worker/worker.tar.xz ($(du -h gpu-worker/worker.tar.xz | cut -f1)); carry [\"gpu-worker\"]"
@@ -213,13 +219,17 @@ PY
       >"$wdir/small-$variant.log" 2>&1 || { worker_rc=1; echo "small $variant FAILED"; tail -3 "$wdir/small-$variant.log"; }
     [[ -n "${OUT:-}" ]] && cp "$wdir/small-$variant.log" "$OUT/"
   done
-  echo "== data parallelism on CUDA: the small CUDA job as 2 ranks sharing the GPU (host reducer)"
-  LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" OMP_NUM_THREADS=4 MASTER_ADDR=127.0.0.1 \
-    MASTER_PORT=29517 timeout 180 "$wdir/kubetrain-worker" launch \
-    --plan "$wdir/plan-small-cuda-dp2.json" >"$wdir/small-cuda-dp2.log" 2>&1 ||
-    { worker_rc=1; echo "small cuda-dp2 FAILED"; tail -5 "$wdir/small-cuda-dp2.log"; }
-  grep -E "gradients summed|step +(1|30)/" "$wdir/small-cuda-dp2.log"
-  [[ -n "${OUT:-}" ]] && cp "$wdir/small-cuda-dp2.log" "$OUT/"
+  echo "== data and tensor parallelism on CUDA: the small CUDA job as 2 DP ranks, then 2 TP ranks, sharing the GPU (host collectives)"
+  port=29517
+  for variant in dp2 tp2; do
+    LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" OMP_NUM_THREADS=4 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port timeout 180 "$wdir/kubetrain-worker" launch \
+      --plan "$wdir/plan-small-cuda-$variant.json" >"$wdir/small-cuda-$variant.log" 2>&1 ||
+      { worker_rc=1; echo "small cuda-$variant FAILED"; tail -5 "$wdir/small-cuda-$variant.log"; }
+    grep -E "through the host|NCCL on|step +(1|30)/" "$wdir/small-cuda-$variant.log"
+    [[ -n "${OUT:-}" ]] && cp "$wdir/small-cuda-$variant.log" "$OUT/"
+    port=$((port + 1))
+  done
   python3 - "$wdir" <<'PY' || worker_rc=1
 import re, sys
 def losses(name):
@@ -240,10 +250,15 @@ ok_dp = ok and sorted(dp2) == steps
 worst_dp = max((abs(dp2[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_dp else float("nan")
 for s in [s for s in steps if s in (1, 10, 20, 30) and s in dp2]:
     print(f"  step {s:3d}: loss cuda bf16 1 rank {gpu[s]:.4f} | 2 DP ranks {dp2[s]:.4f}")
+tp2 = losses("cuda-tp2")  # 2 TP ranks on the same batches as 1 rank
+ok_tp = ok and sorted(tp2) == steps
+worst_tp = max((abs(tp2[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_tp else float("nan")
+for s in [s for s in steps if s in (1, 10, 20, 30) and s in tp2]:
+    print(f"  step {s:3d}: loss cuda bf16 1 rank {gpu[s]:.4f} | 2 TP ranks {tp2[s]:.4f}")
 passed = ok and worst_gpu < 2e-2 and worst_off < 2e-2 and cpu[steps[-1]] < cpu[steps[0]] - 0.5
-passed_dp = ok_dp and worst_dp < 2e-2
+passed_dp = ok_dp and worst_dp < 2e-2 and ok_tp and worst_tp < 2e-2
 print(f"  worst relative loss difference: GPU vs CPU {worst_gpu:.2e} (tol 2e-2), offload vs not {worst_off:.2e} (tol 2e-2): {'PASS' if passed else 'FAIL'}")
-print(f"  2 DP ranks vs 1 rank (same global batch, each rank its data shard): {worst_dp:.2e} (tol 2e-2): {'PASS' if passed_dp else 'FAIL'}")
+print(f"  2 DP ranks vs 1 rank (same global batch, each rank its data shard): {worst_dp:.2e}; 2 TP ranks vs 1 rank: {worst_tp:.2e} (tol 2e-2 each): {'PASS' if passed_dp else 'FAIL'}")
 passed = passed and passed_dp
 sys.exit(0 if passed else 1)
 PY
