@@ -8,66 +8,35 @@
 namespace kt::worker {
 namespace {
 
-class HostGradientReducer : public GradientReducer {
+// Both host implementations: copy to pinned memory, sum over the group's Communicator (Gloo),
+// copy back, each step synchronised (the staging buffer is reused).
+class HostCollectives : public GradientReducer, public StreamCollectives {
  public:
-  HostGradientReducer(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
-  ~HostGradientReducer() override {
-    if (staging_) device_.deallocate_pinned(staging_);
-  }
-  int size() const override { return group_.size(); }
-  const char* backend() const override { return "host"; }
-
-  void reduce(const Ranges& ranges, const CudaEvent& ready) override {
-    const auto t0 = std::chrono::steady_clock::now();
-    CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
-    stream.wait(ready);
-    for (const auto& [data, count] : ranges) {
-      if (count > capacity_) {  // grows to the largest range in the first step, then stays
-        stream.synchronize();
-        if (staging_) device_.deallocate_pinned(staging_);
-        staging_ = static_cast<float*>(device_.allocate_pinned(count * 4, MemoryKind::kGrads));
-        capacity_ = count;
-      }
-      device_.copy(staging_, data, count * 4, stream);
-      stream.synchronize();
-      group_.allreduce(staging_, count, ReduceOp::kSum);
-      device_.copy(data, staging_, count * 4, stream);
-      stream.synchronize();  // the staging buffer is reused by the next range
-      stats_.bytes += static_cast<int64_t>(count * 4);
-      ++stats_.allreduces;
-      ++stats_.collectives;
-    }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.seconds += seconds;
-    stats_.exposed_seconds += seconds;  // the host waits for all of it
-  }
-  void join(CudaStream&) override {}  // reduce returned with the sums in place
-  CommStats stats() const override { return stats_; }
-
- private:
-  Communicator& group_;
-  CudaDevice& device_;
-  float* staging_ = nullptr;
-  size_t capacity_ = 0;
-  CommStats stats_;
-};
-
-class HostStreamCollectives : public StreamCollectives {
- public:
-  HostStreamCollectives(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
-  ~HostStreamCollectives() override {
+  HostCollectives(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
+  ~HostCollectives() override {
     if (staging_) device_.deallocate_pinned(staging_);
   }
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
   const char* backend() const override { return "host"; }
+  CommStats stats() const override { return stats_; }
 
+  // GradientReducer: on the data-parallel stream, after `ready`; the sums are in place on return.
+  void reduce(const Ranges& ranges, const CudaEvent& ready) override {
+    CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
+    stream.wait(ready);
+    for (const auto& [data, count] : ranges)
+      allreduce(data, count, DeviceDtype::kFloat32, ReduceOp::kSum, stream);
+  }
+  void join(CudaStream&) override {}  // reduce returned with the sums in place
+
+  // StreamCollectives (and each range above).
   void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
                  CudaStream& stream) override {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t bytes = count * (type == DeviceDtype::kBfloat16 ? 2 : 4);
-    if (bytes > capacity_) {
+    if (bytes > capacity_) {  // grows to the largest buffer in the first step, then stays
+      stream.synchronize();
       if (staging_) device_.deallocate_pinned(staging_);
       staging_ = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
       capacity_ = bytes;
@@ -84,16 +53,15 @@ class HostStreamCollectives : public StreamCollectives {
       for (size_t i = 0; i < count; ++i) bits[i] = kernels::float_to_bf16(floats_[i]);
     }
     device_.copy(data, staging_, bytes, stream);
-    stream.synchronize();  // the staging buffer is reused by the next call
+    stream.synchronize();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stats_.collectives;
     ++stats_.allreduces;
     stats_.bytes += static_cast<int64_t>(bytes);
     stats_.seconds += seconds;
-    stats_.exposed_seconds += seconds;
+    stats_.exposed_seconds += seconds;  // the host waits for all of it
   }
-  CommStats stats() const override { return stats_; }
 
  private:
   Communicator& group_;
@@ -108,7 +76,7 @@ class HostStreamCollectives : public StreamCollectives {
 
 std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
                                                                 CudaDevice& device) {
-  return std::make_unique<HostStreamCollectives>(group, device);
+  return std::make_unique<HostCollectives>(group, device);
 }
 
 ReducerChoice choose_reducer(const std::string& mode,
@@ -134,7 +102,7 @@ ReducerChoice choose_reducer(const std::string& mode,
 
 std::unique_ptr<GradientReducer> make_host_gradient_reducer(Communicator& group,
                                                             CudaDevice& device) {
-  return std::make_unique<HostGradientReducer>(group, device);
+  return std::make_unique<HostCollectives>(group, device);
 }
 
 }  // namespace kt::worker

@@ -1301,10 +1301,13 @@ struct DpRun {
   std::vector<double> losses;
   F grads1, weights;
 };
+// `tp_group`: with tensor parallelism, the group over which the sharded tensors' squares are
+// summed for the global norm (as the trainer does).
 DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
                   const CudaGptOptions& options, float loss_scale, int64_t steps,
                   const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(
-                      int64_t step)>& batch_of) {
+                      int64_t step)>& batch_of,
+                  worker::Communicator* tp_group = nullptr) {
   DpRun r;
   CudaGpt gpt(device, c, B, T, options);
   gpt.init_weights(g_seed);
@@ -1313,7 +1316,11 @@ DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
     gpt.zero_grad();
     gpt.train_micro_step(tok.data(), tgt.data(), loss_scale, true);
     r.losses.push_back(gpt.mean_loss());
-    const double norm = std::sqrt(gpt.grad_sum_of_squares());
+    double sharded = 0, replicated = 0;
+    gpt.grad_sums_of_squares(&sharded, &replicated);
+    float sharded32 = static_cast<float>(sharded);
+    if (tp_group) tp_group->allreduce(&sharded32, 1);
+    const double norm = std::sqrt(static_cast<double>(sharded32) + replicated);
     if (s == 0) {
       r.grads1.resize(gpt.num_parameters());
       gpt.get_gradients(r.grads1.data());
@@ -1327,6 +1334,31 @@ DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
   r.weights.resize(gpt.num_parameters());
   gpt.get_parameters(r.weights.data());
   return r;
+}
+
+// Runs `n` ranks of an in-process group on threads, each with its own CudaDevice on the test's
+// GPU: rank_run(r, device, comm) trains rank r. The first exception of any rank lands in `error`.
+std::vector<DpRun> run_ranks(
+    int n, const std::function<DpRun(int, CudaDevice&, worker::Communicator&)>& rank_run,
+    std::string* error) {
+  ThreadGroup group(n);
+  std::vector<DpRun> ranks(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CudaDevice device(g_device->ordinal());
+        ThreadGroup::Rank comm(group, r);
+        ranks[r] = rank_run(r, device, comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  for (const std::string& e : errors)
+    if (!e.empty() && error->empty()) *error = e;
+  return ranks;
 }
 
 // Recompute re-runs each layer's forward from its kept input before its backward; the forward
@@ -1388,33 +1420,26 @@ void test_cuda_gpt_data_parallel() {
                                   [&](int64_t s) { return batches[s]; });
   for (int64_t device_units : {int64_t{-1}, int64_t{1}}) {
     const std::string tag = device_units < 0 ? "" : " (gpuUnits 1)";
-    ThreadGroup group(static_cast<int>(dp));
-    std::vector<DpRun> ranks(dp);
-    std::vector<std::string> errors(dp);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < dp; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          CudaDevice device(g_device->ordinal());
-          ThreadGroup::Rank comm(group, r);
+    std::string error;
+    const auto ranks = run_ranks(
+        static_cast<int>(dp),
+        [&](int r, CudaDevice& device, worker::Communicator& comm) {
           auto reducer = worker::make_host_gradient_reducer(comm, device);
           CudaGptOptions options;
           options.reducer = reducer.get();
           options.device_units = device_units;
           options.cpu_threads = 1;
-          ranks[r] = train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
+          return train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
             const auto& [tok, tgt] = batches[s];
             const int64_t n = B * T;
-            return std::make_pair(std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
-                                  std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
+            return std::make_pair(
+                std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
+                std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
           });
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : threads) t.join();
-    if (!errors[0].empty() || !errors[1].empty()) {
-      check(false, "data parallel" + tag + ": " + errors[0] + " " + errors[1]);
+        },
+        &error);
+    if (!error.empty()) {
+      check(false, "data parallel" + tag + ": " + error);
       continue;
     }
     expect_close(ranks[0].grads1, widen(whole.grads1), 2e-2,
@@ -1477,30 +1502,22 @@ void test_cuda_gpt_tensor_parallel() {
   for (const Variant v : {Variant{"", -1, worker::ActivationRecompute::kNone},
                           Variant{" (recompute full, gpuUnits 1)", 1,
                                   worker::ActivationRecompute::kFull}}) {
-    ThreadGroup group(static_cast<int>(tp));
-    std::vector<DpRun> ranks(tp);
-    std::vector<std::string> errors(tp);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < tp; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          CudaDevice device(g_device->ordinal());
-          ThreadGroup::Rank comm(group, r);
+    const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
+    std::string error;
+    auto ranks = run_ranks(
+        static_cast<int>(tp),
+        [&](int, CudaDevice& device, worker::Communicator& comm) {
           auto collectives = worker::make_host_stream_collectives(comm, device);
           CudaGptOptions options;
           options.tp = collectives.get();
           options.device_units = v.device_units;
           options.recompute = v.recompute;
           options.cpu_threads = 1;
-          ranks[r] = train_steps(device, c, B, T, options, 1.0f, steps, batch_of);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& thread : threads) thread.join();
-    const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
-    if (!errors[0].empty() || !errors[1].empty()) {
-      check(false, tag + ": " + errors[0] + " " + errors[1]);
+          return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
+        },
+        &error);
+    if (!error.empty()) {
+      check(false, tag + ": " + error);
       continue;
     }
     double worst = 0;
