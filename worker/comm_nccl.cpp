@@ -145,14 +145,18 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
     allreduce_async(scratch_, 1, ReduceOp::kSum)->wait();
   }
 
+  // Issue the gradient sums on `stream` (in its order) instead of the group's own stream.
+  void serialize_on(CudaStream* stream) { serialize_on_ = stream; }
+
   // ---- GradientReducer: one NCCL group call per reduce, after `ready`
   void reduce(const Ranges& ranges, const CudaEvent& ready) override {
-    check_cuda(cudaStreamWaitEvent(stream_, ready.handle(), 0), "cudaStreamWaitEvent");
+    cudaStream_t stream = serialize_on_ ? serialize_on_->handle() : stream_;
+    check_cuda(cudaStreamWaitEvent(stream, ready.handle(), 0), "cudaStreamWaitEvent");
     check_nccl(nccl().group_start(), "ncclGroupStart");
     size_t bytes = 0;
     for (const auto& [data, count] : ranges) {
       const ncclResult_t status =
-          nccl().all_reduce(data, data, count, ncclFloat, ncclSum, comm_, stream_);
+          nccl().all_reduce(data, data, count, ncclFloat, ncclSum, comm_, stream);
       if (status != ncclSuccess) {
         nccl().group_end();
         check_nccl(status, "ncclAllReduce");
@@ -166,7 +170,8 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
     stats_.bytes += static_cast<int64_t>(bytes);
   }
   void join(CudaStream& stream) override {
-    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    check_cuda(cudaEventRecord(done_, serialize_on_ ? serialize_on_->handle() : stream_),
+               "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream.handle(), done_, 0), "cudaStreamWaitEvent");
   }
 
@@ -212,6 +217,7 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
   cudaEvent_t done_ = nullptr;
   ncclComm_t comm_ = nullptr;
   float* scratch_ = nullptr;
+  CudaStream* serialize_on_ = nullptr;
   mutable std::mutex mutex_;
   CommStats stats_;
 };
@@ -253,8 +259,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, in
   return connect(bootstrap, device);
 }
 
-std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device) {
-  return connect(bootstrap, device);
+std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device,
+                                                            CudaStream* serialize_on) {
+  auto group = connect(bootstrap, device);
+  group->serialize_on(serialize_on);
+  return group;
 }
 
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,

@@ -26,7 +26,13 @@ bool nccl_available(std::string* why = nullptr);
 // `bootstrap`); every member must call this together. Throws kt::Error naming the CUDA/NCCL call
 // and its error string (or why libnccl could not be loaded).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
-std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device);
+// `serialize_on`: issue the gradient sums on that stream (the compute stream) rather than the
+// group's own, so they never run concurrently with another communicator's operations there — NCCL
+// does not guarantee progress for concurrent operations of two communicators (its guide, "Using
+// multiple NCCL communicators concurrently"); the trainer does this when TP also uses NCCL, at
+// the cost of the overlap with the backward.
+std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device,
+                                                            CudaStream* serialize_on = nullptr);
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,
                                                                 int device);
 

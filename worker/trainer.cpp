@@ -297,7 +297,11 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
 #ifdef KUBETRAIN_WITH_NCCL
   if (choice.backend == "nccl") {
     log(what + ": NCCL on " + device.name() + " (" + choice.reason + ")");
-    if (dp) out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal());
+    // With TP on NCCL too, the DP sums go on the compute stream: two communicators' operations
+    // must not run concurrently (comm_nccl.h), so they do not overlap the backward then.
+    if (dp)
+      out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal(),
+                                          tp ? &device.stream(StreamRole::kCompute) : nullptr);
     if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
     return out;
   }
