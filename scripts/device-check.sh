@@ -96,7 +96,7 @@ EOF
     -o json >"$stage/plan-small-cuda-dp2.json" || exit 1
   sed -e 's/name: small-cuda}$/name: small-cuda-tp2}/' -e 's/gpusPerNode: 1/gpusPerNode: 2/' \
     "$stage/job-small-cuda.yaml" >"$stage/job-small-cuda-tp2.yaml"
-  echo "  parallelism: {tensorParallel: 2, dataParallel: 1, overlap: false}" >>"$stage/job-small-cuda-tp2.yaml"
+  echo "  parallelism: {tensorParallel: 2, dataParallel: 1, overlap: on}" >>"$stage/job-small-cuda-tp2.yaml"
   "$full/bin/kubetrain" plan "$stage/job-small-cuda-tp2.yaml" -c "$stage/h200x2.yaml" \
     -o json >"$stage/plan-small-cuda-tp2.json" || exit 1
   tar -C "$stage" -cf - . | xz -T0 -6 >gpu-worker/worker.tar.xz

@@ -175,13 +175,15 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
     check_cuda(cudaStreamWaitEvent(stream.handle(), done_, 0), "cudaStreamWaitEvent");
   }
 
-  // ---- StreamCollectives: on the caller's stream
-  void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
-                 CudaStream& stream) override {
+  // ---- StreamCollectives: on the caller's stream, between two events
+  void allreduce_after(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                       const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
     const bool bf16 = type == DeviceDtype::kBfloat16;
+    stream.wait(ready);
     check_nccl(nccl().all_reduce(data, data, count, bf16 ? ncclBfloat16 : ncclFloat,
                                  op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream.handle()),
                "ncclAllReduce");
+    stream.record(done);
     count_op(count * (bf16 ? 2 : 4), true);
   }
 

@@ -6,7 +6,8 @@
 // As a Communicator, collectives run on the group's own CUDA stream, allreduce_async returns at
 // once and wait() blocks on a CUDA event; as a GradientReducer, reductions wait for the compute
 // stream's event and the stream that needs the sums waits for theirs, so the host never blocks;
-// as StreamCollectives (tensor parallelism), all-reduces run on the caller's stream.
+// as StreamCollectives (tensor parallelism), all-reduces run on the caller's stream between
+// events.
 // Buffers are device pointers of `device`. NCCL needs one GPU per rank: two ranks of a group on
 // one device fail at ncclCommInitRank.
 #pragma once
@@ -26,11 +27,11 @@ bool nccl_available(std::string* why = nullptr);
 // `bootstrap`); every member must call this together. Throws kt::Error naming the CUDA/NCCL call
 // and its error string (or why libnccl could not be loaded).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
-// `serialize_on`: issue the gradient sums on that stream (the compute stream) rather than the
-// group's own, so they never run concurrently with another communicator's operations there — NCCL
+// `serialize_on`: issue the gradient sums on that stream (the TP communication stream) rather
+// than the group's own, so they never run concurrently with another communicator's operations there — NCCL
 // does not guarantee progress for concurrent operations of two communicators (its guide, "Using
-// multiple NCCL communicators concurrently"); the trainer does this when TP also uses NCCL, at
-// the cost of the overlap with the backward.
+// multiple NCCL communicators concurrently"); the trainer does this when TP also uses NCCL (the
+// sums then queue behind, and delay, the TP all-reduces issued before them).
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device,
                                                             CudaStream* serialize_on = nullptr);
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,

@@ -42,6 +42,13 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   Vl_ = c_.padded_vocab / t_;
   vocab_lo_ = tr_ * Vl_;
   vocab_valid_ = std::max<int64_t>(0, std::min(Vl_, c_.vocab - vocab_lo_));
+  const int lanes = t_ > 1 && options.sub_batches == 2 ? 2 : 1;
+  KT_CHECK(B % lanes == 0, "two sub-batches need an even micro-batch");
+  lanes_.resize(lanes);
+  for (int j = 0; j < lanes; ++j) {
+    lanes_[j].B = B / lanes;
+    lanes_[j].row0 = j * (B / lanes);
+  }
   const int64_t units = c_.layers + 1;
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
   try {
@@ -155,55 +162,61 @@ void CudaGpt::allocate() {
   auto act32 = [&](int64_t n) {
     return static_cast<float*>(take(n * 4, MemoryKind::kActivations));
   };
-  const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_;
+  const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_, T = T_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
-  const int64_t att = flash_ ? 0 : B_ * NHl * T_ * T_;
-  // Every layer's input; with recompute one layer's working set (and commAware keeps every res2).
-  for (int64_t l = 0; l <= L; ++l) res_.push_back(act16(BT * C));
-  for (int64_t l = 0; l < L; ++l)
-    if (res2_index(l) == l) res2_.push_back(act16(BT * C));
-  for (int64_t l = 0; l < L; ++l) {
-    if (work_index(l) != l) break;
-    ln1_.push_back(act16(BT * C));
-    qkv_.push_back(act16(BT * 3 * Cl));
-    atty_.push_back(act16(BT * Cl));
-    ln2_.push_back(act16(BT * C));
-    fch_.push_back(act16(BT * Fl));
-    fchg_.push_back(act16(BT * Fl));
-    ln1_mean_.push_back(act32(BT));
-    ln1_rstd_.push_back(act32(BT));
-    ln2_mean_.push_back(act32(BT));
-    ln2_rstd_.push_back(act32(BT));
-    if (flash_)
-      lse_.push_back(act32(B_ * NHl * T_));
-    else
-      att_.push_back(act32(att));
+  for (Lane& lane : lanes_) {
+    const int64_t Bl = lane.B, BTl = Bl * T;
+    // Every layer's input; with recompute one layer's working set (commAware keeps every res2).
+    for (int64_t l = 0; l <= L; ++l) lane.res.push_back(act16(BTl * C));
+    for (int64_t l = 0; l < L; ++l)
+      if (res2_index(l) == l) lane.res2.push_back(act16(BTl * C));
+    for (int64_t l = 0; l < L; ++l) {
+      if (work_index(l) != l) break;
+      lane.ln1.push_back(act16(BTl * C));
+      lane.qkv.push_back(act16(BTl * 3 * Cl));
+      lane.atty.push_back(act16(BTl * Cl));
+      lane.ln2.push_back(act16(BTl * C));
+      lane.fch.push_back(act16(BTl * Fl));
+      lane.fchg.push_back(act16(BTl * Fl));
+      lane.ln1_mean.push_back(act32(BTl));
+      lane.ln1_rstd.push_back(act32(BTl));
+      lane.ln2_mean.push_back(act32(BTl));
+      lane.ln2_rstd.push_back(act32(BTl));
+      if (flash_)
+        lane.lse.push_back(act32(Bl * NHl * T));
+      else
+        lane.att.push_back(act32(Bl * NHl * T * T));
+    }
+    lane.lnf = act16(BTl * C);
+    lane.logits = act16(BTl * Vl_);
+    lane.proj = act16(BTl * C);
+    lane.dres = act16(BTl * C);
+    lane.dtmp_c = act16(BTl * C);
+    lane.dtmp_3c = act16(BTl * 3 * Cl);
+    lane.dtmp_4c = act16(BTl * Fl);
+    lane.lnf_mean = act32(BTl);
+    lane.lnf_rstd = act32(BTl);
+    if (t_ > 1) {
+      lane.ce_max = act32(BTl);
+      lane.ce_sums = act32(2 * BTl);
+      lane.partial = std::make_unique<CudaEvent>();
+      lane.summed = std::make_unique<CudaEvent>();
+    }
   }
-  lnf_ = act16(BT * C);
-  logits_ = act16(BT * Vl_);
-  proj_tmp_ = act16(BT * C);
-  dres_ = act16(BT * C);
-  dtmp_c_ = act16(BT * C);
-  dtmp_3c_ = act16(BT * 3 * Cl);
-  dtmp_4c_ = act16(BT * Fl);
-  if (t_ > 1) {
-    ce_max_ = act32(BT);
-    ce_sums_ = act32(2 * BT);
-  }
-  lnf_mean_ = act32(BT);
-  lnf_rstd_ = act32(BT);
   losses_ = act32(BT);
+  const int64_t Bl = lanes_.front().B, BTl = Bl * T;  // the lanes are equal
   if (flash_) {
-    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(B_, T_, Cl, NHl),
+    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
                               MemoryKind::kWorkspace);
   } else {  // the fp32 kernels' materialised attention and its fp32 operands
-    qkv32_ = act32(BT * 3 * Cl);
-    atty32_ = act32(BT * Cl);
+    const int64_t att = Bl * NHl * T * T;
+    qkv32_ = act32(BTl * 3 * Cl);
+    atty32_ = act32(BTl * Cl);
     preatt_ = act32(att);
     datt_ = act32(att);
     dpreatt_ = act32(att);
-    dqkv32_ = act32(BT * 3 * Cl);
-    dc32_ = act32(BT * Cl);
+    dqkv32_ = act32(BTl * 3 * Cl);
+    dc32_ = act32(BTl * Cl);
   }
   norm_ = static_cast<double*>(take(16, MemoryKind::kWorkspace));
   tokens_ = static_cast<int32_t*>(take(2 * BT * 4, MemoryKind::kWorkspace));
@@ -367,55 +380,90 @@ void CudaGpt::unit_grads_final(int64_t unit) {
   d2h.record(*u.grads_copied);
 }
 
-// Layer l's forward from its input res_[l] into the working set (work_index(l)). `rerun`: the
-// recompute before its backward, which needs neither fc2's output (res_[l + 1] is kept) nor, with
-// commAware, the attention projection (res2 is kept).
-void CudaGpt::tp_allreduce(bf16* data, int64_t count) {
-  if (tp_ && t_ > 1)
-    tp_->allreduce(data, static_cast<size_t>(count), DeviceDtype::kBfloat16, ReduceOp::kSum,
-                   device_.stream(StreamRole::kCompute));
+void CudaGpt::lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
+                             bool now) {
+  if (t_ == 1) return;
+  device_.stream(StreamRole::kCompute).record(*lane.partial);
+  tp_->allreduce_after(data, static_cast<size_t>(count), type, op, *lane.partial, *lane.summed,
+                       device_.stream(StreamRole::kTensorParallelComm));
+  lane.in_flight = true;
+  if (now) finish_allreduce(lane);
 }
 
-void CudaGpt::layer_forward(int64_t l, bool rerun) {
-  const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, Fl = Fl_, B = B_, T = T_, BT = B * T;
+void CudaGpt::finish_allreduce(Lane& lane) {
+  if (!lane.in_flight) return;
+  device_.stream(StreamRole::kCompute).wait(*lane.summed);
+  lane.in_flight = false;
+}
+
+// Layer l's attention half for a lane, from its input res[l] into the working set
+// (work_index(l)) and the row-parallel projection, whose all-reduce is left in flight. In the
+// forward it first completes the layer below (res[l] = res2 + its summed fc2 output). `rerun`
+// (recompute, before the backward): res[l] is kept; the projection is summed at once and added
+// (res2), or skipped with commAware (res2 is kept).
+void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
+  const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, B = lane.B, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), r2 = res2_index(l);
   auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
-  enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb };
-  enum { kFcprojw = 12, kFcprojb };
-  cu::layernorm_forward(x, ln1_[a], ln1_mean_[a], ln1_rstd_[a], res_[l], w(kLn1w), w(kLn1b), BT,
-                        C);
-  cu::matmul_forward_bf16(x, qkv_[a], ln1_[a], w(kQkvw), w(kQkvb), BT, C, 3 * Cl);
+  enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb };
+  finish_allreduce(lane);
+  if (!rerun && l > 0)
+    cu::residual_forward(x, lane.res[l], lane.res2[res2_index(l - 1)], lane.proj, BT * C);
+  cu::layernorm_forward(x, lane.ln1[a], lane.ln1_mean[a], lane.ln1_rstd[a], lane.res[l], w(kLn1w),
+                        w(kLn1b), BT, C);
+  cu::matmul_forward_bf16(x, lane.qkv[a], lane.ln1[a], w(kQkvw), w(kQkvb), BT, C, 3 * Cl);
   if (flash_) {
-    cu::attention_forward_bf16(x, atty_[a], lse_[a], qkv_[a], B, T, Cl, NHl);
+    cu::attention_forward_bf16(x, lane.atty[a], lane.lse[a], lane.qkv[a], B, T, Cl, NHl);
   } else {
-    cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * Cl);
-    cu::attention_forward(x, atty32_, preatt_, att_[a], qkv32_, B, T, Cl, NHl);
-    cu::cast_to_bf16(x, atty_[a], atty32_, BT * Cl);
+    cu::cast_to_float(x, qkv32_, lane.qkv[a], BT * 3 * Cl);
+    cu::attention_forward(x, atty32_, preatt_, lane.att[a], qkv32_, B, T, Cl, NHl);
+    cu::cast_to_bf16(x, lane.atty[a], atty32_, BT * Cl);
   }
-  // Row-parallel projections: each rank's partial product (the bias on rank 0 only), summed.
-  const bool bias_here = tr_ == 0;
-  if (!rerun || recompute_ != ActivationRecompute::kCommAware) {
-    cu::matmul_forward_bf16(x, proj_tmp_, atty_[a], w(kAttprojw),
-                            bias_here ? w(kAttprojb) : nullptr, BT, Cl, C);
-    tp_allreduce(proj_tmp_, BT * C);
-    cu::residual_forward(x, res2_[r2], res_[l], proj_tmp_, BT * C);
-  }
-  cu::layernorm_forward(x, ln2_[a], ln2_mean_[a], ln2_rstd_[a], res2_[r2], w(kLn2w), w(kLn2b),
-                        BT, C);
-  cu::matmul_forward_bf16(x, fch_[a], ln2_[a], w(kFcw), w(kFcb), BT, C, Fl);
-  cu::gelu_forward(x, fchg_[a], fch_[a], BT * Fl);
-  if (rerun) return;
-  cu::matmul_forward_bf16(x, proj_tmp_, fchg_[a], w(kFcprojw), bias_here ? w(kFcprojb) : nullptr,
-                          BT, Fl, C);
-  tp_allreduce(proj_tmp_, BT * C);
-  cu::residual_forward(x, res_[l + 1], res2_[r2], proj_tmp_, BT * C);
+  if (rerun && recompute_ == ActivationRecompute::kCommAware) return;
+  // Row-parallel: each rank's partial product (the bias on rank 0 only), summed over TP.
+  cu::matmul_forward_bf16(x, lane.proj, lane.atty[a], w(kAttprojw),
+                          tr_ == 0 ? w(kAttprojb) : nullptr, BT, Cl, C);
+  lane_allreduce(lane, lane.proj, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, rerun);
+  if (rerun) cu::residual_forward(x, lane.res2[r2], lane.res[l], lane.proj, BT * C);
 }
 
+// Layer l's MLP half for a lane: res2 = res[l] + the summed projection (forward), LayerNorm, fc,
+// GELU, and (forward) the row-parallel fc2 with its all-reduce left in flight. `rerun`: up to
+// GELU only (the backward never reads fc2's output; res[l + 1] is kept).
+void CudaGpt::mlp_forward(Lane& lane, int64_t l, bool rerun) {
+  const int64_t C = c_.channels, Fl = Fl_, BT = lane.B * T_;
+  const cu::Context& x = *ctx_;
+  const int64_t a = work_index(l), r2 = res2_index(l);
+  auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
+  enum { kLn2w = 8, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
+  finish_allreduce(lane);
+  if (!rerun) cu::residual_forward(x, lane.res2[r2], lane.res[l], lane.proj, BT * C);
+  cu::layernorm_forward(x, lane.ln2[a], lane.ln2_mean[a], lane.ln2_rstd[a], lane.res2[r2],
+                        w(kLn2w), w(kLn2b), BT, C);
+  cu::matmul_forward_bf16(x, lane.fch[a], lane.ln2[a], w(kFcw), w(kFcb), BT, C, Fl);
+  cu::gelu_forward(x, lane.fchg[a], lane.fch[a], BT * Fl);
+  if (rerun) return;
+  cu::matmul_forward_bf16(x, lane.proj, lane.fchg[a], w(kFcprojw),
+                          tr_ == 0 ? w(kFcprojb) : nullptr, BT, Fl, C);
+  lane_allreduce(lane, lane.proj, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+}
+
+void CudaGpt::rerun_layer(Lane& lane, int64_t l) {
+  attention_forward(lane, l, true);
+  mlp_forward(lane, l, true);
+}
+
+// The step of one micro-batch, op by op over the lanes: each lane's op starts by waiting for
+// the all-reduce its previous op left in flight, so with two lanes (Oases) one lane's all-reduce
+// runs on the TP stream while the other lane computes.
+//   forward:  embedding | per layer: attention half, MLP half | final LayerNorm, LM head, loss
+//   backward: LM head | final LayerNorm | per layer (from the last): [recompute,] MLP half,
+//             attention half, ln1 | embedding
 void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                                bool last) {
   const int64_t L = c_.layers, C = c_.channels, Cl = Cl_, NHl = NHl_, Fl = Fl_, Vl = Vl_;
-  const int64_t B = B_, T = T_, BT = B * T;
+  const int64_t T = T_, BT = B_ * T;
   const cu::Context& x = *ctx_;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   cudaStream_t s = compute.handle();
@@ -428,8 +476,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   std::memcpy(token_staging_[k] + BT, targets, BT * 4);
   KT_CUDA_CHECK(cudaMemcpyAsync(tokens_, token_staging_[k], 2 * BT * 4, cudaMemcpyHostToDevice, s));
   compute.record(*staging_free_[k]);
-  const int32_t* tok = tokens_;
-  const int32_t* tgt = tokens_ + BT;
+  auto tokens_of = [&](const Lane& lane) { return tokens_ + lane.row0 * T; };
+  auto targets_of = [&](const Lane& lane) { return tokens_ + BT + lane.row0 * T; };
 
   auto zero = [&](void* p, size_t bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); };
   const bf16* p16 = params16_;
@@ -440,32 +488,47 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
 
   // ---- forward
   before_unit(0);
-  if (t_ == 1) {
-    cu::embedding_forward(x, res_[0], tok, p16 + offsets_[kWte], p16 + offsets_[kWpe], B, T, C);
-  } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
-    cu::embedding_forward_rows(x, res_[0], tok, p16 + offsets_[kWte],
-                               tr_ == 0 ? p16 + offsets_[kWpe] : nullptr, B, T, C, vocab_lo_, Vl);
-    tp_allreduce(res_[0], BT * C);
+  for (Lane& lane : lanes_) {
+    const int64_t B = lane.B;
+    if (t_ == 1) {
+      cu::embedding_forward(x, lane.res[0], tokens_of(lane), p16 + offsets_[kWte],
+                            p16 + offsets_[kWpe], B, T, C);
+    } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
+      cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), p16 + offsets_[kWte],
+                                 tr_ == 0 ? p16 + offsets_[kWpe] : nullptr, B, T, C, vocab_lo_,
+                                 Vl);
+      lane_allreduce(lane, lane.res[0], B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+    }
   }
   for (int64_t l = 0; l < L; ++l) {
     before_unit(l + 1);
-    layer_forward(l, false);
+    for (Lane& lane : lanes_) attention_forward(lane, l, false);
+    for (Lane& lane : lanes_) mlp_forward(lane, l, false);
   }
-  cu::layernorm_forward(x, lnf_, lnf_mean_, lnf_rstd_, res_[L], p16 + offsets_[kLnfw],
-                        p16 + offsets_[kLnfb], BT, C);
-  cu::matmul_forward_bf16(x, logits_, lnf_, p16 + offsets_[kWte], nullptr, BT, C, Vl);
-  // Losses, and dlogits in place of the logits: d(scaled mean loss)/d(token loss) = scale/BT.
+  // d(scaled mean loss)/d(token loss) = scale/BT over the whole micro-batch.
   const float dloss = loss_scale / static_cast<float>(BT);
-  if (t_ == 1) {
-    cu::softmax_cross_entropy(x, losses_, logits_, logits_, tgt, BT, c_.vocab, Vl, dloss);
-  } else {  // over the vocabulary split: the row maxima, then the sums, over the TP group
-    cu::vocab_parallel_ce_max(x, ce_max_, logits_, BT, vocab_valid_, Vl);
-    tp_->allreduce(ce_max_, BT, DeviceDtype::kFloat32, ReduceOp::kMax, compute);
-    cu::vocab_parallel_ce_sums(x, ce_sums_, logits_, ce_max_, tgt, BT, vocab_lo_, vocab_valid_,
-                               Vl);
-    tp_->allreduce(ce_sums_, 2 * BT, DeviceDtype::kFloat32, ReduceOp::kSum, compute);
-    cu::vocab_parallel_ce_finish(x, losses_, logits_, logits_, ce_max_, ce_sums_, tgt, BT,
-                                 vocab_lo_, vocab_valid_, Vl, dloss);
+  for (Lane& lane : lanes_) {
+    const int64_t BTl = lane.B * T;
+    finish_allreduce(lane);
+    cu::residual_forward(x, lane.res[L], lane.res2[res2_index(L - 1)], lane.proj, BTl * C);
+    cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L],
+                          p16 + offsets_[kLnfw], p16 + offsets_[kLnfb], BTl, C);
+    cu::matmul_forward_bf16(x, lane.logits, lane.lnf, p16 + offsets_[kWte], nullptr, BTl, C, Vl);
+    // Losses, and dlogits in place of the logits.
+    float* losses = losses_ + lane.row0 * T;
+    if (t_ == 1) {
+      cu::softmax_cross_entropy(x, losses, lane.logits, lane.logits, targets_of(lane), BTl,
+                                c_.vocab, Vl, dloss);
+    } else {  // over the vocabulary split: the row maxima, then the sums, over the TP group
+      cu::vocab_parallel_ce_max(x, lane.ce_max, lane.logits, BTl, vocab_valid_, Vl);
+      lane_allreduce(lane, lane.ce_max, BTl, DeviceDtype::kFloat32, ReduceOp::kMax, true);
+      cu::vocab_parallel_ce_sums(x, lane.ce_sums, lane.logits, lane.ce_max, targets_of(lane), BTl,
+                                 vocab_lo_, vocab_valid_, Vl);
+      lane_allreduce(lane, lane.ce_sums, 2 * BTl, DeviceDtype::kFloat32, ReduceOp::kSum, true);
+      cu::vocab_parallel_ce_finish(x, losses, lane.logits, lane.logits, lane.ce_max,
+                                   lane.ce_sums, targets_of(lane), BTl, vocab_lo_, vocab_valid_,
+                                   Vl, dloss);
+    }
   }
   if (static_cast<int64_t>(loss_host_.size()) <= micro_)  // first step only: no later allocation
     loss_host_.push_back(static_cast<float*>(take_pinned(BT * 4, MemoryKind::kWorkspace)));
@@ -473,54 +536,74 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   ++micro_;
 
   // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
-  // Overwriting backward products (no memset first): dinp written, not accumulated.
+  // Overwriting backward products (no memset first): dinp written, not accumulated. The
+  // column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
   const bool acc_dw = true, overwrite = false;
-  // Column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
-  cu::matmul_backward_bf16(x, dtmp_c_, grads_ + offsets_[kWte], nullptr, logits_, lnf_,
-                           p16 + offsets_[kWte], BT, C, Vl, acc_dw, overwrite);
-  tp_allreduce(dtmp_c_, BT * C);
-  zero(dres_, BT * C * 2);
-  cu::layernorm_backward(x, dres_, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb], dtmp_c_,
-                         res_[L], p16 + offsets_[kLnfw], lnf_mean_, lnf_rstd_, BT, C);
+  for (Lane& lane : lanes_) {
+    cu::matmul_backward_bf16(x, lane.dtmp_c, grads_ + offsets_[kWte], nullptr, lane.logits,
+                             lane.lnf, p16 + offsets_[kWte], lane.B * T, C, Vl, acc_dw, overwrite);
+    lane_allreduce(lane, lane.dtmp_c, lane.B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum,
+                   false);
+  }
+  for (Lane& lane : lanes_) {
+    const int64_t BTl = lane.B * T;
+    finish_allreduce(lane);
+    zero(lane.dres, BTl * C * 2);
+    cu::layernorm_backward(x, lane.dres, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb],
+                           lane.dtmp_c, lane.res[L], p16 + offsets_[kLnfw], lane.lnf_mean,
+                           lane.lnf_rstd, BTl, C);
+  }
   for (int64_t l = L - 1; l >= 0; --l) {
-    // With recompute, the working set holds the last layer's forward; the others re-run theirs.
-    if (recompute_ != ActivationRecompute::kNone && l != L - 1) layer_forward(l, true);
     const int64_t a = work_index(l), r2 = res2_index(l);
-    // res[l+1] = res2 + fcproj: dres is the gradient of both; the MLP adds into it.
-    cu::matmul_backward_bf16(x, dtmp_4c_, g(kFcprojw, l), g(kFcprojb, l), dres_, fchg_[a],
-                             w(kFcprojw, l), BT, Fl, C, acc_dw, overwrite);
-    cu::gelu_backward(x, dtmp_4c_, fch_[a], dtmp_4c_, BT * Fl, overwrite);  // in place
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kFcw, l), g(kFcb, l), dtmp_4c_, ln2_[a], w(kFcw, l),
-                             BT, C, Fl, acc_dw, overwrite);
-    tp_allreduce(dtmp_c_, BT * C);
-    cu::layernorm_backward(x, dres_, g(kLn2w, l), g(kLn2b, l), dtmp_c_, res2_[r2], w(kLn2w, l),
-                           ln2_mean_[a], ln2_rstd_[a], BT, C);
-    // res2 = res[l] + attproj: dres is the gradient of both; attention adds into it.
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kAttprojw, l), g(kAttprojb, l), dres_, atty_[a],
-                             w(kAttprojw, l), BT, Cl, C, acc_dw, overwrite);
-    if (flash_) {  // dqkv overwritten
-      cu::attention_backward_bf16(x, dtmp_3c_, attention_scratch_, dtmp_c_, qkv_[a], atty_[a],
-                                  lse_[a], B, T, Cl, NHl);
-    } else {
-      cu::cast_to_float(x, dc32_, dtmp_c_, BT * Cl);
-      cu::cast_to_float(x, qkv32_, qkv_[a], BT * 3 * Cl);  // one fp32 qkv buffer for all layers
-      zero(dqkv32_, BT * 3 * Cl * 4);
-      cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, att_[a], B, T, Cl, NHl);
-      cu::cast_to_bf16(x, dtmp_3c_, dqkv32_, BT * 3 * Cl);
+    // With recompute, the working set holds the last layer's forward; the others re-run theirs.
+    if (recompute_ != ActivationRecompute::kNone && l != L - 1)
+      for (Lane& lane : lanes_) rerun_layer(lane, l);
+    for (Lane& lane : lanes_) {  // MLP half: res[l+1] = res2 + fcproj, dres the gradient of both
+      const int64_t BTl = lane.B * T;
+      cu::matmul_backward_bf16(x, lane.dtmp_4c, g(kFcprojw, l), g(kFcprojb, l), lane.dres,
+                               lane.fchg[a], w(kFcprojw, l), BTl, Fl, C, acc_dw, overwrite);
+      cu::gelu_backward(x, lane.dtmp_4c, lane.fch[a], lane.dtmp_4c, BTl * Fl, overwrite);
+      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kFcw, l), g(kFcb, l), lane.dtmp_4c, lane.ln2[a],
+                               w(kFcw, l), BTl, C, Fl, acc_dw, overwrite);
+      lane_allreduce(lane, lane.dtmp_c, BTl * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
     }
-    cu::matmul_backward_bf16(x, dtmp_c_, g(kQkvw, l), g(kQkvb, l), dtmp_3c_, ln1_[a],
-                             w(kQkvw, l), BT, C, 3 * Cl, acc_dw, overwrite);
-    tp_allreduce(dtmp_c_, BT * C);
-    cu::layernorm_backward(x, dres_, g(kLn1w, l), g(kLn1b, l), dtmp_c_, res_[l], w(kLn1w, l),
-                           ln1_mean_[a], ln1_rstd_[a], BT, C);
+    for (Lane& lane : lanes_) {  // attention half: res2 = res[l] + attproj
+      const int64_t B = lane.B, BTl = B * T;
+      finish_allreduce(lane);
+      cu::layernorm_backward(x, lane.dres, g(kLn2w, l), g(kLn2b, l), lane.dtmp_c, lane.res2[r2],
+                             w(kLn2w, l), lane.ln2_mean[a], lane.ln2_rstd[a], BTl, C);
+      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kAttprojw, l), g(kAttprojb, l), lane.dres,
+                               lane.atty[a], w(kAttprojw, l), BTl, Cl, C, acc_dw, overwrite);
+      if (flash_) {  // dqkv overwritten
+        cu::attention_backward_bf16(x, lane.dtmp_3c, attention_scratch_, lane.dtmp_c,
+                                    lane.qkv[a], lane.atty[a], lane.lse[a], B, T, Cl, NHl);
+      } else {
+        cu::cast_to_float(x, dc32_, lane.dtmp_c, BTl * Cl);
+        cu::cast_to_float(x, qkv32_, lane.qkv[a], BTl * 3 * Cl);  // one fp32 qkv for all layers
+        zero(dqkv32_, BTl * 3 * Cl * 4);
+        cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, lane.att[a], B, T, Cl,
+                               NHl);
+        cu::cast_to_bf16(x, lane.dtmp_3c, dqkv32_, BTl * 3 * Cl);
+      }
+      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kQkvw, l), g(kQkvb, l), lane.dtmp_3c,
+                               lane.ln1[a], w(kQkvw, l), BTl, C, 3 * Cl, acc_dw, overwrite);
+      lane_allreduce(lane, lane.dtmp_c, BTl * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+    }
+    for (Lane& lane : lanes_) {
+      finish_allreduce(lane);
+      cu::layernorm_backward(x, lane.dres, g(kLn1w, l), g(kLn1b, l), lane.dtmp_c, lane.res[l],
+                             w(kLn1w, l), lane.ln1_mean[a], lane.ln1_rstd[a], lane.B * T, C);
+    }
     if (last) unit_grads_final(l + 1);  // layer l's gradients are final: sum (DP), copy (host)
   }
-  if (t_ == 1)
-    cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B, T,
-                           C);
-  else  // the rows held here; wpe (replicated) from the same summed dres on every rank
-    cu::embedding_backward_rows(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], dres_, tok, B,
-                                T, C, vocab_lo_, Vl);
+  for (Lane& lane : lanes_) {
+    if (t_ == 1)
+      cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], lane.dres,
+                             tokens_of(lane), lane.B, T, C);
+    else  // the rows held here; wpe (replicated) from the same summed dres on every rank
+      cu::embedding_backward_rows(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], lane.dres,
+                                  tokens_of(lane), lane.B, T, C, vocab_lo_, Vl);
+  }
   if (last) unit_grads_final(0);
 }
 

@@ -25,9 +25,11 @@
 // Tensor parallelism (options.tp, Megatron's split, the CPU model's layout): each rank holds its
 // heads of qkv and attproj, its ffn units of fc and fcproj and its rows of wte; the row-parallel
 // outputs (attention projection, fc2) and the column-parallel input gradients (of qkv and fc, and
-// the LM head's) are all-reduced in bf16 on the compute stream, the embedding and the
-// cross-entropy are vocabulary-parallel. Not overlapped with compute yet (Oases' sub-batches).
-// Not here (the trainer refuses such plans on CUDA): sub-batches, window offload.
+// the LM head's) are all-reduced in bf16 on the TP communication stream, the embedding and the
+// cross-entropy are vocabulary-parallel. With options.sub_batches = 2 (Oases) the micro-batch is
+// split in two lanes, interleaved op by op, so that each lane's all-reduce runs while the other
+// lane computes.
+// Not here (the trainer refuses such plans on CUDA): window offload.
 #pragma once
 
 #include <array>
@@ -66,8 +68,11 @@ struct CudaGptOptions {
   GradientReducer* reducer = nullptr;
   ActivationRecompute recompute = ActivationRecompute::kNone;
   // Tensor parallelism (Megatron): this rank's group; nullptr = TP 1. The model then holds rank
-  // r's slices (gpt_rank_views) and all-reduces activations in the compute stream's order.
+  // r's slices (gpt_rank_views) and all-reduces activations on the TP communication stream.
   StreamCollectives* tp = nullptr;
+  // With TP, 2: the Oases schedule (two half micro-batches, one's all-reduces overlapping the
+  // other's compute; B must be even). 1 otherwise (and always at TP 1).
+  int sub_batches = 1;
 };
 
 class CudaGpt {
@@ -131,6 +136,7 @@ class CudaGpt {
   double cpu_optimizer_seconds() const;
 
  private:
+  struct Lane;  // below
   struct HostSlice {  // a slice of a CPU-updated unit: where it lives on the device and the host
     int tensor;
     int64_t offset;  // in the device's parameter / gradient buffers
@@ -151,8 +157,15 @@ class CudaGpt {
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
   void unit_grads_final(int64_t unit);
   void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
-  void layer_forward(int64_t l, bool rerun);
-  void tp_allreduce(kernels::cuda::bf16* data, int64_t count);  // TP sum, compute-stream order
+  // A lane's forward and backward pieces (cuda_gpt.cpp lists the schedule).
+  void attention_forward(Lane& lane, int64_t l, bool rerun);
+  void mlp_forward(Lane& lane, int64_t l, bool rerun);
+  void rerun_layer(Lane& lane, int64_t l);
+  // The TP all-reduce of a lane's buffer on the TP stream; `now`: the compute stream waits for it
+  // at once, else at the lane's next finish_allreduce.
+  void lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
+                      bool now);
+  void finish_allreduce(Lane& lane);
   // Where layer l's activations live: its own buffers, or (recompute) the one working set; res2
   // is kept per layer unless recompute is full.
   int64_t work_index(int64_t l) const { return recompute_ == ActivationRecompute::kNone ? l : 0; }
@@ -173,7 +186,6 @@ class CudaGpt {
   // Per rank: attention channels and heads, ffn units, vocabulary rows (from vocab_lo_, of which
   // vocab_valid_ are real tokens).
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_lo_ = 0, vocab_valid_ = 0;
-  float *ce_max_ = nullptr, *ce_sums_ = nullptr;  // vocab-parallel cross-entropy (BT, 2·BT)
   std::unique_ptr<kernels::cuda::Context> ctx_;
   std::array<int64_t, kNumParamTensors> sizes_{};
   std::array<int64_t, kNumParamTensors> offsets_{};
@@ -192,17 +204,27 @@ class CudaGpt {
   uint16_t* hparams16_ = nullptr;
   std::vector<Unit> units_;
 
-  // Activations (bf16 unless named 32), per layer where indexed.
-  std::vector<kernels::cuda::bf16*> res_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fchg_;
+  // One lane per sub-batch (Oases: with TP and 2 sub-batches each lane is half of the
+  // micro-batch, and one lane's all-reduce runs while the other computes; else one lane): its
+  // activations (bf16 unless named 32; per layer where indexed, one working set with recompute),
+  // and the events of its all-reduce in flight.
+  struct Lane {
+    int64_t B = 0, row0 = 0;  // its sequences, and the first of them in the micro-batch
+    std::vector<kernels::cuda::bf16*> res, ln1, qkv, atty, res2, ln2, fch, fchg;
+    std::vector<float*> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att, lse;
+    kernels::cuda::bf16 *lnf = nullptr, *logits = nullptr, *proj = nullptr, *dres = nullptr,
+                        *dtmp_c = nullptr, *dtmp_3c = nullptr, *dtmp_4c = nullptr;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr, *ce_max = nullptr, *ce_sums = nullptr;
+    std::unique_ptr<CudaEvent> partial, summed;  // its all-reduce's input written; result in place
+    bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for
+  };
+  std::vector<Lane> lanes_;
   bool flash_ = false;  // flash attention (else the materialised fp32 one)
-  std::vector<float*> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, att_, lse_;
+  // Shared by the lanes (only compute-stream work uses them): attention scratch, the losses (B·T),
+  // and the materialised attention's fp32 buffers (sized for the larger lane).
   void* attention_scratch_ = nullptr;
-  kernels::cuda::bf16 *lnf_ = nullptr, *logits_ = nullptr, *proj_tmp_ = nullptr,
-                      *dres_ = nullptr, *dtmp_c_ = nullptr, *dtmp_3c_ = nullptr,
-                      *dtmp_4c_ = nullptr;
-  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr, *qkv32_ = nullptr,
-        *atty32_ = nullptr, *preatt_ = nullptr, *datt_ = nullptr, *dpreatt_ = nullptr,
-        *dqkv32_ = nullptr, *dc32_ = nullptr;
+  float *losses_ = nullptr, *qkv32_ = nullptr, *atty32_ = nullptr, *preatt_ = nullptr,
+        *datt_ = nullptr, *dpreatt_ = nullptr, *dqkv32_ = nullptr, *dc32_ = nullptr;
   double* norm_ = nullptr;  // device Σ g²
   int32_t* tokens_ = nullptr;  // inputs then targets, 2·B·T on the device
   // Pinned staging: two token buffers (inputs|targets) with their copy events; the loss sums.

@@ -26,13 +26,21 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
     CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
     stream.wait(ready);
     for (const auto& [data, count] : ranges)
-      allreduce(data, count, DeviceDtype::kFloat32, ReduceOp::kSum, stream);
+      sum_through_host(data, count, DeviceDtype::kFloat32, ReduceOp::kSum, stream);
   }
   void join(CudaStream&) override {}  // reduce returned with the sums in place
 
-  // StreamCollectives (and each range above).
-  void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
-                 CudaStream& stream) override {
+  // StreamCollectives: the result is in place when this returns (and `done` says so).
+  void allreduce_after(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                       const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
+    stream.wait(ready);
+    sum_through_host(data, count, type, op, stream);
+    stream.record(done);
+  }
+
+ private:
+  void sum_through_host(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                        CudaStream& stream) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t bytes = count * (type == DeviceDtype::kBfloat16 ? 2 : 4);
     if (bytes > capacity_) {  // grows to the largest buffer in the first step, then stays
@@ -63,7 +71,6 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
     stats_.exposed_seconds += seconds;  // the host waits for all of it
   }
 
- private:
   Communicator& group_;
   CudaDevice& device_;
   void* staging_ = nullptr;

@@ -39,10 +39,13 @@ class GradientReducer {
   virtual CommStats stats() const = 0;
 };
 
-// Tensor parallelism's collectives for the CUDA model: all-reduces of device buffers in a
-// stream's order. NCCL issues them on that stream (the stream waits, the host does not); the host
-// implementation synchronises the stream, sums through the group's Communicator (Gloo) and
-// copies back.
+// Tensor parallelism's collectives for the CUDA model: all-reduces of device buffers ordered by
+// events. The model issues every one on the device's TP communication stream: after `ready`
+// (recorded on the compute stream when the input was written), and records `done` there when the
+// result is in place; the compute stream waits for `done` where it reads the result — at once, or
+// (Oases' sub-batches) after computing the other sub-batch. NCCL runs on that stream without
+// blocking the host; the host implementation waits for `ready`, sums through the group's
+// Communicator (Gloo) and copies back before it returns.
 enum class DeviceDtype { kFloat32, kBfloat16 };
 class StreamCollectives {
  public:
@@ -50,10 +53,9 @@ class StreamCollectives {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "nccl" or "host"
-  // After the work enqueued on `stream` so far: `count` elements at device `data` := their sum
-  // (or max) over the group; later work on `stream` sees the result.
-  virtual void allreduce(void* data, size_t count, DeviceDtype type, ReduceOp op,
-                         CudaStream& stream) = 0;
+  // `count` elements at device `data` := their sum (or max) over the group, on `stream`.
+  virtual void allreduce_after(void* data, size_t count, DeviceDtype type, ReduceOp op,
+                               const CudaEvent& ready, CudaEvent& done, CudaStream& stream) = 0;
   virtual CommStats stats() const = 0;
 };
 std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,

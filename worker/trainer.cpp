@@ -297,11 +297,13 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
 #ifdef KUBETRAIN_WITH_NCCL
   if (choice.backend == "nccl") {
     log(what + ": NCCL on " + device.name() + " (" + choice.reason + ")");
-    // With TP on NCCL too, the DP sums go on the compute stream: two communicators' operations
-    // must not run concurrently (comm_nccl.h), so they do not overlap the backward then.
+    // With TP on NCCL too, the DP sums go on the TP communication stream, behind the TP
+    // all-reduces in issue order: two communicators' operations must not run concurrently
+    // (comm_nccl.h).
     if (dp)
-      out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal(),
-                                          tp ? &device.stream(StreamRole::kCompute) : nullptr);
+      out.dp = make_nccl_gradient_reducer(
+          *groups.dp, device.ordinal(),
+          tp ? &device.stream(StreamRole::kTensorParallelComm) : nullptr);
     if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
     return out;
   }
@@ -333,6 +335,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   CudaGptOptions model_options;
   model_options.reducer = reducer;
   model_options.tp = collectives.tp.get();
+  model_options.sub_batches = static_cast<int>(plan.config.sub_batches);
   model_options.recompute = plan.config.recompute == api::Recompute::kFull
                                 ? ActivationRecompute::kFull
                                 : plan.config.recompute == api::Recompute::kCommAware
@@ -343,10 +346,6 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   const GptConfig config = GptConfig::from(plan.model);
   CudaGpt model(device, config, B, T, model_options);
-  if (plan.config.sub_batches > 1)
-    log("note: the plan overlaps TP all-reduces with a second sub-batch (Oases); the CUDA runtime "
-        "runs the micro-batch as one (same result) without that overlap yet, so steps take "
-        "longer than planned (spec.parallelism.overlap: false plans without it)");
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
@@ -491,14 +490,19 @@ void check_executable(const api::Plan& plan) {
       (plan.config.gpu_units < 0 || plan.config.gpu_units > L + 1))
     refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
            std::to_string(L + 1) + "]");
+  if (plan.config.sub_batches != 1 &&
+      (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
+    refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
+           std::to_string(plan.config.micro_batch) + ", sub-batches " +
+           std::to_string(plan.config.sub_batches) + ")");
   if (plan.device == api::DeviceKind::kCuda) {
 #ifndef KUBETRAIN_WITH_CUDA
     refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
            "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
 #endif
     // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data and tensor
-    // parallel (a plan's 2 sub-batches run as one: no overlap yet), bf16, any recompute, the
-    // optimizer on the device or split with the CPU.
+    // parallel with the Oases sub-batches, bf16, any recompute, the optimizer on the device or
+    // split with the CPU.
     if (plan.precision != api::Precision::kBf16)
       refuse("precision " + std::string(api::to_string(plan.precision)) +
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
@@ -506,11 +510,6 @@ void check_executable(const api::Plan& plan) {
       refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
     return;
   }
-  if (plan.config.sub_batches != 1 &&
-      (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
-    refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
-           std::to_string(plan.config.micro_batch) + ", sub-batches " +
-           std::to_string(plan.config.sub_batches) + ")");
   if (plan.config.offload == api::OffloadMode::kWindow) {
     if (plan.config.recompute == api::Recompute::kNone)
       refuse("window offload streams each layer's activation checkpoint, so it needs recompute "

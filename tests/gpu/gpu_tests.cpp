@@ -1464,7 +1464,9 @@ void test_cuda_gpt_data_parallel() {
 // batches: losses within 5e-3 and step-1 gradients (the ranks' slices put together) within 3e-2
 // (partial products are rounded to bf16 before their sum, so activations round differently than
 // at TP 1); the replicated tensors' gradients and final weights bit-identical on both ranks (they
-// are computed from the same summed activations). Also with recompute full and offload gpuUnits 1.
+// are computed from the same summed activations). Also with recompute full and offload gpuUnits 1,
+// and with the Oases schedule (2 sub-batches: each lane's all-reduces behind events on the TP
+// stream while the other lane computes), alone and with commAware recompute.
 // gpt_copy_slice's inverse: the slice `view` holds, written into its place in the logical tensor.
 void paste_slice(const worker::TensorView& view, float* logical) {
   const auto& L = view.logical_shape;
@@ -1498,10 +1500,13 @@ void test_cuda_gpt_tensor_parallel() {
     const char* tag;
     int64_t device_units;
     worker::ActivationRecompute recompute;
+    int sub_batches;
   };
-  for (const Variant v : {Variant{"", -1, worker::ActivationRecompute::kNone},
-                          Variant{" (recompute full, gpuUnits 1)", 1,
-                                  worker::ActivationRecompute::kFull}}) {
+  for (const Variant v :
+       {Variant{"", -1, worker::ActivationRecompute::kNone, 1},
+        Variant{" (recompute full, gpuUnits 1)", 1, worker::ActivationRecompute::kFull, 1},
+        Variant{" (Oases: 2 sub-batches)", -1, worker::ActivationRecompute::kNone, 2},
+        Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2}}) {
     const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
     std::string error;
     auto ranks = run_ranks(
@@ -1512,6 +1517,7 @@ void test_cuda_gpt_tensor_parallel() {
           options.tp = collectives.get();
           options.device_units = v.device_units;
           options.recompute = v.recompute;
+          options.sub_batches = v.sub_batches;
           options.cpu_threads = 1;
           return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
         },

@@ -107,8 +107,8 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n")));
   EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
 
-  // device: cuda — one GPU per rank (DP, TP without overlap), bf16, any recompute, offload none
-  // or optimizer.
+  // device: cuda — one GPU per rank (DP, TP with or without the overlap), bf16, any recompute,
+  // offload none or optimizer.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   gpu.precision = api::Precision::kBf16;
@@ -134,9 +134,11 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   tensor_parallel.world = 2;
   tensor_parallel.config.tp = 2;
   EXPECT_NO_THROW(worker::check_executable(tensor_parallel));
-  api::Plan overlapped = tensor_parallel;  // runs its 2 sub-batches as one (logged)
+  api::Plan overlapped = tensor_parallel;  // the Oases schedule: 2 lanes
   overlapped.config.sub_batches = 2;
   EXPECT_NO_THROW(worker::check_executable(overlapped));
+  overlapped.config.sub_batches = 3;
+  expect_refusal(overlapped, "2 sub-batches of an even micro-batch");
 #else
   expect_refusal(gpu, "built without the CUDA path");
 #endif
