@@ -28,10 +28,10 @@ bool nccl_available(std::string* why = nullptr);
 // and its error string (or why libnccl could not be loaded).
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
 // `serialize_on`: issue the gradient sums on that stream (the TP communication stream) rather
-// than the group's own, so they never run concurrently with another communicator's operations there — NCCL
-// does not guarantee progress for concurrent operations of two communicators (its guide, "Using
-// multiple NCCL communicators concurrently"); the trainer does this when TP also uses NCCL (the
-// sums then queue behind, and delay, the TP all-reduces issued before them).
+// than the group's own, so that they never run concurrently with another communicator's
+// operations: NCCL does not guarantee progress for concurrent operations of two communicators
+// (its guide, "Using multiple NCCL communicators concurrently"). The trainer does this when TP
+// also uses NCCL; the sums then delay the TP all-reduces issued after them.
 std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootstrap, int device,
                                                             CudaStream* serialize_on = nullptr);
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,

@@ -1,4 +1,4 @@
-// GPT-2 on one CUDA device in bf16 mixed precision (DESIGN.md §7): bf16 weights and activations
+// GPT-2 on the CUDA device of a rank in bf16 mixed precision (DESIGN.md §7): bf16 weights and activations
 // on the device, fp32 gradients, fp32 master weights and AdamW moments — on the device, or, for
 // the offload units the Plan gives to the CPU (`offload: optimizer`, SynergyScale's CPU/GPU split
 // of the optimizer), in pinned host memory, updated by the CPU while the device goes on.
