@@ -139,6 +139,12 @@ size_t CudaDevice::total_memory_bytes() const {
   return prop.totalGlobalMem;
 }
 
+int CudaDevice::compute_capability() const {
+  cudaDeviceProp prop{};
+  KT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
+  return prop.major * 10 + prop.minor;
+}
+
 std::string CudaDevice::pci_bus_id() const {
   char id[32] = {};
   KT_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, ordinal_));

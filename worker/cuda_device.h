@@ -81,6 +81,7 @@ class CudaDevice {
   // "0000:3B:00.0": the same for every process on this GPU (CUDA_VISIBLE_DEVICES renumbers
   // ordinals, not bus ids).
   std::string pci_bus_id() const;
+  int compute_capability() const;  // major·10 + minor: 90 for an H100/H200
 
   CudaStream& stream(StreamRole role) { return *streams_[static_cast<size_t>(role)]; }
 

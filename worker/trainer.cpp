@@ -330,6 +330,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   ProcessGroups& groups = groups_of(plan, options, single);
   check_host_memory(plan, options.host_memory_bytes);
   CudaDevice device(local_device_ordinal());
+  // The kernels are built for sm_80 and sm_90 (bf16 tensor cores, cp.async): Ampere and newer.
+  if (device.compute_capability() < 80)
+    throw Error("this plan runs on CUDA in bf16, and " + device.name() + " (" + device.product() +
+                ", compute capability " + std::to_string(device.compute_capability() / 10) + "." +
+                std::to_string(device.compute_capability() % 10) +
+                ") is older than the CUDA runtime supports (8.0: A100, RTX 30xx and newer)");
   const CudaCollectives collectives = make_cuda_collectives(groups, device, log);
   GradientReducer* reducer = collectives.dp.get();
   CudaGptOptions model_options;
