@@ -90,10 +90,9 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.tokens_per_second.set(r.tokens_per_second);
     metrics.loss.set(r.loss);
     metrics.mfu_ratio.set(r.mfu);
-    // Where AdamW ran: the device ("cpu", or "cuda:0": there the time to enqueue it) and the
+    // Where AdamW ran: the device ("cpu", or "cuda:N": there the time to enqueue it) and the
     // offload engine's host pool.
-    metrics.optimizer_seconds.with({plan.device == kt::api::DeviceKind::kCuda ? "cuda:0" : "cpu"})
-        .inc(r.optimizer_seconds);
+    metrics.optimizer_seconds.with({r.device}).inc(r.optimizer_seconds);
     metrics.optimizer_seconds.with({"host"}).inc(r.cpu_optimizer_seconds);
     metrics.transfer_bytes.with({"h2d"}).inc(static_cast<double>(r.h2d_bytes));
     metrics.transfer_bytes.with({"d2h"}).inc(static_cast<double>(r.d2h_bytes));

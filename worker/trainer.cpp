@@ -434,6 +434,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     check_finite(loss, step);
     StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
                                model.flops_per_micro_step() * accum, peak);
+    r.device = device.name();
     r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = model.h2d_bytes() - h2d_before;
     r.d2h_bytes = model.d2h_bytes() - d2h_before;

@@ -29,6 +29,7 @@ struct StepReport {
   int64_t tokens = 0;
   double tokens_per_second = 0;
   double mfu = 0;  // model FLOPs / (seconds · peak of the rank's cores)
+  std::string device = "cpu";        // where the model computes: "cpu", "cuda:1", …
   double optimizer_seconds = 0;      // AdamW on the device (the compute lane)
   double cpu_optimizer_seconds = 0;  // AdamW of CPU-updated units on the host pool
   int64_t h2d_bytes = 0;             // offload engine copies issued in this step
