@@ -1693,6 +1693,8 @@ int main(int argc, char** argv) {
   using namespace kt;
   const bool bench_mode = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
   const bool gpt_bench_mode = argc > 1 && std::strcmp(argv[1], "--gpt-bench") == 0;
+  // The CUDA model's tests only (what the emulated build runs: tests/emulation/README.md).
+  const bool model_mode = argc > 1 && std::strcmp(argv[1], "--model-only") == 0;
   if (CudaDevice::device_count() == 0) {
     std::printf(
         "gpu_tests: NOT RUN — no usable CUDA device (%s). These tests need a GPU: run "
@@ -1701,7 +1703,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_seed = argc > 2 ? static_cast<unsigned>(std::stoul(argv[2])) : std::random_device{}();
-  if (!bench_mode && !gpt_bench_mode && argc > 1)
+  if (!bench_mode && !gpt_bench_mode && !model_mode && argc > 1)
     g_seed = static_cast<unsigned>(std::stoul(argv[1]));
   g_rng.seed(g_seed);
   try {
@@ -1714,6 +1716,13 @@ int main(int argc, char** argv) {
       bench(ctx);
     } else if (gpt_bench_mode) {
       gpt_bench();
+    } else if (model_mode) {
+      test_cuda_gpt_vs_reference();
+      test_cuda_gpt_offload();
+      test_cuda_gpt_memorises();
+      test_cuda_gpt_recompute();
+      test_cuda_gpt_data_parallel();
+      test_cuda_gpt_tensor_parallel();
     } else {
       test_device();  // first: its raw-allocation counts assume an empty large pool
       test_matmul(ctx);
