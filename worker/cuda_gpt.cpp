@@ -51,6 +51,13 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   }
   const int64_t units = c_.layers + 1;
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
+  if (options.window > 0 && device_units_ <= c_.layers) {
+    KT_CHECK(device_units_ >= 1, "window offload keeps the embeddings on the device (gpuUnits >= 1)");
+    KT_CHECK(recompute_ != ActivationRecompute::kNone,
+             "window offload streams the layers' weights twice, so it needs recompute");
+    window_ = options.window;
+  }
+  dev_layers_ = window_ > 0 ? device_units_ - 1 : c_.layers;
   try {
     allocate();
   } catch (...) {  // e.g. out of memory: give back what was taken, then report
@@ -98,9 +105,28 @@ void CudaGpt::allocate() {
     offsets_[i] = num_params_;
     num_params_ += sizes_[i];
   }
-  const size_t P = static_cast<size_t>(num_params_);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const bool layer_tensor = i >= 2 && i <= 13;
+    dsizes_[i] = layer_tensor ? sizes_[i] / L * dev_layers_ : sizes_[i];
+    doffsets_[i] = dev_params_;
+    dev_params_ += dsizes_[i];
+    if (layer_tensor) {
+      slot_offsets_[i] = slot_params_;
+      slot_params_ += sizes_[i] / L;
+    }
+  }
+  const size_t P = static_cast<size_t>(dev_params_);
   params16_ = static_cast<bf16*>(take(P * 2, MemoryKind::kParams));
   grads_ = static_cast<float*>(take(P * 4, MemoryKind::kGrads));
+  slots_.resize(static_cast<size_t>(std::min(window_, L - dev_layers_)));
+  for (Slot& slot : slots_) {
+    slot.weights = static_cast<bf16*>(take(slot_params_ * 2, MemoryKind::kParams));
+    slot.grads = static_cast<float*>(take(slot_params_ * 4, MemoryKind::kGrads));
+    slot.loaded = std::make_unique<CudaEvent>();
+    slot.weights_free = std::make_unique<CudaEvent>();
+    slot.grads_free = std::make_unique<CudaEvent>();
+  }
+  if (!slots_.empty()) window_ = static_cast<int64_t>(slots_.size());
 
   // The device units' slices, merged where consecutive layers of one tensor touch, packed.
   units_.resize(L + 1);
@@ -125,15 +151,17 @@ void CudaGpt::allocate() {
   }
   int64_t packed = 0;
   for (const ParamSlice& s : device_slices_) {
+    const int64_t at = dev_offset(s.tensor, s.offset);
     device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
-        {dmaster_ + packed, grads_ + s.offset, dm_ + packed, dv_ + packed, params16_ + s.offset,
-         s.count});
+        {dmaster_ + packed, grads_ + at, dm_ + packed, dv_ + packed, params16_ + at, s.count});
     packed += s.count;
   }
   for (int64_t u = 0; u <= L; ++u) {
     Unit& unit = units_[u];
-    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u))
-      unit.grad_ranges.emplace_back(grads_ + s.offset, static_cast<size_t>(s.count));
+    if (u == 0 || !streamed(u - 1))  // a streamed layer's gradients are in its slot
+      for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u))
+        unit.grad_ranges.emplace_back(grads_ + dev_offset(s.tensor, s.offset),
+                                      static_cast<size_t>(s.count));
     unit.grads_final = std::make_unique<CudaEvent>();
   }
   // The host units: pinned master, moments, gradients and bf16 staging, packed unit by unit.
@@ -316,23 +344,36 @@ void CudaGpt::get_moments(float* m, float* v) {
 
 void CudaGpt::get_gradients(float* host) {
   synchronize();
-  KT_CUDA_CHECK(cudaMemcpy(host, grads_, static_cast<size_t>(num_params_) * 4,
-                           cudaMemcpyDeviceToHost));
+  if (window_ == 0) {
+    KT_CUDA_CHECK(cudaMemcpy(host, grads_, static_cast<size_t>(num_params_) * 4,
+                             cudaMemcpyDeviceToHost));
+    return;
+  }
+  // The resident part of each tensor from the device, the streamed layers' from host memory.
+  for (int i = 0; i < kNumParamTensors; ++i)
+    KT_CUDA_CHECK(cudaMemcpy(host + offsets_[i], grads_ + doffsets_[i], dsizes_[i] * 4,
+                             cudaMemcpyDeviceToHost));
+  for (int64_t l = dev_layers_; l < c_.layers; ++l)
+    for (const HostSlice& sl : units_[l + 1].host_slices)
+      std::memcpy(host + sl.offset, hgrads_ + sl.packed, sl.count * 4);
 }
 
 void CudaGpt::refresh_bf16() {
   int64_t packed = 0;
   for (const ParamSlice& s : device_slices_) {
-    cu::cast_to_bf16(*ctx_, params16_ + s.offset, dmaster_ + packed, s.count);
+    cu::cast_to_bf16(*ctx_, params16_ + dev_offset(s.tensor, s.offset), dmaster_ + packed,
+                     s.count);
     packed += s.count;
   }
-  for (const Unit& u : units_)
-    for (const HostSlice& s : u.host_slices) {
+  for (int64_t unit = 0; unit <= c_.layers; ++unit)
+    for (const HostSlice& s : units_[unit].host_slices) {
       for (int64_t i = 0; i < s.count; ++i)
         hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
-      KT_CUDA_CHECK(cudaMemcpy(params16_ + s.offset, hparams16_ + s.packed, s.count * 2,
-                               cudaMemcpyHostToDevice));
+      if (unit == 0 || !streamed(unit - 1))  // streamed layers load from hparams16_ when used
+        KT_CUDA_CHECK(cudaMemcpy(params16_ + dev_offset(s.tensor, s.offset),
+                                 hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice));
     }
+  for (Slot& slot : slots_) slot.layer = -1;  // reload: the weights may have changed
   device_.stream(StreamRole::kCompute).synchronize();
 }
 
@@ -344,13 +385,77 @@ void CudaGpt::zero_grad() {
   // The last step's gradient copies read grads_: zeroing waits for them.
   for (const Unit& u : units_)
     if (!u.on_device) compute.wait(*u.grads_copied);
-  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(num_params_) * 4, compute.handle()));
+  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(dev_params_) * 4, compute.handle()));
   micro_ = 0;
+  for (Slot& slot : slots_) slot.layer = -1;  // a new step: the streamed weights were updated
+}
+
+// ---- window offload: the streamed layers' slots -------------------------------------------------
+
+void CudaGpt::load_layer(int64_t l) {
+  if (!streamed(l) || l >= c_.layers) return;
+  Slot& slot = slot_of(l);
+  if (slot.layer == l) return;  // still there
+  Unit& u = units_[l + 1];
+  {  // the CPU's update of its weights (last step) has written hparams16_
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
+    if (cpu_error_) std::rethrow_exception(cpu_error_);
+  }
+  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+  h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
+  for (const HostSlice& sl : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(slot.weights + slot_offsets_[sl.tensor], hparams16_ + sl.packed,
+                                  sl.count * 2, cudaMemcpyHostToDevice, h2d.handle()));
+    h2d_bytes_ += sl.count * 2;
+  }
+  h2d.record(*slot.loaded);
+  slot.layer = l;
+}
+
+void CudaGpt::use_layer(int64_t l) {
+  if (!streamed(l)) return;
+  load_layer(l);
+  device_.stream(StreamRole::kCompute).wait(*slot_of(l).loaded);
+}
+
+// The slot's gradients start the layer's backward at zero (first micro-batch) or at the sum of
+// the earlier micro-batches (copied back from host memory).
+void CudaGpt::start_layer_grads(int64_t l) {
+  if (!streamed(l)) return;
+  Slot& slot = slot_of(l);
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  compute.wait(*slot.grads_free);  // the last copy out of the slot's gradients
+  if (micro_ == 1) {  // this backward belongs to the first micro-batch of the step
+    KT_CUDA_CHECK(cudaMemsetAsync(slot.grads, 0, slot_params_ * 4, compute.handle()));
+    return;
+  }
+  const Unit& u = units_[l + 1];
+  compute.wait(*u.grads_copied);
+  for (const HostSlice& sl : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(slot.grads + slot_offsets_[sl.tensor], hgrads_ + sl.packed,
+                                  sl.count * 4, cudaMemcpyHostToDevice, compute.handle()));
+    h2d_bytes_ += sl.count * 4;
+  }
+}
+
+const bf16* CudaGpt::layer_weight(int tensor, int64_t l) {
+  if (streamed(l)) return slot_of(l).weights + slot_offsets_[tensor];
+  return params16_ + doffsets_[tensor] + l * (sizes_[tensor] / c_.layers);
+}
+
+float* CudaGpt::layer_grad(int tensor, int64_t l) {
+  if (streamed(l)) return slot_of(l).grads + slot_offsets_[tensor];
+  return grads_ + doffsets_[tensor] + l * (sizes_[tensor] / c_.layers);
 }
 
 void CudaGpt::before_unit(int64_t unit) {
   Unit& u = units_[unit];
   if (u.on_device) return;
+  if (unit > 0 && streamed(unit - 1)) {  // its weights come into a slot instead
+    use_layer(unit - 1);
+    return;
+  }
   {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
@@ -363,21 +468,36 @@ void CudaGpt::join_reductions(CudaStream& stream) {
   if (reducer_) reducer_->join(stream);
 }
 
-void CudaGpt::unit_grads_final(int64_t unit) {
+// `last`: the step's last micro-batch (the DP sum, and the host units' copy). A streamed layer's
+// gradients leave its slot after every micro-batch (they are summed in host memory).
+void CudaGpt::unit_grads_final(int64_t unit, bool last) {
   Unit& u = units_[unit];
-  if (u.on_device && !reducer_) return;
-  device_.stream(StreamRole::kCompute).record(*u.grads_final);
-  if (reducer_) reducer_->reduce(u.grad_ranges, *u.grads_final);
+  const bool in_slot = unit > 0 && streamed(unit - 1);
+  if (!in_slot && (!last || (u.on_device && !reducer_))) return;
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  compute.record(*u.grads_final);
+  GradientReducer::Ranges slot_ranges;
+  if (in_slot) {
+    Slot& slot = slot_of(unit - 1);
+    compute.record(*slot.weights_free);  // the backward is done with the slot's weights
+    for (const HostSlice& sl : u.host_slices)
+      slot_ranges.emplace_back(slot.grads + slot_offsets_[sl.tensor],
+                               static_cast<size_t>(sl.count));
+  }
+  if (reducer_ && last) reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
   if (u.on_device) return;
   CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
   d2h.wait(*u.grads_final);
-  join_reductions(d2h);  // the copy takes the sums
-  for (const HostSlice& s : u.host_slices) {
-    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + s.packed, grads_ + s.offset, s.count * 4,
-                                  cudaMemcpyDeviceToHost, d2h.handle()));
-    d2h_bytes_ += s.count * 4;
+  if (last) join_reductions(d2h);  // the copy takes the sums
+  for (size_t k = 0; k < u.host_slices.size(); ++k) {
+    const HostSlice& sl = u.host_slices[k];
+    const float* from = in_slot ? slot_ranges[k].first : grads_ + dev_offset(sl.tensor, sl.offset);
+    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, sl.count * 4, cudaMemcpyDeviceToHost,
+                                  d2h.handle()));
+    d2h_bytes_ += sl.count * 4;
   }
   d2h.record(*u.grads_copied);
+  if (in_slot) d2h.record(*slot_of(unit - 1).grads_free);
 }
 
 void CudaGpt::lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
@@ -405,7 +525,7 @@ void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, B = lane.B, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), r2 = res2_index(l);
-  auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
+  auto w = [&](int i) { return layer_weight(i, l); };
   enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb };
   finish_allreduce(lane);
   if (!rerun && l > 0)
@@ -435,7 +555,7 @@ void CudaGpt::mlp_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Fl = Fl_, BT = lane.B * T_;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), r2 = res2_index(l);
-  auto w = [&](int i) { return params16_ + offsets_[i] + l * (sizes_[i] / c_.layers); };
+  auto w = [&](int i) { return layer_weight(i, l); };
   enum { kLn2w = 8, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
   finish_allreduce(lane);
   if (!rerun) cu::residual_forward(x, lane.res2[r2], lane.res[l], lane.proj, BT * C);
@@ -481,8 +601,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
 
   auto zero = [&](void* p, size_t bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); };
   const bf16* p16 = params16_;
-  auto w = [&](int i, int64_t l) { return p16 + offsets_[i] + l * (sizes_[i] / L); };
-  auto g = [&](int i, int64_t l) { return grads_ + offsets_[i] + l * (sizes_[i] / L); };
+  auto w = [&](int i, int64_t l) { return layer_weight(i, l); };
+  auto g = [&](int i, int64_t l) { return layer_grad(i, l); };
   enum { kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb };
   enum { kFcprojw = 12, kFcprojb, kLnfw, kLnfb };
 
@@ -491,19 +611,24 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   for (Lane& lane : lanes_) {
     const int64_t B = lane.B;
     if (t_ == 1) {
-      cu::embedding_forward(x, lane.res[0], tokens_of(lane), p16 + offsets_[kWte],
-                            p16 + offsets_[kWpe], B, T, C);
+      cu::embedding_forward(x, lane.res[0], tokens_of(lane), p16 + doffsets_[kWte],
+                            p16 + doffsets_[kWpe], B, T, C);
     } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
-      cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), p16 + offsets_[kWte],
-                                 tr_ == 0 ? p16 + offsets_[kWpe] : nullptr, B, T, C, vocab_lo_,
+      cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), p16 + doffsets_[kWte],
+                                 tr_ == 0 ? p16 + doffsets_[kWpe] : nullptr, B, T, C, vocab_lo_,
                                  Vl);
       lane_allreduce(lane, lane.res[0], B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
     }
   }
+  for (int64_t j = 0; j < window_; ++j) load_layer(dev_layers_ + j);  // the window's first
   for (int64_t l = 0; l < L; ++l) {
-    before_unit(l + 1);
+    before_unit(l + 1);  // (a streamed layer: its slot's load)
     for (Lane& lane : lanes_) attention_forward(lane, l, false);
     for (Lane& lane : lanes_) mlp_forward(lane, l, false);
+    if (streamed(l)) {  // its slot goes to the layer W further on
+      compute.record(*slot_of(l).weights_free);
+      load_layer(l + window_);
+    }
   }
   // d(scaled mean loss)/d(token loss) = scale/BT over the whole micro-batch.
   const float dloss = loss_scale / static_cast<float>(BT);
@@ -512,8 +637,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     finish_allreduce(lane);
     cu::residual_forward(x, lane.res[L], lane.res2[res2_index(L - 1)], lane.proj, BTl * C);
     cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L],
-                          p16 + offsets_[kLnfw], p16 + offsets_[kLnfb], BTl, C);
-    cu::matmul_forward_bf16(x, lane.logits, lane.lnf, p16 + offsets_[kWte], nullptr, BTl, C, Vl);
+                          p16 + doffsets_[kLnfw], p16 + doffsets_[kLnfb], BTl, C);
+    cu::matmul_forward_bf16(x, lane.logits, lane.lnf, p16 + doffsets_[kWte], nullptr, BTl, C, Vl);
     // Losses, and dlogits in place of the logits.
     float* losses = losses_ + lane.row0 * T;
     if (t_ == 1) {
@@ -540,8 +665,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   // column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
   const bool acc_dw = true, overwrite = false;
   for (Lane& lane : lanes_) {
-    cu::matmul_backward_bf16(x, lane.dtmp_c, grads_ + offsets_[kWte], nullptr, lane.logits,
-                             lane.lnf, p16 + offsets_[kWte], lane.B * T, C, Vl, acc_dw, overwrite);
+    cu::matmul_backward_bf16(x, lane.dtmp_c, grads_ + doffsets_[kWte], nullptr, lane.logits,
+                             lane.lnf, p16 + doffsets_[kWte], lane.B * T, C, Vl, acc_dw, overwrite);
     lane_allreduce(lane, lane.dtmp_c, lane.B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum,
                    false);
   }
@@ -549,12 +674,14 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     const int64_t BTl = lane.B * T;
     finish_allreduce(lane);
     zero(lane.dres, BTl * C * 2);
-    cu::layernorm_backward(x, lane.dres, grads_ + offsets_[kLnfw], grads_ + offsets_[kLnfb],
-                           lane.dtmp_c, lane.res[L], p16 + offsets_[kLnfw], lane.lnf_mean,
+    cu::layernorm_backward(x, lane.dres, grads_ + doffsets_[kLnfw], grads_ + doffsets_[kLnfb],
+                           lane.dtmp_c, lane.res[L], p16 + doffsets_[kLnfw], lane.lnf_mean,
                            lane.lnf_rstd, BTl, C);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
     const int64_t a = work_index(l), r2 = res2_index(l);
+    use_layer(l);  // a streamed layer: back in its slot (prefetched), gradients started there
+    start_layer_grads(l);
     // With recompute, the working set holds the last layer's forward; the others re-run theirs.
     if (recompute_ != ActivationRecompute::kNone && l != L - 1)
       for (Lane& lane : lanes_) rerun_layer(lane, l);
@@ -594,17 +721,20 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       cu::layernorm_backward(x, lane.dres, g(kLn1w, l), g(kLn1b, l), lane.dtmp_c, lane.res[l],
                              w(kLn1w, l), lane.ln1_mean[a], lane.ln1_rstd[a], lane.B * T, C);
     }
-    if (last) unit_grads_final(l + 1);  // layer l's gradients are final: sum (DP), copy (host)
+    // Layer l's gradients are final: sum (DP), copy (host units; a streamed layer's every time),
+    // and its slot goes to the layer W below.
+    unit_grads_final(l + 1, last);
+    if (streamed(l) && l - window_ >= dev_layers_) load_layer(l - window_);
   }
   for (Lane& lane : lanes_) {
     if (t_ == 1)
-      cu::embedding_backward(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], lane.dres,
+      cu::embedding_backward(x, grads_ + doffsets_[kWte], grads_ + doffsets_[kWpe], lane.dres,
                              tokens_of(lane), lane.B, T, C);
     else  // the rows held here; wpe (replicated) from the same summed dres on every rank
-      cu::embedding_backward_rows(x, grads_ + offsets_[kWte], grads_ + offsets_[kWpe], lane.dres,
+      cu::embedding_backward_rows(x, grads_ + doffsets_[kWte], grads_ + doffsets_[kWpe], lane.dres,
                                   tokens_of(lane), lane.B, T, C, vocab_lo_, Vl);
   }
-  if (last) unit_grads_final(0);
+  unit_grads_final(0, last);
 }
 
 double CudaGpt::mean_loss() {
@@ -630,16 +760,27 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
   join_reductions(compute);
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 16, compute.handle()));
   if (t_ == 1) {
-    cu::sum_of_squares(*ctx_, norm_ + 1, grads_, num_params_);
+    cu::sum_of_squares(*ctx_, norm_ + 1, grads_, dev_params_);
   } else {
     for (int i = 0; i < kNumParamTensors; ++i)
-      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), grads_ + offsets_[i], sizes_[i]);
+      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), grads_ + doffsets_[i], dsizes_[i]);
   }
   KT_CUDA_CHECK(
       cudaMemcpyAsync(norm_host_, norm_, 16, cudaMemcpyDeviceToHost, compute.handle()));
   compute.synchronize();
   *sharded_sum = norm_host_[0];
   *replicated_sum = norm_host_[1];
+  // The streamed layers' gradients are only in host memory.
+  for (int64_t l = dev_layers_; l < c_.layers && window_ > 0; ++l) {
+    const Unit& u = units_[l + 1];
+    u.grads_copied->synchronize();
+    for (const HostSlice& sl : u.host_slices) {
+      double sum = 0;
+      for (int64_t i = 0; i < sl.count; ++i)
+        sum += static_cast<double>(hgrads_[sl.packed + i]) * hgrads_[sl.packed + i];
+      *(sharded(sl.tensor) ? sharded_sum : replicated_sum) += sum;
+    }
+  }
 }
 
 void CudaGpt::update(const kernels::AdamWStep& step, float weight_decay) {
@@ -674,12 +815,15 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-  for (const HostSlice& s : u.host_slices) {
-    KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + s.offset, hparams16_ + s.packed, s.count * 2,
-                                  cudaMemcpyHostToDevice, h2d.handle()));
-    h2d_bytes_ += s.count * 2;
+  if (unit == 0 || !streamed(unit - 1)) {  // (a streamed layer is loaded when next used)
+    for (const HostSlice& s : u.host_slices) {
+      KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + dev_offset(s.tensor, s.offset),
+                                    hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice,
+                                    h2d.handle()));
+      h2d_bytes_ += s.count * 2;
+    }
+    h2d.record(*u.weights_copied);
   }
-  h2d.record(*u.weights_copied);
   std::lock_guard lock(mutex_);
   cpu_seconds_ += seconds;
   u.pending = false;

@@ -29,7 +29,8 @@
 // cross-entropy are vocabulary-parallel. With options.sub_batches = 2 (Oases) the micro-batch is
 // split in two lanes, interleaved op by op, so that each lane's all-reduce runs while the other
 // lane computes.
-// Not here (the trainer refuses such plans on CUDA): window offload.
+// Window offload (options.window): see CudaGptOptions. The streamed layers' activation checkpoints
+// (their inputs) stay on the device.
 #pragma once
 
 #include <array>
@@ -62,6 +63,12 @@ struct CudaGptOptions {
   // updated there; the rest (offload: optimizer) in pinned host memory, updated by the CPU.
   // Default (-1): every unit on the device.
   int64_t device_units = -1;
+  // offload: window (StrongHold's streaming, with the CPU-updated layers): when > 0, the layers
+  // of the host units [device_units, L] are not kept on the device at all — their bf16 weights
+  // and fp32 gradients live in `window` slots of one layer each, loaded from pinned memory before
+  // the layer's forward and again before its backward, its gradients copied out (accumulated in
+  // host memory) after each micro-batch's backward. Needs recompute and device_units ≥ 1.
+  int64_t window = 0;
   int cpu_threads = 1;  // OpenMP threads of the CPU optimizer
   // Data parallelism: sums each unit's gradients over the DP group as they become final in the
   // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
@@ -150,12 +157,33 @@ class CudaGpt {
     std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
     bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
   };
+  // A window slot: one streamed layer's bf16 weights and fp32 gradients on the device.
+  struct Slot {
+    kernels::cuda::bf16* weights = nullptr;
+    float* grads = nullptr;
+    int64_t layer = -1;  // the layer whose weights it holds (or is loading)
+    std::unique_ptr<CudaEvent> loaded, weights_free, grads_free;
+  };
   void allocate();
   void* take(size_t bytes, MemoryKind kind);
   void* take_pinned(size_t bytes, MemoryKind kind);
   void refresh_bf16();       // bf16 copy := master (all units), synchronous
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
-  void unit_grads_final(int64_t unit);
+  // Window offload: whether layer l streams; its slot; load its weights into the slot (after the
+  // CPU's update and the slot's last reader); make the compute stream wait for them; start its
+  // gradients in the slot (zero, or the micro-batches' sum so far); its weights' and gradients'
+  // addresses wherever they live.
+  bool streamed(int64_t l) const { return window_ > 0 && l >= dev_layers_; }
+  Slot& slot_of(int64_t l) { return slots_[static_cast<size_t>((l - dev_layers_) % window_)]; }
+  void load_layer(int64_t l);
+  void use_layer(int64_t l);
+  void start_layer_grads(int64_t l);
+  const kernels::cuda::bf16* layer_weight(int tensor, int64_t l);
+  float* layer_grad(int tensor, int64_t l);
+  int64_t dev_offset(int tensor, int64_t offset) const {  // a full-layout offset on the device
+    return doffsets_[tensor] + offset - offsets_[tensor];
+  }
+  void unit_grads_final(int64_t unit, bool last);
   void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
   // A lane's forward and backward pieces (cuda_gpt.cpp lists the schedule).
   void attention_forward(Lane& lane, int64_t l, bool rerun);
@@ -191,9 +219,17 @@ class CudaGpt {
   std::array<int64_t, kNumParamTensors> offsets_{};
   int64_t num_params_ = 0;
   std::vector<void*> allocations_, pinned_allocations_;
+  // On the device the per-layer tensors hold only the first dev_layers_ layers (all of them
+  // without window offload): sizes and offsets there.
+  int64_t window_ = 0, dev_layers_ = 0, dev_params_ = 0;
+  std::array<int64_t, kNumParamTensors> dsizes_{}, doffsets_{};
+  std::array<int64_t, kNumParamTensors> slot_offsets_{};  // layer tensors within a slot
+  int64_t slot_params_ = 0;
+  std::vector<Slot> slots_;
 
-  // Parameters: the bf16 copy and fp32 gradients of everything on the device; fp32 master and
-  // moments of the device units, packed by the device tensors list; of the host units, packed.
+  // Parameters: the bf16 copy and fp32 gradients of everything resident on the device (the
+  // device layout above); fp32 master and moments of the device units, packed by the device
+  // tensors list; of the host units, packed.
   kernels::cuda::bf16* params16_ = nullptr;
   float* grads_ = nullptr;
   float *dmaster_ = nullptr, *dm_ = nullptr, *dv_ = nullptr;

@@ -347,8 +347,9 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                                 : plan.config.recompute == api::Recompute::kCommAware
                                       ? ActivationRecompute::kCommAware
                                       : ActivationRecompute::kNone;
-  if (plan.config.offload == api::OffloadMode::kOptimizer)
+  if (plan.config.offload != api::OffloadMode::kNone)
     model_options.device_units = plan.config.gpu_units;
+  if (plan.config.offload == api::OffloadMode::kWindow) model_options.window = plan.config.window;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   const GptConfig config = GptConfig::from(plan.model);
   CudaGpt model(device, config, B, T, model_options);
@@ -502,21 +503,6 @@ void check_executable(const api::Plan& plan) {
     refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +
            std::to_string(plan.config.micro_batch) + ", sub-batches " +
            std::to_string(plan.config.sub_batches) + ")");
-  if (plan.device == api::DeviceKind::kCuda) {
-#ifndef KUBETRAIN_WITH_CUDA
-    refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
-           "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
-#endif
-    // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data and tensor
-    // parallel with the Oases sub-batches, bf16, any recompute, the optimizer on the device or
-    // split with the CPU.
-    if (plan.precision != api::Precision::kBf16)
-      refuse("precision " + std::string(api::to_string(plan.precision)) +
-             " on CUDA: the CUDA runtime trains in bf16 mixed precision");
-    if (plan.config.offload == api::OffloadMode::kWindow)
-      refuse("window offload on CUDA: the CUDA runtime offloads the optimizer only");
-    return;
-  }
   if (plan.config.offload == api::OffloadMode::kWindow) {
     if (plan.config.recompute == api::Recompute::kNone)
       refuse("window offload streams each layer's activation checkpoint, so it needs recompute "
@@ -525,6 +511,18 @@ void check_executable(const api::Plan& plan) {
       refuse("window offload needs the embeddings on the device, at least one streamed layer "
              "and one slot (gpuUnits " + std::to_string(plan.config.gpu_units) + ", window " +
              std::to_string(plan.config.window) + ")");
+  }
+  if (plan.device == api::DeviceKind::kCuda) {
+#ifndef KUBETRAIN_WITH_CUDA
+    refuse("device is cuda, and this worker was built without the CUDA path (nvcc was not found "
+           "when it was built; docs/WORKER.md, \"The CUDA runtime\")");
+#endif
+    // What the CUDA runtime executes today (docs/WORKER.md): one GPU per rank, data and tensor
+    // parallel with the Oases sub-batches, bf16, any recompute, every offload mode.
+    if (plan.precision != api::Precision::kBf16)
+      refuse("precision " + std::string(api::to_string(plan.precision)) +
+             " on CUDA: the CUDA runtime trains in bf16 mixed precision");
+    return;
   }
   if (plan.precision != api::Precision::kFp32)
     refuse("precision " + std::string(api::to_string(plan.precision)) +

@@ -1175,6 +1175,93 @@ void test_cuda_gpt_offload() {
   }
 }
 
+// offload: window streams the CPU-updated layers through `window` slots (weights loaded before
+// each use, gradients copied out and summed in host memory after each micro-batch): it must train
+// as keeping everything on the device with the same recompute — step-1 weights within 1e-6 (the
+// CPU's AdamW against the device's), 5 losses within 1e-4 (2 micro-batches each: the host-side
+// sum), the final weights loosely — with less parameter and gradient memory on the device.
+void test_cuda_gpt_window() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 5, accum = 2;
+  std::vector<std::vector<int32_t>> batches;
+  for (int64_t i = 0; i < steps * accum; ++i) {
+    auto [tok, tgt] = random_batch(B * T, c.vocab);
+    batches.push_back(tok);
+    batches.push_back(tgt);
+  }
+  struct Run {
+    F first, last;
+    std::vector<double> losses;
+    int64_t copied = 0;
+    double param_bytes = 0;
+  };
+  auto run = [&](int64_t device_units, int64_t window, worker::ActivationRecompute recompute) {
+    Run r;
+    CudaGptOptions options;
+    options.device_units = device_units;
+    options.window = window;
+    options.recompute = recompute;
+    options.cpu_threads = 2;
+    const auto stats = [] {
+      auto in_use = g_device->device_memory_stats().in_use_bytes;
+      return static_cast<double>(in_use[MemoryKind::kParams] + in_use[MemoryKind::kGrads]);
+    };
+    const double before = stats();
+    CudaGpt gpt(*g_device, c, B, T, options);
+    r.param_bytes = stats() - before;
+    gpt.init_weights(g_seed);
+    for (int64_t s = 0; s < steps; ++s) {
+      gpt.zero_grad();
+      for (int64_t k = 0; k < accum; ++k)
+        gpt.train_micro_step(batches[2 * (s * accum + k)].data(),
+                             batches[2 * (s * accum + k) + 1].data(), 1.0f / accum,
+                             k == accum - 1);
+      r.losses.push_back(gpt.mean_loss());
+      const double norm = std::sqrt(gpt.grad_sum_of_squares());
+      AdamWStep adam;
+      adam.learning_rate = 2e-3f;
+      adam.t = s + 1;
+      adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+      gpt.update(adam, 0.1f);
+      if (s == 0 || s == steps - 1) {
+        F& out = s == 0 ? r.first : r.last;
+        out.resize(gpt.num_parameters());
+        gpt.get_parameters(out.data());
+      }
+    }
+    r.copied = gpt.h2d_bytes() + gpt.d2h_bytes();
+    return r;
+  };
+  struct Variant {
+    int64_t device_units, window;
+    worker::ActivationRecompute recompute;
+  };
+  for (const Variant v : {Variant{1, 1, worker::ActivationRecompute::kFull},
+                          Variant{1, 2, worker::ActivationRecompute::kFull},
+                          Variant{2, 1, worker::ActivationRecompute::kFull},
+                          Variant{1, 1, worker::ActivationRecompute::kCommAware}}) {
+    const Run base = run(-1, 0, v.recompute);
+    const Run r = run(v.device_units, v.window, v.recompute);
+    const std::string tag =
+        " (gpuUnits " + std::to_string(v.device_units) + ", window " + std::to_string(v.window) +
+        (v.recompute == worker::ActivationRecompute::kFull ? ", full)" : ", commAware)");
+    expect_close(r.first, widen(base.first), 1e-6, "offload: window step-1 weights" + tag);
+    double worst = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      worst = std::max(worst, std::abs(r.losses[i] - base.losses[i]) / base.losses[i]);
+    check(worst < 1e-4, "offload: window losses differ by " + std::to_string(worst) + tag);
+    if (worst < 1e-4)
+      std::printf("ok    %-44s worst rel diff %.1e (tol 1e-04)\n",
+                  ("offload: window 5 losses" + tag).c_str(), worst);
+    expect_close(r.last, widen(base.last), 1e-2, "offload: window step-5 weights" + tag);
+    check(r.copied > 0, "offload: window moved no bytes" + tag);
+    check(r.param_bytes < base.param_bytes,
+          "offload: window kept " + std::to_string(r.param_bytes) +
+              " bytes of weights and gradients on the device, all-on-device " +
+              std::to_string(base.param_bytes) + tag);
+  }
+}
+
 // A small model memorises one batch: a wrong gradient anywhere in the composed step would stop
 // the loss from falling far below ln V. Head size 16: the materialised fp32 attention.
 void test_cuda_gpt_memorises() {
@@ -1501,12 +1588,14 @@ void test_cuda_gpt_tensor_parallel() {
     int64_t device_units;
     worker::ActivationRecompute recompute;
     int sub_batches;
+    int64_t window = 0;
   };
   for (const Variant v :
        {Variant{"", -1, worker::ActivationRecompute::kNone, 1},
         Variant{" (recompute full, gpuUnits 1)", 1, worker::ActivationRecompute::kFull, 1},
         Variant{" (Oases: 2 sub-batches)", -1, worker::ActivationRecompute::kNone, 2},
-        Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2}}) {
+        Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2},
+        Variant{" (2 sub-batches, full, window 1)", 1, worker::ActivationRecompute::kFull, 2, 1}}) {
     const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
     std::string error;
     auto ranks = run_ranks(
@@ -1518,6 +1607,7 @@ void test_cuda_gpt_tensor_parallel() {
           options.device_units = v.device_units;
           options.recompute = v.recompute;
           options.sub_batches = v.sub_batches;
+          options.window = v.window;
           options.cpu_threads = 1;
           return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
         },
@@ -1719,6 +1809,7 @@ int main(int argc, char** argv) {
     } else if (model_mode) {
       test_cuda_gpt_vs_reference();
       test_cuda_gpt_offload();
+      test_cuda_gpt_window();
       test_cuda_gpt_memorises();
       test_cuda_gpt_recompute();
       test_cuda_gpt_data_parallel();
@@ -1737,6 +1828,7 @@ int main(int argc, char** argv) {
       test_adamw(ctx);
       test_cuda_gpt_vs_reference();
       test_cuda_gpt_offload();
+      test_cuda_gpt_window();
       test_cuda_gpt_memorises();
       test_cuda_gpt_recompute();
       test_cuda_gpt_data_parallel();

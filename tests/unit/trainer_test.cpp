@@ -108,7 +108,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   EXPECT_NO_THROW(worker::check_executable(tiny_plan(10)));
 
   // device: cuda — one GPU per rank (DP, TP with or without the overlap), bf16, any recompute,
-  // offload none or optimizer.
+  // every offload mode.
   api::Plan gpu = tiny_plan(10);
   gpu.device = api::DeviceKind::kCuda;
   gpu.precision = api::Precision::kBf16;
@@ -122,9 +122,13 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
     recompute.config.recompute = mode;
     EXPECT_NO_THROW(worker::check_executable(recompute));
   }
-  api::Plan window_gpu = gpu;
+  api::Plan window_gpu = gpu;  // streams layers through slots; needs recompute, as on the CPU
   window_gpu.config.offload = api::OffloadMode::kWindow;
-  expect_refusal(window_gpu, "offloads the optimizer only");
+  window_gpu.config.gpu_units = 1;
+  window_gpu.config.window = 1;
+  expect_refusal(window_gpu, "needs recompute");
+  window_gpu.config.recompute = api::Recompute::kFull;
+  EXPECT_NO_THROW(worker::check_executable(window_gpu));
   api::Plan data_parallel = gpu;  // one GPU per rank, gradients summed by NCCL or the host
   data_parallel.world = 2;
   data_parallel.config.dp = 2;
