@@ -14,7 +14,7 @@
 #       (git-ignored; ≈ 20 MB xz). Carry ["gpu-worker"] and the check then also runs the real
 #       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
 #       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
-#       the CPU, on the GPU, with offload: optimizer, and as 2 data-parallel and as 2
+#       the CPU, on the GPU, with offload: optimizer and window, and as 2 data-parallel and as 2
 #       tensor-parallel ranks sharing the GPU (`kubetrain-worker launch`), comparing their losses.
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
@@ -60,10 +60,11 @@ EOF
   done
   # One small model three ways, for the CPU-vs-GPU comparison: the CPU plan (fp32), the CUDA
   # plan (bf16, head size 64: the flash attention) and the CUDA plan with offload: optimizer.
-  for variant in cpu cuda cuda-offload; do
+  for variant in cpu cuda cuda-offload cuda-window; do
     cluster=h200-single parallelism=""
     [[ $variant == cpu ]] && cluster=cpu-local
     [[ $variant == cuda-offload ]] && parallelism="  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}"
+    [[ $variant == cuda-window ]] && parallelism="  parallelism: {offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
     cat >"$stage/job-small-$variant.yaml" <<EOF
 apiVersion: kubetrain.dev/v1alpha1
 kind: TrainingJob
@@ -213,7 +214,7 @@ PY
   # The same small job on the CPU (fp32) and on the GPU (bf16, and with offload: optimizer):
   # the same seed, weights and data, so the losses must agree within bf16's error.
   echo "== the same job on the CPU and on the GPU (L2 C128 hs64, 30 steps, seed 11)"
-  for variant in cpu cuda cuda-offload; do
+  for variant in cpu cuda cuda-offload cuda-window; do
     LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" OMP_NUM_THREADS=8 timeout 120 \
       "$wdir/kubetrain-worker" train --plan "$wdir/plan-small-$variant.json" --log-every 1 \
       >"$wdir/small-$variant.log" 2>&1 || { worker_rc=1; echo "small $variant FAILED"; tail -3 "$wdir/small-$variant.log"; }
@@ -250,15 +251,18 @@ ok_dp = ok and sorted(dp2) == steps
 worst_dp = max((abs(dp2[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_dp else float("nan")
 for s in [s for s in steps if s in (1, 10, 20, 30) and s in dp2]:
     print(f"  step {s:3d}: loss cuda bf16 1 rank {gpu[s]:.4f} | 2 DP ranks {dp2[s]:.4f}")
+win = losses("cuda-window")  # both layers streamed through one slot, recompute full
+ok_win = ok and sorted(win) == steps
+worst_win = max((abs(win[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_win else float("nan")
 tp2 = losses("cuda-tp2")  # 2 TP ranks on the same batches as 1 rank
 ok_tp = ok and sorted(tp2) == steps
 worst_tp = max((abs(tp2[s] - gpu[s]) / gpu[s] for s in steps), default=float("nan")) if ok_tp else float("nan")
 for s in [s for s in steps if s in (1, 10, 20, 30) and s in tp2]:
     print(f"  step {s:3d}: loss cuda bf16 1 rank {gpu[s]:.4f} | 2 TP ranks {tp2[s]:.4f}")
 passed = ok and worst_gpu < 2e-2 and worst_off < 2e-2 and cpu[steps[-1]] < cpu[steps[0]] - 0.5
-passed_dp = ok_dp and worst_dp < 2e-2 and ok_tp and worst_tp < 2e-2
+passed_dp = ok_dp and worst_dp < 2e-2 and ok_tp and worst_tp < 2e-2 and ok_win and worst_win < 2e-2
 print(f"  worst relative loss difference: GPU vs CPU {worst_gpu:.2e} (tol 2e-2), offload vs not {worst_off:.2e} (tol 2e-2): {'PASS' if passed else 'FAIL'}")
-print(f"  2 DP ranks vs 1 rank (same global batch, each rank its data shard): {worst_dp:.2e}; 2 TP ranks vs 1 rank: {worst_tp:.2e} (tol 2e-2 each): {'PASS' if passed_dp else 'FAIL'}")
+print(f"  2 DP ranks vs 1 rank (same global batch, each rank its data shard): {worst_dp:.2e}; 2 TP ranks vs 1 rank: {worst_tp:.2e}; window offload vs not: {worst_win:.2e} (tol 2e-2 each): {'PASS' if passed_dp else 'FAIL'}")
 passed = passed and passed_dp
 sys.exit(0 if passed else 1)
 PY

@@ -1505,8 +1505,16 @@ void test_cuda_gpt_data_parallel() {
   for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
   const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
                                   [&](int64_t s) { return batches[s]; });
-  for (int64_t device_units : {int64_t{-1}, int64_t{1}}) {
-    const std::string tag = device_units < 0 ? "" : " (gpuUnits 1)";
+  CudaGptOptions recompute_options;
+  recompute_options.recompute = worker::ActivationRecompute::kFull;
+  const DpRun whole_recompute = train_steps(*g_device, c, dp * B, T, recompute_options, 1.0f,
+                                            steps, [&](int64_t s) { return batches[s]; });
+  // Everything on the device; offload: optimizer at gpuUnits 1; window offload (gpuUnits 1, one
+  // slot, recompute full: the sums taken in the slot).
+  for (int64_t device_units : {int64_t{-1}, int64_t{1}, int64_t{0}}) {
+    const bool window = device_units == 0;
+    const std::string tag = device_units < 0 ? "" : window ? " (window 1)" : " (gpuUnits 1)";
+    const DpRun& one = window ? whole_recompute : whole;
     std::string error;
     const auto ranks = run_ranks(
         static_cast<int>(dp),
@@ -1514,7 +1522,9 @@ void test_cuda_gpt_data_parallel() {
           auto reducer = worker::make_host_gradient_reducer(comm, device);
           CudaGptOptions options;
           options.reducer = reducer.get();
-          options.device_units = device_units;
+          options.device_units = window ? 1 : device_units;
+          options.window = window ? 1 : 0;
+          if (window) options.recompute = worker::ActivationRecompute::kFull;
           options.cpu_threads = 1;
           return train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
             const auto& [tok, tgt] = batches[s];
@@ -1529,12 +1539,12 @@ void test_cuda_gpt_data_parallel() {
       check(false, "data parallel" + tag + ": " + error);
       continue;
     }
-    expect_close(ranks[0].grads1, widen(whole.grads1), 2e-2,
+    expect_close(ranks[0].grads1, widen(one.grads1), 2e-2,
                  "data parallel 2 ranks, host reducer: step-1 summed gradients vs one rank" + tag);
     double worst = 0;
     for (int64_t s = 0; s < steps; ++s) {
       const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
-      worst = std::max(worst, std::abs(mean - whole.losses[s]) / whole.losses[s]);
+      worst = std::max(worst, std::abs(mean - one.losses[s]) / one.losses[s]);
     }
     const bool identical = ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
     check(worst < 5e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
