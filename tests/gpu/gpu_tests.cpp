@@ -1105,6 +1105,75 @@ void test_cuda_gpt_vs_reference() {
                 detail.c_str());
 }
 
+// The offload tests' run: 5 AdamW steps (clipped at norm 1) of 2 micro-batches each on fixed
+// batches, with the weights after the first and the last step, every loss, the bytes copied
+// between host and device, and the device memory the weights and gradients take.
+struct OffloadRun {
+  F first, last;
+  std::vector<double> losses;
+  int64_t copied = 0;
+  double param_bytes = 0;
+};
+constexpr int64_t kOffloadB = 2, kOffloadT = 32, kOffloadSteps = 5, kOffloadAccum = 2;
+OffloadRun offload_run(const GptConfig& c, const std::vector<std::vector<int32_t>>& batches,
+                       CudaGptOptions options) {
+  OffloadRun r;
+  options.cpu_threads = 2;
+  const auto param_bytes = [] {
+    auto in_use = g_device->device_memory_stats().in_use_bytes;
+    return static_cast<double>(in_use[MemoryKind::kParams] + in_use[MemoryKind::kGrads]);
+  };
+  const double before = param_bytes();
+  CudaGpt gpt(*g_device, c, kOffloadB, kOffloadT, options);
+  r.param_bytes = param_bytes() - before;
+  gpt.init_weights(g_seed);
+  const int64_t accum = kOffloadAccum;
+  for (int64_t s = 0; s < kOffloadSteps; ++s) {
+    gpt.zero_grad();
+    for (int64_t k = 0; k < accum; ++k)
+      gpt.train_micro_step(batches[2 * (s * accum + k)].data(),
+                           batches[2 * (s * accum + k) + 1].data(), 1.0f / accum,
+                           k == accum - 1);
+    r.losses.push_back(gpt.mean_loss());
+    const double norm = std::sqrt(gpt.grad_sum_of_squares());
+    AdamWStep adam;
+    adam.learning_rate = 2e-3f;
+    adam.t = s + 1;
+    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;  // clip at 1
+    gpt.update(adam, 0.1f);
+    if (s == 0 || s == kOffloadSteps - 1) {
+      F& out = s == 0 ? r.first : r.last;
+      out.resize(gpt.num_parameters());
+      gpt.get_parameters(out.data());
+    }
+  }
+  r.copied = gpt.h2d_bytes() + gpt.d2h_bytes();
+  return r;
+}
+std::vector<std::vector<int32_t>> offload_batches(const GptConfig& c) {
+  std::vector<std::vector<int32_t>> batches;
+  for (int64_t i = 0; i < kOffloadSteps * kOffloadAccum; ++i) {
+    auto [tok, tgt] = random_batch(kOffloadB * kOffloadT, c.vocab);
+    batches.push_back(tok);
+    batches.push_back(tgt);
+  }
+  return batches;
+}
+// An offloaded run against the same model all on the device: step-1 weights to 1e-6, every loss
+// to 1e-4, the final weights to 1e-2, and some bytes copied.
+void expect_same_training(const OffloadRun& r, const OffloadRun& base, const std::string& what) {
+  expect_close(r.first, widen(base.first), 1e-6, what + " step-1 weights");
+  double worst = 0;
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    worst = std::max(worst, std::abs(r.losses[i] - base.losses[i]) / base.losses[i]);
+  check(worst < 1e-4, what + " losses differ by " + std::to_string(worst));
+  if (worst < 1e-4)
+    std::printf("ok    %-44s worst rel diff %.1e (tol 1e-04)\n", (what + " 5 losses").c_str(),
+                worst);
+  expect_close(r.last, widen(base.last), 1e-2, what + " step-5 weights");
+  check(r.copied > 0, what + " moved no bytes");
+}
+
 // offload: optimizer moves AdamW of some units to the CPU; the model must train the same as with
 // everything on the device, up to the fp32 rounding of the two AdamW implementations: after one
 // step the weights agree to 1e-6; over 5 steps (2 micro-batches each, clipping) every loss to
@@ -1114,124 +1183,25 @@ void test_cuda_gpt_vs_reference() {
 // into full-size steps of either sign. And the copies must have happened.
 void test_cuda_gpt_offload() {
   const GptConfig c = kSmallGpt;
-  const int64_t B = 2, T = 32, steps = 5, accum = 2;
-  std::vector<std::vector<int32_t>> batches;
-  for (int64_t i = 0; i < steps * accum; ++i) {
-    auto [tok, tgt] = random_batch(B * T, c.vocab);
-    batches.push_back(tok);
-    batches.push_back(tgt);
-  }
-  struct Run {
-    F first, last;  // weights after the first and the last step
-    std::vector<double> losses;
-    int64_t copied = 0;
-  };
-  auto run = [&](int64_t device_units) {
-    Run r;
-    CudaGptOptions options;
-    options.device_units = device_units;
-    options.cpu_threads = 2;
-    CudaGpt gpt(*g_device, c, B, T, options);
-    gpt.init_weights(g_seed);
-    for (int64_t s = 0; s < steps; ++s) {
-      gpt.zero_grad();
-      for (int64_t k = 0; k < accum; ++k) {
-        const auto& tok = batches[2 * (s * accum + k)];
-        const auto& tgt = batches[2 * (s * accum + k) + 1];
-        gpt.train_micro_step(tok.data(), tgt.data(), 1.0f / accum, k == accum - 1);
-      }
-      r.losses.push_back(gpt.mean_loss());
-      const double norm = std::sqrt(gpt.grad_sum_of_squares());
-      AdamWStep adam;
-      adam.learning_rate = 2e-3f;
-      adam.t = s + 1;
-      adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;  // clip at 1
-      gpt.update(adam, 0.1f);
-      if (s == 0 || s == steps - 1) {
-        F& out = s == 0 ? r.first : r.last;
-        out.resize(gpt.num_parameters());
-        gpt.get_parameters(out.data());
-      }
-    }
-    r.copied = gpt.h2d_bytes() + gpt.d2h_bytes();
-    return r;
-  };
-  const Run base = run(-1);
+  const auto batches = offload_batches(c);
+  const OffloadRun base = offload_run(c, batches, CudaGptOptions{});
   check(base.copied == 0, "cuda gpt without offload copied " + std::to_string(base.copied) +
                               " bytes between host and device");
   for (int64_t device_units : {int64_t{1}, int64_t{0}, c.layers}) {
-    const Run r = run(device_units);
-    const std::string tag = " (gpuUnits " + std::to_string(device_units) + ")";
-    expect_close(r.first, widen(base.first), 1e-6, "offload: optimizer step-1 weights" + tag);
-    double worst = 0;
-    for (size_t i = 0; i < r.losses.size(); ++i)
-      worst = std::max(worst, std::abs(r.losses[i] - base.losses[i]) / base.losses[i]);
-    check(worst < 1e-4, "offload: optimizer losses differ by " + std::to_string(worst) + tag);
-    if (worst < 1e-4)
-      std::printf("ok    %-44s worst rel diff %.1e (tol 1e-04)\n",
-                  ("offload: optimizer 5 losses" + tag).c_str(), worst);
-    expect_close(r.last, widen(base.last), 1e-2, "offload: optimizer step-5 weights" + tag);
-    check(r.copied > 0, "offload: optimizer moved no bytes" + tag);
+    CudaGptOptions options;
+    options.device_units = device_units;
+    expect_same_training(offload_run(c, batches, options), base,
+                         "offload: optimizer (gpuUnits " + std::to_string(device_units) + ")");
   }
 }
 
 // offload: window streams the CPU-updated layers through `window` slots (weights loaded before
 // each use, gradients copied out and summed in host memory after each micro-batch): it must train
-// as keeping everything on the device with the same recompute — step-1 weights within 1e-6 (the
-// CPU's AdamW against the device's), 5 losses within 1e-4 (2 micro-batches each: the host-side
-// sum), the final weights loosely — with less parameter and gradient memory on the device.
+// as keeping everything on the device with the same recompute, as offload: optimizer must (the
+// 2 micro-batches check the host-side sum) — with less weight and gradient memory on the device.
 void test_cuda_gpt_window() {
   const GptConfig c = kSmallGpt;
-  const int64_t B = 2, T = 32, steps = 5, accum = 2;
-  std::vector<std::vector<int32_t>> batches;
-  for (int64_t i = 0; i < steps * accum; ++i) {
-    auto [tok, tgt] = random_batch(B * T, c.vocab);
-    batches.push_back(tok);
-    batches.push_back(tgt);
-  }
-  struct Run {
-    F first, last;
-    std::vector<double> losses;
-    int64_t copied = 0;
-    double param_bytes = 0;
-  };
-  auto run = [&](int64_t device_units, int64_t window, worker::ActivationRecompute recompute) {
-    Run r;
-    CudaGptOptions options;
-    options.device_units = device_units;
-    options.window = window;
-    options.recompute = recompute;
-    options.cpu_threads = 2;
-    const auto stats = [] {
-      auto in_use = g_device->device_memory_stats().in_use_bytes;
-      return static_cast<double>(in_use[MemoryKind::kParams] + in_use[MemoryKind::kGrads]);
-    };
-    const double before = stats();
-    CudaGpt gpt(*g_device, c, B, T, options);
-    r.param_bytes = stats() - before;
-    gpt.init_weights(g_seed);
-    for (int64_t s = 0; s < steps; ++s) {
-      gpt.zero_grad();
-      for (int64_t k = 0; k < accum; ++k)
-        gpt.train_micro_step(batches[2 * (s * accum + k)].data(),
-                             batches[2 * (s * accum + k) + 1].data(), 1.0f / accum,
-                             k == accum - 1);
-      r.losses.push_back(gpt.mean_loss());
-      const double norm = std::sqrt(gpt.grad_sum_of_squares());
-      AdamWStep adam;
-      adam.learning_rate = 2e-3f;
-      adam.t = s + 1;
-      adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-      gpt.update(adam, 0.1f);
-      if (s == 0 || s == steps - 1) {
-        F& out = s == 0 ? r.first : r.last;
-        out.resize(gpt.num_parameters());
-        gpt.get_parameters(out.data());
-      }
-    }
-    r.copied = gpt.h2d_bytes() + gpt.d2h_bytes();
-    return r;
-  };
+  const auto batches = offload_batches(c);
   struct Variant {
     int64_t device_units, window;
     worker::ActivationRecompute recompute;
@@ -1240,25 +1210,21 @@ void test_cuda_gpt_window() {
                           Variant{1, 2, worker::ActivationRecompute::kFull},
                           Variant{2, 1, worker::ActivationRecompute::kFull},
                           Variant{1, 1, worker::ActivationRecompute::kCommAware}}) {
-    const Run base = run(-1, 0, v.recompute);
-    const Run r = run(v.device_units, v.window, v.recompute);
-    const std::string tag =
-        " (gpuUnits " + std::to_string(v.device_units) + ", window " + std::to_string(v.window) +
+    CudaGptOptions options;
+    options.recompute = v.recompute;
+    const OffloadRun base = offload_run(c, batches, options);
+    options.device_units = v.device_units;
+    options.window = v.window;
+    const OffloadRun r = offload_run(c, batches, options);
+    const std::string what =
+        "offload: window (gpuUnits " + std::to_string(v.device_units) + ", window " +
+        std::to_string(v.window) +
         (v.recompute == worker::ActivationRecompute::kFull ? ", full)" : ", commAware)");
-    expect_close(r.first, widen(base.first), 1e-6, "offload: window step-1 weights" + tag);
-    double worst = 0;
-    for (size_t i = 0; i < r.losses.size(); ++i)
-      worst = std::max(worst, std::abs(r.losses[i] - base.losses[i]) / base.losses[i]);
-    check(worst < 1e-4, "offload: window losses differ by " + std::to_string(worst) + tag);
-    if (worst < 1e-4)
-      std::printf("ok    %-44s worst rel diff %.1e (tol 1e-04)\n",
-                  ("offload: window 5 losses" + tag).c_str(), worst);
-    expect_close(r.last, widen(base.last), 1e-2, "offload: window step-5 weights" + tag);
-    check(r.copied > 0, "offload: window moved no bytes" + tag);
+    expect_same_training(r, base, what);
     check(r.param_bytes < base.param_bytes,
-          "offload: window kept " + std::to_string(r.param_bytes) +
+          what + " kept " + std::to_string(r.param_bytes) +
               " bytes of weights and gradients on the device, all-on-device " +
-              std::to_string(base.param_bytes) + tag);
+              std::to_string(base.param_bytes));
   }
 }
 
@@ -1786,6 +1752,17 @@ void gpt_bench() {
               peak / 1e12);
 }
 
+// The CUDA model's tests (also what the emulated build runs, --model-only).
+void model_tests() {
+  test_cuda_gpt_vs_reference();
+  test_cuda_gpt_offload();
+  test_cuda_gpt_window();
+  test_cuda_gpt_memorises();
+  test_cuda_gpt_recompute();
+  test_cuda_gpt_data_parallel();
+  test_cuda_gpt_tensor_parallel();
+}
+
 }  // namespace
 }  // namespace kt
 
@@ -1817,13 +1794,7 @@ int main(int argc, char** argv) {
     } else if (gpt_bench_mode) {
       gpt_bench();
     } else if (model_mode) {
-      test_cuda_gpt_vs_reference();
-      test_cuda_gpt_offload();
-      test_cuda_gpt_window();
-      test_cuda_gpt_memorises();
-      test_cuda_gpt_recompute();
-      test_cuda_gpt_data_parallel();
-      test_cuda_gpt_tensor_parallel();
+      model_tests();
     } else {
       test_device();  // first: its raw-allocation counts assume an empty large pool
       test_matmul(ctx);
@@ -1836,13 +1807,7 @@ int main(int argc, char** argv) {
       test_vocab_parallel(ctx);
       test_bf16_storage(ctx);
       test_adamw(ctx);
-      test_cuda_gpt_vs_reference();
-      test_cuda_gpt_offload();
-      test_cuda_gpt_window();
-      test_cuda_gpt_memorises();
-      test_cuda_gpt_recompute();
-      test_cuda_gpt_data_parallel();
-      test_cuda_gpt_tensor_parallel();
+      model_tests();
       test_nccl_reducer_single_rank();
     }
     KT_CUDA_CHECK(cudaDeviceSynchronize());
