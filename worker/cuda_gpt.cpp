@@ -195,9 +195,33 @@ void CudaGpt::allocate() {
   for (Lane& lane : lanes_) {
     const int64_t Bl = lane.B, BTl = Bl * T;
     // Every layer's input; with recompute one layer's working set (commAware keeps every res2).
-    for (int64_t l = 0; l <= L; ++l) lane.res.push_back(act16(BTl * C));
+    // With window offload the streamed layers' are in pinned memory, and a ring of two on the
+    // device.
+    bf16* ring[2] = {nullptr, nullptr};
+    bf16* ring2[2] = {nullptr, nullptr};
+    const int64_t streamed_layers = window_ > 0 ? L - dev_layers_ : 0;
+    if (streamed_layers > 0) {
+      for (int k = 0; k < 2; ++k) {
+        ring[k] = act16(BTl * C);
+        if (recompute_ == ActivationRecompute::kCommAware) ring2[k] = act16(BTl * C);
+        lane.ring_written[k] = std::make_unique<CudaEvent>();
+        lane.ring_out[k] = std::make_unique<CudaEvent>();
+        lane.ring_in[k] = std::make_unique<CudaEvent>();
+        lane.ring_used[k] = std::make_unique<CudaEvent>();
+      }
+      lane.host_res = static_cast<bf16*>(
+          take_pinned(streamed_layers * BTl * C * 2, MemoryKind::kActivations));
+      if (recompute_ == ActivationRecompute::kCommAware)
+        lane.host_res2 = static_cast<bf16*>(
+            take_pinned(streamed_layers * BTl * C * 2, MemoryKind::kActivations));
+    }
+    for (int64_t l = 0; l <= L; ++l)
+      lane.res.push_back(checkpoint_streamed(l) ? ring[(l - dev_layers_) % 2] : act16(BTl * C));
     for (int64_t l = 0; l < L; ++l)
-      if (res2_index(l) == l) lane.res2.push_back(act16(BTl * C));
+      if (res2_index(l) == l)
+        lane.res2.push_back(recompute_ == ActivationRecompute::kCommAware && checkpoint_streamed(l)
+                                ? ring2[(l - dev_layers_) % 2]
+                                : act16(BTl * C));
     for (int64_t l = 0; l < L; ++l) {
       if (work_index(l) != l) break;
       lane.ln1.push_back(act16(BTl * C));
@@ -419,6 +443,43 @@ void CudaGpt::use_layer(int64_t l) {
   device_.stream(StreamRole::kCompute).wait(*slot_of(l).loaded);
 }
 
+void CudaGpt::checkpoint_before_write(Lane& lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  device_.stream(StreamRole::kCompute).wait(*lane.ring_out[(l - dev_layers_) % 2]);
+}
+
+void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  const int k = static_cast<int>((l - dev_layers_) % 2);
+  const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
+  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+  device_.stream(StreamRole::kCompute).record(*lane.ring_written[k]);
+  d2h.wait(*lane.ring_written[k]);
+  device_.copy(lane.host_res + at, lane.res[l], n * 2, d2h);
+  if (lane.host_res2) device_.copy(lane.host_res2 + at, lane.res2[l], n * 2, d2h);
+  d2h_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
+  d2h.record(*lane.ring_out[k]);
+}
+
+void CudaGpt::checkpoint_in(Lane& lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  const int k = static_cast<int>((l - dev_layers_) % 2);
+  const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
+  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+  h2d.wait(*lane.ring_out[k]);   // the forward's copy out of the slot has finished
+  h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
+  device_.copy(lane.res[l], lane.host_res + at, n * 2, h2d);
+  if (lane.host_res2) device_.copy(lane.res2[l], lane.host_res2 + at, n * 2, h2d);
+  h2d_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
+  h2d.record(*lane.ring_in[k]);
+  device_.stream(StreamRole::kCompute).wait(*lane.ring_in[k]);
+}
+
+void CudaGpt::checkpoint_done(Lane& lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  device_.stream(StreamRole::kCompute).record(*lane.ring_used[(l - dev_layers_) % 2]);
+}
+
 // The slot's gradients start the layer's backward at zero (first micro-batch) or at the sum of
 // the earlier micro-batches (copied back from host memory).
 void CudaGpt::start_layer_grads(int64_t l) {
@@ -528,8 +589,10 @@ void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
   auto w = [&](int i) { return layer_weight(i, l); };
   enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb };
   finish_allreduce(lane);
-  if (!rerun && l > 0)
+  if (!rerun && l > 0) {
+    checkpoint_before_write(lane, l);
     cu::residual_forward(x, lane.res[l], lane.res2[res2_index(l - 1)], lane.proj, BT * C);
+  }
   cu::layernorm_forward(x, lane.ln1[a], lane.ln1_mean[a], lane.ln1_rstd[a], lane.res[l], w(kLn1w),
                         w(kLn1b), BT, C);
   cu::matmul_forward_bf16(x, lane.qkv[a], lane.ln1[a], w(kQkvw), w(kQkvb), BT, C, 3 * Cl);
@@ -610,6 +673,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   before_unit(0);
   for (Lane& lane : lanes_) {
     const int64_t B = lane.B;
+    checkpoint_before_write(lane, 0);
     if (t_ == 1) {
       cu::embedding_forward(x, lane.res[0], tokens_of(lane), p16 + doffsets_[kWte],
                             p16 + doffsets_[kWpe], B, T, C);
@@ -624,6 +688,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   for (int64_t l = 0; l < L; ++l) {
     before_unit(l + 1);  // (a streamed layer: its slot's load)
     for (Lane& lane : lanes_) attention_forward(lane, l, false);
+    if (l > 0)  // the layer below is no longer read: its checkpoint can leave
+      for (Lane& lane : lanes_) checkpoint_out(lane, l - 1);
     for (Lane& lane : lanes_) mlp_forward(lane, l, false);
     if (streamed(l)) {  // its slot goes to the layer W further on
       compute.record(*slot_of(l).weights_free);
@@ -636,6 +702,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     const int64_t BTl = lane.B * T;
     finish_allreduce(lane);
     cu::residual_forward(x, lane.res[L], lane.res2[res2_index(L - 1)], lane.proj, BTl * C);
+    checkpoint_out(lane, L - 1);
     cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L],
                           p16 + doffsets_[kLnfw], p16 + doffsets_[kLnfb], BTl, C);
     cu::matmul_forward_bf16(x, lane.logits, lane.lnf, p16 + doffsets_[kWte], nullptr, BTl, C, Vl);
@@ -682,6 +749,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     const int64_t a = work_index(l), r2 = res2_index(l);
     use_layer(l);  // a streamed layer: back in its slot (prefetched), gradients started there
     start_layer_grads(l);
+    for (Lane& lane : lanes_) checkpoint_in(lane, l);
     // With recompute, the working set holds the last layer's forward; the others re-run theirs.
     if (recompute_ != ActivationRecompute::kNone && l != L - 1)
       for (Lane& lane : lanes_) rerun_layer(lane, l);
@@ -720,6 +788,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       finish_allreduce(lane);
       cu::layernorm_backward(x, lane.dres, g(kLn1w, l), g(kLn1b, l), lane.dtmp_c, lane.res[l],
                              w(kLn1w, l), lane.ln1_mean[a], lane.ln1_rstd[a], lane.B * T, C);
+      checkpoint_done(lane, l);
     }
     // Layer l's gradients are final: sum (DP), copy (host units; a streamed layer's every time),
     // and its slot goes to the layer W below.

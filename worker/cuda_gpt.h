@@ -176,6 +176,14 @@ class CudaGpt {
   bool streamed(int64_t l) const { return window_ > 0 && l >= dev_layers_; }
   Slot& slot_of(int64_t l) { return slots_[static_cast<size_t>((l - dev_layers_) % window_)]; }
   void load_layer(int64_t l);
+  // The streamed layers' activation checkpoints: whether layer l's input streams; before the
+  // forward writes it (its ring slot's last copy out has finished); after the forward's last read
+  // (copy out); before the layer's backward (copy in); after it (the slot may be reloaded).
+  bool checkpoint_streamed(int64_t l) const { return streamed(l) && l < c_.layers; }
+  void checkpoint_before_write(Lane& lane, int64_t l);
+  void checkpoint_out(Lane& lane, int64_t l);
+  void checkpoint_in(Lane& lane, int64_t l);
+  void checkpoint_done(Lane& lane, int64_t l);
   void use_layer(int64_t l);
   void start_layer_grads(int64_t l);
   const kernels::cuda::bf16* layer_weight(int tensor, int64_t l);
@@ -253,6 +261,11 @@ class CudaGpt {
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *ce_max = nullptr, *ce_sums = nullptr;
     std::unique_ptr<CudaEvent> partial, summed;  // its all-reduce's input written; result in place
     bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for
+    // Window offload: the streamed layers' checkpoints (res, and res2 with commAware) in pinned
+    // memory; on the device a ring of 2 buffers each (res[l] and res2[l] of a streamed layer
+    // point into it), with its events: written, copied out, copied in, used by the backward.
+    kernels::cuda::bf16 *host_res = nullptr, *host_res2 = nullptr;
+    std::array<std::unique_ptr<CudaEvent>, 2> ring_written, ring_out, ring_in, ring_used;
   };
   std::vector<Lane> lanes_;
   bool flash_ = false;  // flash attention (else the materialised fp32 one)

@@ -1196,20 +1196,25 @@ void test_cuda_gpt_offload() {
 }
 
 // offload: window streams the CPU-updated layers through `window` slots (weights loaded before
-// each use, gradients copied out and summed in host memory after each micro-batch): it must train
-// as keeping everything on the device with the same recompute, as offload: optimizer must (the
-// 2 micro-batches check the host-side sum) — with less weight and gradient memory on the device.
+// each use, gradients copied out and summed in host memory after each micro-batch, activation
+// checkpoints out and back through a ring of two): it must train as keeping everything on the
+// device with the same recompute, as offload: optimizer must (the 2 micro-batches check the
+// host-side sum) — with less weight and gradient memory on the device.
 void test_cuda_gpt_window() {
-  const GptConfig c = kSmallGpt;
-  const auto batches = offload_batches(c);
   struct Variant {
     int64_t device_units, window;
     worker::ActivationRecompute recompute;
+    int64_t layers = 2;  // 4: more streamed layers than slots and checkpoint buffers (reuse)
   };
   for (const Variant v : {Variant{1, 1, worker::ActivationRecompute::kFull},
                           Variant{1, 2, worker::ActivationRecompute::kFull},
                           Variant{2, 1, worker::ActivationRecompute::kFull},
-                          Variant{1, 1, worker::ActivationRecompute::kCommAware}}) {
+                          Variant{1, 1, worker::ActivationRecompute::kCommAware},
+                          Variant{2, 2, worker::ActivationRecompute::kCommAware, 4},
+                          Variant{1, 1, worker::ActivationRecompute::kFull, 4}}) {
+    GptConfig c = kSmallGpt;
+    c.layers = v.layers;
+    const auto batches = offload_batches(c);
     CudaGptOptions options;
     options.recompute = v.recompute;
     const OffloadRun base = offload_run(c, batches, options);
@@ -1217,8 +1222,8 @@ void test_cuda_gpt_window() {
     options.window = v.window;
     const OffloadRun r = offload_run(c, batches, options);
     const std::string what =
-        "offload: window (gpuUnits " + std::to_string(v.device_units) + ", window " +
-        std::to_string(v.window) +
+        "offload: window (L " + std::to_string(v.layers) + ", gpuUnits " +
+        std::to_string(v.device_units) + ", window " + std::to_string(v.window) +
         (v.recompute == worker::ActivationRecompute::kFull ? ", full)" : ", commAware)");
     expect_same_training(r, base, what);
     check(r.param_bytes < base.param_bytes,
