@@ -445,7 +445,9 @@ void CudaGpt::use_layer(int64_t l) {
 
 void CudaGpt::checkpoint_before_write(Lane& lane, int64_t l) {
   if (!checkpoint_streamed(l)) return;
-  device_.stream(StreamRole::kCompute).wait(*lane.ring_out[(l - dev_layers_) % 2]);
+  const int k = static_cast<int>((l - dev_layers_) % 2);
+  device_.stream(StreamRole::kCompute).wait(*lane.ring_out[k]);
+  lane.ring_holds[k] = -1;
 }
 
 void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
@@ -461,18 +463,21 @@ void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
   d2h.record(*lane.ring_out[k]);
 }
 
-void CudaGpt::checkpoint_in(Lane& lane, int64_t l) {
+void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
   if (!checkpoint_streamed(l)) return;
   const int k = static_cast<int>((l - dev_layers_) % 2);
-  const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
-  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-  h2d.wait(*lane.ring_out[k]);   // the forward's copy out of the slot has finished
-  h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
-  device_.copy(lane.res[l], lane.host_res + at, n * 2, h2d);
-  if (lane.host_res2) device_.copy(lane.res2[l], lane.host_res2 + at, n * 2, h2d);
-  h2d_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
-  h2d.record(*lane.ring_in[k]);
-  device_.stream(StreamRole::kCompute).wait(*lane.ring_in[k]);
+  if (lane.ring_holds[k] != l) {
+    const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
+    CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+    h2d.wait(*lane.ring_out[k]);   // the forward's copy out of the slot has finished
+    h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
+    device_.copy(lane.res[l], lane.host_res + at, n * 2, h2d);
+    if (lane.host_res2) device_.copy(lane.res2[l], lane.host_res2 + at, n * 2, h2d);
+    h2d_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
+    h2d.record(*lane.ring_in[k]);
+    lane.ring_holds[k] = l;
+  }
+  if (wait) device_.stream(StreamRole::kCompute).wait(*lane.ring_in[k]);
 }
 
 void CudaGpt::checkpoint_done(Lane& lane, int64_t l) {
@@ -749,7 +754,10 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     const int64_t a = work_index(l), r2 = res2_index(l);
     use_layer(l);  // a streamed layer: back in its slot (prefetched), gradients started there
     start_layer_grads(l);
-    for (Lane& lane : lanes_) checkpoint_in(lane, l);
+    for (Lane& lane : lanes_) {  // this layer's checkpoint, and the next one's on its way
+      checkpoint_in(lane, l, true);
+      if (l > 0) checkpoint_in(lane, l - 1, false);
+    }
     // With recompute, the working set holds the last layer's forward; the others re-run theirs.
     if (recompute_ != ActivationRecompute::kNone && l != L - 1)
       for (Lane& lane : lanes_) rerun_layer(lane, l);

@@ -178,11 +178,12 @@ class CudaGpt {
   void load_layer(int64_t l);
   // The streamed layers' activation checkpoints: whether layer l's input streams; before the
   // forward writes it (its ring slot's last copy out has finished); after the forward's last read
-  // (copy out); before the layer's backward (copy in); after it (the slot may be reloaded).
+  // (copy out); before the layer's backward (copy in, once; `wait`: the compute stream waits for
+  // it, else it is a prefetch); after it (the slot may be reloaded).
   bool checkpoint_streamed(int64_t l) const { return streamed(l) && l < c_.layers; }
   void checkpoint_before_write(Lane& lane, int64_t l);
   void checkpoint_out(Lane& lane, int64_t l);
-  void checkpoint_in(Lane& lane, int64_t l);
+  void checkpoint_in(Lane& lane, int64_t l, bool wait);
   void checkpoint_done(Lane& lane, int64_t l);
   void use_layer(int64_t l);
   void start_layer_grads(int64_t l);
@@ -266,6 +267,7 @@ class CudaGpt {
     // point into it), with its events: written, copied out, copied in, used by the backward.
     kernels::cuda::bf16 *host_res = nullptr, *host_res2 = nullptr;
     std::array<std::unique_ptr<CudaEvent>, 2> ring_written, ring_out, ring_in, ring_used;
+    std::array<int64_t, 2> ring_holds{-1, -1};  // the layer copied in (backward), else -1
   };
   std::vector<Lane> lanes_;
   bool flash_ = false;  // flash attention (else the materialised fp32 one)
