@@ -356,7 +356,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
-      " offload units on the GPU");
+      " offload units on the GPU" +
+      (model_options.window > 0
+           ? "; the other layers streamed through " + std::to_string(model_options.window) +
+                 " slot(s)"
+           : std::string()));
   // Host copies for checkpoints and initialisation (llm.c layout).
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
