@@ -1334,17 +1334,29 @@ class ThreadGroup {
     buffers_[static_cast<size_t>(rank)] = data;
     arrive();
   }
-  void arrive() {  // a reusable barrier
+  void arrive() {  // a reusable barrier; throws once a rank has failed (no one waits forever)
     std::unique_lock lock(mutex_);
+    if (aborted_) throw Error("ThreadGroup: another rank failed");
     const int64_t generation = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
       ++generation_;
       changed_.notify_all();
     } else {
-      changed_.wait(lock, [&] { return generation_ != generation; });
+      changed_.wait(lock, [&] { return generation_ != generation || aborted_; });
+      if (aborted_) throw Error("ThreadGroup: another rank failed");
     }
   }
+
+ public:
+  void abort() {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  bool aborted_ = false;
   int size_;
   std::vector<float*> buffers_;
   std::mutex mutex_;
@@ -1411,11 +1423,13 @@ std::vector<DpRun> run_ranks(
         ranks[r] = rank_run(r, device, comm);
       } catch (const std::exception& e) {
         errors[r] = e.what();
+        group.abort();  // the other ranks' next collective fails instead of waiting forever
       }
     });
   for (auto& thread : threads) thread.join();
-  for (const std::string& e : errors)
-    if (!e.empty() && error->empty()) *error = e;
+  for (const std::string& e : errors)  // the failure itself, not the others' aborts
+    if (!e.empty() && (error->empty() || error->find("another rank failed") != std::string::npos))
+      *error = e;
   return ranks;
 }
 
