@@ -28,6 +28,15 @@ struct CommStats {
   int64_t bytes = 0;        // payload bytes of this rank's buffers
   double seconds = 0;       // time the operations took on the communication thread
   double exposed_seconds = 0;  // time callers were blocked waiting for them
+
+  CommStats& operator+=(const CommStats& more) {
+    collectives += more.collectives;
+    allreduces += more.allreduces;
+    bytes += more.bytes;
+    seconds += more.seconds;
+    exposed_seconds += more.exposed_seconds;
+    return *this;
+  }
 };
 
 // One process group. Operations are executed in issue order on the group's communication

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <string>
 
 #include "api/error.h"
@@ -158,7 +157,7 @@ void CudaGpt::allocate() {
   }
   for (int64_t u = 0; u <= L; ++u) {
     Unit& unit = units_[u];
-    if (u == 0 || !streamed(u - 1))  // a streamed layer's gradients are in its slot
+    if (!unit_streamed(u))  // a streamed layer's gradients are in its slot
       for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u))
         unit.grad_ranges.emplace_back(grads_ + dev_offset(s.tensor, s.offset),
                                       static_cast<size_t>(s.count));
@@ -216,11 +215,11 @@ void CudaGpt::allocate() {
             take_pinned(streamed_layers * BTl * C * 2, MemoryKind::kActivations));
     }
     for (int64_t l = 0; l <= L; ++l)
-      lane.res.push_back(checkpoint_streamed(l) ? ring[(l - dev_layers_) % 2] : act16(BTl * C));
+      lane.res.push_back(checkpoint_streamed(l) ? ring[ring_of(l)] : act16(BTl * C));
     for (int64_t l = 0; l < L; ++l)
       if (res2_index(l) == l)
         lane.res2.push_back(recompute_ == ActivationRecompute::kCommAware && checkpoint_streamed(l)
-                                ? ring2[(l - dev_layers_) % 2]
+                                ? ring2[ring_of(l)]
                                 : act16(BTl * C));
     for (int64_t l = 0; l < L; ++l) {
       if (work_index(l) != l) break;
@@ -393,7 +392,7 @@ void CudaGpt::refresh_bf16() {
     for (const HostSlice& s : units_[unit].host_slices) {
       for (int64_t i = 0; i < s.count; ++i)
         hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
-      if (unit == 0 || !streamed(unit - 1))  // streamed layers load from hparams16_ when used
+      if (!unit_streamed(unit))  // streamed layers load from hparams16_ when used
         KT_CUDA_CHECK(cudaMemcpy(params16_ + dev_offset(s.tensor, s.offset),
                                  hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice));
     }
@@ -420,12 +419,8 @@ void CudaGpt::load_layer(int64_t l) {
   if (!streamed(l) || l >= c_.layers) return;
   Slot& slot = slot_of(l);
   if (slot.layer == l) return;  // still there
-  Unit& u = units_[l + 1];
-  {  // the CPU's update of its weights (last step) has written hparams16_
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
-    if (cpu_error_) std::rethrow_exception(cpu_error_);
-  }
+  const Unit& u = units_[l + 1];
+  wait_cpu_update(u);  // hparams16_ holds the updated weights
   CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
   h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
   for (const HostSlice& sl : u.host_slices) {
@@ -445,14 +440,14 @@ void CudaGpt::use_layer(int64_t l) {
 
 void CudaGpt::checkpoint_before_write(Lane& lane, int64_t l) {
   if (!checkpoint_streamed(l)) return;
-  const int k = static_cast<int>((l - dev_layers_) % 2);
+  const int k = ring_of(l);
   device_.stream(StreamRole::kCompute).wait(*lane.ring_out[k]);
   lane.ring_holds[k] = -1;
 }
 
 void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
   if (!checkpoint_streamed(l)) return;
-  const int k = static_cast<int>((l - dev_layers_) % 2);
+  const int k = ring_of(l);
   const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
   CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
   device_.stream(StreamRole::kCompute).record(*lane.ring_written[k]);
@@ -465,7 +460,7 @@ void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
 
 void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
   if (!checkpoint_streamed(l)) return;
-  const int k = static_cast<int>((l - dev_layers_) % 2);
+  const int k = ring_of(l);
   if (lane.ring_holds[k] != l) {
     const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
     CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
@@ -482,7 +477,7 @@ void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
 
 void CudaGpt::checkpoint_done(Lane& lane, int64_t l) {
   if (!checkpoint_streamed(l)) return;
-  device_.stream(StreamRole::kCompute).record(*lane.ring_used[(l - dev_layers_) % 2]);
+  device_.stream(StreamRole::kCompute).record(*lane.ring_used[ring_of(l)]);
 }
 
 // The slot's gradients start the layer's backward at zero (first micro-batch) or at the sum of
@@ -518,16 +513,18 @@ float* CudaGpt::layer_grad(int tensor, int64_t l) {
 void CudaGpt::before_unit(int64_t unit) {
   Unit& u = units_[unit];
   if (u.on_device) return;
-  if (unit > 0 && streamed(unit - 1)) {  // its weights come into a slot instead
+  if (unit_streamed(unit)) {  // its weights come into a slot instead
     use_layer(unit - 1);
     return;
   }
-  {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
-    if (cpu_error_) std::rethrow_exception(cpu_error_);
-  }
+  wait_cpu_update(u);
   device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
+}
+
+void CudaGpt::wait_cpu_update(const Unit& u) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
+  if (cpu_error_) std::rethrow_exception(cpu_error_);
 }
 
 void CudaGpt::join_reductions(CudaStream& stream) {
@@ -538,7 +535,7 @@ void CudaGpt::join_reductions(CudaStream& stream) {
 // gradients leave its slot after every micro-batch (they are summed in host memory).
 void CudaGpt::unit_grads_final(int64_t unit, bool last) {
   Unit& u = units_[unit];
-  const bool in_slot = unit > 0 && streamed(unit - 1);
+  const bool in_slot = unit_streamed(unit);
   if (!in_slot && (!last || (u.on_device && !reducer_))) return;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   compute.record(*u.grads_final);
@@ -892,7 +889,7 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-  if (unit == 0 || !streamed(unit - 1)) {  // (a streamed layer is loaded when next used)
+  if (!unit_streamed(unit)) {  // (a streamed layer is loaded when next used)
     for (const HostSlice& s : u.host_slices) {
       KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + dev_offset(s.tensor, s.offset),
                                     hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice,

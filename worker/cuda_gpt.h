@@ -169,11 +169,13 @@ class CudaGpt {
   void* take_pinned(size_t bytes, MemoryKind kind);
   void refresh_bf16();       // bf16 copy := master (all units), synchronous
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
+  void wait_cpu_update(const Unit& u);  // the CPU's AdamW of u (last step) has written its weights
   // Window offload: whether layer l streams; its slot; load its weights into the slot (after the
   // CPU's update and the slot's last reader); make the compute stream wait for them; start its
   // gradients in the slot (zero, or the micro-batches' sum so far); its weights' and gradients'
   // addresses wherever they live.
   bool streamed(int64_t l) const { return window_ > 0 && l >= dev_layers_; }
+  bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
   Slot& slot_of(int64_t l) { return slots_[static_cast<size_t>((l - dev_layers_) % window_)]; }
   void load_layer(int64_t l);
   // The streamed layers' activation checkpoints: whether layer l's input streams; before the
@@ -181,6 +183,7 @@ class CudaGpt {
   // (copy out); before the layer's backward (copy in, once; `wait`: the compute stream waits for
   // it, else it is a prefetch); after it (the slot may be reloaded).
   bool checkpoint_streamed(int64_t l) const { return streamed(l) && l < c_.layers; }
+  int ring_of(int64_t l) const { return static_cast<int>((l - dev_layers_) % 2); }
   void checkpoint_before_write(Lane& lane, int64_t l);
   void checkpoint_out(Lane& lane, int64_t l);
   void checkpoint_in(Lane& lane, int64_t l, bool wait);

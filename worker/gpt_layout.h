@@ -152,32 +152,45 @@ inline std::vector<TensorView> gpt_rank_views(const GptConfig& c, int64_t t, int
   return out;
 }
 
-// Copies into view.data the slice of the row-major logical tensor at `logical` that `view` holds
-// (view.offset and view.shape per dimension; a view without logical shape takes it whole).
-inline void gpt_copy_slice(const float* logical, const TensorView& view) {
+// Walks the slice that `view` holds of its row-major logical tensor (view.offset and view.shape
+// per dimension) one innermost row at a time: fn(offset in the logical tensor, offset in
+// view.data, length). A view without logical shape is one row: the whole tensor.
+template <class Fn>
+void gpt_for_each_slice_row(const TensorView& view, Fn fn) {
   if (view.logical_shape.empty()) {
-    std::memcpy(view.data, logical, static_cast<size_t>(view.numel()) * sizeof(float));
+    fn(int64_t{0}, int64_t{0}, view.numel());
     return;
   }
   const auto& L = view.logical_shape;
   const auto& S = view.shape;
   const size_t dims = S.size();
   std::vector<int64_t> index(dims, 0);
-  int64_t out = 0;
-  const int64_t inner = S.back();
-  for (;;) {
-    int64_t src = 0;
+  for (int64_t in_view = 0;; in_view += S.back()) {
+    int64_t in_logical = 0;
     for (size_t d = 0; d < dims; ++d)
-      src = src * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
-    std::memcpy(view.data + out, logical + src, static_cast<size_t>(inner) * sizeof(float));
-    out += inner;
+      in_logical = in_logical * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
+    fn(in_logical, in_view, S.back());
     int d = static_cast<int>(dims) - 2;  // advance all but the last index
     for (; d >= 0; --d) {
       if (++index[d] < S[d]) break;
       index[d] = 0;
     }
-    if (d < 0) break;
+    if (d < 0) return;
   }
+}
+
+// view.data := the slice `view` holds of the logical tensor at `logical`.
+inline void gpt_copy_slice(const float* logical, const TensorView& view) {
+  gpt_for_each_slice_row(view, [&](int64_t from, int64_t to, int64_t n) {
+    std::memcpy(view.data + to, logical + from, static_cast<size_t>(n) * sizeof(float));
+  });
+}
+
+// The inverse: the slice in view.data written into its place in the logical tensor.
+inline void gpt_paste_slice(const TensorView& view, float* logical) {
+  gpt_for_each_slice_row(view, [&](int64_t to, int64_t from, int64_t n) {
+    std::memcpy(logical + to, view.data + from, static_cast<size_t>(n) * sizeof(float));
+  });
 }
 
 // GPT-2's initialisation of rank r's parameters (TP group of t) at `base`: every rank draws every

@@ -230,6 +230,23 @@ bool stop_requested(const api::Plan& plan, ProcessGroups& groups) {
   return stop > 0;
 }
 
+// The step's loss: this rank's mean, averaged over the DP group.
+double dp_mean_loss(double loss, ProcessGroups& groups) {
+  const int dp = groups.dp->size();
+  if (dp == 1) return loss;
+  float step_loss = static_cast<float>(loss);
+  groups.dp->allreduce(&step_loss, 1);
+  return step_loss / dp;
+}
+
+// The global gradient norm from this rank's Σ g²: the TP-sharded tensors' summed over the TP
+// group, the replicated ones once.
+double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& groups) {
+  float sharded = static_cast<float>(sharded_sum);
+  if (groups.tp->size() > 1) groups.tp->allreduce(&sharded, 1);
+  return std::sqrt(static_cast<double>(sharded) + replicated_sum);
+}
+
 // The communication totals of the rank's groups of more than one rank.
 std::map<std::string, CommStats> comm_totals(ProcessGroups& groups) {
   std::map<std::string, CommStats> totals;
@@ -337,9 +354,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                 std::to_string(device.compute_capability() % 10) +
                 ") is older than the CUDA runtime supports (8.0: A100, RTX 30xx and newer)");
   const CudaCollectives collectives = make_cuda_collectives(groups, device, log);
-  GradientReducer* reducer = collectives.dp.get();
   CudaGptOptions model_options;
-  model_options.reducer = reducer;
+  model_options.reducer = collectives.dp.get();
   model_options.tp = collectives.tp.get();
   model_options.sub_batches = static_cast<int>(plan.config.sub_batches);
   model_options.recompute = plan.config.recompute == api::Recompute::kFull
@@ -420,19 +436,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       model.train_micro_step(inputs.data(), targets.data(),
                              1.0f / static_cast<float>(accum * dp), micro == accum - 1);
     }
-    double loss = model.mean_loss();
-    if (dp > 1) {
-      float step_loss = static_cast<float>(loss);
-      groups.dp->allreduce(&step_loss, 1);
-      loss = step_loss / dp;
-    }
+    const double loss = dp_mean_loss(model.mean_loss(), groups);
     const auto t_opt = std::chrono::steady_clock::now();
-    // Global norm: the sharded tensors' slices summed over the TP group, replicated ones once.
     double sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);
-    float sharded_sum = static_cast<float>(sums[0]);
-    if (tp > 1) groups.tp->allreduce(&sharded_sum, 1);
-    const double norm = std::sqrt(static_cast<double>(sharded_sum) + sums[1]);
+    const double norm = global_norm(sums[0], sums[1], groups);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     model.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
@@ -445,16 +453,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     r.d2h_bytes = model.d2h_bytes() - d2h_before;
     r.comm = comm_totals(groups);
     // The device collectives, beside the groups' own (the loss, the norm)
-    auto add = [&](const std::string& group, const CommStats& more) {
-      CommStats& total = r.comm[group];
-      total.collectives += more.collectives;
-      total.allreduces += more.allreduces;
-      total.bytes += more.bytes;
-      total.seconds += more.seconds;
-      total.exposed_seconds += more.exposed_seconds;
-    };
-    if (collectives.dp) add("dp", collectives.dp->stats());
-    if (collectives.tp) add("tp", collectives.tp->stats());
+    if (collectives.dp) r.comm["dp"] += collectives.dp->stats();
+    if (collectives.tp) r.comm["tp"] += collectives.tp->stats();
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
     if (stop_requested(plan, groups)) {
@@ -650,18 +650,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       for (auto& work : embedding_works) work->wait();
     }
     engine.finish_backward(dp > 1 ? groups.dp.get() : nullptr);
-    if (dp > 1) {
-      float step_loss = static_cast<float>(loss);
-      groups.dp->allreduce(&step_loss, 1);
-      loss = step_loss / dp;
-    }
+    loss = dp_mean_loss(loss, groups);
     const auto t_opt = std::chrono::steady_clock::now();
-    // Global norm: the slices of sharded tensors summed over the TP group, replicated ones once.
     double sums[2];
     engine.sum_of_squares(sums);
-    float sharded_sum = static_cast<float>(sums[0]);
-    if (tp > 1) groups.tp->allreduce(&sharded_sum, 1);
-    const double norm = std::sqrt(static_cast<double>(sharded_sum) + sums[1]);
+    const double norm = global_norm(sums[0], sums[1], groups);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     engine.update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();

@@ -1549,28 +1549,6 @@ void test_cuda_gpt_data_parallel() {
 // are computed from the same summed activations). Also with recompute full and offload gpuUnits 1,
 // and with the Oases schedule (2 sub-batches: each lane's all-reduces behind events on the TP
 // stream while the other lane computes), alone and with commAware recompute.
-// gpt_copy_slice's inverse: the slice `view` holds, written into its place in the logical tensor.
-void paste_slice(const worker::TensorView& view, float* logical) {
-  const auto& L = view.logical_shape;
-  const auto& S = view.shape;
-  const size_t dims = S.size();
-  std::vector<int64_t> index(dims, 0);
-  int64_t in = 0;
-  for (;;) {
-    int64_t dst = 0;
-    for (size_t d = 0; d < dims; ++d)
-      dst = dst * L[d] + view.offset[d] + (d + 1 < dims ? index[d] : 0);
-    std::copy(view.data + in, view.data + in + S.back(), logical + dst);
-    in += S.back();
-    int d = static_cast<int>(dims) - 2;
-    for (; d >= 0; --d) {
-      if (++index[d] < S[d]) break;
-      index[d] = 0;
-    }
-    if (d < 0) break;
-  }
-}
-
 void test_cuda_gpt_tensor_parallel() {
   const GptConfig c = kSmallGpt;  // NH 2: one head per rank; Vp 96: 48 rows each, V 91
   const int64_t B = 2, T = 32, steps = 3, tp = 2;
@@ -1631,7 +1609,7 @@ void test_cuda_gpt_tensor_parallel() {
                             std::equal(views[i].data, views[i].data + views[i].numel(),
                                        other[i].data);
         } else {
-          paste_slice(views[i], whole_views[i].data);
+          worker::gpt_paste_slice(views[i], whole_views[i].data);
         }
       }
     }
