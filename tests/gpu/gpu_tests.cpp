@@ -33,6 +33,9 @@
 #ifdef KUBETRAIN_WITH_NCCL
 #include "worker/comm_nccl.h"
 #endif
+#ifdef KT_CUDA_EMULATED
+#include "tests/emulation/stream_order.h"
+#endif
 
 namespace kt {
 namespace {
@@ -1750,14 +1753,28 @@ void gpt_bench() {
 }
 
 // The CUDA model's tests (also what the emulated build runs, --model-only).
+// Under emulation each is also checked for stream-order races (tests/emulation/stream_order.h).
 void model_tests() {
-  test_cuda_gpt_vs_reference();
-  test_cuda_gpt_offload();
-  test_cuda_gpt_window();
-  test_cuda_gpt_memorises();
-  test_cuda_gpt_recompute();
-  test_cuda_gpt_data_parallel();
-  test_cuda_gpt_tensor_parallel();
+  const std::pair<const char*, void (*)()> tests[] = {
+      {"gpt vs reference", test_cuda_gpt_vs_reference},
+      {"gpt offload", test_cuda_gpt_offload},
+      {"gpt window", test_cuda_gpt_window},
+      {"gpt memorises", test_cuda_gpt_memorises},
+      {"gpt recompute", test_cuda_gpt_recompute},
+      {"gpt data parallel", test_cuda_gpt_data_parallel},
+      {"gpt tensor parallel", test_cuda_gpt_tensor_parallel}};
+  for (const auto& [name, test] : tests) {
+#ifdef KT_CUDA_EMULATED
+    const size_t before = emulation::stream_order_races();
+    test();
+    const size_t races = emulation::stream_order_races() - before;
+    check(races == 0, std::string(name) + ": " + std::to_string(races) +
+                          " stream-order races (printed above as STREAM-ORDER RACE)");
+#else
+    (void)name;
+    test();
+#endif
+  }
 }
 
 }  // namespace
