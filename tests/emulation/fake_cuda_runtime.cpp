@@ -45,8 +45,7 @@ struct Epoch {
 
 // True when the access `e` is ordered before an operation that has seen `clock`.
 bool ordered_before(const Epoch& e, const Clock& clock) {
-  return e.agent < 0 ||
-         (static_cast<size_t>(e.agent) < clock.size() && e.tick <= clock[e.agent]);
+  return e.agent < 0 || (static_cast<size_t>(e.agent) < clock.size() && e.tick <= clock[e.agent]);
 }
 
 struct Agent {
@@ -122,6 +121,7 @@ void report(State& s, const Epoch& earlier, bool earlier_write, const Epoch& now
   ++s.races;
   if (!s.reported.emplace(earlier.what, now.what, earlier_write, now_write).second) return;
   const auto alloc = std::prev(s.allocations.upper_bound(at));
+  std::fflush(stdout);  // after the test lines printed so far
   std::fprintf(stderr,
                "STREAM-ORDER RACE: %s on %s %s bytes [%zu, %zu) of a %zu-byte allocation that %s "
                "on %s %s, with nothing ordering the two (an event wait or a synchronize)\n",
@@ -264,7 +264,9 @@ namespace {
 namespace em = kt::emulation;
 thread_local cudaError_t g_last = cudaSuccess;
 
-cudaError_t ok() { return cudaSuccess; }
+cudaError_t ok() {
+  return cudaSuccess;
+}
 
 const char* copy_name(cudaMemcpyKind kind, bool async) {
   switch (kind) {
@@ -286,7 +288,9 @@ cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
   *count = 1;
   return ok();
 }
-cudaError_t CUDARTAPI cudaSetDevice(int) { return ok(); }
+cudaError_t CUDARTAPI cudaSetDevice(int) {
+  return ok();
+}
 cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
   std::memset(prop, 0, sizeof *prop);
   std::strncpy(prop->name, "emulated on the host", sizeof prop->name - 1);
@@ -332,7 +336,9 @@ cudaError_t CUDARTAPI cudaFree(void* ptr) {
 cudaError_t CUDARTAPI cudaHostAlloc(void** ptr, size_t bytes, unsigned int) {
   return cudaMalloc(ptr, bytes);
 }
-cudaError_t CUDARTAPI cudaFreeHost(void* ptr) { return cudaFree(ptr); }
+cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
+  return cudaFree(ptr);
+}
 
 // The synchronous forms run on the legacy default stream; cudaMemcpy returns when it is done,
 // cudaMemset may return before (and does not wait for non-blocking streams either way).
@@ -346,8 +352,8 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaM
   std::memmove(dst, src, bytes);
   return ok();
 }
-cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes,
-                                      cudaMemcpyKind kind, cudaStream_t stream) {
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                      cudaStream_t stream) {
   em::device_op(stream, copy_name(kind, true), {em::reads(src, bytes), em::writes(dst, bytes)});
   std::memmove(dst, src, bytes);
   return ok();
@@ -427,7 +433,9 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   if (it != s.events.end()) em::host_waits_for(it->second);
   return ok();
 }
-cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
+  return cudaEventSynchronize(event);
+}
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return ok();

@@ -54,7 +54,9 @@ F up(const bf16* p, int64_t n) {
 void down(bf16* p, const F& v) {
   for (size_t i = 0; i < v.size(); ++i) p[i].bits = float_to_bf16(v[i]);
 }
-F up_or_empty(const bf16* p, int64_t n) { return p ? up(p, n) : F(); }
+F up_or_empty(const bf16* p, int64_t n) {
+  return p ? up(p, n) : F();
+}
 
 // The flash kernels' contract through the materialised reference: lse (B,NH,T) from preatt.
 void attention_with_lse(F& out, float* lse, const F& qkv, int64_t B, int64_t T, int64_t C,
@@ -83,32 +85,40 @@ Context::~Context() = default;
 // ---- float32
 void matmul_forward(const Context& ctx, float* out, const float* inp, const float* weight,
                     const float* bias, int64_t BT, int64_t C, int64_t OC) {
-  em::device_op(ctx.stream(), __func__, {rd(inp, BT * C), rd(weight, OC * C), rd(bias, bias ? OC : 0), wr(out, BT * OC)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(inp, BT * C), rd(weight, OC * C), rd(bias, bias ? OC : 0), wr(out, BT * OC)});
   ref::matmul_forward<float>(out, inp, weight, bias, BT, C, OC);
 }
-void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
-                     bool accumulate_dweight) {
-  em::device_op(ctx.stream(), __func__, {rd(dout, BT * OC), rd(inp, BT * C), rd(weight, OC * C), wr(dinp, BT * C), wr(dweight, OC * C), wr(dbias, dbias ? OC : 0)});
+void matmul_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int64_t BT,
+                     int64_t C, int64_t OC, bool accumulate_dweight) {
+  em::device_op(ctx.stream(), __func__,
+                {rd(dout, BT * OC), rd(inp, BT * C), rd(weight, OC * C), wr(dinp, BT * C),
+                 wr(dweight, OC * C), wr(dbias, dbias ? OC : 0)});
   ref::matmul_backward<float>(dinp, dweight, dbias, dout, inp, weight, BT, C, OC,
                               accumulate_dweight);
 }
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int64_t BT, int64_t C) {
-  em::device_op(ctx.stream(), __func__, {rd(inp, BT * C), rd(weight, C), rd(bias, C), wr(out, BT * C), wr(mean, BT), wr(rstd, BT)});
+  em::device_op(
+      ctx.stream(), __func__,
+      {rd(inp, BT * C), rd(weight, C), rd(bias, C), wr(out, BT * C), wr(mean, BT), wr(rstd, BT)});
   ref::layernorm_forward<float>(out, mean, rstd, inp, weight, bias, BT, C);
 }
 void layernorm_backward(const Context& ctx, float* dinp, float* dweight, float* dbias,
                         const float* dout, const float* inp, const float* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C) {
-  em::device_op(ctx.stream(), __func__, {rd(dout, BT * C), rd(inp, BT * C), rd(weight, C), rd(mean, BT), rd(rstd, BT), wr(dinp, BT * C), wr(dweight, C), wr(dbias, C)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(dout, BT * C), rd(inp, BT * C), rd(weight, C), rd(mean, BT), rd(rstd, BT),
+                 wr(dinp, BT * C), wr(dweight, C), wr(dbias, C)});
   ref::layernorm_backward<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, BT, C);
 }
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t N) {
   em::device_op(ctx.stream(), __func__, {rd(inp, N), wr(out, N)});
   ref::gelu_forward<float>(out, inp, N);
 }
-void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, int64_t N) {
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                   int64_t N) {
   em::device_op(ctx.stream(), __func__, {rd(inp, N), rd(dout, N), wr(dinp, N)});
   ref::gelu_backward<float>(dinp, inp, dout, N);
 }
@@ -136,21 +146,26 @@ void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const floa
 }
 void attention_forward(const Context& ctx, float* out, float* preatt, float* att, const float* inp,
                        int64_t B, int64_t T, int64_t C, int64_t NH) {
-  em::device_op(ctx.stream(), __func__, {rd(inp, B * T * 3 * C), wr(out, B * T * C), wr(preatt, B * NH * T * T), wr(att, B * NH * T * T)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(inp, B * T * 3 * C), wr(out, B * T * C), wr(preatt, B * NH * T * T),
+                 wr(att, B * NH * T * T)});
   ref::attention_forward<float>(out, preatt, att, inp, B, T, C, NH);
 }
 void attention_backward(const Context& ctx, float* dinp, float* dpreatt, float* datt,
-                        const float* dout, const float* inp, const float* att, int64_t B,
-                        int64_t T, int64_t C, int64_t NH) {
-  em::device_op(ctx.stream(), __func__, {rd(dout, B * T * C), rd(inp, B * T * 3 * C), rd(att, B * NH * T * T), wr(dinp, B * T * 3 * C), wr(dpreatt, B * NH * T * T), wr(datt, B * NH * T * T)});
+                        const float* dout, const float* inp, const float* att, int64_t B, int64_t T,
+                        int64_t C, int64_t NH) {
+  em::device_op(ctx.stream(), __func__,
+                {rd(dout, B * T * C), rd(inp, B * T * 3 * C), rd(att, B * NH * T * T),
+                 wr(dinp, B * T * 3 * C), wr(dpreatt, B * NH * T * T), wr(datt, B * NH * T * T)});
   std::fill(dpreatt, dpreatt + B * NH * T * T, 0.0f);
   std::fill(datt, datt + B * NH * T * T, 0.0f);
   ref::attention_backward<float>(dinp, dpreatt, datt, dout, inp, att, B, T, C, NH);
 }
 void softmax_cross_entropy(const Context& ctx, float* losses, float* dlogits, const float* logits,
-                           const int32_t* targets, int64_t BT, int64_t V, int64_t Vp,
-                           float dloss) {
-  em::device_op(ctx.stream(), __func__, {rd(logits, BT * Vp), rd(targets, BT), wr(losses, BT), wr(dlogits, dlogits ? BT * Vp : 0)});
+                           const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss) {
+  em::device_op(
+      ctx.stream(), __func__,
+      {rd(logits, BT * Vp), rd(targets, BT), wr(losses, BT), wr(dlogits, dlogits ? BT * Vp : 0)});
   const F x(logits, logits + BT * Vp);
   ref::softmax_cross_entropy<float>(losses, dlogits, x.data(), targets, BT, V, Vp, dloss);
 }
@@ -175,7 +190,8 @@ void cast_to_float(const Context& ctx, float* out, const bf16* inp, int64_t N) {
 }
 void matmul_forward_bf16(const Context& ctx, bf16* out, const bf16* inp, const bf16* weight,
                          const bf16* bias, int64_t BT, int64_t C, int64_t OC) {
-  em::device_op(ctx.stream(), __func__, {rd(inp, BT * C), rd(weight, OC * C), rd(bias, bias ? OC : 0), wr(out, BT * OC)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(inp, BT * C), rd(weight, OC * C), rd(bias, bias ? OC : 0), wr(out, BT * OC)});
   const F x = up(inp, BT * C), w = up(weight, OC * C), b = up_or_empty(bias, OC);
   F y(static_cast<size_t>(BT * OC));
   ref::matmul_forward<float>(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, BT, C, OC);
@@ -184,7 +200,9 @@ void matmul_forward_bf16(const Context& ctx, bf16* out, const bf16* inp, const b
 void matmul_backward_bf16(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
                           const bf16* dout, const bf16* inp, const bf16* weight, int64_t BT,
                           int64_t C, int64_t OC, bool accumulate_dweight, bool accumulate_dinp) {
-  em::device_op(ctx.stream(), __func__, {rd(dout, BT * OC), rd(inp, BT * C), rd(weight, OC * C), wr(dinp, BT * C), wr(dweight, OC * C), wr(dbias, dbias ? OC : 0)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(dout, BT * OC), rd(inp, BT * C), rd(weight, OC * C), wr(dinp, BT * C),
+                 wr(dweight, OC * C), wr(dbias, dbias ? OC : 0)});
   const F d = up(dout, BT * OC), x = up(inp, BT * C), w = up(weight, OC * C);
   F dx = accumulate_dinp ? up(dinp, BT * C) : F(static_cast<size_t>(BT * C), 0.0f);
   ref::matmul_backward<float>(dx.data(), dweight, dbias, d.data(), x.data(), w.data(), BT, C, OC,
@@ -193,7 +211,9 @@ void matmul_backward_bf16(const Context& ctx, bf16* dinp, float* dweight, float*
 }
 void layernorm_forward(const Context& ctx, bf16* out, float* mean, float* rstd, const bf16* inp,
                        const bf16* weight, const bf16* bias, int64_t BT, int64_t C) {
-  em::device_op(ctx.stream(), __func__, {rd(inp, BT * C), rd(weight, C), rd(bias, C), wr(out, BT * C), wr(mean, BT), wr(rstd, BT)});
+  em::device_op(
+      ctx.stream(), __func__,
+      {rd(inp, BT * C), rd(weight, C), rd(bias, C), wr(out, BT * C), wr(mean, BT), wr(rstd, BT)});
   const F x = up(inp, BT * C), w = up(weight, C), b = up(bias, C);
   F y(static_cast<size_t>(BT * C));
   ref::layernorm_forward<float>(y.data(), mean, rstd, x.data(), w.data(), b.data(), BT, C);
@@ -202,7 +222,9 @@ void layernorm_forward(const Context& ctx, bf16* out, float* mean, float* rstd, 
 void layernorm_backward(const Context& ctx, bf16* dinp, float* dweight, float* dbias,
                         const bf16* dout, const bf16* inp, const bf16* weight, const float* mean,
                         const float* rstd, int64_t BT, int64_t C) {
-  em::device_op(ctx.stream(), __func__, {rd(dout, BT * C), rd(inp, BT * C), rd(weight, C), rd(mean, BT), rd(rstd, BT), wr(dinp, BT * C), wr(dweight, C), wr(dbias, C)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(dout, BT * C), rd(inp, BT * C), rd(weight, C), rd(mean, BT), rd(rstd, BT),
+                 wr(dinp, BT * C), wr(dweight, C), wr(dbias, C)});
   const F d = up(dout, BT * C), x = up(inp, BT * C), w = up(weight, C);
   F dx = up(dinp, BT * C);
   ref::layernorm_backward<float>(dx.data(), dweight, dbias, d.data(), x.data(), w.data(), mean,
@@ -267,8 +289,7 @@ void embedding_backward_rows(const Context& ctx, float* dwte, float* dwpe, const
                              int64_t vocab_lo, int64_t vocab_rows) {
   em::device_op(ctx.stream(), __func__,
                 {rd(tokens, B * T), rd(dout, B * T * C),
-                 token_rows(true, dwte, tokens, B * T, C, vocab_lo, vocab_rows),
-                 wr(dwpe, T * C)});
+                 token_rows(true, dwte, tokens, B * T, C, vocab_lo, vocab_rows), wr(dwpe, T * C)});
   for (int64_t i = 0; i < B * T; ++i) {
     const int64_t row = tokens[i] - vocab_lo;
     for (int64_t c = 0; c < C; ++c) {
@@ -279,9 +300,10 @@ void embedding_backward_rows(const Context& ctx, float* dwte, float* dwpe, const
   }
 }
 void softmax_cross_entropy(const Context& ctx, float* losses, bf16* dlogits, const bf16* logits,
-                           const int32_t* targets, int64_t BT, int64_t V, int64_t Vp,
-                           float dloss) {
-  em::device_op(ctx.stream(), __func__, {rd(logits, BT * Vp), rd(targets, BT), wr(losses, BT), wr(dlogits, dlogits ? BT * Vp : 0)});
+                           const int32_t* targets, int64_t BT, int64_t V, int64_t Vp, float dloss) {
+  em::device_op(
+      ctx.stream(), __func__,
+      {rd(logits, BT * Vp), rd(targets, BT), wr(losses, BT), wr(dlogits, dlogits ? BT * Vp : 0)});
   const F x = up(logits, BT * Vp);
   F d(static_cast<size_t>(BT * Vp));
   ref::softmax_cross_entropy<float>(losses, d.data(), x.data(), targets, BT, V, Vp, dloss);
@@ -299,7 +321,8 @@ void vocab_parallel_ce_max(const Context& ctx, float* row_max, const bf16* logit
 void vocab_parallel_ce_sums(const Context& ctx, float* sums, const bf16* logits,
                             const float* row_max, const int32_t* targets, int64_t BT,
                             int64_t vocab_lo, int64_t valid, int64_t Vl) {
-  em::device_op(ctx.stream(), __func__, {rd(logits, BT * Vl), rd(row_max, BT), rd(targets, BT), wr(sums, 2 * BT)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(logits, BT * Vl), rd(row_max, BT), rd(targets, BT), wr(sums, 2 * BT)});
   for (int64_t i = 0; i < BT; ++i) {
     float sum = 0;
     for (int64_t v = 0; v < valid; ++v)
@@ -313,7 +336,9 @@ void vocab_parallel_ce_finish(const Context& ctx, float* losses, bf16* dlogits, 
                               const float* row_max, const float* sums, const int32_t* targets,
                               int64_t BT, int64_t vocab_lo, int64_t valid, int64_t Vl,
                               float dloss) {
-  em::device_op(ctx.stream(), __func__, {rd(logits, BT * Vl), rd(row_max, BT), rd(sums, 2 * BT), rd(targets, BT), wr(losses, BT), wr(dlogits, dlogits ? BT * Vl : 0)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(logits, BT * Vl), rd(row_max, BT), rd(sums, 2 * BT), rd(targets, BT),
+                 wr(losses, BT), wr(dlogits, dlogits ? BT * Vl : 0)});
   for (int64_t i = 0; i < BT; ++i) {
     losses[i] = std::log(sums[i]) - (sums[BT + i] - row_max[i]);
     if (!dlogits) continue;
@@ -333,7 +358,8 @@ bool flash_attention_supported(int64_t head_size) {
 }
 void attention_forward_bf16(const Context& ctx, bf16* out, float* lse, const bf16* qkv, int64_t B,
                             int64_t T, int64_t C, int64_t NH) {
-  em::device_op(ctx.stream(), __func__, {rd(qkv, B * T * 3 * C), wr(out, B * T * C), wr(lse, B * NH * T)});
+  em::device_op(ctx.stream(), __func__,
+                {rd(qkv, B * T * 3 * C), wr(out, B * T * C), wr(lse, B * NH * T)});
   F y;
   attention_with_lse(y, lse, up(qkv, B * T * 3 * C), B, T, C, NH);
   down(out, y);
@@ -342,11 +368,11 @@ size_t attention_backward_bf16_scratch_bytes(int64_t B, int64_t T, int64_t, int6
   return static_cast<size_t>(B * NH * T) * sizeof(float);
 }
 void attention_backward_bf16(const Context& ctx, bf16* dqkv, void* scratch, const bf16* dout,
-                             const bf16* qkv, const bf16* o, const float* lse, int64_t B,
-                             int64_t T, int64_t C, int64_t NH) {
+                             const bf16* qkv, const bf16* o, const float* lse, int64_t B, int64_t T,
+                             int64_t C, int64_t NH) {
   em::device_op(ctx.stream(), __func__,
-                {rd(dout, B * T * C), rd(qkv, B * T * 3 * C), rd(o, B * T * C),
-                 rd(lse, B * NH * T), wr(dqkv, B * T * 3 * C),
+                {rd(dout, B * T * C), rd(qkv, B * T * 3 * C), rd(o, B * T * C), rd(lse, B * NH * T),
+                 wr(dqkv, B * T * 3 * C),
                  em::writes(scratch, attention_backward_bf16_scratch_bytes(B, T, C, NH))});
   const F x = up(qkv, B * T * 3 * C), d = up(dout, B * T * C);
   F y, att;
@@ -361,8 +387,8 @@ void adamw_update_multi(const Context& ctx, const AdamWTensor* tensors, int coun
   std::vector<em::Access> accesses;
   for (int i = 0; i < count; ++i) {
     const AdamWTensor& t = tensors[i];
-    for (const em::Access& a : {rd(t.grads, t.N), wr(t.params, t.N), wr(t.m, t.N),
-                                wr(t.v, t.N), wr(t.params_bf16, t.params_bf16 ? t.N : 0)})
+    for (const em::Access& a : {rd(t.grads, t.N), wr(t.params, t.N), wr(t.m, t.N), wr(t.v, t.N),
+                                wr(t.params_bf16, t.params_bf16 ? t.N : 0)})
       accesses.push_back(a);
   }
   em::device_op(ctx.stream(), __func__, accesses);

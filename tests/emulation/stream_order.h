@@ -25,8 +25,12 @@ struct Access {
   size_t bytes;
   bool write;  // read-modify-write counts as a write
 };
-inline Access reads(const void* ptr, size_t bytes) { return {ptr, bytes, false}; }
-inline Access writes(const void* ptr, size_t bytes) { return {ptr, bytes, true}; }
+inline Access reads(const void* ptr, size_t bytes) {
+  return {ptr, bytes, false};
+}
+inline Access writes(const void* ptr, size_t bytes) {
+  return {ptr, bytes, true};
+}
 
 // One operation (`what`: a kernel's name) enqueued on `stream` that makes these accesses.
 void device_op(CUstream_st* stream, const char* what, std::initializer_list<Access> accesses);

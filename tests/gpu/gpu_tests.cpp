@@ -1421,7 +1421,7 @@ std::vector<DpRun> run_ranks(
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        CudaDevice device(g_device->ordinal());
+        CudaDevice device((g_device->ordinal() + r) % CudaDevice::device_count());
         ThreadGroup::Rank comm(group, r);
         ranks[r] = rank_run(r, device, comm);
       } catch (const std::exception& e) {
@@ -1486,6 +1486,43 @@ void test_cuda_gpt_recompute() {
 // by 1/2, a missing 1/dp by 2×), the 3 losses within 5e-3 — and the two replicas bit-identical (a
 // replica that drifted would train a different model). With gpuUnits 1 too (the offloaded units'
 // copies must take the sums).
+// The collectives the multi-rank tests run over: the host (Gloo's role, here an in-process group)
+// always; NCCL where two ranks can use it — under emulation (tests/emulation/fake_nccl.cpp), or
+// on a machine with 2+ GPUs and libnccl (NCCL refuses two ranks on one GPU).
+std::vector<std::string> rank_backends() {
+  std::vector<std::string> backends{"host"};
+#ifdef KUBETRAIN_WITH_NCCL
+  std::string why;
+  if (!worker::nccl_available(&why))
+    std::printf("NOT RUN  NCCL with 2 ranks: %s\n", why.c_str());
+#ifndef KT_CUDA_EMULATED
+  else if (CudaDevice::device_count() < 2)
+    std::printf("NOT RUN  NCCL with 2 ranks: needs 2 GPUs, this machine has 1\n");
+#endif
+  else
+    backends.emplace_back("nccl");
+#endif
+  return backends;
+}
+
+std::unique_ptr<worker::GradientReducer> make_reducer(const std::string& backend,
+                                                      worker::Communicator& comm,
+                                                      CudaDevice& device) {
+#ifdef KUBETRAIN_WITH_NCCL
+  if (backend == "nccl") return worker::make_nccl_gradient_reducer(comm, device.ordinal());
+#endif
+  return worker::make_host_gradient_reducer(comm, device);
+}
+
+std::unique_ptr<worker::StreamCollectives> make_stream_collectives(const std::string& backend,
+                                                                   worker::Communicator& comm,
+                                                                   CudaDevice& device) {
+#ifdef KUBETRAIN_WITH_NCCL
+  if (backend == "nccl") return worker::make_nccl_stream_collectives(comm, device.ordinal());
+#endif
+  return worker::make_host_stream_collectives(comm, device);
+}
+
 void test_cuda_gpt_data_parallel() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 3, dp = 2;
@@ -1499,15 +1536,17 @@ void test_cuda_gpt_data_parallel() {
                                             steps, [&](int64_t s) { return batches[s]; });
   // Everything on the device; offload: optimizer at gpuUnits 1; window offload (gpuUnits 1, one
   // slot, recompute full: the sums taken in the slot).
+  for (const std::string& backend : rank_backends()) {
   for (int64_t device_units : {int64_t{-1}, int64_t{1}, int64_t{0}}) {
     const bool window = device_units == 0;
-    const std::string tag = device_units < 0 ? "" : window ? " (window 1)" : " (gpuUnits 1)";
+    const std::string tag = " [" + backend + "]" +
+                            (device_units < 0 ? "" : window ? " (window 1)" : " (gpuUnits 1)");
     const DpRun& one = window ? whole_recompute : whole;
     std::string error;
     const auto ranks = run_ranks(
         static_cast<int>(dp),
         [&](int r, CudaDevice& device, worker::Communicator& comm) {
-          auto reducer = worker::make_host_gradient_reducer(comm, device);
+          auto reducer = make_reducer(backend, comm, device);
           CudaGptOptions options;
           options.reducer = reducer.get();
           options.device_units = window ? 1 : device_units;
@@ -1528,7 +1567,7 @@ void test_cuda_gpt_data_parallel() {
       continue;
     }
     expect_close(ranks[0].grads1, widen(one.grads1), 2e-2,
-                 "data parallel 2 ranks, host reducer: step-1 summed gradients vs one rank" + tag);
+                 "data parallel 2 ranks: step-1 summed gradients vs one rank" + tag);
     double worst = 0;
     for (int64_t s = 0; s < steps; ++s) {
       const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
@@ -1540,7 +1579,8 @@ void test_cuda_gpt_data_parallel() {
     check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
     if (worst < 5e-3 && identical)
       std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
-                  ("data parallel, 2 ranks, host reducer" + tag).c_str(), worst);
+                  ("data parallel, 2 ranks" + tag).c_str(), worst);
+  }
   }
 }
 
@@ -1566,18 +1606,19 @@ void test_cuda_gpt_tensor_parallel() {
     int sub_batches;
     int64_t window = 0;
   };
+  for (const std::string& backend : rank_backends()) {
   for (const Variant v :
        {Variant{"", -1, worker::ActivationRecompute::kNone, 1},
         Variant{" (recompute full, gpuUnits 1)", 1, worker::ActivationRecompute::kFull, 1},
         Variant{" (Oases: 2 sub-batches)", -1, worker::ActivationRecompute::kNone, 2},
         Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2},
         Variant{" (2 sub-batches, full, window 1)", 1, worker::ActivationRecompute::kFull, 2, 1}}) {
-    const std::string tag = std::string("tensor parallel, 2 ranks, host all-reduces") + v.tag;
+    const std::string tag = "tensor parallel, 2 ranks [" + backend + "]" + v.tag;
     std::string error;
     auto ranks = run_ranks(
         static_cast<int>(tp),
         [&](int, CudaDevice& device, worker::Communicator& comm) {
-          auto collectives = worker::make_host_stream_collectives(comm, device);
+          auto collectives = make_stream_collectives(backend, comm, device);
           CudaGptOptions options;
           options.tp = collectives.get();
           options.device_units = v.device_units;
@@ -1628,6 +1669,7 @@ void test_cuda_gpt_tensor_parallel() {
     check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
     if (worst < 5e-3 && replicated_same && weights_same)
       std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
+  }
   }
 }
 
@@ -1793,6 +1835,9 @@ int main(int argc, char** argv) {
         CudaDevice::unavailable_reason().c_str());
     return 2;
   }
+#if defined(KT_CUDA_EMULATED) && defined(KT_EMULATED_NCCL)
+  setenv("KUBETRAIN_NCCL_LIBRARY", KT_EMULATED_NCCL, 0);  // the emulated libnccl, unless named
+#endif
   g_seed = argc > 2 ? static_cast<unsigned>(std::stoul(argv[2])) : std::random_device{}();
   if (!bench_mode && !gpt_bench_mode && !model_mode && argc > 1)
     g_seed = static_cast<unsigned>(std::stoul(argv[1]));

@@ -1,0 +1,222 @@
+// libnccl for the emulated CUDA runtime (tests/emulation/README.md): a shared library that
+// worker/comm_nccl.cpp dlopens through KUBETRAIN_NCCL_LIBRARY, so the NCCL group's own code runs
+// in CI with ranks on threads of one process. Declared by the toolkit's nccl.h.
+//
+// A collective is one operation on its stream for the stream-order checker (it reads the send
+// buffer and writes the receive buffer there, as NCCL's kernel does), and its data moves at once:
+// the ranks of a communicator meet at each collective (in issue order, which NCCL requires of its
+// callers too), rank 0 computes the result in fp32, and every rank copies its part out. Sums of
+// bf16 are taken in fp32 and rounded once.
+//
+// It resolves kt::emulation::device_op from the test executable (built with ENABLE_EXPORTS).
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "tests/emulation/stream_order.h"
+
+namespace {
+namespace em = kt::emulation;
+
+// The ranks of one communicator.
+struct Clique {
+  explicit Clique(int n) : size(n), sends(n), recvs(n) {}
+  const int size;
+  std::mutex mutex;
+  std::condition_variable changed;
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool broken = false;  // a rank stopped coming: every later call fails
+  int members = 0;
+  std::vector<const void*> sends;
+  std::vector<void*> recvs;
+  std::vector<float> result;
+};
+
+std::mutex g_mutex;
+std::map<std::string, std::shared_ptr<Clique>> g_cliques;  // by unique id
+
+// Every rank of the clique arrives before any leaves; false when one never comes (60 s).
+bool meet(Clique& c) {
+  std::unique_lock lock(c.mutex);
+  if (c.broken) return false;
+  const uint64_t generation = c.generation;
+  if (++c.arrived == c.size) {
+    c.arrived = 0;
+    ++c.generation;
+    c.changed.notify_all();
+    return true;
+  }
+  if (!c.changed.wait_for(lock, std::chrono::seconds(60),
+                          [&] { return c.generation != generation || c.broken; }) ||
+      c.broken) {
+    c.broken = true;
+    c.changed.notify_all();
+    std::fprintf(stderr, "emulated NCCL: a rank did not reach the collective within 60 s\n");
+    return false;
+  }
+  return true;
+}
+
+size_t element_bytes(ncclDataType_t type) {
+  return type == ncclBfloat16 ? 2 : 4;
+}
+float load(const void* p, size_t i, ncclDataType_t type) {
+  if (type == ncclBfloat16) return kt::kernels::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+void store(void* p, size_t i, float value, ncclDataType_t type) {
+  if (type == ncclBfloat16)
+    static_cast<uint16_t*>(p)[i] = kt::kernels::float_to_bf16(value);
+  else
+    static_cast<float*>(p)[i] = value;
+}
+
+enum class Kind { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<Clique> clique;
+  int rank;
+};
+
+namespace {
+
+// `count`: elements per rank in (send) for all-gather, out (recv) for reduce-scatter, both for
+// all-reduce and broadcast.
+ncclResult_t collective(Kind kind, const char* what, const void* send, void* recv, size_t count,
+                        ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t stream) {
+  if (!comm || (type != ncclFloat && type != ncclBfloat16) || (op != ncclSum && op != ncclMax))
+    return ncclInvalidArgument;
+  Clique& c = *comm->clique;
+  const int n = c.size, rank = comm->rank;
+  const size_t bytes = element_bytes(type);
+  const size_t in = kind == Kind::kReduceScatter ? count * n : count;
+  const size_t out = kind == Kind::kAllGather ? count * n : count;
+  em::device_op(stream, what, {em::reads(send, in * bytes), em::writes(recv, out * bytes)});
+  c.sends[rank] = send;
+  c.recvs[rank] = recv;
+  if (!meet(c)) return ncclSystemError;
+  if (rank == 0) {  // everyone's input is in place and nobody has written yet
+    c.result.assign(kind == Kind::kAllGather ? count * n : in, 0.0f);
+    if (kind == Kind::kAllGather) {
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) c.result[r * count + i] = load(c.sends[r], i, type);
+    } else if (kind == Kind::kBroadcast) {
+      for (size_t i = 0; i < count; ++i) c.result[i] = load(c.sends[root], i, type);
+    } else {
+      for (size_t i = 0; i < in; ++i) {
+        float acc = load(c.sends[0], i, type);
+        for (int r = 1; r < n; ++r) {
+          const float x = load(c.sends[r], i, type);
+          acc = op == ncclSum ? acc + x : std::max(acc, x);
+        }
+        c.result[i] = acc;
+      }
+    }
+  }
+  if (!meet(c)) return ncclSystemError;
+  const size_t from = kind == Kind::kReduceScatter ? rank * count : 0;
+  for (size_t i = 0; i < out; ++i) store(recv, i, c.result[from + i], type);
+  if (!meet(c)) return ncclSystemError;  // the result buffer is free again
+  return ncclSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::atomic<int> next{0};
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::snprintf(id->internal, sizeof id->internal, "emulated-nccl-%d", next++);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  std::shared_ptr<Clique> clique;
+  {
+    std::lock_guard lock(g_mutex);
+    auto& slot = g_cliques[std::string(id.internal, sizeof id.internal)];
+    if (!slot) slot = std::make_shared<Clique>(nranks);
+    if (slot->size != nranks) return ncclInvalidUsage;
+    ++slot->members;
+    clique = slot;
+  }
+  *comm = new ncclComm{clique, rank};
+  return meet(*clique) ? ncclSuccess : ncclSystemError;  // initialisation is collective
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  {
+    std::lock_guard lock(g_mutex);
+    if (--comm->clique->members == 0)
+      for (auto it = g_cliques.begin(); it != g_cliques.end(); ++it)
+        if (it->second == comm->clique) {
+          g_cliques.erase(it);
+          break;
+        }
+  }
+  delete comm;
+  return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "no error";
+    case ncclInvalidArgument:
+      return "invalid argument (emulated NCCL: float or bfloat16, sum or max)";
+    case ncclInvalidUsage:
+      return "invalid usage (emulated NCCL: ranks disagree on the group size)";
+    case ncclSystemError:
+      return "system error (emulated NCCL: a rank never reached the collective)";
+    default:
+      return "emulated NCCL error";
+  }
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::kAllReduce, "ncclAllReduce", send, recv, count, type, op, 0, comm,
+                    stream);
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::kAllGather, "ncclAllGather", send, recv, count, type, ncclSum, 0, comm,
+                    stream);
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::kReduceScatter, "ncclReduceScatter", send, recv, count, type, op, 0, comm,
+                    stream);
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t stream) {
+  return collective(Kind::kBroadcast, "ncclBroadcast", send, recv, count, type, ncclSum, root, comm,
+                    stream);
+}
+// Calls inside a group run as they come: the ranks issue the same sequence, so they still meet.
+ncclResult_t ncclGroupStart() {
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  return ncclSuccess;
+}
+
+}  // extern "C"
