@@ -1493,8 +1493,7 @@ std::vector<std::string> rank_backends() {
   std::vector<std::string> backends{"host"};
 #ifdef KUBETRAIN_WITH_NCCL
   std::string why;
-  if (!worker::nccl_available(&why))
-    std::printf("NOT RUN  NCCL with 2 ranks: %s\n", why.c_str());
+  if (!worker::nccl_available(&why)) std::printf("NOT RUN  NCCL with 2 ranks: %s\n", why.c_str());
 #ifndef KT_CUDA_EMULATED
   else if (CudaDevice::device_count() < 2)
     std::printf("NOT RUN  NCCL with 2 ranks: needs 2 GPUs, this machine has 1\n");
@@ -1537,50 +1536,53 @@ void test_cuda_gpt_data_parallel() {
   // Everything on the device; offload: optimizer at gpuUnits 1; window offload (gpuUnits 1, one
   // slot, recompute full: the sums taken in the slot).
   for (const std::string& backend : rank_backends()) {
-  for (int64_t device_units : {int64_t{-1}, int64_t{1}, int64_t{0}}) {
-    const bool window = device_units == 0;
-    const std::string tag = " [" + backend + "]" +
-                            (device_units < 0 ? "" : window ? " (window 1)" : " (gpuUnits 1)");
-    const DpRun& one = window ? whole_recompute : whole;
-    std::string error;
-    const auto ranks = run_ranks(
-        static_cast<int>(dp),
-        [&](int r, CudaDevice& device, worker::Communicator& comm) {
-          auto reducer = make_reducer(backend, comm, device);
-          CudaGptOptions options;
-          options.reducer = reducer.get();
-          options.device_units = window ? 1 : device_units;
-          options.window = window ? 1 : 0;
-          if (window) options.recompute = worker::ActivationRecompute::kFull;
-          options.cpu_threads = 1;
-          return train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
-            const auto& [tok, tgt] = batches[s];
-            const int64_t n = B * T;
-            return std::make_pair(
-                std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
-                std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
-          });
-        },
-        &error);
-    if (!error.empty()) {
-      check(false, "data parallel" + tag + ": " + error);
-      continue;
+    for (int64_t device_units : {int64_t{-1}, int64_t{1}, int64_t{0}}) {
+      const bool window = device_units == 0;
+      const std::string tag = " [" + backend + "]" +
+                              (device_units < 0 ? ""
+                               : window         ? " (window 1)"
+                                                : " (gpuUnits 1)");
+      const DpRun& one = window ? whole_recompute : whole;
+      std::string error;
+      const auto ranks = run_ranks(
+          static_cast<int>(dp),
+          [&](int r, CudaDevice& device, worker::Communicator& comm) {
+            auto reducer = make_reducer(backend, comm, device);
+            CudaGptOptions options;
+            options.reducer = reducer.get();
+            options.device_units = window ? 1 : device_units;
+            options.window = window ? 1 : 0;
+            if (window) options.recompute = worker::ActivationRecompute::kFull;
+            options.cpu_threads = 1;
+            return train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
+              const auto& [tok, tgt] = batches[s];
+              const int64_t n = B * T;
+              return std::make_pair(
+                  std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
+                  std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
+            });
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, "data parallel" + tag + ": " + error);
+        continue;
+      }
+      expect_close(ranks[0].grads1, widen(one.grads1), 2e-2,
+                   "data parallel 2 ranks: step-1 summed gradients vs one rank" + tag);
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
+        worst = std::max(worst, std::abs(mean - one.losses[s]) / one.losses[s]);
+      }
+      const bool identical =
+          ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
+      check(worst < 5e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
+                              std::to_string(worst));
+      check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
+      if (worst < 5e-3 && identical)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
+                    ("data parallel, 2 ranks" + tag).c_str(), worst);
     }
-    expect_close(ranks[0].grads1, widen(one.grads1), 2e-2,
-                 "data parallel 2 ranks: step-1 summed gradients vs one rank" + tag);
-    double worst = 0;
-    for (int64_t s = 0; s < steps; ++s) {
-      const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
-      worst = std::max(worst, std::abs(mean - one.losses[s]) / one.losses[s]);
-    }
-    const bool identical = ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
-    check(worst < 5e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
-                            std::to_string(worst));
-    check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
-    if (worst < 5e-3 && identical)
-      std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
-                  ("data parallel, 2 ranks" + tag).c_str(), worst);
-  }
   }
 }
 
@@ -1607,69 +1609,70 @@ void test_cuda_gpt_tensor_parallel() {
     int64_t window = 0;
   };
   for (const std::string& backend : rank_backends()) {
-  for (const Variant v :
-       {Variant{"", -1, worker::ActivationRecompute::kNone, 1},
-        Variant{" (recompute full, gpuUnits 1)", 1, worker::ActivationRecompute::kFull, 1},
-        Variant{" (Oases: 2 sub-batches)", -1, worker::ActivationRecompute::kNone, 2},
-        Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2},
-        Variant{" (2 sub-batches, full, window 1)", 1, worker::ActivationRecompute::kFull, 2, 1}}) {
-    const std::string tag = "tensor parallel, 2 ranks [" + backend + "]" + v.tag;
-    std::string error;
-    auto ranks = run_ranks(
-        static_cast<int>(tp),
-        [&](int, CudaDevice& device, worker::Communicator& comm) {
-          auto collectives = make_stream_collectives(backend, comm, device);
-          CudaGptOptions options;
-          options.tp = collectives.get();
-          options.device_units = v.device_units;
-          options.recompute = v.recompute;
-          options.sub_batches = v.sub_batches;
-          options.window = v.window;
-          options.cpu_threads = 1;
-          return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
-        },
-        &error);
-    if (!error.empty()) {
-      check(false, tag + ": " + error);
-      continue;
-    }
-    double worst = 0;
-    for (int64_t s = 0; s < steps; ++s)
-      worst = std::max(worst, std::abs(ranks[0].losses[s] - whole.losses[s]) / whole.losses[s]);
-    check(worst < 5e-3, tag + ": losses differ from TP 1 by " + std::to_string(worst));
-    check(ranks[0].losses == ranks[1].losses, tag + ": the ranks' losses differ");
-    // The step-1 gradients of both ranks, put together in the whole model's layout.
-    F assembled(whole.grads1.size(), std::nanf(""));
-    bool replicated_same = true;
-    for (int r = 0; r < tp; ++r) {
-      F& g = ranks[r].grads1;
-      const auto views = worker::gpt_rank_views(c, tp, r, g.data());
-      const auto whole_views = worker::gpt_whole_views(c, assembled.data());
-      for (int i = 0; i < worker::kNumParamTensors; ++i) {
-        if (views[i].logical_shape.empty()) {
-          std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
-          const auto other = worker::gpt_rank_views(c, tp, 1 - r, ranks[1 - r].grads1.data());
-          replicated_same = replicated_same &&
-                            std::equal(views[i].data, views[i].data + views[i].numel(),
-                                       other[i].data);
-        } else {
-          worker::gpt_paste_slice(views[i], whole_views[i].data);
+    for (const Variant v :
+         {Variant{"", -1, worker::ActivationRecompute::kNone, 1},
+          Variant{" (recompute full, gpuUnits 1)", 1, worker::ActivationRecompute::kFull, 1},
+          Variant{" (Oases: 2 sub-batches)", -1, worker::ActivationRecompute::kNone, 2},
+          Variant{" (2 sub-batches, commAware)", -1, worker::ActivationRecompute::kCommAware, 2},
+          Variant{" (2 sub-batches, full, window 1)", 1, worker::ActivationRecompute::kFull, 2,
+                  1}}) {
+      const std::string tag = "tensor parallel, 2 ranks [" + backend + "]" + v.tag;
+      std::string error;
+      auto ranks = run_ranks(
+          static_cast<int>(tp),
+          [&](int, CudaDevice& device, worker::Communicator& comm) {
+            auto collectives = make_stream_collectives(backend, comm, device);
+            CudaGptOptions options;
+            options.tp = collectives.get();
+            options.device_units = v.device_units;
+            options.recompute = v.recompute;
+            options.sub_batches = v.sub_batches;
+            options.window = v.window;
+            options.cpu_threads = 1;
+            return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s)
+        worst = std::max(worst, std::abs(ranks[0].losses[s] - whole.losses[s]) / whole.losses[s]);
+      check(worst < 5e-3, tag + ": losses differ from TP 1 by " + std::to_string(worst));
+      check(ranks[0].losses == ranks[1].losses, tag + ": the ranks' losses differ");
+      // The step-1 gradients of both ranks, put together in the whole model's layout.
+      F assembled(whole.grads1.size(), std::nanf(""));
+      bool replicated_same = true;
+      for (int r = 0; r < tp; ++r) {
+        F& g = ranks[r].grads1;
+        const auto views = worker::gpt_rank_views(c, tp, r, g.data());
+        const auto whole_views = worker::gpt_whole_views(c, assembled.data());
+        for (int i = 0; i < worker::kNumParamTensors; ++i) {
+          if (views[i].logical_shape.empty()) {
+            std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
+            const auto other = worker::gpt_rank_views(c, tp, 1 - r, ranks[1 - r].grads1.data());
+            replicated_same =
+                replicated_same &&
+                std::equal(views[i].data, views[i].data + views[i].numel(), other[i].data);
+          } else {
+            worker::gpt_paste_slice(views[i], whole_views[i].data);
+          }
         }
       }
+      expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
+      check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
+      bool weights_same = true;
+      const auto w0 = worker::gpt_rank_views(c, tp, 0, ranks[0].weights.data());
+      const auto w1 = worker::gpt_rank_views(c, tp, 1, ranks[1].weights.data());
+      for (int i = 0; i < worker::kNumParamTensors; ++i)
+        if (w0[i].logical_shape.empty())
+          weights_same =
+              weights_same && std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
+      check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
+      if (worst < 5e-3 && replicated_same && weights_same)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
     }
-    expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
-    check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
-    bool weights_same = true;
-    const auto w0 = worker::gpt_rank_views(c, tp, 0, ranks[0].weights.data());
-    const auto w1 = worker::gpt_rank_views(c, tp, 1, ranks[1].weights.data());
-    for (int i = 0; i < worker::kNumParamTensors; ++i)
-      if (w0[i].logical_shape.empty())
-        weights_same = weights_same &&
-                       std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
-    check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
-    if (worst < 5e-3 && replicated_same && weights_same)
-      std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
-  }
   }
 }
 
