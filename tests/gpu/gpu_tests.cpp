@@ -1586,6 +1586,44 @@ void test_cuda_gpt_data_parallel() {
   }
 }
 
+// Two TP ranks' runs against `whole`, TP 1 on the same batches: their step-1 gradients, put
+// together in the whole model's layout, within 3e-2 of it; the replicated tensors' gradients and
+// final weights bit-identical on both ranks. True when both identities hold.
+bool check_tp_ranks(const GptConfig& c, const DpRun& rank0, const DpRun& rank1, const DpRun& whole,
+                    const std::string& tag) {
+  const int tp = 2;
+  F assembled(whole.grads1.size(), std::nanf(""));
+  F grads[2] = {rank0.grads1, rank1.grads1};  // (views are over mutable data)
+  bool replicated_same = true;
+  for (int r = 0; r < tp; ++r) {
+    const auto views = worker::gpt_rank_views(c, tp, r, grads[r].data());
+    const auto other = worker::gpt_rank_views(c, tp, 1 - r, grads[1 - r].data());
+    const auto whole_views = worker::gpt_whole_views(c, assembled.data());
+    for (int i = 0; i < worker::kNumParamTensors; ++i) {
+      if (views[i].logical_shape.empty()) {
+        std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
+        replicated_same = replicated_same && std::equal(views[i].data,
+                                                        views[i].data + views[i].numel(),
+                                                        other[i].data);
+      } else {
+        worker::gpt_paste_slice(views[i], whole_views[i].data);
+      }
+    }
+  }
+  expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
+  check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
+  F weights[2] = {rank0.weights, rank1.weights};
+  bool weights_same = true;
+  const auto w0 = worker::gpt_rank_views(c, tp, 0, weights[0].data());
+  const auto w1 = worker::gpt_rank_views(c, tp, 1, weights[1].data());
+  for (int i = 0; i < worker::kNumParamTensors; ++i)
+    if (w0[i].logical_shape.empty())
+      weights_same =
+          weights_same && std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
+  check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
+  return replicated_same && weights_same;
+}
+
 // Tensor parallelism on one GPU: 2 TP ranks (threads, each its own CudaDevice and model, the
 // all-reduces through the host collectives over an in-process group) against TP 1 on the same
 // batches: losses within 5e-3 and step-1 gradients (the ranks' slices put together) within 3e-2
@@ -1641,37 +1679,94 @@ void test_cuda_gpt_tensor_parallel() {
         worst = std::max(worst, std::abs(ranks[0].losses[s] - whole.losses[s]) / whole.losses[s]);
       check(worst < 5e-3, tag + ": losses differ from TP 1 by " + std::to_string(worst));
       check(ranks[0].losses == ranks[1].losses, tag + ": the ranks' losses differ");
-      // The step-1 gradients of both ranks, put together in the whole model's layout.
-      F assembled(whole.grads1.size(), std::nanf(""));
-      bool replicated_same = true;
-      for (int r = 0; r < tp; ++r) {
-        F& g = ranks[r].grads1;
-        const auto views = worker::gpt_rank_views(c, tp, r, g.data());
-        const auto whole_views = worker::gpt_whole_views(c, assembled.data());
-        for (int i = 0; i < worker::kNumParamTensors; ++i) {
-          if (views[i].logical_shape.empty()) {
-            std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
-            const auto other = worker::gpt_rank_views(c, tp, 1 - r, ranks[1 - r].grads1.data());
-            replicated_same =
-                replicated_same &&
-                std::equal(views[i].data, views[i].data + views[i].numel(), other[i].data);
-          } else {
-            worker::gpt_paste_slice(views[i], whole_views[i].data);
-          }
-        }
-      }
-      expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
-      check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
-      bool weights_same = true;
-      const auto w0 = worker::gpt_rank_views(c, tp, 0, ranks[0].weights.data());
-      const auto w1 = worker::gpt_rank_views(c, tp, 1, ranks[1].weights.data());
-      for (int i = 0; i < worker::kNumParamTensors; ++i)
-        if (w0[i].logical_shape.empty())
-          weights_same =
-              weights_same && std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
-      check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
-      if (worst < 5e-3 && replicated_same && weights_same)
+      const bool same = check_tp_ranks(c, ranks[0], ranks[1], whole, tag);
+      if (worst < 5e-3 && same)
         std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
+    }
+  }
+}
+
+// Data and tensor parallelism together, as the trainer runs a DP 2 × TP 2 plan: 4 ranks, TP groups
+// {0,1} {2,3} and DP groups {0,2} {1,3}, each DP replica on half of the batch, against DP 1 × TP 1
+// on the whole batch. With NCCL, the gradient sums go on the TP communication stream as the
+// trainer issues them (serialize_on), behind the TP all-reduces in issue order. Mean losses within
+// 5e-3; each TP pair as in the TP test; the two DP replicas of each TP rank bit-identical.
+void test_cuda_gpt_data_and_tensor_parallel() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3, dp = 2, tp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
+  const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
+                                  [&](int64_t s) { return batches[s]; });
+  for (const std::string& backend : rank_backends()) {
+    for (const int sub_batches : {1, 2}) {
+      const std::string tag = "DP 2 x TP 2 [" + backend + "]" +
+                              (sub_batches == 2 ? " (Oases: 2 sub-batches, gpuUnits 1)" : "");
+      std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups;
+      for (int g = 0; g < 2; ++g) {
+        tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
+        dp_groups.push_back(std::make_unique<ThreadGroup>(dp));
+      }
+      std::string error;
+      const auto ranks = run_ranks(
+          static_cast<int>(dp * tp),
+          [&](int r, CudaDevice& device, worker::Communicator&) {
+            const int tp_rank = r % 2, dp_rank = r / 2;
+            try {
+              ThreadGroup::Rank tp_comm(*tp_groups[dp_rank], tp_rank);
+              ThreadGroup::Rank dp_comm(*dp_groups[tp_rank], dp_rank);
+              auto collectives = make_stream_collectives(backend, tp_comm, device);
+              std::unique_ptr<worker::GradientReducer> reducer;
+#ifdef KUBETRAIN_WITH_NCCL
+              if (backend == "nccl")
+                reducer = worker::make_nccl_gradient_reducer(
+                    dp_comm, device.ordinal(),
+                    &device.stream(worker::StreamRole::kTensorParallelComm));
+#endif
+              if (!reducer) reducer = make_reducer(backend, dp_comm, device);
+              CudaGptOptions options;
+              options.tp = collectives.get();
+              options.reducer = reducer.get();
+              options.sub_batches = sub_batches;
+              options.device_units = sub_batches == 2 ? 1 : -1;
+              options.cpu_threads = 1;
+              return train_steps(
+                  device, c, B, T, options, 1.0f / dp, steps,
+                  [&](int64_t s) {
+                    const auto& [tok, tgt] = batches[s];
+                    const int64_t n = B * T;
+                    return std::make_pair(
+                        std::vector<int32_t>(tok.begin() + dp_rank * n,
+                                             tok.begin() + (dp_rank + 1) * n),
+                        std::vector<int32_t>(tgt.begin() + dp_rank * n,
+                                             tgt.begin() + (dp_rank + 1) * n));
+                  },
+                  &tp_comm);
+            } catch (...) {  // the subgroups' other members must not wait forever either
+              for (auto& g : tp_groups) g->abort();
+              for (auto& g : dp_groups) g->abort();
+              throw;
+            }
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        const double mean = (ranks[0].losses[s] + ranks[2].losses[s]) / 2;
+        worst = std::max(worst, std::abs(mean - whole.losses[s]) / whole.losses[s]);
+      }
+      check(worst < 5e-3, tag + ": mean loss differs from DP 1 x TP 1 by " + std::to_string(worst));
+      const bool same = check_tp_ranks(c, ranks[0], ranks[1], whole, tag);
+      const bool replicas = ranks[0].weights == ranks[2].weights &&
+                            ranks[1].weights == ranks[3].weights &&
+                            ranks[0].grads1 == ranks[2].grads1 && ranks[1].grads1 == ranks[3].grads1;
+      check(replicas, tag + ": the DP replicas' gradients or weights differ");
+      if (worst < 5e-3 && same && replicas)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
+                    tag.c_str(), worst);
     }
   }
 }
@@ -1807,7 +1902,8 @@ void model_tests() {
       {"gpt memorises", test_cuda_gpt_memorises},
       {"gpt recompute", test_cuda_gpt_recompute},
       {"gpt data parallel", test_cuda_gpt_data_parallel},
-      {"gpt tensor parallel", test_cuda_gpt_tensor_parallel}};
+      {"gpt tensor parallel", test_cuda_gpt_tensor_parallel},
+      {"gpt data and tensor parallel", test_cuda_gpt_data_and_tensor_parallel}};
   for (const auto& [name, test] : tests) {
 #ifdef KT_CUDA_EMULATED
     const size_t before = emulation::stream_order_races();
