@@ -11,6 +11,7 @@
 #include "api/error.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/check.h"
+#include "worker/host_access.h"
 
 namespace kt::worker {
 
@@ -377,8 +378,10 @@ void CudaGpt::get_gradients(float* host) {
     KT_CUDA_CHECK(cudaMemcpy(host + offsets_[i], grads_ + doffsets_[i], dsizes_[i] * 4,
                              cudaMemcpyDeviceToHost));
   for (int64_t l = dev_layers_; l < c_.layers; ++l)
-    for (const HostSlice& sl : units_[l + 1].host_slices)
+    for (const HostSlice& sl : units_[l + 1].host_slices) {
+      host_reads("get_gradients", hgrads_ + sl.packed, sl.count * 4);
       std::memcpy(host + sl.offset, hgrads_ + sl.packed, sl.count * 4);
+    }
 }
 
 void CudaGpt::refresh_bf16() {
@@ -390,6 +393,7 @@ void CudaGpt::refresh_bf16() {
   }
   for (int64_t unit = 0; unit <= c_.layers; ++unit)
     for (const HostSlice& s : units_[unit].host_slices) {
+      host_writes("refresh_bf16", hparams16_ + s.packed, s.count * 2);
       for (int64_t i = 0; i < s.count; ++i)
         hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
       if (!unit_streamed(unit))  // streamed layers load from hparams16_ when used
@@ -657,6 +661,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   const int k = staging_next_;
   staging_next_ ^= 1;
   staging_free_[k]->synchronize();
+  host_writes("token staging", token_staging_[k], 2 * BT * 4);
   std::memcpy(token_staging_[k], inputs, BT * 4);
   std::memcpy(token_staging_[k] + BT, targets, BT * 4);
   KT_CUDA_CHECK(cudaMemcpyAsync(tokens_, token_staging_[k], 2 * BT * 4, cudaMemcpyHostToDevice, s));
@@ -816,6 +821,7 @@ double CudaGpt::mean_loss() {
   const int64_t BT = B_ * T_;
   double sum = 0;
   for (int64_t m = 0; m < micro_; ++m) {
+    host_reads("mean_loss", loss_host_[m], BT * 4);
     double micro = 0;
     for (int64_t i = 0; i < BT; ++i) micro += loss_host_[m][i];
     sum += micro / static_cast<double>(BT);
@@ -842,6 +848,7 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
   KT_CUDA_CHECK(
       cudaMemcpyAsync(norm_host_, norm_, 16, cudaMemcpyDeviceToHost, compute.handle()));
   compute.synchronize();
+  host_reads("grad_sums_of_squares", norm_host_, 16);
   *sharded_sum = norm_host_[0];
   *replicated_sum = norm_host_[1];
   // The streamed layers' gradients are only in host memory.
@@ -849,6 +856,7 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
     const Unit& u = units_[l + 1];
     u.grads_copied->synchronize();
     for (const HostSlice& sl : u.host_slices) {
+      host_reads("grad_sums_of_squares", hgrads_ + sl.packed, sl.count * 4);
       double sum = 0;
       for (int64_t i = 0; i < sl.count; ++i)
         sum += static_cast<double>(hgrads_[sl.packed + i]) * hgrads_[sl.packed + i];
@@ -882,6 +890,8 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
   for (const HostSlice& s : u.host_slices) {
     kernels::AdamWStep k = step;
     k.weight_decay = gpt_decays(s.tensor) ? weight_decay : 0.0f;
+    host_reads("cpu_update", hgrads_ + s.packed, s.count * 4);
+    host_writes("cpu_update", hparams16_ + s.packed, s.count * 2);
     kernels::cpu::adamw_update_mixed(hmaster_ + s.packed, hgrads_ + s.packed, nullptr,
                                      hm_ + s.packed, hv_ + s.packed, hparams16_ + s.packed,
                                      s.count, k);

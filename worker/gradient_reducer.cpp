@@ -4,6 +4,7 @@
 
 #include "api/error.h"
 #include "kernels/bf16.h"
+#include "worker/host_access.h"
 
 namespace kt::worker {
 namespace {
@@ -51,6 +52,7 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
     }
     device_.copy(staging_, data, bytes, stream);
     stream.synchronize();
+    host_writes("host collectives", staging_, bytes);  // (read and written in place)
     if (type == DeviceDtype::kFloat32) {
       group_.allreduce(static_cast<float*>(staging_), count, op);
     } else {  // summed in fp32, rounded to bf16 once
