@@ -1504,11 +1504,13 @@ std::vector<std::string> rank_backends() {
   return backends;
 }
 
-std::unique_ptr<worker::GradientReducer> make_reducer(const std::string& backend,
-                                                      worker::Communicator& comm,
-                                                      CudaDevice& device) {
+// `serialize_on`: NCCL's sums on that stream (as the trainer does when TP is on NCCL too).
+std::unique_ptr<worker::GradientReducer> make_reducer(
+    const std::string& backend, worker::Communicator& comm, CudaDevice& device,
+    [[maybe_unused]] worker::CudaStream* serialize_on = nullptr) {
 #ifdef KUBETRAIN_WITH_NCCL
-  if (backend == "nccl") return worker::make_nccl_gradient_reducer(comm, device.ordinal());
+  if (backend == "nccl")
+    return worker::make_nccl_gradient_reducer(comm, device.ordinal(), serialize_on);
 #endif
   return worker::make_host_gradient_reducer(comm, device);
 }
@@ -1716,14 +1718,9 @@ void test_cuda_gpt_data_and_tensor_parallel() {
               ThreadGroup::Rank tp_comm(*tp_groups[dp_rank], tp_rank);
               ThreadGroup::Rank dp_comm(*dp_groups[tp_rank], dp_rank);
               auto collectives = make_stream_collectives(backend, tp_comm, device);
-              std::unique_ptr<worker::GradientReducer> reducer;
-#ifdef KUBETRAIN_WITH_NCCL
-              if (backend == "nccl")
-                reducer = worker::make_nccl_gradient_reducer(
-                    dp_comm, device.ordinal(),
-                    &device.stream(worker::StreamRole::kTensorParallelComm));
-#endif
-              if (!reducer) reducer = make_reducer(backend, dp_comm, device);
+              auto reducer =
+                  make_reducer(backend, dp_comm, device,
+                               &device.stream(worker::StreamRole::kTensorParallelComm));
               CudaGptOptions options;
               options.tp = collectives.get();
               options.reducer = reducer.get();
