@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# kubetrain-worker's CUDA training loop (worker/trainer.cpp) under emulation
+# (tests/emulation/README.md): planned `device: cuda` jobs trained by kubetrain-worker-emulated,
+# each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
+# optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
+# losses), and 2 DP and 2 TP ranks through `kubetrain-worker launch`. The ranks share one emulated
+# GPU, so they use the host collectives.
+# Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
+set -u
+KT=$1
+CPU_WORKER=$2
+WORKER=$3
+export KUBETRAIN_NCCL_LIBRARY=${4:-}
+export OMP_NUM_THREADS=2
+DIR=$(mktemp -d)
+trap '[[ -n ${KEEP:-} ]] || rm -rf "$DIR"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+cat > "$DIR/h200x2.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: Inventory
+metadata: {name: h200x2}
+nodes:
+  - {name: h200, gpu: {product: NVIDIA-H200, count: 2}, cpu: {cores: 16}, memory: 128Gi}
+YAML
+# job NAME STEPS GPUS [PARALLELISM]: a small GPT (head size 64: the flash-attention path), seed 11.
+job() {
+  cat > "$DIR/$1.yaml" <<YAML
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: small}
+spec:
+  model: {layers: 2, hidden: 128, heads: 2, vocab: 512, seqLen: 64}
+  training: {steps: $2, globalBatchSize: 8, learningRate: 0.003, warmupSteps: 2, seed: 11}
+  data: {source: synthetic}
+  resources: {gpusPerNode: $3}
+  checkpoint: {intervalSteps: 3}
+${4:+  parallelism: $4}
+YAML
+}
+plan() {  # plan NAME CLUSTER-FILE
+  "$KT" plan "$DIR/$1.yaml" --cluster "$2" -o json > "$DIR/$1.json" || fail "planning $1"
+}
+h200=examples/clusters/h200-single.yaml
+
+job cpu 6 1
+plan cpu examples/clusters/cpu-local.yaml
+"$CPU_WORKER" train --plan "$DIR/cpu.json" --log-every 1 > "$DIR/cpu.log" 2>&1 ||
+  fail "CPU worker: $(tail -3 "$DIR/cpu.log")"
+job cuda 6 1
+plan cuda $h200
+grep -q '"device": *"cuda"' "$DIR/cuda.json" || fail "the H200 plan is not a CUDA plan"
+job offload 6 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
+plan offload $h200
+job window 6 1 "{offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
+plan window $h200
+for run in cuda offload window; do
+  "$WORKER" train --plan "$DIR/$run.json" --checkpoint-dir "$DIR/ckpt-$run" --log-every 1 \
+    > "$DIR/$run.log" 2>&1 ||
+    fail "$run: $(tail -3 "$DIR/$run.log")"
+done
+grep -q "training on cuda:0 (emulated on the host), bf16" "$DIR/cuda.log" ||
+  fail "not the CUDA loop: $(head -3 "$DIR/cuda.log")"
+grep -q "AdamW of 1 of 3 offload units on the GPU\|AdamW of 2 of 3" "$DIR/offload.log" ||
+  fail "offload optimizer did not split the AdamW: $(head -3 "$DIR/offload.log")"
+# Each run checkpointed after steps 3 and 6: rolled back to step 3, it resumes from there.
+for run in cuda offload window; do
+  [[ -d $DIR/ckpt-$run/step-00000003 && -d $DIR/ckpt-$run/step-00000006 ]] ||
+    fail "$run: no checkpoints of steps 3 and 6: $(ls "$DIR/ckpt-$run")"
+  rm -rf "$DIR/ckpt-$run/step-00000006"
+  echo step-00000003 > "$DIR/ckpt-$run/latest"
+  "$WORKER" train --plan "$DIR/$run.json" --checkpoint-dir "$DIR/ckpt-$run" --log-every 1 \
+    > "$DIR/$run-resumed.log" 2>&1 || fail "$run resume: $(tail -3 "$DIR/$run-resumed.log")"
+  grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
+    fail "$run did not resume: $(head -3 "$DIR/$run-resumed.log")"
+done
+# 2 DP ranks (each its shard of the same global batch), 2 TP ranks with the Oases overlap.
+job dp2 6 2 "{tensorParallel: 1, dataParallel: 2}"
+plan dp2 "$DIR/h200x2.yaml"
+job tp2 6 2 "{tensorParallel: 2, dataParallel: 1, overlap: on}"
+plan tp2 "$DIR/h200x2.yaml"
+for run in dp2 tp2; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 300 "$WORKER" launch \
+    --plan "$DIR/$run.json" > "$DIR/$run.log" 2>&1 || fail "$run: $(tail -5 "$DIR/$run.log")"
+  grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
+done
+
+python3 - "$DIR" <<'PY'
+import re, sys
+d = sys.argv[1]
+def losses(name):
+    out = {}
+    for line in open(f"{d}/{name}.log"):
+        m = re.match(r"(?:\[rank 0\] )?step +(\d+)/\d+ \| loss ([\d.]+)", line)
+        if m:
+            out[int(m.group(1))] = float(m.group(2))
+    return out
+cpu, cuda = losses("cpu"), losses("cuda")
+runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
+        "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2)}
+failed = False
+for name, (ref, tol) in runs.items():
+    got = losses(name)
+    if sorted(got) != list(range(1, 7)):
+        print(f"FAIL: {name} logged steps {sorted(got)}")
+        failed = True
+        continue
+    worst = max(abs(got[s] - ref[s]) / ref[s] for s in got)
+    ok = worst < tol
+    failed |= not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {name:8s} vs {'cpu' if ref is cpu else 'cuda':4s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
+for name in ("cuda", "offload", "window"):  # resumed at step 3: the same losses, to the digit
+    whole, resumed = losses(name), losses(f"{name}-resumed")
+    same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
+    print(f"{'ok  ' if same else 'FAIL'} {name:8s} resumed from step 3: steps 4-6 "
+          f"{'print' if same else 'do not print'} the uninterrupted run's losses")
+    failed |= not same
+if cuda[6] > cuda[1] - 0.2:
+    print(f"FAIL: the CUDA loss did not fall: {cuda[1]} -> {cuda[6]}")
+    failed = True
+sys.exit(1 if failed else 0)
+PY
+rc=$?
+[[ $rc -eq 0 ]] || { tail -4 "$DIR"/*.log; fail "losses"; }
+echo "emulated CUDA worker ok"
