@@ -3,8 +3,9 @@
 # (tests/emulation/README.md): planned `device: cuda` jobs trained by kubetrain-worker-emulated,
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
-# losses), and 2 DP and 2 TP ranks through `kubetrain-worker launch`. The ranks share one emulated
-# GPU, so they use the host collectives.
+# losses), gradient accumulation (alone, with the window, with DP), and 2 DP and 2 TP ranks
+# through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
+# collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
 KT=$1
@@ -24,7 +25,8 @@ metadata: {name: h200x2}
 nodes:
   - {name: h200, gpu: {product: NVIDIA-H200, count: 2}, cpu: {cores: 16}, memory: 128Gi}
 YAML
-# job NAME STEPS GPUS [PARALLELISM]: a small GPT (head size 64: the flash-attention path), seed 11.
+# job NAME STEPS GPUS [PARALLELISM [MICRO-BATCH]]: a small GPT (head size 64: the flash-attention
+# path), seed 11, 8 sequences per step.
 job() {
   cat > "$DIR/$1.yaml" <<YAML
 apiVersion: kubetrain.dev/v1alpha1
@@ -32,7 +34,7 @@ kind: TrainingJob
 metadata: {name: small}
 spec:
   model: {layers: 2, hidden: 128, heads: 2, vocab: 512, seqLen: 64}
-  training: {steps: $2, globalBatchSize: 8, learningRate: 0.003, warmupSteps: 2, seed: 11}
+  training: {steps: $2, globalBatchSize: 8, learningRate: 0.003, warmupSteps: 2, seed: 11${5:+, microBatchSize: $5}}
   data: {source: synthetic}
   resources: {gpusPerNode: $3}
   checkpoint: {intervalSteps: 3}
@@ -55,7 +57,12 @@ job offload 6 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
 plan offload $h200
 job window 6 1 "{offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
 plan window $h200
-for run in cuda offload window; do
+# Gradient accumulation: 4 micro-batches of 2 (the window's layer gradients summed in host memory).
+job accum 6 1 "" 2
+plan accum $h200
+job window-accum 6 1 "{offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}" 2
+plan window-accum $h200
+for run in cuda offload window accum window-accum; do
   "$WORKER" train --plan "$DIR/$run.json" --checkpoint-dir "$DIR/ckpt-$run" --log-every 1 \
     > "$DIR/$run.log" 2>&1 ||
     fail "$run: $(tail -3 "$DIR/$run.log")"
@@ -80,7 +87,9 @@ job dp2 6 2 "{tensorParallel: 1, dataParallel: 2}"
 plan dp2 "$DIR/h200x2.yaml"
 job tp2 6 2 "{tensorParallel: 2, dataParallel: 1, overlap: on}"
 plan tp2 "$DIR/h200x2.yaml"
-for run in dp2 tp2; do
+job dp2-accum 6 2 "{tensorParallel: 1, dataParallel: 2}" 2
+plan dp2-accum "$DIR/h200x2.yaml"
+for run in dp2 tp2 dp2-accum; do
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 300 "$WORKER" launch \
     --plan "$DIR/$run.json" > "$DIR/$run.log" 2>&1 || fail "$run: $(tail -5 "$DIR/$run.log")"
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
@@ -97,8 +106,10 @@ def losses(name):
             out[int(m.group(1))] = float(m.group(2))
     return out
 cpu, cuda = losses("cpu"), losses("cuda")
+accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
-        "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2)}
+        "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
+        "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -109,11 +120,12 @@ for name, (ref, tol) in runs.items():
     worst = max(abs(got[s] - ref[s]) / ref[s] for s in got)
     ok = worst < tol
     failed |= not ok
-    print(f"{'ok  ' if ok else 'FAIL'} {name:8s} vs {'cpu' if ref is cpu else 'cuda':4s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
+    against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda"
+    print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window"):  # resumed at step 3: the same losses, to the digit
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
-    print(f"{'ok  ' if same else 'FAIL'} {name:8s} resumed from step 3: steps 4-6 "
+    print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "
           f"{'print' if same else 'do not print'} the uninterrupted run's losses")
     failed |= not same
 if cuda[6] > cuda[1] - 0.2:
