@@ -95,6 +95,49 @@ for run in dp2 tp2 dp2-accum; do
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
 
+# While training: /metrics (promtool-clean) shows the GPU and the CPU AdamW and the copies; SIGTERM
+# checkpoints and exits 143; a plan of the same job two steps longer resumes from there.
+job long 400 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
+plan long $h200
+"$WORKER" train --plan "$DIR/long.json" --checkpoint-dir "$DIR/ckpt-long" --metrics-port 0 \
+  --metrics-address 127.0.0.1 --log-every 1 > "$DIR/long.log" 2>&1 &
+PID=$!
+trap '[[ -n ${PID:-} ]] && kill $PID 2>/dev/null; [[ -n ${KEEP:-} ]] || rm -rf "$DIR"' EXIT
+for _ in $(seq 100); do
+  PORT=$(sed -n 's|^metrics on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$DIR/long.log")
+  [[ -n $PORT ]] && break
+  sleep 0.1
+done
+[[ -n ${PORT:-} ]] || fail "no metrics port announced: $(head -3 "$DIR/long.log")"
+for _ in $(seq 150); do
+  python3 -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" 2>/dev/null || true
+  grep -q '^kubetrain_worker_steps_total{.*} [3-9]' "$DIR/metrics" && break
+  sleep 0.2
+done
+for want in 'optimizer_seconds_total{.*device="cuda:0"' 'optimizer_seconds_total{.*device="host"}' \
+  'transfer_bytes_total{.*direction="h2d"} [1-9]' 'transfer_bytes_total{.*direction="d2h"} [1-9]' \
+  'memory_bytes{.*device="cuda:0",kind="params"}'; do
+  grep -q "^kubetrain_worker_$want" "$DIR/metrics" ||
+    fail "/metrics lacks kubetrain_worker_$want: $(grep -c . "$DIR/metrics") lines"
+done
+promtool check metrics < "$DIR/metrics" || fail "promtool rejected the CUDA worker's /metrics"
+kill -TERM $PID
+wait $PID
+rc=$?
+PID=
+[[ $rc -eq 143 ]] || fail "exit code after SIGTERM: $rc (want 143): $(tail -3 "$DIR/long.log")"
+stopped=$(sed -n 's/.*stopped by signal after step \([0-9]*\).*/\1/p' "$DIR/long.log")
+[[ -n $stopped && -f $DIR/ckpt-long/latest ]] || fail "no checkpoint after SIGTERM: $(tail -3 "$DIR/long.log")"
+job long2 $((stopped + 2)) 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
+plan long2 $h200
+"$WORKER" train --plan "$DIR/long2.json" --checkpoint-dir "$DIR/ckpt-long" > "$DIR/long2.log" 2>&1 ||
+  fail "resume after SIGTERM: $(tail -3 "$DIR/long2.log")"
+grep -q "resumed from step $stopped" "$DIR/long2.log" && grep -q "^done: $((stopped + 2)) steps" "$DIR/long2.log" ||
+  fail "did not resume from step $stopped and finish: $(cat "$DIR/long2.log")"
+echo "ok   metrics (promtool-clean), SIGTERM after step $stopped: exit 143, checkpoint, resumed"
+
 python3 - "$DIR" <<'PY'
 import re, sys
 d = sys.argv[1]
