@@ -95,6 +95,18 @@ for run in dp2 tp2 dp2-accum; do
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
 
+# What it refuses, saying why: NCCL forced on ranks that share a GPU; a CUDA plan in fp32.
+MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) KUBETRAIN_CUDA_COMM=nccl timeout 120 "$WORKER" \
+  launch --plan "$DIR/dp2.json" > "$DIR/forced.log" 2>&1 && fail "NCCL forced on a shared GPU ran"
+grep -q "KUBETRAIN_CUDA_COMM=nccl, but ranks 0 and 1 share a GPU" "$DIR/forced.log" ||
+  fail "forced NCCL not refused clearly: $(tail -5 "$DIR/forced.log")"
+sed 's/seed: 11}/seed: 11, precision: fp32}/' "$DIR/cuda.yaml" > "$DIR/fp32.yaml"
+plan fp32 $h200
+"$WORKER" train --plan "$DIR/fp32.json" > "$DIR/fp32.log" 2>&1 && fail "a CUDA fp32 plan ran"
+grep -q "cannot execute this plan: precision fp32 on CUDA" "$DIR/fp32.log" ||
+  fail "CUDA fp32 not refused clearly: $(cat "$DIR/fp32.log")"
+echo "ok   refused: NCCL forced on a shared GPU, a CUDA plan in fp32"
+
 # While training: /metrics (promtool-clean) shows the GPU and the CPU AdamW and the copies; SIGTERM
 # checkpoints and exits 143; a plan of the same job two steps longer resumes from there.
 job long 400 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
