@@ -208,11 +208,6 @@ void operation(cudaStream_t stream, const char* what, const Access* first, const
   for (const Access* p = first; p != last; ++p) access(s, *p, now, a.clock);
 }
 
-void host_waits_for(const Clock& clock) {
-  State& s = state();
-  join(s.host.clock, clock);
-}
-
 void host_waits_for_everything(State& s) {
   join(s.host.clock, s.legacy.clock);
   for (auto& [handle, a] : s.streams) join(s.host.clock, a.clock);
@@ -266,6 +261,18 @@ thread_local cudaError_t g_last = cudaSuccess;
 
 cudaError_t ok() {
   return cudaSuccess;
+}
+
+// A stream or event handle (a token from `new char`) and its entry in the checker's state.
+template <class Map, class Handle>
+cudaError_t destroy(Map em::State::*entries, Handle handle) {
+  {
+    auto& s = em::state();
+    std::lock_guard lock(s.mutex);
+    (s.*entries).erase(handle);
+  }
+  delete reinterpret_cast<char*>(handle);
+  return ok();
 }
 
 const char* copy_name(cudaMemcpyKind kind, bool async) {
@@ -347,7 +354,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaM
   {
     auto& s = em::state();
     std::lock_guard lock(s.mutex);
-    em::host_waits_for(s.legacy.clock);
+    em::join(s.host.clock, s.legacy.clock);  // returns when the copy is done
   }
   std::memmove(dst, src, bytes);
   return ok();
@@ -377,18 +384,12 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned i
   return ok();
 }
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
-  {
-    auto& s = em::state();
-    std::lock_guard lock(s.mutex);
-    s.streams.erase(stream);
-  }
-  delete reinterpret_cast<char*>(stream);
-  return ok();
+  return destroy(&em::State::streams, stream);
 }
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   auto& s = em::state();
   std::lock_guard lock(s.mutex);
-  em::host_waits_for(em::agent_of(s, stream).clock);
+  em::join(s.host.clock, em::agent_of(s, stream).clock);
   return ok();
 }
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
@@ -409,13 +410,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int)
   return cudaEventCreate(event);
 }
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
-  {
-    auto& s = em::state();
-    std::lock_guard lock(s.mutex);
-    s.events.erase(event);
-  }
-  delete reinterpret_cast<char*>(event);
-  return ok();
+  return destroy(&em::State::events, event);
 }
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   auto& s = em::state();
@@ -430,7 +425,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   auto& s = em::state();
   std::lock_guard lock(s.mutex);
   const auto it = s.events.find(event);
-  if (it != s.events.end()) em::host_waits_for(it->second);
+  if (it != s.events.end()) em::join(s.host.clock, it->second);
   return ok();
 }
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {

@@ -31,7 +31,8 @@ namespace em = kt::emulation;
 
 // The ranks of one communicator.
 struct Clique {
-  explicit Clique(int n) : size(n), sends(n), recvs(n) {}
+  Clique(std::string id, int n) : key(std::move(id)), size(n), sends(n), recvs(n) {}
+  const std::string key;  // the unique id's bytes: its entry in g_cliques
   const int size;
   std::mutex mutex;
   std::condition_variable changed;
@@ -151,8 +152,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   std::shared_ptr<Clique> clique;
   {
     std::lock_guard lock(g_mutex);
-    auto& slot = g_cliques[std::string(id.internal, sizeof id.internal)];
-    if (!slot) slot = std::make_shared<Clique>(nranks);
+    const std::string key(id.internal, sizeof id.internal);
+    auto& slot = g_cliques[key];
+    if (!slot) slot = std::make_shared<Clique>(key, nranks);
     if (slot->size != nranks) return ncclInvalidUsage;
     ++slot->members;
     clique = slot;
@@ -165,12 +167,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   {
     std::lock_guard lock(g_mutex);
-    if (--comm->clique->members == 0)
-      for (auto it = g_cliques.begin(); it != g_cliques.end(); ++it)
-        if (it->second == comm->clique) {
-          g_cliques.erase(it);
-          break;
-        }
+    if (--comm->clique->members == 0) g_cliques.erase(comm->clique->key);
   }
   delete comm;
   return ncclSuccess;
