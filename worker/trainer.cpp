@@ -479,6 +479,9 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
 void install_stop_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
+  // The loop polls the flag between steps; no thread's blocking call (ours or a library's)
+  // should fail with EINTR because the stop signal happened to land on it.
+  action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
