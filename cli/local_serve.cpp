@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/run.h"
+#include "operator/local/builtin_resources.h"
 #include "operator/local/http_api.h"
 #include "operator/local/local_node.h"
 #include "operator/local/pod_runner.h"
@@ -37,7 +38,17 @@ int local_serve(const LocalServeOptions& options) {
         options.worker_binary.empty() ? find_worker_binary() : options.worker_binary;
     runner = std::make_unique<local::PodRunner>(store, runner_options);
   }
+  // The namespaces every cluster has.
+  for (const char* ns : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
+    store.create(local::kNamespaces, "",
+                 {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  }
   local::ApiServer server(store, "127.0.0.1", options.port);
+  if (runner) {
+    server.set_pod_logs([&runner](const std::string& ns, const std::string& name) {
+      return runner->log_path(ns, name);
+    });
+  }
   server.start();
   if (runner) runner->start();
   if (!options.kubeconfig_out.empty()) server.write_kubeconfig(options.kubeconfig_out);

@@ -1,10 +1,16 @@
 #include "operator/controller/children.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace kt::controller {
 
 using kube::Object;
 
 namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
 
 Object owner_reference(const Object& owner) {
   return {{"apiVersion", owner.value("apiVersion", api::kApiVersion)},
@@ -27,7 +33,46 @@ Object env_var(const std::string& name, const std::string& value) {
   return {{"name", name}, {"value", value}};
 }
 
+// A byte count as a Kubernetes quantity in whole MiB, rounded up ("1536Mi").
+std::string mebibytes(double bytes) {
+  return std::to_string(static_cast<int64_t>(std::ceil(bytes / kMiB))) + "Mi";
+}
+
+// Sets resources[kind][name] unless the job's own override (spec.resources.resources) set it.
+void default_resource(Object& resources, const char* kind, const char* name,
+                      const std::string& value) {
+  if (!resources[kind].contains(name)) resources[kind][name] = value;
+}
+
 }  // namespace
+
+WorkerPodResources worker_pod_resources(const api::Plan& plan) {
+  WorkerPodResources r;
+  const auto procs = static_cast<double>(plan.config.procs_per_node);
+  const bool cuda = plan.device == api::DeviceKind::kCuda;
+  r.gpus = cuda ? plan.config.procs_per_node : 0;
+  // The plan's threads: each rank computes (CPU) or runs the CPU AdamW (CUDA) on cpu_threads.
+  r.cpu_millis = plan.config.procs_per_node * std::max<int64_t>(1, plan.cpu_threads) * 1000;
+  // /dev/shm: NCCL's SHM transport and the launcher's pipes. NCCL's per-peer buffers are a few
+  // MiB (NCCL_BUFFSIZE 4 MiB by default, NCCL docs "Environment Variables"); 1 GiB per GPU rank
+  // leaves room for many channels. Gloo (CPU) uses TCP, so a small one does.
+  r.shm_bytes = cuda ? procs * kGiB : 256 * kMiB;
+  // Host memory the plan itself needs on the node: offloaded state and pinned buffers, plus on
+  // a CPU device the ranks' whole "device" memory (the planner's host check, cost_model.cpp).
+  const double planned = plan.predicted.host_bytes_per_node +
+                         (cuda ? 0.0 : plan.predicted.memory.total() * procs);
+  // Margin: 10 % for allocator slack plus 512 MiB per rank process (binary, libraries, the CUDA
+  // context's host side, data and comm buffers — measured RSS of a tiny CPU rank is ~60 MiB).
+  // tmpfs pages in /dev/shm are charged to the pod's memory cgroup, so its size is added too.
+  r.memory_bytes = planned * 1.10 + procs * 512 * kMiB + r.shm_bytes;
+  // The grace period covers the SIGTERM checkpoint: at most the whole model state (fp32 master
+  // weights, Adam m and v, and the bf16/fp32 weights: 16 bytes per parameter) written by one
+  // node at a conservative 200 MB/s (a network-attached PVC), plus 30 s to stop; at least 60 s.
+  const double checkpoint_bytes = static_cast<double>(plan.parameters) * 16.0;
+  r.termination_grace_seconds =
+      std::max<int64_t>(60, static_cast<int64_t>(std::ceil(checkpoint_bytes / 200e6)) + 30);
+  return r;
+}
 
 std::string plan_config_map_name(const std::string& job) {
   return job + "-plan";
@@ -74,7 +119,11 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
   Object meta = child_metadata(owner, pod_name);
   meta["labels"][kNodeRankLabel] = std::to_string(node_rank);
   meta["labels"][kRestartAttemptLabel] = std::to_string(attempt);
+  meta["labels"][kPlanHashLabel] = plan.plan_hash;
+  meta["labels"]["app.kubernetes.io/name"] = "kubetrain-worker";
+  meta["labels"]["app.kubernetes.io/managed-by"] = "kubetrain-operator";
   meta["annotations"] = {{kPlanHashAnnotation, plan.plan_hash}};
+  const WorkerPodResources need = worker_pod_resources(plan);
 
   const auto& spec = job.spec;
   Object volumes = Object::array();
@@ -88,6 +137,13 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
   checkpoints["name"] = "checkpoints";
   volumes.push_back(checkpoints);
   mounts.push_back({{"name", "checkpoints"}, {"mountPath", kCheckpointDir}});
+  // A memory-backed /dev/shm (the container runtime's default is 64 MiB, too small for NCCL)
+  // and a writable /tmp, since the root filesystem is read-only.
+  volumes.push_back({{"name", "dshm"},
+                     {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", mebibytes(need.shm_bytes)}}}});
+  mounts.push_back({{"name", "dshm"}, {"mountPath", "/dev/shm"}});
+  volumes.push_back({{"name", "tmp"}, {"emptyDir", Object::object()}});
+  mounts.push_back({{"name", "tmp"}, {"mountPath", "/tmp"}});
   if (spec.data.volume.is_object()) {
     Object data = spec.data.volume;
     data["name"] = "data";
@@ -107,13 +163,30 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
       env_var("KUBETRAIN_RESTART_ATTEMPT", std::to_string(attempt)),
       // Rank 0 writes its final progress there; the kubelet reports it in the pod's status.
       env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH", kTerminationMessagePath),
+      env_var("KUBETRAIN_JOB_NAME", name),
+      env_var("KUBETRAIN_PLAN_HASH", plan.plan_hash),
+      {{"name", "POD_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.name"}}}}}},
+      {{"name", "POD_NAMESPACE"},
+       {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.namespace"}}}}}},
   });
 
+  // Requests from the plan, so that the scheduler puts the pod where it fits; the job's own
+  // spec.resources.resources wins where it sets a value, except the GPUs, which the plan fixes.
+  // Memory limit = request: a rank that outgrows its plan is stopped there, not by the node's
+  // OOM killer among its neighbours. No CPU limit: CFS throttling stalls a rank's collectives
+  // and with them the whole gang (requests still reserve the cores).
   Object resources =
       spec.resources.resources.is_object() ? spec.resources.resources : Object::object();
-  if (plan.device == api::DeviceKind::kCuda) {
-    resources["limits"]["nvidia.com/gpu"] = std::to_string(procs);
-    resources["requests"]["nvidia.com/gpu"] = std::to_string(procs);
+  if (!resources.contains("requests") || !resources["requests"].is_object())
+    resources["requests"] = Object::object();
+  if (!resources.contains("limits") || !resources["limits"].is_object())
+    resources["limits"] = Object::object();
+  default_resource(resources, "requests", "cpu", std::to_string(need.cpu_millis) + "m");
+  default_resource(resources, "requests", "memory", mebibytes(need.memory_bytes));
+  default_resource(resources, "limits", "memory", resources["requests"]["memory"].get<std::string>());
+  if (need.gpus > 0) {
+    resources["limits"]["nvidia.com/gpu"] = std::to_string(need.gpus);
+    resources["requests"]["nvidia.com/gpu"] = std::to_string(need.gpus);
   }
 
   Object container = {
@@ -129,8 +202,14 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
        {{{"name", "rendezvous"}, {"containerPort", options.master_port}},
         {{"name", "metrics"}, {"containerPort", options.metrics_port}}}},
       {"volumeMounts", mounts},
+      {"resources", resources},
+      // The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/
+      // pod-security-standards): the worker needs no privilege, and writes only to its volumes.
+      {"securityContext",
+       {{"allowPrivilegeEscalation", false},
+        {"readOnlyRootFilesystem", true},
+        {"capabilities", {{"drop", {"ALL"}}}}}},
   };
-  if (!resources.empty()) container["resources"] = resources;
 
   // Placement: the plan names the node of each node rank; the scheduler (or the local pod
   // runner) binds the pod there and checks that it fits.
@@ -143,7 +222,14 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
                      {"subdomain", name},
                      {"restartPolicy", "Never"},
                      // SIGTERM makes the worker checkpoint before it exits (DESIGN.md §7).
-                     {"terminationGracePeriodSeconds", 60},
+                     {"terminationGracePeriodSeconds", need.termination_grace_seconds},
+                     // 65532: the image's user. fsGroup makes the checkpoint PVC writable.
+                     {"securityContext",
+                      {{"runAsNonRoot", true},
+                       {"runAsUser", kWorkerUid},
+                       {"runAsGroup", kWorkerUid},
+                       {"fsGroup", kWorkerUid},
+                       {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
                      {"nodeSelector", node_selector},
                      {"containers", Object::array({container})},
                      {"volumes", volumes}};

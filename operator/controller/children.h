@@ -15,6 +15,8 @@ namespace kt::controller {
 inline constexpr const char* kJobNameLabel = "kubetrain.dev/job-name";
 inline constexpr const char* kNodeRankLabel = "kubetrain.dev/node-rank";
 inline constexpr const char* kRestartAttemptLabel = "kubetrain.dev/restart-attempt";
+// On worker pods, so that an admin can select the pods of one plan.
+inline constexpr const char* kPlanHashLabel = "kubetrain.dev/plan-hash";
 // Annotations on the plan ConfigMap: the controller's record of what the job runs, so that a
 // restarted controller keeps the plan and the attempt (it has no other memory).
 inline constexpr const char* kGenerationAnnotation = "kubetrain.dev/generation";
@@ -31,6 +33,20 @@ inline constexpr const char* kPlanPath = "/etc/kubetrain/plan.json";
 inline constexpr const char* kTerminationMessagePath = "/dev/termination-log";
 inline constexpr const char* kCheckpointDir = "/var/lib/kubetrain/checkpoints";
 inline constexpr const char* kDataDir = "/data";
+
+// The non-root user of the image (Dockerfile) that worker pods run as.
+inline constexpr int64_t kWorkerUid = 65532;
+
+// What one worker pod needs from its node, from the plan (DESIGN.md §8 "worker pods fit real
+// nodes"); children.cpp says where each figure comes from.
+struct WorkerPodResources {
+  int64_t gpus = 0;
+  int64_t cpu_millis = 0;   // the ranks' threads
+  double memory_bytes = 0;  // planned host memory + margin + /dev/shm
+  double shm_bytes = 0;     // the memory-backed /dev/shm
+  int64_t termination_grace_seconds = 60;  // covers the SIGTERM checkpoint write
+};
+WorkerPodResources worker_pod_resources(const api::Plan& plan);
 
 struct ChildOptions {
   std::string default_image = "ghcr.io/kubetrain/kubetrain-worker:0.1.0";

@@ -23,6 +23,16 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// Status figures as `kubectl get tj` prints them: the API server prints a number column with
+// every digit it has (5.182575702667236), so the status keeps 4 significant digits, and whole
+// numbers at and above 1,000 (102936 tokens/s). Prometheus has the exact values.
+double for_display(double value) {
+  if (!std::isfinite(value) || value == 0) return value;
+  if (std::fabs(value) >= 1000) return std::round(value);
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(std::fabs(value))));
+  return std::round(value * scale) / scale;
+}
+
 std::string label(const Object& obj, const char* key) {
   const auto& labels = obj["metadata"].value("labels", Object::object());
   return labels.value(key, "");
@@ -88,8 +98,8 @@ api::PlanSummary summarize(const api::Plan& plan) {
   s.offload = plan.config.offload;
   s.offload_window = plan.config.window;
   s.gpu_update_fraction = plan.gpu_update_fraction;
-  s.predicted_step_seconds = plan.predicted.step_seconds;
-  s.predicted_tokens_per_second = plan.predicted.tokens_per_second;
+  s.predicted_step_seconds = for_display(plan.predicted.step_seconds);
+  s.predicted_tokens_per_second = for_display(plan.predicted.tokens_per_second);
   s.config_map = plan_config_map_name(plan.job_name);
   s.plan_hash = plan.plan_hash;
   return s;
@@ -275,19 +285,29 @@ class Controller::Pass {
                     {"kind", "List"},
                     {"items", client_.list(kube::kNodes, "", {}).items}};
     api::Inventory inv = api::decode_kubectl_nodes(nodes);
-    std::map<std::string, double> used;
+    // What other pods (the operator's own, daemons, other jobs) request on each node is not
+    // free for this job: the worker pods request what the plan uses, and must fit beside them.
+    std::map<std::string, double> used_gpus, used_cpus, used_memory;
     for (const auto& pod : client_.list(kube::kPods, "", {}).items) {
       const std::string phase = phase_of(pod);
       if (phase == "Succeeded" || phase == "Failed") continue;
       if (label(pod, kJobNameLabel) == name_ && pod["metadata"].value("namespace", "") == ns_)
         continue;
       const std::string node = pod["spec"].value("nodeName", "");
-      if (!node.empty()) used[node] += kube::pod_gpu_request(pod);
+      if (node.empty()) continue;
+      used_gpus[node] += kube::pod_gpu_request(pod);
+      used_cpus[node] += kube::pod_request(pod, "cpu");
+      used_memory[node] += kube::pod_request(pod, "memory");
     }
     std::string fingerprint;
     for (auto& node : inv.nodes) {
-      node.free_gpus =
-          std::max<int64_t>(0, node.gpu_count - static_cast<int64_t>(std::ceil(used[node.name])));
+      node.free_gpus = std::max<int64_t>(
+          0, node.gpu_count - static_cast<int64_t>(std::ceil(used_gpus[node.name])));
+      node.cpu_cores = std::max<int64_t>(
+          1, static_cast<int64_t>(std::floor(static_cast<double>(node.cpu_cores) -
+                                             used_cpus[node.name] + 1e-9)));
+      node.memory_bytes = std::max(node.memory_bytes - used_memory[node.name],
+                                   node.memory_bytes * 0.05);
       fingerprint += node.name + "|" + node.gpu_product + "|" + std::to_string(node.gpu_count) +
                      "|" + std::to_string(node.free_gpus) + "|" + std::to_string(node.cpu_cores) +
                      "|" + std::to_string(node.memory_bytes) + "|" +
@@ -424,18 +444,18 @@ void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& pl
   if (!text) return;
   const WorkerProgress p = parse_worker_progress(*text);
   if (p.steps) status_.progress.step = static_cast<int64_t>(*p.steps);
-  if (p.loss) status_.progress.loss = *p.loss;
+  if (p.loss) status_.progress.loss = for_display(*p.loss);
   if (p.tokens_per_second) {
-    status_.progress.tokens_per_second = *p.tokens_per_second;
+    status_.progress.tokens_per_second = for_display(*p.tokens_per_second);
     const double tokens_per_step =
         static_cast<double>(plan.global_batch) * static_cast<double>(plan.model.seq_len);
     if (*p.tokens_per_second > 0) {
       const double step_seconds = tokens_per_step / *p.tokens_per_second;
-      status_.progress.step_seconds = step_seconds;
-      status_.progress.eta_seconds =
+      status_.progress.step_seconds = for_display(step_seconds);
+      status_.progress.eta_seconds = for_display(
           std::max<double>(0,
                            static_cast<double>(job.spec.training.steps - status_.progress.step)) *
-          step_seconds;
+          step_seconds);
     }
   }
   if (p.last_checkpoint_step && *p.last_checkpoint_step > 0)
@@ -625,8 +645,9 @@ ReconcileResult Controller::Pass::run() {
                 .value("terminated", Object::object())
                 .value("message", "");
         const WorkerProgress last = parse_worker_progress(message);
-        if (last.loss) status_.progress.loss = *last.loss;
-        if (last.tokens_per_second) status_.progress.tokens_per_second = *last.tokens_per_second;
+        if (last.loss) status_.progress.loss = for_display(*last.loss);
+        if (last.tokens_per_second)
+          status_.progress.tokens_per_second = for_display(*last.tokens_per_second);
       }
     }
     finish(JobPhase::kSucceeded, "Succeeded",

@@ -27,20 +27,26 @@ std::optional<Clock::time_point> parse_rfc3339(const std::string& text) {
   return Clock::from_time_t(timegm(&tm));
 }
 
-double pod_gpu_request(const Object& pod) {
+double pod_request(const Object& pod, const std::string& resource) {
   double total = 0;
   for (const auto& c : pod["spec"].value("containers", Object::array())) {
+    if (!c.is_object()) continue;
     const auto res = c.value("resources", Object::object());
+    if (!res.is_object()) continue;
     for (const char* kind : {"requests", "limits"}) {
       const auto m = res.value(kind, Object::object());
-      if (!m.contains("nvidia.com/gpu")) continue;
-      const auto& v = m["nvidia.com/gpu"];
-      total +=
-          v.is_number() ? v.get<double>() : api::parse_quantity(v.get<std::string>()).value_or(0);
+      if (!m.is_object() || !m.contains(resource)) continue;
+      const auto& v = m[resource];
+      if (v.is_number()) total += v.get<double>();
+      else if (v.is_string()) total += api::parse_quantity(v.get<std::string>()).value_or(0);
       break;  // requests, or limits when there are no requests
     }
   }
   return total;
+}
+
+double pod_gpu_request(const Object& pod) {
+  return pod_request(pod, "nvidia.com/gpu");
 }
 
 }  // namespace kt::kube

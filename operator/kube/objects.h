@@ -16,6 +16,10 @@ std::string now_rfc3339();
 // nullopt for "" or text that is not "YYYY-MM-DDTHH:MM:SS…".
 std::optional<std::chrono::system_clock::time_point> parse_rfc3339(const std::string& text);
 
+// What a pod asks for of `resource` ("cpu" in cores, "memory" in bytes, "nvidia.com/gpu"): per
+// container its requests, or its limits when it has no request (the API server's defaulting),
+// summed over containers.
+double pod_request(const Object& pod, const std::string& resource);
 // The nvidia.com/gpu a pod asks for: per container its requests, or its limits when it has no
 // request (the API server's defaulting), summed over containers.
 double pod_gpu_request(const Object& pod);

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "api/error.h"
+#include "operator/local/builtin_resources.h"
+#include "operator/local/tables.h"
 
 namespace kt::local {
 namespace {
@@ -29,16 +31,11 @@ struct Served {
   Object printer_columns = Object::array();  // CRD additionalPrinterColumns
 };
 
-std::vector<Served> builtin_resources() {
-  return {
-      {kube::kPods, "pod", {"po"}, {"all"}, true},
-      {kube::kServices, "service", {"svc"}, {"all"}, true},
-      {kube::kConfigMaps, "configmap", {"cm"}, {}, false},
-      {kube::kNodes, "node", {"no"}, {}, true},
-      {kube::kEvents, "event", {"ev"}, {}, false},
-      {kube::kLeases, "lease", {}, {}, false},
-      {kube::kCustomResourceDefinitions, "customresourcedefinition", {"crd", "crds"}, {}, true},
-  };
+std::vector<Served> builtin_served() {
+  std::vector<Served> out;
+  for (const BuiltinResource& b : builtin_resources())
+    out.push_back({b.resource, b.singular, b.short_names, b.categories, b.status});
+  return out;
 }
 
 // The resource a stored CRD defines (the storage version, as the Store serves it).
@@ -130,25 +127,6 @@ bool truthy(const std::string& value) {
   return value == "1" || value == "true" || value == "True";
 }
 
-// Seconds since an RFC 3339 UTC timestamp ("2026-11-30T21:00:00Z"); nullopt if unparsable.
-std::optional<long long> seconds_since(const std::string& timestamp) {
-  std::tm tm{};
-  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return std::nullopt;
-  return static_cast<long long>(std::time(nullptr) - timegm(&tm));
-}
-
-// kubectl's short relative time (apimachinery duration.HumanDuration, simplified).
-std::string human_age(long long seconds) {
-  if (seconds < 0) seconds = 0;
-  if (seconds < 120) return std::to_string(seconds) + "s";
-  const long long minutes = seconds / 60;
-  if (minutes < 10) return std::to_string(minutes) + "m" + std::to_string(seconds % 60) + "s";
-  if (minutes < 180) return std::to_string(minutes) + "m";
-  const long long hours = minutes / 60;
-  if (hours < 48) return std::to_string(hours) + "h";
-  return std::to_string(hours / 24) + "d";
-}
-
 // A printer column's value: simple JSONPath (".status.phase", ".spec.items[0].name").
 Object json_path(const Object& object, const std::string& path) {
   const Object* at = &object;
@@ -187,9 +165,10 @@ struct ApiServer::Impl {
   kube::Client& backend;
   ApiServer& owner;
   HttpServer http;
-  mutable std::mutex faults_mutex;  // guards faults and extra
+  mutable std::mutex faults_mutex;  // guards faults, extra and pod_logs
   Faults faults;
   std::vector<Served> extra;  // add_resource()
+  PodLogPath pod_logs;        // set_pod_logs()
   std::atomic<int> drop_generation{0};
 
   Impl(kube::Client& b, ApiServer& o, const std::string& address, int port)
@@ -199,7 +178,7 @@ struct ApiServer::Impl {
   // ---- resources -----------------------------------------------------------------------------
 
   std::vector<Served> served() {
-    std::vector<Served> all = builtin_resources();
+    std::vector<Served> all = builtin_served();
     {
       std::lock_guard lock(faults_mutex);
       all.insert(all.end(), extra.begin(), extra.end());
@@ -325,40 +304,45 @@ struct ApiServer::Impl {
   // ---- tables (kubectl get) ------------------------------------------------------------------
 
   Object table(const Served& s, const std::vector<Object>& items, const std::string& version) {
+    // The columns: a CRD's additionalPrinterColumns, a built-in kind's printer, else Age.
+    std::vector<TableColumn> printer;
+    for (const Object& c : s.printer_columns) {
+      const std::string type = c.value("type", "string");
+      const std::string path = c.value("jsonPath", "");
+      printer.push_back({c.value("name", ""), type, c.value("description", ""),
+                         c.value("priority", 0), [type, path](const Object& item) {
+                           Object value = json_path(item, path);
+                           if (type == "date" && value.is_string()) {
+                             const long long age = seconds_since(value.get<std::string>());
+                             value = age >= 0 ? Object(human_duration(age)) : Object(nullptr);
+                           }
+                           return value;
+                         }});
+    }
+    if (s.printer_columns.empty()) printer = builtin_columns(s.resource);
+    bool has_age = false;
+    for (const TableColumn& c : printer) has_age = has_age || c.name == "Age" || c.name == "Created At";
+    if (!has_age) {
+      printer.push_back({"Age", "date", "CreationTimestamp", 0, [](const Object& item) {
+                           const long long age = seconds_since(
+                               item["metadata"].value("creationTimestamp", ""));
+                           return age >= 0 ? Object(human_duration(age)) : Object("<unknown>");
+                         }});
+    }
     Object columns = Object::array();
     columns.push_back({{"name", "Name"}, {"type", "string"}, {"format", "name"},
                        {"description", "Name must be unique within a namespace."},
                        {"priority", 0}});
-    Object printer = s.printer_columns;
-    bool has_age = false;
-    for (const Object& c : printer) {
-      columns.push_back({{"name", c.value("name", "")}, {"type", c.value("type", "string")},
-                         {"format", c.value("format", "")},
-                         {"description", c.value("description", "")},
-                         {"priority", c.value("priority", 0)}});
-      has_age = has_age || c.value("name", "") == "Age";
-    }
-    if (!has_age) {
-      columns.push_back({{"name", "Age"}, {"type", "date"}, {"format", ""},
-                         {"description", "CreationTimestamp"}, {"priority", 0}});
+    for (const TableColumn& c : printer) {
+      columns.push_back({{"name", c.name}, {"type", c.type}, {"format", ""},
+                         {"description", c.description}, {"priority", c.priority}});
     }
     Object rows = Object::array();
     for (const Object& item : items) {
       Object cells = Object::array();
       const Object meta = item.value("metadata", Object::object());
       cells.push_back(meta.value("name", ""));
-      for (const Object& c : printer) {
-        Object value = json_path(item, c.value("jsonPath", ""));
-        if (c.value("type", "") == "date" && value.is_string()) {
-          const auto age = seconds_since(value.get<std::string>());
-          value = age ? Object(human_age(*age)) : Object(nullptr);
-        }
-        cells.push_back(value);
-      }
-      if (!has_age) {
-        const auto age = seconds_since(meta.value("creationTimestamp", ""));
-        cells.push_back(age ? human_age(*age) : "<unknown>");
-      }
+      for (const TableColumn& c : printer) cells.push_back(c.cell(item));
       rows.push_back({{"cells", cells},
                       {"object",
                        {{"kind", "PartialObjectMetadata"},
@@ -458,6 +442,8 @@ struct ApiServer::Impl {
     if (!served || (!served->resource.namespaced && !ns.empty())) return not_found(w);
     const std::string name = rest.size() >= 2 ? rest[1] : "";
     const std::string sub = rest.size() == 3 ? rest[2] : "";
+    if (sub == "log" && served->resource == kube::kPods && r.method == "GET")
+      return serve_log(r, w, ns, name);
     if (!sub.empty() && (sub != "status" || !served->status)) return not_found(w);
     serve_resource(r, w, *served, ns, name, sub);
   }
@@ -615,7 +601,7 @@ struct ApiServer::Impl {
              {"lastTransitionTime", now}, {"message", "no conflicts found"}},
             {{"type", "Established"}, {"status", "True"}, {"reason", "InitialNamesAccepted"},
              {"lastTransitionTime", now}, {"message", "the initial names have been accepted"}}}}};
-      backend.update(kube::kCustomResourceDefinitions, "", established);
+      backend.update_status(kube::kCustomResourceDefinitions, "", established);
     } catch (const std::exception&) {
       // Cosmetic: the resource is served either way.
     }
@@ -694,6 +680,89 @@ struct ApiServer::Impl {
     watch->stop();
   }
 
+  // ---- pods/log ------------------------------------------------------------------------------
+
+  // kubectl logs [-f] [--tail N] [--previous] [-c C]: the pod runner's log file of the pod.
+  void serve_log(const HttpRequest& r, ResponseWriter& w, const std::string& ns,
+                 const std::string& name) {
+    const Object pod = backend.get(kube::kPods, ns, name);  // 404 as the API server's
+    const Object containers = pod["spec"].value("containers", Object::array());
+    const std::string first = containers.empty() ? "" : containers[0].value("name", "");
+    const std::string container = r.has_param("container") ? r.param("container") : first;
+    bool known = false;
+    for (const auto& c : containers) known = known || c.value("name", "") == container;
+    if (!known) {
+      return send_status(w, 400, "BadRequest",
+                         "container " + container + " is not valid for pod " + name);
+    }
+    if (truthy(r.param("previous"))) {
+      // restartPolicy Never on the local node: no container ran before this one.
+      return send_status(w, 400, "BadRequest",
+                         "previous terminated container \"" + container + "\" in pod \"" +
+                             name + "\" not found");
+    }
+    std::string path;
+    {
+      std::lock_guard lock(faults_mutex);
+      if (pod_logs) path = pod_logs(ns, name);
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (path.empty() || !in) {
+      return send_status(w, 400, "BadRequest",
+                         "container \"" + container + "\" in pod \"" + name +
+                             "\" is waiting to start: ContainerCreating");
+    }
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (r.has_param("tailLines")) {
+      const long long lines = integer_param(r, "tailLines");
+      std::size_t at = text.size();
+      if (at > 0 && text[at - 1] == '\n') --at;
+      long long seen = 0;
+      while (at > 0 && seen < lines) {
+        const auto nl = text.rfind('\n', at - 1);
+        if (nl == std::string::npos) {
+          at = 0;
+          break;
+        }
+        if (++seen == lines) {
+          at = nl + 1;
+          break;
+        }
+        at = nl;
+      }
+      if (lines == 0) at = text.size();
+      text = text.substr(at);
+    }
+    if (!truthy(r.param("follow"))) return w.send(200, "text/plain", text);
+    // Follow: what is there, then what is appended, until the pod has ended and all is read.
+    w.begin_stream(200, "text/plain");
+    if (!text.empty() && !w.write(text)) return;
+    std::streamoff offset = static_cast<std::streamoff>(in.tellg());
+    for (;;) {
+      if (w.closed()) return;
+      std::ifstream more(path, std::ios::binary);
+      more.seekg(offset);
+      std::string chunk((std::istreambuf_iterator<char>(more)), std::istreambuf_iterator<char>());
+      if (!chunk.empty()) {
+        offset += static_cast<std::streamoff>(chunk.size());
+        if (!w.write(chunk)) return;
+        continue;
+      }
+      std::string phase = "Unknown";
+      try {
+        const Object now = backend.get(kube::kPods, ns, name);
+        phase = now.contains("status") ? now["status"].value("phase", "Pending") : "Pending";
+      } catch (const ApiError&) {
+        phase = "Gone";
+      }
+      if (phase == "Succeeded" || phase == "Failed" || phase == "Gone") {
+        w.end_stream();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
   // ---- openapi -------------------------------------------------------------------------------
 
   // A valid, nearly empty Swagger 2.0 document: kubectl's client-side validation finds no
@@ -765,6 +834,11 @@ void ApiServer::add_resource(const kube::Resource& resource, bool status_subreso
   served.status = status_subresource;
   std::lock_guard lock(impl_->faults_mutex);
   impl_->extra.push_back(std::move(served));
+}
+
+void ApiServer::set_pod_logs(PodLogPath path_of) {
+  std::lock_guard lock(impl_->faults_mutex);
+  impl_->pod_logs = std::move(path_of);
 }
 
 void ApiServer::set_faults(const Faults& faults) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,9 @@ struct Faults {
   std::chrono::milliseconds delay{0};  // added before every resource request (not discovery)
 };
 
+// The file holding a pod's container output (the local pod runner's log), for pods/log.
+using PodLogPath = std::function<std::string(const std::string& ns, const std::string& name)>;
+
 class ApiServer {
  public:
   ApiServer(kube::Client& backend, std::string address = "127.0.0.1", int port = 0);
@@ -55,6 +59,9 @@ class ApiServer {
   // Serves a resource the backend knows without a CRD object (Store::register_resource).
   void add_resource(const kube::Resource& resource, bool status_subresource,
                     std::vector<std::string> short_names = {});
+
+  // Serves GET .../pods/NAME/log (follow, tailLines, container, previous) from these files.
+  void set_pod_logs(PodLogPath path_of);
 
   void set_faults(const Faults& faults);
   Faults faults() const;

@@ -235,19 +235,29 @@ void PodRunner::bind_if_fits(const Object& pod, const Object& node,
     const auto alloc = node.contains("status")
                            ? node["status"].value("allocatable", Object::object())
                            : Object::object();
-    double gpus = 0;
-    if (alloc.contains("nvidia.com/gpu"))
-      gpus = api::parse_quantity(alloc["nvidia.com/gpu"].get<std::string>()).value_or(0);
-    double used = 0;
-    for (const auto& other : pods) {
-      const std::string phase = phase_of(other);
-      if (other["spec"].value("nodeName", "") == options_.node_name && phase != "Succeeded" &&
-          phase != "Failed")
-        used += kube::pod_gpu_request(other);
+    // The scheduler's NodeResourcesFit: requests of the pods bound here plus this one's must
+    // fit the node's allocatable, per resource.
+    for (const char* resource : {"nvidia.com/gpu", "cpu", "memory"}) {
+      const double wanted = kube::pod_request(pod, resource);
+      if (wanted <= 0) continue;
+      double allocatable = 0;
+      if (alloc.contains(resource) && alloc[resource].is_string())
+        allocatable = api::parse_quantity(alloc[resource].get<std::string>()).value_or(0);
+      double used = 0;
+      for (const auto& other : pods) {
+        const std::string phase = phase_of(other);
+        if (other["spec"].value("nodeName", "") == options_.node_name && phase != "Succeeded" &&
+            phase != "Failed")
+          used += kube::pod_request(other, resource);
+      }
+      if (used + wanted > allocatable * (1 + 1e-9) + 1e-9) {
+        char text[160];
+        std::snprintf(text, sizeof text, "Insufficient %s (requested %g, free %g of %g)",
+                      resource, wanted, std::max(0.0, allocatable - used), allocatable);
+        why = text;
+        break;
+      }
     }
-    if (used + kube::pod_gpu_request(pod) > gpus + 1e-9)
-      why = "Insufficient nvidia.com/gpu (requested " + std::to_string(kube::pod_gpu_request(pod)) +
-            ", free " + std::to_string(gpus - used) + ")";
   }
   if (!why.empty()) {
     // Unschedulable: say so once; the pod stays Pending until something changes.

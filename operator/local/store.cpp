@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "operator/kube/objects.h"
+#include "operator/local/builtin_resources.h"
 
 namespace kt::local {
 
@@ -170,13 +171,26 @@ bool matches_field_selector(const Object& obj, const std::string& selector) {
         {"metadata.namespace", Object::json_pointer("/metadata/namespace")},
         {"spec.nodeName", Object::json_pointer("/spec/nodeName")},
         {"status.phase", Object::json_pointer("/status/phase")},
+        // Events (kubectl describe asks for an object's events with these) and secrets.
+        {"involvedObject.kind", Object::json_pointer("/involvedObject/kind")},
+        {"involvedObject.namespace", Object::json_pointer("/involvedObject/namespace")},
+        {"involvedObject.name", Object::json_pointer("/involvedObject/name")},
+        {"involvedObject.uid", Object::json_pointer("/involvedObject/uid")},
+        {"involvedObject.apiVersion", Object::json_pointer("/involvedObject/apiVersion")},
+        {"involvedObject.resourceVersion",
+         Object::json_pointer("/involvedObject/resourceVersion")},
+        {"involvedObject.fieldPath", Object::json_pointer("/involvedObject/fieldPath")},
+        {"reason", Object::json_pointer("/reason")},
+        {"reportingComponent", Object::json_pointer("/reportingComponent")},
+        {"source", Object::json_pointer("/source/component")},
+        {"type", Object::json_pointer("/type")},
     };
     const auto it = kFields.find(field);
     if (it == kFields.end())
       throw ApiError(400, "BadRequest",
                      "field label not supported: " + field +
                          " (supported: metadata.name, metadata.namespace, spec.nodeName, "
-                         "status.phase)");
+                         "status.phase, involvedObject.*, reason, type, source)");
     std::string have;
     if (obj.contains(it->second) && obj.at(it->second).is_string())
       have = obj.at(it->second).get<std::string>();
@@ -294,11 +308,7 @@ class StoreWatch : public kube::Watch {
 // ---- the store -------------------------------------------------------------------------------
 
 Store::Store(StoreOptions options) : options_(options) {
-  for (const Resource* r : {&kube::kServices, &kube::kConfigMaps, &kube::kEvents, &kube::kLeases,
-                            &kube::kCustomResourceDefinitions})
-    register_locked(*r, false);
-  register_locked(kube::kPods, true);
-  register_locked(kube::kNodes, true);
+  for (const BuiltinResource& b : builtin_resources()) register_locked(b.resource, b.status);
 }
 
 Store::~Store() {
@@ -478,9 +488,41 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   if (kind.status_subresource) o.erase("status");  // set through the subresource only
   o["apiVersion"] = r.api_version();
   o["kind"] = r.kind;
+  admit(kind, o, /*create=*/true);
   kind.objects[key] = o;
   record(kind, WatchEventType::Added, o, nullptr);
   return o;
+}
+
+// What the API server's registry strategies and admission do to a new or changed object of the
+// built-in kinds that clients rely on: a namespace is Active, a Service gets a cluster IP, a
+// Secret a type, a Deployment its defaults (replicas 1, RollingUpdate 25 %/25 %).
+void Store::admit(Kind& kind, Object& o, bool create) {
+  const Resource& r = kind.resource;
+  if (r == kNamespaces && create) {
+    o["status"] = {{"phase", "Active"}};
+    if (!o.contains("spec")) o["spec"] = {{"finalizers", {"kubernetes"}}};
+  } else if (r == kube::kServices) {
+    Object& spec = o["spec"];
+    if (!spec.is_object()) spec = Object::object();
+    if (!spec.contains("type")) spec["type"] = "ClusterIP";
+    if (!spec.contains("clusterIP") && spec["type"] != "ExternalName") {
+      const int64_t n = ++uid_counter_;
+      spec["clusterIP"] = "10.96." + std::to_string((n / 250) % 250) + "." +
+                          std::to_string(n % 250 + 1);
+    }
+  } else if (r == kSecrets) {
+    if (!o.contains("type")) o["type"] = "Opaque";
+  } else if (r == kDeployments) {
+    Object& spec = o["spec"];
+    if (!spec.is_object()) spec = Object::object();
+    if (!spec.contains("replicas")) spec["replicas"] = 1;
+    if (!spec.contains("revisionHistoryLimit")) spec["revisionHistoryLimit"] = 10;
+    if (!spec.contains("progressDeadlineSeconds")) spec["progressDeadlineSeconds"] = 600;
+    if (!spec.contains("strategy"))
+      spec["strategy"] = {{"type", "RollingUpdate"},
+                          {"rollingUpdate", {{"maxSurge", "25%"}, {"maxUnavailable", "25%"}}}};
+  }
 }
 
 // Writes a new version of an existing object. `status_only`: keep everything but the status;
@@ -531,6 +573,10 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
     meta["name"] = name;
     if (meta.contains("labels") && !meta["labels"].is_null() && !meta["labels"].is_object())
       throw invalid(r, name, "metadata.labels", "must be a map");
+    if (r == kube::kServices && old.contains("spec") && old["spec"].contains("clusterIP") &&
+        next.contains("spec") && next["spec"].is_object() && !next["spec"].contains("clusterIP"))
+      next["spec"]["clusterIP"] = old["spec"]["clusterIP"];  // immutable once allocated
+    admit(kind, next, /*create=*/false);
     if (generation_view(next, kind.status_subresource) !=
         generation_view(old, kind.status_subresource))
       meta["generation"] = old["metadata"].value("generation", 1) + 1;

@@ -54,7 +54,7 @@ using FaultHook = std::function<std::optional<kube::ApiError>(
 
 class Store : public kube::Client {
  public:
-  // Registers the core resources (pods, services, configmaps, nodes, events, leases, CRDs).
+  // Registers the built-in resources (builtin_resources.h).
   explicit Store(StoreOptions options = {});
   ~Store() override;
   Store(const Store&) = delete;
@@ -109,6 +109,7 @@ class Store : public kube::Client {
   void remove_locked(Kind& kind, const std::string& key, kube::Propagation propagation);
   void register_locked(const kube::Resource& resource, bool status_subresource);
   void register_crd(const kube::Object& crd);
+  void admit(Kind& kind, kube::Object& object, bool create);
   std::string next_version() { return std::to_string(++version_); }
 
   const StoreOptions options_;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "api/plan.h"
+#include "api/quantity.h"
 #include "operator/local/store.h"
 #include "telemetry/metrics.h"
 
@@ -148,7 +149,8 @@ TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
   EXPECT_EQ(pod["spec"]["subdomain"], "job");
   EXPECT_EQ(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-a");
   std::map<std::string, std::string> env;
-  for (const auto& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e["value"];
+  for (const auto& e : pod["spec"]["containers"][0]["env"])
+    if (e.contains("value")) env[e["name"]] = e["value"];
   EXPECT_EQ(env["MASTER_ADDR"], "job-worker-0.job");
   EXPECT_EQ(env["WORLD_SIZE"], std::to_string(plan.world));
   EXPECT_EQ(env["NNODES"], "1");
@@ -157,7 +159,7 @@ TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
   EXPECT_EQ(env["KUBETRAIN_PLAN"], "/etc/kubetrain/plan.json");
   EXPECT_EQ(pod["spec"]["containers"][0]["command"][0], "kubetrain-worker");
   EXPECT_EQ(pod["spec"]["containers"][0]["args"][0], "launch");
-  EXPECT_FALSE(pod["spec"]["containers"][0].contains("resources"));  // no GPUs for a CPU plan
+  EXPECT_FALSE(pod["spec"]["containers"][0]["resources"]["limits"].contains("nvidia.com/gpu"));
 
   const Object s = status();
   EXPECT_EQ(s["phase"], "Starting");
@@ -168,6 +170,98 @@ TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
   EXPECT_EQ(condition("Planned")["observedGeneration"], 1);
   EXPECT_EQ(s["observedGeneration"], 1);
   EXPECT_EQ(event_reasons(), std::vector<std::string>{"PlanChosen"});
+}
+
+// Volumes and mounts of a pod by name.
+Object by_name(const Object& list, const std::string& name) {
+  for (const auto& item : list)
+    if (item.value("name", "") == name) return item;
+  return nullptr;
+}
+
+double quantity(const Object& value) {
+  return api::parse_quantity(value.get<std::string>()).value();
+}
+
+TEST_F(ControllerTest, WorkerPod_RequestsWhatThePlanUses_AndRunsRestricted) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  const api::Plan plan = api::decode_plan(Object::parse(
+      store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
+  const Object pod = pods().at(0);
+  const Object& container = pod["spec"]["containers"][0];
+  const Object& res = container["resources"];
+
+  // CPU: every rank's threads, which on this 4-core node are all 4 cores; no CPU limit.
+  EXPECT_EQ(plan.config.procs_per_node * plan.cpu_threads, 4);
+  EXPECT_DOUBLE_EQ(quantity(res["requests"]["cpu"]), 4.0);
+  EXPECT_FALSE(res["limits"].contains("cpu"));
+  // Memory: at least the plan's host memory (on a CPU device, the ranks' whole memory), below
+  // the node's 16Gi, and limit = request.
+  const double planned =
+      plan.predicted.host_bytes_per_node +
+      plan.predicted.memory.total() * static_cast<double>(plan.config.procs_per_node);
+  const double memory = quantity(res["requests"]["memory"]);
+  EXPECT_GT(memory, planned + 256.0 * 1024 * 1024);  // + the /dev/shm it holds
+  EXPECT_LT(memory, 16.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(res["limits"]["memory"], res["requests"]["memory"]);
+
+  // /dev/shm memory-backed, /tmp writable (the root filesystem is read-only).
+  const Object shm = by_name(pod["spec"]["volumes"], "dshm");
+  ASSERT_TRUE(shm.is_object());
+  EXPECT_EQ(shm["emptyDir"]["medium"], "Memory");
+  EXPECT_EQ(by_name(container["volumeMounts"], "dshm")["mountPath"], "/dev/shm");
+  EXPECT_EQ(by_name(container["volumeMounts"], "tmp")["mountPath"], "/tmp");
+
+  // The restricted Pod Security Standard.
+  EXPECT_EQ(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+  EXPECT_EQ(pod["spec"]["securityContext"]["runAsUser"], 65532);
+  EXPECT_EQ(pod["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+  EXPECT_EQ(container["securityContext"]["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(container["securityContext"]["readOnlyRootFilesystem"], true);
+  EXPECT_EQ(container["securityContext"]["capabilities"]["drop"], Object::array({"ALL"}));
+
+  EXPECT_GE(pod["spec"]["terminationGracePeriodSeconds"].get<int>(), 60);
+  EXPECT_EQ(pod["metadata"]["labels"]["kubetrain.dev/plan-hash"], plan.plan_hash);
+}
+
+TEST_F(ControllerTest, WorkerPod_JobOverridesWin_ExceptTheGpus) {
+  Object j = tiny_job("job");
+  j["spec"]["resources"]["resources"] = {{"requests", {{"cpu", "1500m"}}},
+                                         {"limits", {{"memory", "3Gi"}}}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  const Object res = pods().at(0)["spec"]["containers"][0]["resources"];
+  EXPECT_EQ(res["requests"]["cpu"], "1500m");
+  EXPECT_EQ(res["limits"]["memory"], "3Gi");
+  EXPECT_TRUE(res["requests"].contains("memory"));  // the plan's, where the job set none
+}
+
+TEST_F(ControllerTest, OtherPodsRequests_AreNotFreeForThePlan) {
+  // The operator's own pod holds 1 of node-a's 4 cores: the plan and its pod use the other 3.
+  store.create(kPods, "default",
+               {{"metadata", {{"name", "operator"}, {"namespace", "default"}}},
+                {"spec",
+                 {{"nodeName", "node-a"},
+                  {"containers",
+                   {{{"name", "op"}, {"resources", {{"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}}}}}}}}});
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  const Object res = store.get(kPods, "default", "job-worker-0")["spec"]["containers"][0]["resources"];
+  EXPECT_LE(quantity(res["requests"]["cpu"]), 3.0);
+}
+
+TEST_F(ControllerTest, Progress_IsKeptToFourSignificantDigits_ForKubectl) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  metrics_text =
+      "kubetrain_worker_steps_total{rank=\"0\"} 40\n"
+      "kubetrain_worker_loss{rank=\"0\"} 5.182575702667236\n"
+      "kubetrain_worker_tokens_per_second{rank=\"0\"} 102935.73934901589\n";
+  reconcile();
+  EXPECT_DOUBLE_EQ(status()["progress"]["loss"].get<double>(), 5.183);
+  EXPECT_DOUBLE_EQ(status()["progress"]["tokensPerSecond"].get<double>(), 102936);
 }
 
 TEST_F(ControllerTest, RunningPods_MakeTheJobRunning_WithProgressFromRankZero) {

@@ -1,0 +1,290 @@
+#include "operator/local/tables.h"
+
+#include <ctime>
+
+#include "operator/local/builtin_resources.h"
+
+namespace kt::local {
+namespace {
+
+using kube::Object;
+
+Object field(const Object& obj, const char* a, const char* b = nullptr, const char* c = nullptr) {
+  const Object* at = &obj;
+  for (const char* key : {a, b, c}) {
+    if (!key) break;
+    if (!at->is_object() || !at->contains(key)) return nullptr;
+    at = &(*at)[key];
+  }
+  return *at;
+}
+
+std::string text(const Object& value, const std::string& fallback = "<none>") {
+  return value.is_string() && !value.get<std::string>().empty() ? value.get<std::string>()
+                                                                 : fallback;
+}
+
+Object age_of(const Object& obj, const char* a, const char* b = nullptr) {
+  const Object t = field(obj, a, b);
+  const long long s = t.is_string() ? seconds_since(t.get<std::string>()) : -1;
+  return s < 0 ? Object("<unknown>") : Object(human_duration(s));
+}
+
+Object age(const Object& obj) {
+  return age_of(obj, "metadata", "creationTimestamp");
+}
+
+// The pod's STATUS column: the reason of the first container that is not running, else the
+// pod's reason, else its phase; Terminating once deletion started (printPod).
+std::string pod_status(const Object& pod) {
+  std::string reason = text(field(pod, "status", "phase"), "Pending");
+  if (auto r = field(pod, "status", "reason"); r.is_string() && !r.get<std::string>().empty())
+    reason = r.get<std::string>();
+  const Object statuses = field(pod, "status", "containerStatuses");
+  if (statuses.is_array()) {
+    for (const auto& c : statuses) {
+      const Object waiting = field(c, "state", "waiting", "reason");
+      const Object terminated = field(c, "state", "terminated");
+      if (waiting.is_string() && !waiting.get<std::string>().empty()) {
+        reason = waiting.get<std::string>();
+      } else if (terminated.is_object()) {
+        const std::string why = text(terminated.value("reason", Object()), "");
+        if (!why.empty()) reason = why;
+        else
+          reason = "ExitCode:" + std::to_string(terminated.value("exitCode", 0));
+      }
+    }
+  }
+  if (field(pod, "metadata", "deletionTimestamp").is_string()) reason = "Terminating";
+  return reason;
+}
+
+std::vector<TableColumn> pod_columns() {
+  return {
+      {"Ready", "string", "The aggregate readiness state of this pod for accepting traffic.", 0,
+       [](const Object& pod) {
+         const Object containers = field(pod, "spec", "containers");
+         const Object statuses = field(pod, "status", "containerStatuses");
+         int ready = 0;
+         if (statuses.is_array())
+           for (const auto& c : statuses) ready += c.value("ready", false) ? 1 : 0;
+         return Object(std::to_string(ready) + "/" +
+                       std::to_string(containers.is_array() ? containers.size() : 0));
+       }},
+      {"Status", "string", "The aggregate status of the containers in this pod.", 0,
+       [](const Object& pod) { return Object(pod_status(pod)); }},
+      {"Restarts", "string", "The number of times the containers in this pod have been restarted.",
+       0,
+       [](const Object& pod) {
+         long long restarts = 0;
+         const Object statuses = field(pod, "status", "containerStatuses");
+         if (statuses.is_array())
+           for (const auto& c : statuses) restarts += c.value("restartCount", 0LL);
+         return Object(std::to_string(restarts));
+       }},
+      {"Age", "string", "CreationTimestamp", 0, age},
+      {"IP", "string", "IP address allocated to the pod.", 1,
+       [](const Object& pod) { return Object(text(field(pod, "status", "podIP"))); }},
+      {"Node", "string", "Name of the Node where the Pod is scheduled.", 1,
+       [](const Object& pod) { return Object(text(field(pod, "spec", "nodeName"))); }},
+  };
+}
+
+std::vector<TableColumn> node_columns() {
+  return {
+      {"Status", "string", "The status of the node", 0,
+       [](const Object& node) {
+         std::string status = "Unknown";
+         const Object conditions = field(node, "status", "conditions");
+         if (conditions.is_array())
+           for (const auto& c : conditions)
+             if (c.value("type", "") == "Ready")
+               status = c.value("status", "") == "True" ? "Ready" : "NotReady";
+         if (field(node, "spec", "unschedulable") == Object(true)) status += ",SchedulingDisabled";
+         return Object(status);
+       }},
+      {"Roles", "string", "The roles of the node", 0,
+       [](const Object& node) {
+         std::string roles;
+         const Object labels = field(node, "metadata", "labels");
+         const std::string prefix = "node-role.kubernetes.io/";
+         if (labels.is_object())
+           for (const auto& [key, _] : labels.items())
+             if (key.rfind(prefix, 0) == 0 && key.size() > prefix.size())
+               roles += (roles.empty() ? "" : ",") + key.substr(prefix.size());
+         return Object(roles.empty() ? "<none>" : roles);
+       }},
+      {"Age", "string", "CreationTimestamp", 0, age},
+      {"Version", "string", "Kubelet Version reported by the node.", 0,
+       [](const Object& node) {
+         return Object(text(field(node, "status", "nodeInfo", "kubeletVersion"), ""));
+       }},
+      {"Internal-IP", "string", "List of internal IPs for the node.", 1,
+       [](const Object& node) {
+         const Object addresses = field(node, "status", "addresses");
+         if (addresses.is_array())
+           for (const auto& a : addresses)
+             if (a.value("type", "") == "InternalIP") return Object(a.value("address", ""));
+         return Object("<none>");
+       }},
+  };
+}
+
+std::vector<TableColumn> event_columns() {
+  return {
+      {"Last Seen", "string", "Time when last this event was observed", 0,
+       [](const Object& e) {
+         for (const char* key : {"lastTimestamp", "eventTime", "firstTimestamp"}) {
+           const Object t = field(e, key);
+           if (t.is_string() && seconds_since(t.get<std::string>()) >= 0)
+             return Object(human_duration(seconds_since(t.get<std::string>())));
+         }
+         return age(e);
+       }},
+      {"Type", "string", "Type of this event (Normal, Warning)", 0,
+       [](const Object& e) { return Object(text(field(e, "type"), "")); }},
+      {"Reason", "string", "Why the action was taken", 0,
+       [](const Object& e) { return Object(text(field(e, "reason"), "")); }},
+      {"Object", "string", "The object this event is about", 0,
+       [](const Object& e) {
+         std::string kind = text(field(e, "involvedObject", "kind"), "");
+         for (char& c : kind) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+         return Object(kind + "/" + text(field(e, "involvedObject", "name"), ""));
+       }},
+      {"Message", "string", "A human-readable description of the status of this operation", 0,
+       [](const Object& e) { return Object(text(field(e, "message"), "")); }},
+  };
+}
+
+std::vector<TableColumn> service_columns() {
+  return {
+      {"Type", "string", "The type of the service", 0,
+       [](const Object& s) { return Object(text(field(s, "spec", "type"), "ClusterIP")); }},
+      {"Cluster-IP", "string", "The cluster IP of the service", 0,
+       [](const Object& s) { return Object(text(field(s, "spec", "clusterIP"))); }},
+      {"External-IP", "string", "The external IPs of the service", 0,
+       [](const Object&) { return Object("<none>"); }},
+      {"Port(s)", "string", "The ports of the service", 0,
+       [](const Object& s) {
+         std::string ports;
+         const Object list = field(s, "spec", "ports");
+         if (list.is_array())
+           for (const auto& p : list)
+             ports += (ports.empty() ? "" : ",") + std::to_string(p.value("port", 0)) + "/" +
+                      p.value("protocol", "TCP");
+         return Object(ports.empty() ? "<none>" : ports);
+       }},
+      {"Age", "string", "CreationTimestamp", 0, age},
+  };
+}
+
+Object count_of(const Object& obj, const char* key) {
+  const Object v = field(obj, key);
+  return Object(static_cast<long long>(v.is_object() || v.is_array() ? v.size() : 0));
+}
+
+std::vector<TableColumn> deployment_columns() {
+  return {
+      {"Ready", "string", "Number of the pod with ready state", 0,
+       [](const Object& d) {
+         const Object ready = field(d, "status", "readyReplicas");
+         const Object want = field(d, "spec", "replicas");
+         return Object(std::to_string(ready.is_number() ? ready.get<long long>() : 0) + "/" +
+                       std::to_string(want.is_number() ? want.get<long long>() : 1));
+       }},
+      {"Up-to-date", "integer", "Total number of non-terminated pods targeted by this deployment that have the desired template spec.", 0,
+       [](const Object& d) {
+         const Object v = field(d, "status", "updatedReplicas");
+         return Object(v.is_number() ? v.get<long long>() : 0);
+       }},
+      {"Available", "integer", "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.", 0,
+       [](const Object& d) {
+         const Object v = field(d, "status", "availableReplicas");
+         return Object(v.is_number() ? v.get<long long>() : 0);
+       }},
+      {"Age", "string", "CreationTimestamp", 0, age},
+  };
+}
+
+std::vector<TableColumn> created_at_columns() {
+  return {{"Created At", "date", "CreationTimestamp", 0, [](const Object& o) {
+             return field(o, "metadata", "creationTimestamp");
+           }}};
+}
+
+}  // namespace
+
+long long seconds_since(const std::string& timestamp) {
+  std::tm tm{};
+  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return -1;
+  const long long s = static_cast<long long>(std::time(nullptr) - timegm(&tm));
+  return s < 0 ? 0 : s;
+}
+
+std::string human_duration(long long seconds) {
+  if (seconds < 0) seconds = 0;
+  if (seconds < 120) return std::to_string(seconds) + "s";
+  const long long minutes = seconds / 60;
+  if (minutes < 10) {
+    const long long s = seconds % 60;
+    return std::to_string(minutes) + "m" + (s ? std::to_string(s) + "s" : "");
+  }
+  if (minutes < 180) return std::to_string(minutes) + "m";
+  const long long hours = minutes / 60;
+  if (hours < 8) {
+    const long long m = minutes % 60;
+    return std::to_string(hours) + "h" + (m ? std::to_string(m) + "m" : "");
+  }
+  if (hours < 48) return std::to_string(hours) + "h";
+  if (hours < 24 * 8) {
+    const long long h = hours % 24;
+    return std::to_string(hours / 24) + "d" + (h ? std::to_string(h) + "h" : "");
+  }
+  if (hours < 24 * 365 * 2) return std::to_string(hours / 24) + "d";
+  return std::to_string(hours / 24 / 365) + "y";
+}
+
+std::vector<TableColumn> builtin_columns(const kube::Resource& r) {
+  if (r == kube::kPods) return pod_columns();
+  if (r == kube::kNodes) return node_columns();
+  if (r == kube::kEvents) return event_columns();
+  if (r == kube::kServices) return service_columns();
+  if (r == kDeployments) return deployment_columns();
+  if (r == kube::kCustomResourceDefinitions || r == kClusterRoles || r == kRoles)
+    return created_at_columns();
+  if (r == kNamespaces)
+    return {{"Status", "string", "The status of the namespace", 0,
+             [](const Object& n) { return Object(text(field(n, "status", "phase"), "Active")); }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  if (r == kube::kConfigMaps)
+    return {{"Data", "integer", "Number of data entries", 0,
+             [](const Object& c) {
+               return Object(count_of(c, "data").get<long long>() +
+                             count_of(c, "binaryData").get<long long>());
+             }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  if (r == kSecrets)
+    return {{"Type", "string", "The type of the secret", 0,
+             [](const Object& s) { return Object(text(field(s, "type"), "Opaque")); }},
+            {"Data", "integer", "Number of data entries", 0,
+             [](const Object& s) { return count_of(s, "data"); }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  if (r == kServiceAccounts)
+    return {{"Secrets", "integer", "Number of secrets", 0,
+             [](const Object& s) { return count_of(s, "secrets"); }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  if (r == kube::kLeases)
+    return {{"Holder", "string", "The holder of the lease", 0,
+             [](const Object& l) { return Object(text(field(l, "spec", "holderIdentity"), "")); }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  if (r == kRoleBindings || r == kClusterRoleBindings)
+    return {{"Role", "string", "The role of the binding", 0,
+             [](const Object& b) {
+               return Object(text(field(b, "roleRef", "kind"), "") + "/" +
+                             text(field(b, "roleRef", "name"), ""));
+             }},
+            {"Age", "string", "CreationTimestamp", 0, age}};
+  return {};
+}
+
+}  // namespace kt::local
