@@ -61,6 +61,12 @@ class ApiError : public kt::Error {
   int code() const { return code_; }                  // 404, 409, 410, 422, 429, 500, ...
   const std::string& reason() const { return reason_; }  // "NotFound", "Conflict", ...
   std::optional<int> retry_after_seconds() const { return retry_after_seconds_; }
+  // metav1.StatusDetails (name, group, kind, causes) when the server gave them; null otherwise.
+  const Object& details() const { return details_; }
+  ApiError& with_details(Object details) {
+    details_ = std::move(details);
+    return *this;
+  }
 
   bool not_found() const { return reason_ == "NotFound"; }
   bool conflict() const { return reason_ == "Conflict"; }            // stale resourceVersion
@@ -74,6 +80,7 @@ class ApiError : public kt::Error {
   int code_;
   std::string reason_;
   std::optional<int> retry_after_seconds_;
+  Object details_;
 };
 
 struct ListOptions {

@@ -8,6 +8,8 @@
 
 #include "api/error.h"
 #include "operator/local/builtin_resources.h"
+#include "operator/local/openapi.h"
+#include "operator/local/schema.h"
 #include "operator/local/tables.h"
 
 namespace kt::local {
@@ -319,29 +321,32 @@ struct ApiServer::Impl {
                            return value;
                          }});
     }
-    if (s.printer_columns.empty()) printer = builtin_columns(s.resource);
-    bool has_age = false;
-    for (const TableColumn& c : printer) has_age = has_age || c.name == "Age" || c.name == "Created At";
-    if (!has_age) {
-      printer.push_back({"Age", "date", "CreationTimestamp", 0, [](const Object& item) {
-                           const long long age = seconds_since(
-                               item["metadata"].value("creationTimestamp", ""));
-                           return age >= 0 ? Object(human_duration(age)) : Object("<unknown>");
-                         }});
+    if (s.printer_columns.empty()) {
+      printer = builtin_columns(s.resource);
+    } else {
+      bool has_age = false;
+      for (const TableColumn& c : printer) has_age = has_age || c.name == "Age";
+      if (!has_age) {
+        printer.push_back({"Age", "date", "CreationTimestamp", 0, [](const Object& item) {
+                             const long long age = seconds_since(
+                                 item["metadata"].value("creationTimestamp", ""));
+                             return age >= 0 ? Object(human_duration(age)) : Object("<unknown>");
+                           }});
+      }
+      printer.insert(printer.begin(),
+                     {"Name", "string", "Name must be unique within a namespace.", 0,
+                      [](const Object& item) { return item["metadata"].value("name", Object()); }});
     }
     Object columns = Object::array();
-    columns.push_back({{"name", "Name"}, {"type", "string"}, {"format", "name"},
-                       {"description", "Name must be unique within a namespace."},
-                       {"priority", 0}});
     for (const TableColumn& c : printer) {
-      columns.push_back({{"name", c.name}, {"type", c.type}, {"format", ""},
+      columns.push_back({{"name", c.name}, {"type", c.type},
+                         {"format", c.name == "Name" ? "name" : ""},
                          {"description", c.description}, {"priority", c.priority}});
     }
     Object rows = Object::array();
     for (const Object& item : items) {
       Object cells = Object::array();
       const Object meta = item.value("metadata", Object::object());
-      cells.push_back(meta.value("name", ""));
       for (const TableColumn& c : printer) cells.push_back(c.cell(item));
       rows.push_back({{"cells", cells},
                       {"object",
@@ -364,10 +369,12 @@ struct ApiServer::Impl {
     } catch (const ApiError& e) {
       std::map<std::string, std::string> headers;
       if (e.retry_after_seconds()) headers["Retry-After"] = std::to_string(*e.retry_after_seconds());
-      send_status(w, e.code(), e.reason(), e.what(), headers);
+      Object status = status_object(e.code(), e.reason(), e.what());
+      if (e.details().is_object()) status["details"] = e.details();
+      send_json(w, e.code(), status, headers);
     } catch (const nlohmann::json::exception& e) {
       send_status(w, 400, "BadRequest", std::string("the request body is not valid JSON: ") + e.what());
-    } catch (const FieldError& e) {
+    } catch (const kt::FieldError& e) {
       send_status(w, 422, "Invalid", e.what());
     } catch (const ValidationError& e) {
       send_status(w, 422, "Invalid", e.what());
@@ -403,7 +410,20 @@ struct ApiServer::Impl {
       }
       return send_json(w, 200, openapi_v2());
     }
-    if (path == "/openapi/v3") return send_json(w, 200, {{"paths", Object::object()}});
+    if (path == "/openapi/v3" || path.rfind("/openapi/v3/", 0) == 0) {
+      std::vector<Object> crds;
+      try {
+        crds = backend.list(kube::kCustomResourceDefinitions, "", {}).items;
+      } catch (const std::exception&) {
+      }
+      if (path == "/openapi/v3") return send_json(w, 200, openapi_v3_index(crds));
+      const std::vector<std::string> parts = split_path(path.substr(std::string("/openapi/v3/").size()));
+      if (parts.size() == 3 && parts[0] == "apis") {
+        const Object doc = openapi_v3_document(crds, parts[1], parts[2]);
+        if (!doc.is_null()) return send_json(w, 200, doc);
+      }
+      return not_found(w);
+    }
 
     const std::vector<std::string> parts = split_path(path);
     if (parts.empty()) return send_json(w, 200, {{"paths", {"/api", "/apis", "/version"}}});
@@ -503,9 +523,10 @@ struct ApiServer::Impl {
           (!body.contains("metadata") || !body["metadata"].contains("namespace"))) {
         body["metadata"]["namespace"] = ns;
       }
+      const auto warnings = field_validation(r, served, body);
       const Object created = backend.create(res, ns, body);
       if (res == kube::kCustomResourceDefinitions) mark_established(created);
-      return send_json(w, 201, created);
+      return send_json(w, 201, created, warnings);
     }
     if (name.empty()) {
       return send_status(w, 405, "MethodNotAllowed",
@@ -525,8 +546,9 @@ struct ApiServer::Impl {
       if (res.namespaced && !body["metadata"].contains("namespace")) {
         body["metadata"]["namespace"] = ns;
       }
-      return send_json(w, 200, sub == "status" ? backend.update_status(res, ns, body)
-                                               : backend.update(res, ns, body));
+      if (sub == "status") return send_json(w, 200, backend.update_status(res, ns, body));
+      const auto warnings = field_validation(r, served, body);
+      return send_json(w, 200, backend.update(res, ns, body), warnings);
     }
     if (r.method == "PATCH") {
       const std::string type = content_type(r);
@@ -539,7 +561,10 @@ struct ApiServer::Impl {
       }
       Object patch = Object::parse(r.body);
       strip_patch_directives(patch);
-      return send_json(w, 200, backend.merge_patch(res, ns, name, patch, sub == "status"));
+      const auto warnings =
+          sub == "status" ? std::map<std::string, std::string>{} : field_validation(r, served, patch);
+      return send_json(w, 200, backend.merge_patch(res, ns, name, patch, sub == "status"),
+                       warnings);
     }
     if (r.method == "DELETE") {
       std::string policy = r.param("propagationPolicy");
@@ -561,6 +586,50 @@ struct ApiServer::Impl {
       return send_json(w, 200, object);
     }
     send_status(w, 405, "MethodNotAllowed", r.method + " is not supported");
+  }
+
+  // Server-side field validation (fieldValidation=Strict|Warn|Ignore; the API server's default
+  // is Warn) of a custom resource's body: unknown fields are refused with 400 (Strict) or named
+  // in Warning headers (Warn); the Store prunes them either way. `body` may be a partial object
+  // (a merge patch): only its unknown fields count here, the Store validates the result.
+  std::map<std::string, std::string> field_validation(const HttpRequest& r, const Served& served,
+                                                      const Object& body) {
+    const std::string mode = r.has_param("fieldValidation") ? r.param("fieldValidation") : "Warn";
+    if (mode != "Strict" && mode != "Warn" && mode != "Ignore") {
+      throw ApiError(400, "BadRequest",
+                     "fieldValidation parameter unsupported: " + mode +
+                         " (supported: Ignore, Warn, Strict)");
+    }
+    const Resource& res = served.resource;
+    if (mode == "Ignore" || builtin_group(res.group) || !body.is_object()) return {};
+    Object crd;
+    try {
+      crd = backend.get(kube::kCustomResourceDefinitions, "", res.plural + "." + res.group);
+    } catch (const ApiError&) {
+      return {};
+    }
+    const Object* schema = find_version_schema(crd, res.version);
+    if (!schema) return {};
+    Object copy = body;
+    const SchemaResult result = apply_structural_schema(*schema, copy, /*prune=*/false);
+    if (result.unknown_fields.empty()) return {};
+    if (mode == "Strict") {
+      throw ApiError(400, "BadRequest",
+                     res.kind + " in version \"" + res.version + "\" cannot be handled as a " +
+                         res.kind + ": " + strict_decoding_error(result.unknown_fields));
+    }
+    std::string warning;
+    for (const std::string& field : result.unknown_fields) {
+      warning += (warning.empty() ? "" : ", ") + std::string("299 - ") +
+                 Object(unknown_field_warning(field)).dump();
+    }
+    return {{"Warning", warning}};
+  }
+
+  static bool builtin_group(const std::string& group) {
+    for (const BuiltinResource& b : builtin_resources())
+      if (b.resource.group == group) return true;
+    return false;
   }
 
   static std::string content_type(const HttpRequest& r) {

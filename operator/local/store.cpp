@@ -8,6 +8,7 @@
 
 #include "operator/kube/objects.h"
 #include "operator/local/builtin_resources.h"
+#include "operator/local/schema.h"
 
 namespace kt::local {
 
@@ -473,7 +474,6 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
     throw ApiError(
         409, "AlreadyExists",
         r.plural + (r.group.empty() ? "" : "." + r.group) + " \"" + name + "\" already exists");
-  if (kind.resource == kube::kCustomResourceDefinitions) register_crd(o);
   meta["name"] = name;
   meta.erase("generateName");
   meta["uid"] = "00000000-0000-4000-8000-" + [&] {
@@ -522,7 +522,10 @@ void Store::admit(Kind& kind, Object& o, bool create) {
     if (!spec.contains("strategy"))
       spec["strategy"] = {{"type", "RollingUpdate"},
                           {"rollingUpdate", {{"maxSurge", "25%"}, {"maxUnavailable", "25%"}}}};
+  } else if (r == kube::kCustomResourceDefinitions) {
+    register_crd(o);  // a changed CRD changes what its resource accepts
   }
+  apply_schema(kind, o);
 }
 
 // Writes a new version of an existing object. `status_only`: keep everything but the status;
@@ -552,6 +555,7 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
       next["status"] = obj["status"];
     else
       next.erase("status");
+    apply_schema(kind, next);
   } else {
     next = obj;
     if (kind.status_subresource) {
@@ -705,6 +709,26 @@ void Store::register_crd(const Object& crd) {
   }
   if (defined.version.empty()) throw invalid(r, name, "spec.versions", "Required value");
   register_locked(defined, status);
+  const Object* schema = find_version_schema(crd, defined.version);
+  kinds_[kind_key(defined)].schema = schema ? *schema : Object();
+}
+
+// The API server's handling of a custom resource's structural schema: defaults filled in,
+// unknown fields pruned (a client asking for fieldValidation=Strict was refused by the HTTP
+// front end before), and every violation reported with its field path (422 Invalid).
+void Store::apply_schema(const Kind& kind, Object& o) {
+  if (kind.schema.is_null()) return;
+  const SchemaResult result = apply_structural_schema(kind.schema, o, /*prune=*/true);
+  if (result.errors.empty()) return;
+  const Resource& r = kind.resource;
+  const std::string name = o["metadata"].value("name", "");
+  Object causes = Object::array();
+  for (const FieldError& e : result.causes)
+    causes.push_back({{"reason", e.type}, {"message", e.body}, {"field", e.field}});
+  ApiError error(422, "Invalid",
+                 format_invalid(r.kind + (r.group.empty() ? "" : "." + r.group), name,
+                                result.errors));
+  throw error.with_details({{"name", name}, {"group", r.group}, {"kind", r.kind}, {"causes", causes}});
 }
 
 std::unique_ptr<kube::Watch> Store::watch(const Resource& r, const std::string& ns,

@@ -21,7 +21,9 @@
 //    object leaves the selector, bookmarks when allowed, and the timeout;
 //  * deletion with ownerReference garbage collection: Background and Foreground delete the
 //    dependents (transitively), Orphan removes the owner's reference from them;
-//  * CRDs: creating a CustomResourceDefinition registers the resource it defines.
+//  * CRDs: creating a CustomResourceDefinition registers the resource it defines, and its
+//    storage version's structural schema applies to that resource (schema.h: defaults, pruning,
+//    validation with field paths; CEL rules are the operator's).
 #pragma once
 
 #include <chrono>
@@ -90,6 +92,7 @@ class Store : public kube::Client {
     kube::Resource resource;
     bool status_subresource = false;
     std::map<std::string, kube::Object> objects;  // key "ns/name" (cluster-scoped: "/name")
+    kube::Object schema;  // a CRD-defined kind's openAPIV3Schema (null: none)
   };
   struct HistoryEntry {
     int64_t rv;
@@ -110,6 +113,7 @@ class Store : public kube::Client {
   void register_locked(const kube::Resource& resource, bool status_subresource);
   void register_crd(const kube::Object& crd);
   void admit(Kind& kind, kube::Object& object, bool create);
+  void apply_schema(const Kind& kind, kube::Object& object);
   std::string next_version() { return std::to_string(++version_); }
 
   const StoreOptions options_;

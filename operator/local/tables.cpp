@@ -34,6 +34,17 @@ Object age(const Object& obj) {
   return age_of(obj, "metadata", "creationTimestamp");
 }
 
+TableColumn name_column(int priority = 0) {
+  return {"Name", "string", "Name must be unique within a namespace.", priority,
+          [](const Object& o) { return field(o, "metadata", "name"); }};
+}
+
+// Name first, then the kind's own columns.
+std::vector<TableColumn> named(std::vector<TableColumn> columns) {
+  columns.insert(columns.begin(), name_column());
+  return columns;
+}
+
 // The pod's STATUS column: the reason of the first container that is not running, else the
 // pod's reason, else its phase; Terminating once deletion started (printPod).
 std::string pod_status(const Object& pod) {
@@ -245,46 +256,51 @@ std::string human_duration(long long seconds) {
 }
 
 std::vector<TableColumn> builtin_columns(const kube::Resource& r) {
-  if (r == kube::kPods) return pod_columns();
-  if (r == kube::kNodes) return node_columns();
-  if (r == kube::kEvents) return event_columns();
-  if (r == kube::kServices) return service_columns();
-  if (r == kDeployments) return deployment_columns();
+  if (r == kube::kPods) return named(pod_columns());
+  if (r == kube::kNodes) return named(node_columns());
+  if (r == kube::kEvents) {
+    // kubectl get events: no leading Name (it is a wide column at the end), no Age.
+    auto columns = event_columns();
+    columns.push_back(name_column(1));
+    return columns;
+  }
+  if (r == kube::kServices) return named(service_columns());
+  if (r == kDeployments) return named(deployment_columns());
   if (r == kube::kCustomResourceDefinitions || r == kClusterRoles || r == kRoles)
-    return created_at_columns();
+    return named(created_at_columns());
   if (r == kNamespaces)
-    return {{"Status", "string", "The status of the namespace", 0,
+    return named({{"Status", "string", "The status of the namespace", 0,
              [](const Object& n) { return Object(text(field(n, "status", "phase"), "Active")); }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
+            {"Age", "string", "CreationTimestamp", 0, age}});
   if (r == kube::kConfigMaps)
-    return {{"Data", "integer", "Number of data entries", 0,
+    return named({{"Data", "integer", "Number of data entries", 0,
              [](const Object& c) {
                return Object(count_of(c, "data").get<long long>() +
                              count_of(c, "binaryData").get<long long>());
              }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
+            {"Age", "string", "CreationTimestamp", 0, age}});
   if (r == kSecrets)
-    return {{"Type", "string", "The type of the secret", 0,
+    return named({{"Type", "string", "The type of the secret", 0,
              [](const Object& s) { return Object(text(field(s, "type"), "Opaque")); }},
             {"Data", "integer", "Number of data entries", 0,
              [](const Object& s) { return count_of(s, "data"); }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
+            {"Age", "string", "CreationTimestamp", 0, age}});
   if (r == kServiceAccounts)
-    return {{"Secrets", "integer", "Number of secrets", 0,
+    return named({{"Secrets", "integer", "Number of secrets", 0,
              [](const Object& s) { return count_of(s, "secrets"); }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
+            {"Age", "string", "CreationTimestamp", 0, age}});
   if (r == kube::kLeases)
-    return {{"Holder", "string", "The holder of the lease", 0,
+    return named({{"Holder", "string", "The holder of the lease", 0,
              [](const Object& l) { return Object(text(field(l, "spec", "holderIdentity"), "")); }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
+            {"Age", "string", "CreationTimestamp", 0, age}});
   if (r == kRoleBindings || r == kClusterRoleBindings)
-    return {{"Role", "string", "The role of the binding", 0,
+    return named({{"Role", "string", "The role of the binding", 0,
              [](const Object& b) {
                return Object(text(field(b, "roleRef", "kind"), "") + "/" +
                              text(field(b, "roleRef", "name"), ""));
              }},
-            {"Age", "string", "CreationTimestamp", 0, age}};
-  return {};
+            {"Age", "string", "CreationTimestamp", 0, age}});
+  return named({{"Age", "string", "CreationTimestamp", 0, age}});
 }
 
 }  // namespace kt::local

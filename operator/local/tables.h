@@ -20,8 +20,8 @@ struct TableColumn {
   std::function<kube::Object(const kube::Object&)> cell;  // the row's value
 };
 
-// The built-in printer of `resource` (plural in its group), without the leading Name column;
-// empty when the kind has none (the caller then prints Name and Age).
+// The columns of `resource`'s built-in printer, Name included; Name and Age for a kind that has
+// no printer of its own.
 std::vector<TableColumn> builtin_columns(const kube::Resource& resource);
 
 // kubectl's short relative time of a duration (apimachinery duration.HumanDuration).

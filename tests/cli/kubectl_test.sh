@@ -32,6 +32,32 @@ grep -q "customresourcedefinition.apiextensions.k8s.io/trainingjobs.kubetrain.de
 K api-resources --api-group=kubetrain.dev > "$OUT/resources"
 grep -q "trainingjobs.*tj.*kubetrain.dev/v1alpha1.*true.*TrainingJob" "$OUT/resources" || { cat "$OUT/resources"; fail "TrainingJob not discovered"; }
 
+# The CRD's schema, as a real API server enforces it: unknown fields refused (kubectl asks for
+# strict field validation), every invalid value listed with its field path, defaults filled in.
+cat > "$OUT/bad.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: bad
+spec:
+  colour: blue
+  model: {preset: tiny}
+  training: {steps: 0}
+  parallelism: {offload: sometimes}
+YAML
+if K apply -f "$OUT/bad.yaml" 2> "$OUT/bad.err"; then fail "a TrainingJob with spec.colour was accepted"; fi
+grep -q 'strict decoding error: unknown field "spec.colour"' "$OUT/bad.err" || { cat "$OUT/bad.err"; fail "unknown field not refused"; }
+sed -i '/colour/d' "$OUT/bad.yaml"
+if K apply -f "$OUT/bad.yaml" 2> "$OUT/bad.err"; then fail "an invalid TrainingJob was accepted"; fi
+cat "$OUT/bad.err"
+grep -q 'The TrainingJob "bad" is invalid' "$OUT/bad.err" || fail "no Invalid status"
+grep -q 'spec.parallelism.offload: Unsupported value: "sometimes": supported values: "auto", "none", "optimizer", "window"' "$OUT/bad.err" || fail "offload enum not checked"
+grep -q 'spec.training.steps: Invalid value: 0: spec.training.steps in body should be greater than or equal to 1' "$OUT/bad.err" || fail "steps minimum not checked"
+if K get tj bad > /dev/null 2>&1; then fail "the invalid job was stored"; fi
+# kubectl explain reads the CRD's schema from /openapi/v3.
+K explain trainingjob.spec.parallelism > "$OUT/explain" 2>&1 || { cat "$OUT/explain"; fail "kubectl explain"; }
+grep -q "offload" "$OUT/explain" && grep -q "gpuUpdateFraction" "$OUT/explain" || { cat "$OUT/explain"; fail "kubectl explain: no fields"; }
+
 K apply -f examples/jobs/tiny.yaml | tee "$OUT/apply-tj"
 grep -q "trainingjob.kubetrain.dev/tiny created" "$OUT/apply-tj" || fail "TrainingJob not created"
 K apply -f examples/jobs/tiny.yaml | grep -q "trainingjob.kubetrain.dev/tiny unchanged" || fail "re-apply is not a no-op"
@@ -50,6 +76,7 @@ assert tj["metadata"]["name"] == "tiny" and tj["metadata"]["namespace"] == "defa
 assert tj["metadata"]["generation"] == 1 and tj["metadata"]["resourceVersion"]
 assert tj["spec"]["training"]["steps"] == 200, tj["spec"]
 assert "kubectl.kubernetes.io/last-applied-configuration" in tj["metadata"]["annotations"]
+assert tj["spec"]["training"]["weightDecay"] == 0.1, tj["spec"]  # the schema's default
 print("tiny.json ok")
 PY
 

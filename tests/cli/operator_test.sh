@@ -59,6 +59,46 @@ start_operator op
 OP_PID=$LAST_PID
 "$OPERATOR" --help | grep -q -- "--leader-elect" || fail "--help lists no --leader-elect"
 K apply -f examples/jobs/tiny.yaml > /dev/null || fail "apply tiny"
+running() { [[ "$(K get pod tiny-worker-0 -o jsonpath='{.status.phase}' 2>/dev/null)" == Running ]]; }
+wait_for 120 running || fail "the worker pod did not run"
+# The worker pod as the operator made it: requests from the plan, /dev/shm, restricted security.
+K get pod tiny-worker-0 -o json > "$OUT/pod.json"
+python3 - "$OUT/pod.json" <<'PY' || fail "worker pod spec: $(cat "$OUT/pod.json")"
+import json, sys
+pod = json.load(open(sys.argv[1]))
+spec, c = pod["spec"], pod["spec"]["containers"][0]
+r = c["resources"]
+assert r["requests"]["cpu"].endswith("m") and int(r["requests"]["cpu"][:-1]) >= 1000, r
+assert r["requests"]["memory"].endswith("Mi") and r["limits"]["memory"] == r["requests"]["memory"], r
+shm = [v for v in spec["volumes"] if v["name"] == "dshm"][0]
+assert shm["emptyDir"]["medium"] == "Memory", shm
+assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"], c["volumeMounts"]
+assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 65532
+assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+sc = c["securityContext"]
+assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+assert sc["capabilities"]["drop"] == ["ALL"], sc
+assert pod["metadata"]["labels"]["kubetrain.dev/plan-hash"], pod["metadata"]["labels"]
+PY
+# What a user types while it runs: pods and events tables, logs, describe with its events.
+K get pods > "$OUT/pods.txt"
+grep -q "^NAME *READY *STATUS *RESTARTS *AGE" "$OUT/pods.txt" || fail "kubectl get pods: $(cat "$OUT/pods.txt")"
+grep -q "^tiny-worker-0 *1/1 *Running *0 " "$OUT/pods.txt" || fail "kubectl get pods: $(cat "$OUT/pods.txt")"
+K get nodes | grep -q "^NAME *STATUS *ROLES *AGE *VERSION" || fail "kubectl get nodes: $(K get nodes)"
+K get events > "$OUT/events.txt"
+grep -q "^LAST SEEN *TYPE *REASON *OBJECT *MESSAGE" "$OUT/events.txt" || fail "kubectl get events: $(cat "$OUT/events.txt")"
+grep -q "Normal *PlanChosen *trainingjob/tiny" "$OUT/events.txt" || fail "kubectl get events: $(cat "$OUT/events.txt")"
+hasLog() { K logs tiny-worker-0 --tail 2 | grep -q "step"; }
+wait_for 60 hasLog || fail "kubectl logs: $(K logs tiny-worker-0 2>&1 | tail -3)"
+[[ $(K logs tiny-worker-0 --tail 2 | wc -l) -eq 2 ]] || fail "kubectl logs --tail 2: $(K logs tiny-worker-0 --tail 2)"
+if K logs tiny-worker-0 --previous 2> "$OUT/prev.txt"; then fail "kubectl logs --previous of a first container"; fi
+grep -q 'previous terminated container "worker" in pod "tiny-worker-0" not found' "$OUT/prev.txt" ||
+  fail "kubectl logs --previous: $(cat "$OUT/prev.txt")"
+K describe tj tiny > "$OUT/describe.txt"
+grep -A3 "^Events:" "$OUT/describe.txt" | grep -q "PlanChosen" || fail "kubectl describe tj: $(cat "$OUT/describe.txt")"
+# -f follows the log until the pod ends.
+timeout 300 kubectl --kubeconfig "$OUT/kubeconfig" logs -f tiny-worker-0 > "$OUT/follow.txt" || fail "kubectl logs -f did not end with the pod"
+grep -q "step *200/200" "$OUT/follow.txt" || fail "kubectl logs -f: $(tail -3 "$OUT/follow.txt")"
 wait_for 300 succeeded tiny || fail "tiny did not succeed (phase $(phase tiny))"
 K get tj tiny | tee "$OUT/get.txt"
 # Columns: NAME PHASE NODES TP DP OFFLOAD STEP LOSS TOK/S RESTARTS AGE; the loss and speed of a

@@ -219,11 +219,47 @@ TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
 TEST(TrainingJobCrd, TheLocalStoreServesTheResourceItDefines) {
   local::Store store;
   store.create(kube::kCustomResourceDefinitions, "", crd());
-  kube::Object job = store.create(kube::kTrainingJobs, "default",
-                                  {{"metadata", {{"name", "j"}}}, {"spec", {{"x", 1}}}});
+  kube::Object job = store.create(
+      kube::kTrainingJobs, "default",
+      {{"metadata", {{"name", "j"}}},
+       {"spec", {{"model", {{"preset", "tiny"}}}, {"training", {{"steps", 5}}}}}});
   job["status"] = {{"phase", "Running"}};
   EXPECT_FALSE(store.update(kube::kTrainingJobs, "default", job).contains("status"));
   EXPECT_EQ(store.update_status(kube::kTrainingJobs, "default", job)["status"]["phase"], "Running");
+}
+
+TEST(TrainingJobCrd, TheLocalStoreAppliesItsSchema_DefaultsPrunesAndRefusesWithFieldPaths) {
+  local::Store store;
+  store.create(kube::kCustomResourceDefinitions, "", crd());
+  const kube::Object job = store.create(
+      kube::kTrainingJobs, "default",
+      {{"metadata", {{"name", "j"}}},
+       {"spec",
+        {{"colour", "blue"}, {"model", {{"preset", "tiny"}}}, {"training", {{"steps", 5}}}}}});
+  EXPECT_FALSE(job["spec"].contains("colour"));                  // pruned
+  EXPECT_EQ(job["spec"]["training"]["globalBatchSize"], 32);     // defaulted
+  try {
+    store.create(kube::kTrainingJobs, "default",
+                 {{"metadata", {{"name", "bad"}}},
+                  {"spec",
+                   {{"model", {{"preset", "tiny"}}},
+                    {"training", {{"steps", 0}}},
+                    {"parallelism", {{"offload", "sometimes"}}}}}});
+    FAIL() << "an invalid TrainingJob was stored";
+  } catch (const kube::ApiError& e) {
+    EXPECT_EQ(e.code(), 422);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("TrainingJob.kubetrain.dev \"bad\" is invalid"), std::string::npos);
+    EXPECT_NE(message.find("spec.parallelism.offload: Unsupported value: \"sometimes\""),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("spec.training.steps: Invalid value: 0"), std::string::npos) << message;
+    EXPECT_EQ(e.details()["causes"].size(), 2u);
+  }
+  // A status that breaks the schema is refused too (the API server validates the whole object).
+  kube::Object bad_status = store.get(kube::kTrainingJobs, "default", "j");
+  bad_status["status"] = {{"phase", "Dancing"}};
+  EXPECT_THROW(store.update_status(kube::kTrainingJobs, "default", bad_status), kube::ApiError);
 }
 
 }  // namespace
