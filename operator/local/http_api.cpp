@@ -8,7 +8,9 @@
 
 #include "api/error.h"
 #include "operator/local/builtin_resources.h"
+#include "operator/local/apply.h"
 #include "operator/local/openapi.h"
+#include "operator/local/protobuf.h"
 #include "operator/local/schema.h"
 #include "operator/local/tables.h"
 
@@ -518,7 +520,7 @@ struct ApiServer::Impl {
       return send_json(w, 200, object);
     }
     if (r.method == "POST" && name.empty()) {
-      Object body = Object::parse(r.body);
+      Object body = parse_body(r);
       if (res.namespaced && body.is_object() &&
           (!body.contains("metadata") || !body["metadata"].contains("namespace"))) {
         body["metadata"]["namespace"] = ns;
@@ -533,7 +535,7 @@ struct ApiServer::Impl {
                          r.method + " is not supported on a collection here");
     }
     if (r.method == "PUT") {
-      Object body = Object::parse(r.body);
+      Object body = parse_body(r);
       if (!body.is_object() || !body.contains("metadata") ||
           body["metadata"].value("name", "") != name) {
         return send_status(w, 400, "BadRequest",
@@ -552,12 +554,19 @@ struct ApiServer::Impl {
     }
     if (r.method == "PATCH") {
       const std::string type = content_type(r);
+      if (type == "application/apply-patch+yaml") return serve_apply(r, w, served, ns, name, sub);
       if (type != "application/merge-patch+json" &&
           type != "application/strategic-merge-patch+json") {
         return send_status(w, 415, "UnsupportedMediaType",
                            "the body of the request was in an unknown format - accepted media "
-                           "types include: application/merge-patch+json, "
+                           "types include: application/json-patch+json, "
+                           "application/merge-patch+json, application/apply-patch+yaml, "
                            "application/strategic-merge-patch+json");
+      }
+      if (r.has_param("force")) {
+        return send_status(w, 422, "Invalid",
+                           "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not "
+                           "be specified for non-apply patch");
       }
       Object patch = Object::parse(r.body);
       strip_patch_directives(patch);
@@ -569,7 +578,7 @@ struct ApiServer::Impl {
     if (r.method == "DELETE") {
       std::string policy = r.param("propagationPolicy");
       if (!r.body.empty()) {
-        const Object options = Object::parse(r.body);
+        const Object options = parse_body(r);
         if (options.is_object() && options.contains("propagationPolicy") &&
             options["propagationPolicy"].is_string()) {
           policy = options["propagationPolicy"].get<std::string>();
@@ -630,6 +639,68 @@ struct ApiServer::Impl {
     for (const BuiltinResource& b : builtin_resources())
       if (b.resource.group == group) return true;
     return false;
+  }
+
+  // Server-side apply (apply.h): Helm 4's and `kubectl apply --server-side`'s PATCH. Creates
+  // the object when it is missing; a conflict with another manager is a 409 with its causes.
+  void serve_apply(const HttpRequest& r, ResponseWriter& w, const Served& served,
+                   const std::string& ns, const std::string& name, const std::string& sub) {
+    const Resource& res = served.resource;
+    const std::string manager = r.param("fieldManager");
+    check_apply_field_manager(manager);
+    const Object applied = parse_apply_body(r.body);
+    const auto warnings = sub.empty() ? field_validation(r, served, applied)
+                                      : std::map<std::string, std::string>{};
+    Object crd;
+    const Object* schema = nullptr;
+    if (!builtin_group(res.group)) {
+      try {
+        crd = backend.get(kube::kCustomResourceDefinitions, "", res.plural + "." + res.group);
+        schema = find_version_schema(crd, res.version);
+      } catch (const ApiError&) {
+      }
+    }
+    WriteTarget target{res, res.namespaced ? ns : "", name, sub, schema, {}};
+    if (served.status) target.reset_fields = {sub == "status" ? "spec" : "status"};
+    const bool force = truthy(r.param("force"));
+    // The live object may change between the read and the write: a stale write is a Conflict
+    // from the Store, and the apply is done again on the new version (as the API server does).
+    for (int attempt = 0;; ++attempt) {
+      Object live;
+      try {
+        live = backend.get(res, ns, name);
+      } catch (const ApiError& e) {
+        if (!e.not_found()) throw;
+      }
+      if (live.is_null() && sub == "status") {
+        throw ApiError(404, "NotFound",
+                       res.plural + (res.group.empty() ? "" : "." + res.group) + " \"" + name +
+                           "\" not found");
+      }
+      ApplyResult result = apply(live, applied, target, manager, force, std::chrono::system_clock::now());
+      if (!result.conflicts.empty()) return send_json(w, 409, conflict_status(result.conflicts));
+      try {
+        if (result.created) {
+          Object created = backend.create(res, ns, result.object);
+          if (res == kube::kCustomResourceDefinitions) mark_established(created);
+          return send_json(w, 201, created, warnings);
+        }
+        if (!result.changed) return send_json(w, 200, live, warnings);
+        result.object["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"];
+        return send_json(w, 200,
+                         sub == "status" ? backend.update_status(res, ns, result.object)
+                                         : backend.update(res, ns, result.object),
+                         warnings);
+      } catch (const ApiError& e) {
+        if (attempt >= 4 || !(e.conflict() || e.already_exists())) throw;
+      }
+    }
+  }
+
+  // A request body: JSON, or Kubernetes protobuf (protobuf.h) from client-go's typed clients.
+  static Object parse_body(const HttpRequest& r) {
+    if (content_type(r) == kProtobufContentType) return decode_kubernetes_protobuf(r.body);
+    return Object::parse(r.body);
   }
 
   static std::string content_type(const HttpRequest& r) {
