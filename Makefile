@@ -5,7 +5,7 @@ JOBS ?= 2
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test bench clean
+.PHONY: all deps configure build run test bench image clean
 
 all: build
 
@@ -37,6 +37,12 @@ bench: build
 	$(BUILD)/bin/bench_offload
 	$(BUILD)/bin/bench_kube
 	$(BUILD)/bin/bench_operator
+
+# The container image (Dockerfile), CPU only, without a Docker daemon: buildah on a debootstrapped
+# Debian 12 base; tags localhost/kubetrain:latest and :<version> (docs/INSTALL.md, "Building the
+# image"). Needs root.
+image:
+	JOBS=$(JOBS) scripts/build-image.sh
 
 clean:
 	rm -rf $(BUILD)
