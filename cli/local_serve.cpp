@@ -8,6 +8,7 @@
 
 #include "cli/run.h"
 #include "operator/local/builtin_resources.h"
+#include "operator/local/deployment_controller.h"
 #include "operator/local/http_api.h"
 #include "operator/local/local_node.h"
 #include "operator/local/pod_runner.h"
@@ -49,7 +50,10 @@ int local_serve(const LocalServeOptions& options) {
       return runner->log_path(ns, name);
     });
   }
+  // The controller manager's part: Deployments get ReplicaSets and pods, PDBs their status.
+  local::DeploymentController deployments(store);
   server.start();
+  deployments.start();
   if (runner) runner->start();
   if (!options.kubeconfig_out.empty()) server.write_kubeconfig(options.kubeconfig_out);
   std::printf("kubetrain local control plane serving at %s\n", server.url().c_str());
@@ -66,6 +70,7 @@ int local_serve(const LocalServeOptions& options) {
   sigwait(&stop_signals, &signal_number);
   std::printf("kubetrain local control plane: stopping (signal %d)\n", signal_number);
   std::fflush(stdout);
+  deployments.stop();  // no replacement pods while the node shuts down
   if (runner) runner->stop();  // SIGTERM to the pods' processes first
   server.stop();
   return 0;
