@@ -25,6 +25,7 @@ int local_serve(const LocalServeOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   local::Store store;
+  local::ApiServer server(store, "127.0.0.1", options.port);
   std::unique_ptr<local::PodRunner> runner;
   std::string node_name;
   if (options.node) {
@@ -37,6 +38,11 @@ int local_serve(const LocalServeOptions& options) {
     runner_options.work_dir = std::filesystem::absolute(options.workdir).string();
     runner_options.worker_binary =
         options.worker_binary.empty() ? find_worker_binary() : options.worker_binary;
+    // A pod reaches this server with its ServiceAccount's token, so RBAC applies to it.
+    runner_options.service_account_kubeconfig = [&server](const std::string& ns,
+                                                          const std::string& account) {
+      return server.service_account_kubeconfig(ns, account);
+    };
     runner = std::make_unique<local::PodRunner>(store, runner_options);
   }
   // The namespaces every cluster has.
@@ -44,7 +50,6 @@ int local_serve(const LocalServeOptions& options) {
     store.create(local::kNamespaces, "",
                  {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
   }
-  local::ApiServer server(store, "127.0.0.1", options.port);
   if (runner) {
     server.set_pod_logs([&runner](const std::string& ns, const std::string& name) {
       return runner->log_path(ns, name);

@@ -1,8 +1,10 @@
 #include "operator/local/http_api.h"
 
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "operator/local/apply.h"
 #include "operator/local/openapi.h"
 #include "operator/local/protobuf.h"
+#include "operator/local/rbac.h"
 #include "operator/local/schema.h"
 #include "operator/local/tables.h"
 
@@ -169,10 +172,12 @@ struct ApiServer::Impl {
   kube::Client& backend;
   ApiServer& owner;
   HttpServer http;
-  mutable std::mutex faults_mutex;  // guards faults, extra and pod_logs
+  mutable std::mutex faults_mutex;  // guards faults, extra, pod_logs and tokens
   Faults faults;
   std::vector<Served> extra;  // add_resource()
   PodLogPath pod_logs;        // set_pod_logs()
+  // ServiceAccount tokens issued by service_account_token(): token -> (namespace, name).
+  std::map<std::string, std::pair<std::string, std::string>> tokens;
   std::atomic<int> drop_generation{0};
 
   Impl(kube::Client& b, ApiServer& o, const std::string& address, int port)
@@ -366,6 +371,13 @@ struct ApiServer::Impl {
   // ---- requests ------------------------------------------------------------------------------
 
   void handle(const HttpRequest& r, ResponseWriter& w) {
+    // KUBETRAIN_LOCAL_LOG_REQUESTS=1: one line per request on stderr (what a client asked).
+    static const bool log_requests = std::getenv("KUBETRAIN_LOCAL_LOG_REQUESTS") != nullptr;
+    if (log_requests) {
+      const auto accept = r.headers.find("accept");
+      std::fprintf(stderr, "request %s %s?%s accept=%s\n", r.method.c_str(), r.path.c_str(),
+                   r.query.c_str(), accept == r.headers.end() ? "" : accept->second.c_str());
+    }
     try {
       route(r, w);
     } catch (const ApiError& e) {
@@ -392,6 +404,17 @@ struct ApiServer::Impl {
     if (path == "/kubetrain/drop-watches") {
       drop_generation++;
       return send_json(w, 200, {{"dropped", true}});
+    }
+    // A request with a ServiceAccount token is that account's, and RBAC decides (rbac.h); one
+    // without is the local administrator's (the kubeconfig `local serve` writes has none).
+    const std::optional<UserInfo> user = authenticate(r);
+    const bool resource_path = path.rfind("/api/", 0) == 0 || path.rfind("/apis/", 0) == 0;
+    if (user && !is_discovery(path) && !resource_path) {
+      RequestAttributes attributes;
+      attributes.resource_request = false;
+      attributes.verb = lower(r.method);
+      attributes.path = path;
+      check_allowed(*user, attributes);
     }
     if (path == "/healthz" || path == "/readyz" || path == "/livez") {
       return w.send(200, "text/plain", "ok");
@@ -464,10 +487,74 @@ struct ApiServer::Impl {
     if (!served || (!served->resource.namespaced && !ns.empty())) return not_found(w);
     const std::string name = rest.size() >= 2 ? rest[1] : "";
     const std::string sub = rest.size() == 3 ? rest[2] : "";
+    if (user) {
+      RequestAttributes attributes;
+      attributes.verb = verb_of(r, name);
+      attributes.api_group = group;
+      attributes.resource = served->resource.plural;
+      attributes.subresource = sub;
+      attributes.ns = served->resource.namespaced ? ns : "";
+      attributes.name = name;
+      if (served->resource == kNamespaces && !name.empty()) attributes.ns = name;
+      check_allowed(*user, attributes);
+    }
     if (sub == "log" && served->resource == kube::kPods && r.method == "GET")
       return serve_log(r, w, ns, name);
     if (!sub.empty() && (sub != "status" || !served->status)) return not_found(w);
     serve_resource(r, w, *served, ns, name, sub);
+  }
+
+  // ---- authentication and authorization -------------------------------------------------
+
+  std::optional<UserInfo> authenticate(const HttpRequest& r) {
+    const auto it = r.headers.find("authorization");
+    if (it == r.headers.end()) return std::nullopt;
+    const std::string prefix = "Bearer ";
+    std::pair<std::string, std::string> account;
+    {
+      std::lock_guard lock(faults_mutex);
+      const auto token = it->second.rfind(prefix, 0) == 0
+                             ? tokens.find(it->second.substr(prefix.size()))
+                             : tokens.end();
+      if (token == tokens.end()) throw ApiError(401, "Unauthorized", "Unauthorized");
+      account = token->second;
+    }
+    // A deleted ServiceAccount's token no longer authenticates.
+    try {
+      backend.get(kServiceAccounts, account.first, account.second);
+    } catch (const ApiError& e) {
+      if (e.not_found()) throw ApiError(401, "Unauthorized", "Unauthorized");
+      throw;
+    }
+    return service_account_user(account.first, account.second);
+  }
+
+  void check_allowed(const UserInfo& user, const RequestAttributes& attributes) {
+    const Decision decision = authorize(backend, user, attributes);
+    if (!decision.allowed) throw ApiError(403, "Forbidden", decision.reason);
+  }
+
+  static bool is_discovery(const std::string& path) {
+    return path == "/api" || path == "/apis" || path == "/version" ||
+           path.rfind("/openapi", 0) == 0;
+  }
+
+  static std::string lower(std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  }
+
+  // The API server's verb for a resource request (RequestInfoFactory).
+  static std::string verb_of(const HttpRequest& r, const std::string& name) {
+    if (r.method == "GET") {
+      if (truthy(r.param("watch"))) return "watch";
+      return name.empty() ? "list" : "get";
+    }
+    if (r.method == "POST") return "create";
+    if (r.method == "PUT") return "update";
+    if (r.method == "PATCH") return "patch";
+    if (r.method == "DELETE") return name.empty() ? "deletecollection" : "delete";
+    return lower(r.method);
   }
 
   void not_found(ResponseWriter& w) {
@@ -769,6 +856,34 @@ struct ApiServer::Impl {
     options.allow_bookmarks = truthy(r.param("allowWatchBookmarks"));
     options.timeout_seconds =
         r.has_param("timeoutSeconds") ? static_cast<int>(integer_param(r, "timeoutSeconds")) : 0;
+    // A streaming list (client-go's WatchList, kstatus' informers: sendInitialEvents=true):
+    // ADDED for every object that exists, then a bookmark annotated
+    // k8s.io/initial-events-end, then the changes since — the API server's order.
+    std::vector<std::string> initial_events;
+    if (truthy(r.param("sendInitialEvents"))) {
+      if (!options.allow_bookmarks) {
+        throw ApiError(422, "Invalid",
+                       "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: "
+                       "sendInitialEvents is forbidden for watch unless allowWatchBookmarks=true");
+      }
+      kube::ListOptions list_options;
+      list_options.label_selector = options.label_selector;
+      list_options.field_selector = options.field_selector;
+      const kube::ObjectList list = backend.list(res, ns, list_options);
+      for (const Object& item : list.items) {
+        const Object object =
+            as_table ? table(served, {item}, item["metadata"].value("resourceVersion", "")) : item;
+        initial_events.push_back(Object{{"type", "ADDED"}, {"object", object}}.dump() + "\n");
+      }
+      const Object bookmark = {
+          {"kind", res.kind},
+          {"apiVersion", res.api_version()},
+          {"metadata",
+           {{"resourceVersion", list.resource_version},
+            {"annotations", {{"k8s.io/initial-events-end", "true"}}}}}};
+      initial_events.push_back(Object{{"type", "BOOKMARK"}, {"object", bookmark}}.dump() + "\n");
+      options.resource_version = list.resource_version;
+    }
     std::unique_ptr<kube::Watch> watch;
     try {
       watch = backend.watch(res, ns, options);
@@ -784,6 +899,8 @@ struct ApiServer::Impl {
       ~Leave() { owner.open_watches_--; }
     } leave{owner};
     w.begin_stream(200, "application/json");
+    for (const std::string& line : initial_events)
+      if (!w.write(line)) return watch->stop();
     // An empty watch still answers with headers at once; cpprest's client returns then.
     const auto limit = std::chrono::seconds(options.timeout_seconds > 0 ? options.timeout_seconds : 1800);
     const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -974,6 +1091,27 @@ void ApiServer::add_resource(const kube::Resource& resource, bool status_subreso
   served.status = status_subresource;
   std::lock_guard lock(impl_->faults_mutex);
   impl_->extra.push_back(std::move(served));
+}
+
+std::string ApiServer::service_account_token(const std::string& ns, const std::string& name) {
+  std::lock_guard lock(impl_->faults_mutex);
+  for (const auto& [token, account] : impl_->tokens)
+    if (account.first == ns && account.second == name) return token;
+  std::random_device random;
+  char text[40];
+  std::snprintf(text, sizeof text, "kt-%08x%08x%08x%08x", random(), random(), random(), random());
+  impl_->tokens[text] = {ns, name};
+  return text;
+}
+
+std::string ApiServer::service_account_kubeconfig(const std::string& ns, const std::string& name) {
+  const std::string token = service_account_token(ns, name);
+  std::string config = kubeconfig();
+  const std::string plain = "  user: {}\n";
+  config.replace(config.find(plain), plain.size(), "  user:\n    token: " + token + "\n");
+  const std::string default_ns = "    namespace: default\n";
+  config.replace(config.find(default_ns), default_ns.size(), "    namespace: " + ns + "\n");
+  return config;
 }
 
 void ApiServer::set_pod_logs(PodLogPath path_of) {

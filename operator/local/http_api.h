@@ -60,6 +60,13 @@ class ApiServer {
   void add_resource(const kube::Resource& resource, bool status_subresource,
                     std::vector<std::string> short_names = {});
 
+  // A bearer token for the ServiceAccount ns/name (the same one each time): requests with it
+  // are that account's and are authorized by RBAC against the stored Roles, ClusterRoles and
+  // their bindings (rbac.h). Requests without a token are the local administrator's.
+  std::string service_account_token(const std::string& ns, const std::string& name);
+  // A kubeconfig for this server with that token and namespace: what a local pod gets.
+  std::string service_account_kubeconfig(const std::string& ns, const std::string& name);
+
   // Serves GET .../pods/NAME/log (follow, tailLines, container, previous) from these files.
   void set_pod_logs(PodLogPath path_of);
 

@@ -371,16 +371,46 @@ void PodRunner::launch(const Object& pod) {
   for (const auto& a : container.value("args", Object::array())) argv.push_back(a);
   if (argv.empty())
     throw kt::Error("the container has no command (the local node does not read images)");
-  if (fs::path(argv[0]).filename() == "kubetrain-worker") argv[0] = options_.worker_binary;
+  // The image's programs are this build's binaries (they sit next to the worker).
+  const std::string program = fs::path(argv[0]).filename().string();
+  if (program == "kubetrain-worker") {
+    argv[0] = options_.worker_binary;
+  } else if (program == "kubetrain-operator" || program == "kubetrain") {
+    const fs::path local = fs::path(options_.worker_binary).parent_path() / program;
+    if (fs::exists(local)) argv[0] = local.string();
+  }
   Object annotations = Object::object();
+  // Every pod here shares 127.0.0.1: a port a container listens on becomes a free one, recorded
+  // in kubetrain.dev/port-map as "containerPort=hostPort,..." (probes and scrapes read it).
+  std::string port_map;
+  auto remap_bind = [&](const std::string& value) {
+    const auto colon = value.rfind(':');
+    if (colon == std::string::npos || value.substr(colon + 1) == "0") return value;
+    const std::string port = std::to_string(free_port());
+    port_map += (port_map.empty() ? "" : ",") + value.substr(colon + 1) + "=" + port;
+    return "127.0.0.1:" + port;
+  };
   for (size_t i = 1; i < argv.size(); ++i) {
     argv[i] = rewrite(argv[i]);
     if (argv[i] == "--metrics-port" && i + 1 < argv.size() && argv[i + 1] != "0") {
       argv[i + 1] = std::to_string(free_port());
       annotations["kubetrain.dev/metrics-port"] = argv[i + 1];
       ++i;
+      continue;
+    }
+    // controller-runtime's flags: --metrics-bind-address=:8080, --health-probe-bind-address :8081
+    const auto eq = argv[i].find('=');
+    const std::string flag = argv[i].substr(0, eq);
+    if (flag.size() > 13 && flag.compare(flag.size() - 13, 13, "-bind-address") == 0) {
+      if (eq != std::string::npos) {
+        argv[i] = flag + "=" + remap_bind(argv[i].substr(eq + 1));
+      } else if (i + 1 < argv.size()) {
+        argv[i + 1] = remap_bind(argv[i + 1]);
+        ++i;
+      }
     }
   }
+  if (!port_map.empty()) annotations[kPortMapAnnotation] = port_map;
 
   // ---- the environment: this process's, then the pod's ----
   std::map<std::string, std::string> env;
@@ -404,6 +434,18 @@ void PodRunner::launch(const Object& pod) {
         value = options_.node_name;
     }
     env[e.value("name", "")] = rewrite(value);
+  }
+  // The API server, as a pod reaches it: the local control plane with the pod's
+  // ServiceAccount token (RBAC applies to it), as a kubeconfig, since it serves plain HTTP
+  // rather than in-cluster HTTPS.
+  env.erase("KUBERNETES_SERVICE_HOST");
+  env.erase("KUBERNETES_SERVICE_PORT");
+  if (options_.service_account_kubeconfig &&
+      pod["spec"].value("automountServiceAccountToken", true)) {
+    const std::string account = pod["spec"].value("serviceAccountName", "default");
+    const fs::path kubeconfig = dir / "kubeconfig";
+    std::ofstream(kubeconfig) << options_.service_account_kubeconfig(ns, account);
+    env["KUBECONFIG"] = kubeconfig.string();
   }
   // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
   // The container's termination message file, as the kubelet provides it (read back on exit).

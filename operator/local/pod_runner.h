@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -31,10 +32,17 @@
 
 namespace kt::local {
 
+// On a pod: the host ports its container ports were moved to ("8080=41234,8081=41235").
+inline constexpr const char* kPortMapAnnotation = "kubetrain.dev/port-map";
+
 struct PodRunnerOptions {
   std::string node_name;
   std::string work_dir;       // pod directories and volumes go under it
-  std::string worker_binary;  // what the program name "kubetrain-worker" runs
+  std::string worker_binary;  // what "kubetrain-worker" runs; its siblings run the others
+  // The kubeconfig a pod gets (env KUBECONFIG) for its namespace and ServiceAccount; none when
+  // unset (tests of the bare runner).
+  std::function<std::string(const std::string& ns, const std::string& service_account)>
+      service_account_kubeconfig;
   std::chrono::milliseconds poll_interval{100};
   // On stop(): how long processes get after SIGTERM before SIGKILL.
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(10)};

@@ -217,6 +217,12 @@ Object decode(std::string_view data, const Message& message, int depth) {
       continue;
     }
     Object value = decode_value(r, wire_type, f, depth);
+    // proto2 writes every optional scalar, set or not; the JSON form omits the empty ones
+    // (omitempty), and so does the object a JSON client would have sent: "" namespace, 0
+    // generation, a zero creationTimestamp.
+    if (!f.repeated && (value == Object("") || value == Object(0) || value == Object(false) ||
+                        value == Object("1970-01-01T00:00:00Z")))
+      continue;
     if (f.repeated) {
       if (!out.contains(f.json)) out[f.json] = Object::array();
       out[f.json].push_back(std::move(value));

@@ -565,7 +565,8 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
         next.erase("status");
     }
     Object& meta = next["metadata"];
-    if (r.namespaced && meta.contains("namespace") && meta["namespace"] != ns)
+    if (r.namespaced && meta.contains("namespace") && meta["namespace"] != ns &&
+        meta["namespace"] != "")
       throw ApiError(400, "BadRequest", "the namespace of the object does not match the request");
     // The server owns these.
     for (const char* field : {"uid", "creationTimestamp", "namespace", "generation"}) {
