@@ -197,8 +197,12 @@ class Controller::Pass {
                  {"count", 1}};
     try {
       client_.create(kube::kEvents, ns_, ev);
-    } catch (const kt::Error&) {
-      // Events are best effort, as in client-go's recorder.
+    } catch (const kt::Error& e) {
+      // Events are best effort, as in client-go's recorder, which also says so in the log.
+      std::fprintf(stderr,
+                   "ts=%s level=error msg=\"server rejected event (will not retry)\" "
+                   "trainingjob=%s/%s reason=%s err=\"%s\"\n",
+                   ts.c_str(), ns_.c_str(), name_.c_str(), reason.c_str(), e.what());
     }
   }
 

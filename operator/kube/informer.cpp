@@ -1,8 +1,10 @@
 #include "operator/kube/informer.h"
 
+#include <cstdio>
 #include <random>
 
 #include "api/error.h"
+#include "operator/kube/objects.h"
 
 namespace kt::kube {
 namespace {
@@ -234,9 +236,16 @@ void Informer::run() {
       if (std::chrono::steady_clock::now() - listed_at < std::chrono::seconds(1) && !back_off()) {
         return;
       }
-    } catch (const std::exception&) {
-      // Transport failure or a 5xx/429 on list or watch: back off, then relist if the list
-      // itself failed, else resume the watch from the last version.
+    } catch (const std::exception& e) {
+      // Transport failure, a 5xx/429 or a 403 on list or watch: say so (a silent informer is
+      // an operator that never becomes ready), back off, then relist if the list itself
+      // failed, else resume the watch from the last version.
+      std::fprintf(stderr,
+                   "ts=%s level=error msg=\"%s %s failed; retrying\" resource=%s err=\"%s\"\n",
+                   now_rfc3339().c_str(), need_list ? "list" : "watch",
+                   resource_.plural.c_str(),
+                   (resource_.plural + (resource_.group.empty() ? "" : "." + resource_.group)).c_str(),
+                   e.what());
       if (!back_off()) return;
     }
   }

@@ -80,7 +80,10 @@ bool LeaderElector::try_acquire_or_renew() {
     try {
       lease = client_.get(kLeases, config_.lease_namespace, config_.lease_name);
     } catch (const ApiError& e) {
-      if (!e.not_found()) return false;
+      if (!e.not_found()) {
+        log_lock_error("error retrieving resource lock", e.what());
+        return false;
+      }
       Object fresh = {
           {"apiVersion", "coordination.k8s.io/v1"},
           {"kind", "Lease"},
@@ -121,9 +124,21 @@ bool LeaderElector::try_acquire_or_renew() {
     observed_record_ = updated.value("spec", Object::object()).dump();
     observed_at_ = now;
     return true;
-  } catch (const std::exception&) {
-    return false;  // Conflict, AlreadyExists, 5xx, transport: try again next period
+  } catch (const ApiError& e) {
+    // Conflict and AlreadyExists: someone else wrote first. Anything else (403, 5xx) is worth
+    // a line, as client-go's "Failed to update lock"; either way, try again next period.
+    if (!e.conflict() && !e.already_exists()) log_lock_error("failed to update lock", e.what());
+    return false;
+  } catch (const std::exception& e) {
+    log_lock_error("failed to update lock", e.what());
+    return false;
   }
+}
+
+void LeaderElector::log_lock_error(const char* what, const std::string& error) const {
+  std::fprintf(stderr, "ts=%s level=error msg=\"%s\" lease=%s/%s err=\"%s\"\n",
+               micro_time_now().c_str(), what, config_.lease_namespace.c_str(),
+               config_.lease_name.c_str(), error.c_str());
 }
 
 void LeaderElector::run() {

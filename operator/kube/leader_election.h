@@ -56,6 +56,7 @@ class LeaderElector {
 
  private:
   void run();
+  void log_lock_error(const char* what, const std::string& error) const;
   bool try_acquire_or_renew();
   void set_leading(bool leading);
   bool sleep_unless_stopped(std::chrono::milliseconds duration);

@@ -498,6 +498,8 @@ struct ApiServer::Impl {
       if (served->resource == kNamespaces && !name.empty()) attributes.ns = name;
       check_allowed(*user, attributes);
     }
+    if (user && (r.method == "POST" || r.method == "PUT") && sub.empty())
+      check_owner_references(*user, r, ns);
     if (sub == "log" && served->resource == kube::kPods && r.method == "GET")
       return serve_log(r, w, ns, name);
     if (!sub.empty() && (sub != "status" || !served->status)) return not_found(w);
@@ -532,6 +534,41 @@ struct ApiServer::Impl {
   void check_allowed(const UserInfo& user, const RequestAttributes& attributes) {
     const Decision decision = authorize(backend, user, attributes);
     if (!decision.allowed) throw ApiError(403, "Forbidden", decision.reason);
+  }
+
+  // The OwnerReferencesPermissionEnforcement admission plugin: setting blockOwnerDeletion on
+  // an ownerReference needs `update` on the owner's finalizers subresource.
+  void check_owner_references(const UserInfo& user, const HttpRequest& r, const std::string& ns) {
+    Object body;
+    try {
+      body = parse_body(r);
+    } catch (const std::exception&) {
+      return;  // the request itself reports its malformed body
+    }
+    if (!body.is_object() || !body.contains("metadata") || !body["metadata"].is_object()) return;
+    const Object refs = body["metadata"].value("ownerReferences", Object::array());
+    if (!refs.is_array()) return;
+    for (const Object& ref : refs) {
+      if (!ref.is_object() || !ref.value("blockOwnerDeletion", false)) continue;
+      const std::string api_version = ref.value("apiVersion", "");
+      const auto slash = api_version.find('/');
+      const std::string group = slash == std::string::npos ? "" : api_version.substr(0, slash);
+      for (const Served& owner : served()) {
+        if (owner.resource.kind != ref.value("kind", "") || owner.resource.group != group) continue;
+        RequestAttributes attributes;
+        attributes.verb = "update";
+        attributes.api_group = group;
+        attributes.resource = owner.resource.plural;
+        attributes.subresource = "finalizers";
+        attributes.ns = owner.resource.namespaced ? ns : "";
+        attributes.name = ref.value("name", "");
+        if (!authorize(backend, user, attributes).allowed) {
+          throw ApiError(403, "Forbidden",
+                         "cannot set blockOwnerDeletion if an ownerReference refers to a resource "
+                         "you can't set finalizers on: " + forbidden_message(user, attributes));
+        }
+      }
+    }
   }
 
   static bool is_discovery(const std::string& path) {
