@@ -284,11 +284,14 @@ class Controller::Pass {
 
   // The nodes as the planner sees them: GPUs requested by other jobs' running pods are not free.
   // Returns the inventory and its fingerprint (what a re-plan would depend on).
-  std::pair<api::Inventory, std::string> inventory() {
+  // `allocatable`, when given, receives the nodes with nothing deducted (what would be free
+  // once the other pods are gone).
+  std::pair<api::Inventory, std::string> inventory(api::Inventory* allocatable = nullptr) {
     Object nodes = {{"apiVersion", "v1"},
                     {"kind", "List"},
                     {"items", client_.list(kube::kNodes, "", {}).items}};
     api::Inventory inv = api::decode_kubectl_nodes(nodes);
+    if (allocatable) *allocatable = inv;
     // What other pods (the operator's own, daemons, other jobs) request on each node is not
     // free for this job: the worker pods request what the plan uses, and must fit beside them.
     std::map<std::string, double> used_gpus, used_cpus, used_memory;
@@ -370,7 +373,8 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
       stored.reset();  // unreadable: plan again
     }
   }
-  auto [inv, inventory_hash] = inventory();
+  api::Inventory allocatable;
+  auto [inv, inventory_hash] = inventory(&allocatable);
   const bool same_generation = to_int(annotation(kGenerationAnnotation), -1) == generation_;
   const bool same_inventory = annotation(kInventoryHashAnnotation) == inventory_hash;
   if (stored && same_generation && (pods_exist || same_inventory)) return stored;
@@ -380,12 +384,10 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   try {
     plan = planner::best_plan(job, inv);
   } catch (const kt::Error& e) {
-    // Does it fit the cluster at all (with every GPU free)? Then wait for GPUs to free up.
-    api::Inventory all = inv;
-    for (auto& node : all.nodes) node.free_gpus = node.gpu_count;
+    // Does it fit the cluster at all (every GPU, core and byte free)? Then wait for them.
     bool fits_when_free = false;
     try {
-      planner::best_plan(job, all);
+      planner::best_plan(job, allocatable);
       fits_when_free = true;
     } catch (const kt::Error&) {
     }

@@ -251,6 +251,27 @@ TEST_F(ControllerTest, OtherPodsRequests_AreNotFreeForThePlan) {
   EXPECT_LE(quantity(res["requests"]["cpu"]), 3.0);
 }
 
+TEST_F(ControllerTest, JobThatFitsOnlyWhenOtherPodsLeave_WaitsInsteadOfFailing) {
+  // Another pod holds 15.5 of node-a's 16 GiB: GPT-2 124M on the CPU does not fit beside it,
+  // but fits the node, so the job waits for the memory (it would fail on a smaller node).
+  store.create(kPods, "default",
+               {{"metadata", {{"name", "hog"}, {"namespace", "default"}}},
+                {"spec",
+                 {{"nodeName", "node-a"},
+                  {"containers",
+                   {{{"name", "c"}, {"resources", {{"requests", {{"memory", "15872Mi"}}}}}}}}}}});
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Pending");
+  EXPECT_EQ(condition("Planned")["reason"], "WaitingForResources");
+  store.remove(kPods, "default", "hog");
+  reconcile();
+  EXPECT_EQ(condition("Planned")["status"], "True");
+  EXPECT_TRUE(store.get(kPods, "default", "job-worker-0").is_object());
+}
+
 TEST_F(ControllerTest, Progress_IsKeptToFourSignificantDigits_ForKubectl) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();
