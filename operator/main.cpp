@@ -15,6 +15,7 @@
 #include <ctime>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "api/error.h"
 #include "operator/controller/controller.h"
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--worker-image", worker_image,
                  "image of worker pods when a job names none (spec.resources.image)");
+  std::vector<std::string> worker_pull_secrets;
+  app.add_option("--worker-image-pull-secret", worker_pull_secrets,
+                 "a Secret in the job's namespace to pull worker images with (repeatable)");
   CLI11_PARSE(app, argc, argv);
 
   // The stop signals go to sigwait below only.
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
     kt::controller::ControllerOptions controller_options;
     controller_options.metrics = &controller_metrics;
     if (!worker_image.empty()) controller_options.children.default_image = worker_image;
+    controller_options.children.image_pull_secrets = worker_pull_secrets;
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };

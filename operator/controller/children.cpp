@@ -233,6 +233,11 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
                      {"nodeSelector", node_selector},
                      {"containers", Object::array({container})},
                      {"volumes", volumes}};
+  if (!options.image_pull_secrets.empty()) {
+    Object secrets = Object::array();
+    for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
+    pod_spec["imagePullSecrets"] = secrets;
+  }
   if (!spec.resources.tolerations.is_null()) pod_spec["tolerations"] = spec.resources.tolerations;
   if (!spec.resources.affinity.is_null()) pod_spec["affinity"] = spec.resources.affinity;
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "api/plan.h"
 #include "api/training_job.h"
@@ -52,6 +53,7 @@ struct ChildOptions {
   std::string default_image = "ghcr.io/kubetrain/kubetrain-worker:0.1.0";
   int master_port = 29500;
   int metrics_port = 9090;
+  std::vector<std::string> image_pull_secrets;  // imagePullSecrets of worker pods
 };
 
 std::string plan_config_map_name(const std::string& job);

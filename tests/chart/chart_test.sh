@@ -42,7 +42,8 @@ render norbac --set rbac.create=false,serviceAccount.create=false,serviceAccount
 render image --set operator.image.registry=registry.example.com:5000,operator.image.repository=ml/op \
   --set operator.image.tag=1.2.3,operator.image.pullPolicy=Always \
   --set 'operator.image.pullSecrets={regcred,other}' \
-  --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9
+  --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9 \
+  --set 'worker.image.pullSecrets={worker-cred}'
 MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")
 render monitoring "${MONITORING[@]}" --api-versions monitoring.coreos.com/v1

@@ -322,6 +322,8 @@ check(ci.get("imagePullPolicy") == "Always", "image: pullPolicy")
 check(pod_spec(img, "image").get("imagePullSecrets") == [{"name": "regcred"}, {"name": "other"}],
       f"image: imagePullSecrets {pod_spec(img, 'image').get('imagePullSecrets')}")
 check("--worker-image=ml/worker:9.9" in ci.get("args", []), f"image: worker image in {ci.get('args')}")
+check("--worker-image-pull-secret=worker-cred" in ci.get("args", []),
+      f"image: worker pull secret in {ci.get('args')}")
 
 # ---- monitoring: only when asked for and the cluster has monitoring.coreos.com/v1 -------------
 children_h, children_cpp = read("operator/controller/children.h"), read("operator/controller/children.cpp")

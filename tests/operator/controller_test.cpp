@@ -225,6 +225,14 @@ TEST_F(ControllerTest, WorkerPod_RequestsWhatThePlanUses_AndRunsRestricted) {
   EXPECT_EQ(pod["metadata"]["labels"]["kubetrain.dev/plan-hash"], plan.plan_hash);
 }
 
+TEST_F(ControllerTest, WorkerPod_PullsWithTheOperatorsWorkerImagePullSecrets) {
+  options.children.image_pull_secrets = {"regcred", "mirror"};
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  EXPECT_EQ(pods().at(0)["spec"]["imagePullSecrets"],
+            Object::parse(R"([{"name": "regcred"}, {"name": "mirror"}])"));
+}
+
 TEST_F(ControllerTest, WorkerPod_JobOverridesWin_ExceptTheGpus) {
   Object j = tiny_job("job");
   j["spec"]["resources"]["resources"] = {{"requests", {{"cpu", "1500m"}}},
