@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "api/error.h"
+#include "api/quantity.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
 #include "operator/controller/metrics.h"
@@ -103,6 +104,16 @@ int main(int argc, char** argv) {
   app.add_option("--worker-image", worker_image,
                  "image of worker pods when a job names none (spec.resources.image)");
   std::vector<std::string> worker_pull_secrets;
+  std::string checkpoint_volume = "pvc", checkpoint_storage_class, checkpoint_size;
+  app.add_option("--default-checkpoint-volume", checkpoint_volume,
+                 "checkpoints of a job without spec.checkpoint.volume: pvc (a PVC <job>-checkpoints "
+                 "per job) or emptyDir (lost with the pod)")
+      ->check(CLI::IsMember({"pvc", "emptyDir"}))
+      ->capture_default_str();
+  app.add_option("--checkpoint-storage-class", checkpoint_storage_class,
+                 "StorageClass of those PVCs (default: the cluster's default class)");
+  app.add_option("--checkpoint-volume-size", checkpoint_size,
+                 "size of those PVCs, e.g. 100Gi (default: keep+1 checkpoints of the model + 25%)");
   app.add_option("--worker-image-pull-secret", worker_pull_secrets,
                  "a Secret in the job's namespace to pull worker images with (repeatable)");
   CLI11_PARSE(app, argc, argv);
@@ -131,6 +142,12 @@ int main(int argc, char** argv) {
     controller_options.metrics = &controller_metrics;
     if (!worker_image.empty()) controller_options.children.default_image = worker_image;
     controller_options.children.image_pull_secrets = worker_pull_secrets;
+    controller_options.children.checkpoint_pvc = checkpoint_volume == "pvc";
+    controller_options.children.checkpoint_storage_class = checkpoint_storage_class;
+    if (!checkpoint_size.empty() && !kt::api::parse_quantity(checkpoint_size)) {
+      throw kt::Error("--checkpoint-volume-size: \"" + checkpoint_size + "\" is not a quantity (e.g. 100Gi)");
+    }
+    controller_options.children.checkpoint_size = checkpoint_size;
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };

@@ -74,6 +74,41 @@ WorkerPodResources worker_pod_resources(const api::Plan& plan) {
   return r;
 }
 
+double checkpoint_volume_bytes(const api::Plan& plan) {
+  const double one = static_cast<double>(plan.parameters) * 16.0;
+  const double keep = static_cast<double>(std::max<int64_t>(1, plan.checkpoint.keep));
+  return std::max(kGiB, one * (keep + 1) * 1.25);
+}
+
+std::string checkpoint_claim_name(const std::string& job) {
+  return job + "-checkpoints";
+}
+
+bool job_needs_checkpoint_claim(const api::TrainingJob& job, const ChildOptions& options) {
+  return options.checkpoint_pvc && !job.spec.checkpoint.volume.is_object();
+}
+
+Object render_checkpoint_claim(const Object& owner, const api::Plan& plan,
+                               const ChildOptions& options) {
+  const std::string job = owner["metadata"]["name"];
+  // Every node's ranks write their shards into the same directory: one node can mount it
+  // ReadWriteOnce, several need a shared (ReadWriteMany) volume.
+  Object spec = {
+      {"accessModes", {plan.config.nodes > 1 ? "ReadWriteMany" : "ReadWriteOnce"}},
+      {"resources",
+       {{"requests",
+         {{"storage", options.checkpoint_size.empty()
+                          ? std::to_string(static_cast<int64_t>(
+                                std::ceil(checkpoint_volume_bytes(plan) / kGiB))) + "Gi"
+                          : options.checkpoint_size}}}}}};
+  if (!options.checkpoint_storage_class.empty())
+    spec["storageClassName"] = options.checkpoint_storage_class;
+  return {{"apiVersion", "v1"},
+          {"kind", "PersistentVolumeClaim"},
+          {"metadata", child_metadata(owner, checkpoint_claim_name(job))},
+          {"spec", spec}};
+}
+
 std::string plan_config_map_name(const std::string& job) {
   return job + "-plan";
 }
@@ -130,10 +165,13 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
   Object mounts = Object::array();
   volumes.push_back({{"name", "plan"}, {"configMap", {{"name", plan_config_map_name(name)}}}});
   mounts.push_back({{"name", "plan"}, {"mountPath", kPlanMountDir}, {"readOnly", true}});
-  // Checkpoints: the job's volume (a PVC, so that a restarted gang resumes), else an emptyDir
-  // (which survives container restarts only).
-  Object checkpoints = spec.checkpoint.volume.is_object() ? spec.checkpoint.volume
-                                                          : Object{{"emptyDir", Object::object()}};
+  // Checkpoints: the job's volume, else the PVC the operator made for it (so that a restarted
+  // gang resumes), else (checkpoint_pvc off) an emptyDir, which survives container restarts only.
+  Object checkpoints =
+      spec.checkpoint.volume.is_object() ? spec.checkpoint.volume
+      : options.checkpoint_pvc
+          ? Object{{"persistentVolumeClaim", {{"claimName", checkpoint_claim_name(name)}}}}
+          : Object{{"emptyDir", Object::object()}};
   checkpoints["name"] = "checkpoints";
   volumes.push_back(checkpoints);
   mounts.push_back({{"name", "checkpoints"}, {"mountPath", kCheckpointDir}});

@@ -54,7 +54,23 @@ struct ChildOptions {
   int master_port = 29500;
   int metrics_port = 9090;
   std::vector<std::string> image_pull_secrets;  // imagePullSecrets of worker pods
+  // Checkpoints of a job that names no spec.checkpoint.volume: a PVC `<job>-checkpoints` the
+  // operator creates (so that a restarted gang, a suspended and resumed job, keeps its
+  // progress), or, with checkpoint_pvc false, an emptyDir (lost with the pod).
+  bool checkpoint_pvc = true;
+  std::string checkpoint_storage_class;  // "" = the cluster's default StorageClass
+  std::string checkpoint_size;           // "" = from the model (checkpoint_volume_bytes)
 };
+
+// Bytes a job's checkpoint volume needs: `keep` checkpoints and one being written, each of
+// 16 bytes per parameter (fp32 weights, Adam m and v, and the bf16/fp32 copy), plus 25 %;
+// at least 1 GiB.
+double checkpoint_volume_bytes(const api::Plan& plan);
+std::string checkpoint_claim_name(const std::string& job);
+// False when the job names its own volume or the operator is told to use emptyDir.
+bool job_needs_checkpoint_claim(const api::TrainingJob& job, const ChildOptions& options);
+kube::Object render_checkpoint_claim(const kube::Object& owner, const api::Plan& plan,
+                                     const ChildOptions& options);
 
 std::string plan_config_map_name(const std::string& job);
 std::string worker_pod_name(const std::string& job, int64_t node_rank);

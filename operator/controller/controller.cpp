@@ -269,6 +269,23 @@ class Controller::Pass {
     }
   }
 
+  // The job's checkpoint PVC, created once and never changed (a PVC's size may only grow, and
+  // its data is the job's progress).
+  void ensure_checkpoint_claim(const api::TrainingJob& job, const api::Plan& plan) {
+    if (!job_needs_checkpoint_claim(job, options_.children)) return;
+    try {
+      client_.get(kube::kPersistentVolumeClaims, ns_, checkpoint_claim_name(name_));
+    } catch (const ApiError& e) {
+      if (!e.not_found()) throw;
+      try {
+        client_.create(kube::kPersistentVolumeClaims, ns_,
+                       render_checkpoint_claim(object_, plan, options_.children));
+      } catch (const ApiError& create_error) {
+        if (!create_error.already_exists()) throw;
+      }
+    }
+  }
+
   void ensure_service() {
     try {
       client_.get(kube::kServices, ns_, name_);
@@ -562,6 +579,7 @@ ReconcileResult Controller::Pass::run() {
   }
   if (!status_.plan) status_.plan = summarize(*plan);
   ensure_service();
+  ensure_checkpoint_claim(job, *plan);
 
   // ---- the gang: pods of older attempts go; then look at the current attempt ------------------
   std::map<int64_t, Object> current;  // by node rank

@@ -47,6 +47,7 @@ extern const Resource kServices;
 extern const Resource kConfigMaps;
 extern const Resource kNodes;
 extern const Resource kEvents;
+extern const Resource kPersistentVolumeClaims;
 extern const Resource kLeases;  // coordination.k8s.io/v1
 extern const Resource kTrainingJobs;  // kubetrain.dev/v1alpha1
 extern const Resource kCustomResourceDefinitions;  // apiextensions.k8s.io/v1

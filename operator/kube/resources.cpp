@@ -7,6 +7,8 @@ const Resource kServices{"", "v1", "services", "Service", true};
 const Resource kConfigMaps{"", "v1", "configmaps", "ConfigMap", true};
 const Resource kNodes{"", "v1", "nodes", "Node", false};
 const Resource kEvents{"", "v1", "events", "Event", true};
+const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
+                                       true};
 const Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};
 const Resource kTrainingJobs{"kubetrain.dev", "v1alpha1", "trainingjobs", "TrainingJob", true};
 const Resource kCustomResourceDefinitions{"apiextensions.k8s.io", "v1",

@@ -7,8 +7,6 @@ using kube::Resource;
 const Resource kNamespaces{"", "v1", "namespaces", "Namespace", false};
 const Resource kSecrets{"", "v1", "secrets", "Secret", true};
 const Resource kServiceAccounts{"", "v1", "serviceaccounts", "ServiceAccount", true};
-const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims",
-                                       "PersistentVolumeClaim", true};
 const Resource kDeployments{"apps", "v1", "deployments", "Deployment", true};
 const Resource kReplicaSets{"apps", "v1", "replicasets", "ReplicaSet", true};
 const Resource kRoles{"rbac.authorization.k8s.io", "v1", "roles", "Role", true};
@@ -34,7 +32,7 @@ const std::vector<BuiltinResource>& builtin_resources() {
       {kNamespaces, "namespace", {"ns"}, {}, true},
       {kSecrets, "secret", {}, {}, false},
       {kServiceAccounts, "serviceaccount", {"sa"}, {}, false},
-      {kPersistentVolumeClaims, "persistentvolumeclaim", {"pvc"}, {}, true},
+      {kube::kPersistentVolumeClaims, "persistentvolumeclaim", {"pvc"}, {}, true},
       {kube::kLeases, "lease", {}, {}, false},
       {kDeployments, "deployment", {"deploy"}, {"all"}, true},
       {kReplicaSets, "replicaset", {"rs"}, {"all"}, true},

@@ -15,7 +15,6 @@ namespace kt::local {
 extern const kube::Resource kNamespaces;
 extern const kube::Resource kSecrets;
 extern const kube::Resource kServiceAccounts;
-extern const kube::Resource kPersistentVolumeClaims;
 extern const kube::Resource kDeployments;  // apps/v1
 extern const kube::Resource kReplicaSets;  // apps/v1
 extern const kube::Resource kRoles;        // rbac.authorization.k8s.io/v1

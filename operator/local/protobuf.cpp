@@ -58,6 +58,20 @@ class Reader {
   size_t at_ = 0;
 };
 
+// Calls `visit(number, bytes)` for each length-delimited field of `data`; skips the others.
+template <typename Visit>
+void for_each_bytes_field(std::string_view data, Visit visit) {
+  Reader r(data);
+  while (!r.done()) {
+    const uint64_t key = r.varint();
+    if ((key & 7) != 2) {
+      r.skip(static_cast<int>(key & 7));
+      continue;
+    }
+    visit(static_cast<int>(key >> 3), r.bytes());
+  }
+}
+
 enum class Type { kString, kBytes, kBool, kInt, kMessage, kStringMap, kBytesMap, kTime };
 
 struct Field {
@@ -197,21 +211,13 @@ Object decode(std::string_view data, const Message& message, int depth) {
     const Field& f = it->second;
     if (f.type == Type::kStringMap || f.type == Type::kBytesMap) {
       if (wire_type != 2) throw malformed(std::string(f.json) + ": expected a map entry");
-      Reader entry(r.bytes());
       std::string k;
       Object v = "";
-      while (!entry.done()) {
-        const uint64_t ek = entry.varint();
-        if ((ek & 7) != 2) {
-          entry.skip(static_cast<int>(ek & 7));
-          continue;
-        }
-        if ((ek >> 3) == 1) k = checked_string(entry.bytes());
-        else if ((ek >> 3) == 2)
-          v = f.type == Type::kBytesMap ? Object(base64(entry.bytes()))
-                                        : Object(checked_string(entry.bytes()));
-        else entry.bytes();
-      }
+      for_each_bytes_field(r.bytes(), [&](int number, std::string_view bytes) {
+        if (number == 1) k = checked_string(bytes);
+        else if (number == 2)
+          v = f.type == Type::kBytesMap ? Object(base64(bytes)) : Object(checked_string(bytes));
+      });
       if (!out.contains(f.json)) out[f.json] = Object::object();
       out[f.json][k] = v;
       continue;
@@ -239,33 +245,18 @@ Object decode_kubernetes_protobuf(std::string_view body) {
   if (body.size() < 4 || body.substr(0, 4) != std::string_view("k8s\0", 4))
     throw malformed("no \"k8s\\0\" prefix");
   // runtime.Unknown: typeMeta 1 {apiVersion 1, kind 2}, raw 2.
-  Reader unknown(body.substr(4));
   std::string api_version, kind;
   std::string_view raw;
-  while (!unknown.done()) {
-    const uint64_t key = unknown.varint();
-    if ((key & 7) != 2) {
-      unknown.skip(static_cast<int>(key & 7));
-      continue;
+  for_each_bytes_field(body.substr(4), [&](int number, std::string_view bytes) {
+    if (number == 1) {
+      for_each_bytes_field(bytes, [&](int type_number, std::string_view text) {
+        if (type_number == 1) api_version = checked_string(text);
+        else if (type_number == 2) kind = checked_string(text);
+      });
+    } else if (number == 2) {
+      raw = bytes;
     }
-    if ((key >> 3) == 1) {
-      Reader type_meta(unknown.bytes());
-      while (!type_meta.done()) {
-        const uint64_t k = type_meta.varint();
-        if ((k & 7) != 2) {
-          type_meta.skip(static_cast<int>(k & 7));
-          continue;
-        }
-        if ((k >> 3) == 1) api_version = checked_string(type_meta.bytes());
-        else if ((k >> 3) == 2) kind = checked_string(type_meta.bytes());
-        else type_meta.bytes();
-      }
-    } else if ((key >> 3) == 2) {
-      raw = unknown.bytes();
-    } else {
-      unknown.bytes();
-    }
-  }
+  });
   static const std::map<std::string, const Message*> kKinds = {
       {"Secret", &kSecret}, {"ConfigMap", &kConfigMap}, {"Namespace", &kNamespace},
       {"DeleteOptions", &kDeleteOptions}};

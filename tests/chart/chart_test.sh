@@ -43,7 +43,8 @@ render image --set operator.image.registry=registry.example.com:5000,operator.im
   --set operator.image.tag=1.2.3,operator.image.pullPolicy=Always \
   --set 'operator.image.pullSecrets={regcred,other}' \
   --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9 \
-  --set 'worker.image.pullSecrets={worker-cred}'
+  --set 'worker.image.pullSecrets={worker-cred}' \
+  --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi
 MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")
 render monitoring "${MONITORING[@]}" --api-versions monitoring.coreos.com/v1
@@ -110,6 +111,7 @@ refuse "operator[./]image[./]pullPolicy" --set operator.image.pullPolicy=Sometim
 refuse "metrics[./]port" --set metrics.port=70000
 refuse "watchNamespace" --set watchNamespace=Team_A
 refuse "metrics[./]serviceMonitor[./]interval" --set metrics.serviceMonitor.interval=often
-refuse "$(extra checkpointStorage)" --set worker.checkpointStorage.size=10Gi
+refuse "worker[./]checkpointStorage[./]volume" --set worker.checkpointStorage.volume=hostPath
+refuse "worker[./]checkpointStorage[./]size" --set worker.checkpointStorage.size=lots
 
 python3 tests/chart/check_chart.py "$OUT" .

@@ -126,7 +126,8 @@ check(c.get("image") == f"ghcr.io/kubetrain/kubetrain-operator:{APP}", f"default
 check(c.get("imagePullPolicy") == "IfNotPresent", "default: imagePullPolicy")
 check(sorted(c.get("args", [])) == sorted([
     "--workers=2", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-    f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}"]), f"default: args {c.get('args')}")
+    f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}", "--default-checkpoint-volume=pvc"]),
+    f"default: args {c.get('args')}")
 check("imagePullSecrets" not in spec, "default: imagePullSecrets without pullSecrets")
 check(c.get("resources") == values["operator"]["resources"], "default: resources are not values.yaml's")
 ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
@@ -324,6 +325,9 @@ check(pod_spec(img, "image").get("imagePullSecrets") == [{"name": "regcred"}, {"
 check("--worker-image=ml/worker:9.9" in ci.get("args", []), f"image: worker image in {ci.get('args')}")
 check("--worker-image-pull-secret=worker-cred" in ci.get("args", []),
       f"image: worker pull secret in {ci.get('args')}")
+for want in ["--default-checkpoint-volume=pvc", "--checkpoint-storage-class=fast",
+             "--checkpoint-volume-size=200Gi"]:
+    check(want in ci.get("args", []), f"image: {want} not in {ci.get('args')}")
 
 # ---- monitoring: only when asked for and the cluster has monitoring.coreos.com/v1 -------------
 children_h, children_cpp = read("operator/controller/children.h"), read("operator/controller/children.cpp")

@@ -233,6 +233,57 @@ TEST_F(ControllerTest, WorkerPod_PullsWithTheOperatorsWorkerImagePullSecrets) {
             Object::parse(R"([{"name": "regcred"}, {"name": "mirror"}])"));
 }
 
+TEST_F(ControllerTest, Checkpoints_GoToAPvcPerJobByDefault_SoThatARestartResumes) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  const Object claim = store.get(kube::kPersistentVolumeClaims, "default", "job-checkpoints");
+  EXPECT_EQ(claim["spec"]["accessModes"], Object::array({"ReadWriteOnce"}));  // one node
+  // tiny: far below the 1 GiB floor.
+  EXPECT_EQ(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+  EXPECT_FALSE(claim["spec"].contains("storageClassName"));
+  EXPECT_EQ(claim["metadata"]["ownerReferences"][0]["uid"], job()["metadata"]["uid"]);
+  const Object volume = by_name(pods().at(0)["spec"]["volumes"], "checkpoints");
+  EXPECT_EQ(volume["persistentVolumeClaim"]["claimName"], "job-checkpoints");
+
+  // Suspended and resumed: the pods went, the claim (and what it holds) stayed.
+  Object j = job();
+  j["spec"]["runPolicy"]["suspend"] = true;
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_TRUE(pods().empty());
+  EXPECT_EQ(store.get(kube::kPersistentVolumeClaims, "default", "job-checkpoints")["metadata"]["uid"],
+            claim["metadata"]["uid"]);
+}
+
+TEST_F(ControllerTest, CheckpointClaim_SizeAndClassFromTheOptions_GrowsWithTheModel) {
+  options.children.checkpoint_storage_class = "fast";
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  const Object claim = store.get(kube::kPersistentVolumeClaims, "default", "job-checkpoints");
+  EXPECT_EQ(claim["spec"]["storageClassName"], "fast");
+  // 124,475,904 parameters × 16 B × (keep 3 + 1) × 1.25 = 9.27 GiB, rounded up.
+  EXPECT_EQ(claim["spec"]["resources"]["requests"]["storage"], "10Gi");
+}
+
+TEST_F(ControllerTest, Checkpoints_JobsOwnVolumeOrEmptyDirMode_MakeNoClaim) {
+  Object own = tiny_job("own");
+  own["spec"]["checkpoint"]["volume"] = {{"persistentVolumeClaim", {{"claimName", "mine"}}}};
+  store.create(kTrainingJobs, "default", own);
+  reconcile("own");
+  options.children.checkpoint_pvc = false;
+  store.create(kTrainingJobs, "default", tiny_job("scratch"));
+  reconcile("scratch");
+  EXPECT_TRUE(store.list(kube::kPersistentVolumeClaims, "default", {}).items.empty());
+  EXPECT_EQ(by_name(store.get(kPods, "default", "own-worker-0")["spec"]["volumes"],
+                    "checkpoints")["persistentVolumeClaim"]["claimName"],
+            "mine");
+  EXPECT_TRUE(by_name(store.get(kPods, "default", "scratch-worker-0")["spec"]["volumes"],
+                      "checkpoints")
+                  .contains("emptyDir"));
+}
+
 TEST_F(ControllerTest, WorkerPod_JobOverridesWin_ExceptTheGpus) {
   Object j = tiny_job("job");
   j["spec"]["resources"]["resources"] = {{"requests", {{"cpu", "1500m"}}},

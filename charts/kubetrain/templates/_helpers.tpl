@@ -97,6 +97,9 @@ and operator/kube make; tests/chart/chart_test.sh compares them with the code. *
   resources: [configmaps]
   verbs: [get, create, update]
 - apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end }}
