@@ -683,9 +683,8 @@ struct ApiServer::Impl {
           type != "application/strategic-merge-patch+json") {
         return send_status(w, 415, "UnsupportedMediaType",
                            "the body of the request was in an unknown format - accepted media "
-                           "types include: application/json-patch+json, "
-                           "application/merge-patch+json, application/apply-patch+yaml, "
-                           "application/strategic-merge-patch+json");
+                           "types include: application/merge-patch+json, "
+                           "application/apply-patch+yaml, application/strategic-merge-patch+json");
       }
       if (r.has_param("force")) {
         return send_status(w, 422, "Invalid",

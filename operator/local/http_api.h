@@ -3,11 +3,15 @@
 // talk to the local control plane (DESIGN.md §9).
 //
 // Served: the resource paths of core and group resources (namespaced and cluster-scoped, the
-// status subresource), GET/list (label/field selectors, limit/continue, resourceVersion, and
-// kubectl's Table form), watch as a chunked stream of JSON lines, POST, PUT, PATCH (merge patch;
-// strategic merge patch treated as a merge patch), DELETE with propagationPolicy; errors as
-// metav1.Status; discovery (/api, /api/v1, /apis, /apis/<group>[/<version>], /version) with
-// the CRDs in the store; a minimal /openapi/v2 and /openapi/v3; /healthz, /readyz, /livez.
+// status subresource, pods/log), GET/list (label/field selectors, limit/continue,
+// resourceVersion, and kubectl's Table form with the built-in kinds' columns, tables.h), watch
+// as a chunked stream of JSON lines (also as a streaming list: sendInitialEvents), POST, PUT,
+// PATCH (merge patch; strategic merge patch treated as a merge patch; server-side apply,
+// apply.h), DELETE with propagationPolicy; JSON or Kubernetes protobuf bodies (protobuf.h);
+// server-side field validation of custom resources (schema.h); errors as metav1.Status;
+// discovery (/api, /api/v1, /apis, /apis/<group>[/<version>], /version) with the CRDs in the
+// store; /openapi/v3 from the CRDs' schemas (openapi.h) and a minimal /openapi/v2; /healthz,
+// /readyz, /livez. Requests with a ServiceAccount token are authorized by RBAC (rbac.h).
 //
 // Faults for tests, set through set_faults() or `POST /kubetrain/faults` with the same fields
 // as JSON ({"serverErrors": 2, "delayMs": 300}); `POST /kubetrain/drop-watches` cuts every open

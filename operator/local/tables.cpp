@@ -289,6 +289,24 @@ std::vector<TableColumn> builtin_columns(const kube::Resource& r) {
     return named({{"Secrets", "integer", "Number of secrets", 0,
              [](const Object& s) { return count_of(s, "secrets"); }},
             {"Age", "string", "CreationTimestamp", 0, age}});
+  if (r == kPodDisruptionBudgets) {
+    auto spec_value = [](const char* key) {
+      return [key](const Object& p) {
+        const Object v = field(p, "spec", key);
+        return Object(v.is_number() ? v.dump() : text(v, "N/A"));
+      };
+    };
+    return named({{"Min Available", "string", "The minimum number of pods that must be available", 0,
+                   spec_value("minAvailable")},
+                  {"Max Unavailable", "string", "The maximum number of pods that may be unavailable", 0,
+                   spec_value("maxUnavailable")},
+                  {"Allowed Disruptions", "integer", "Calculated number of pods that may be disrupted at this time", 0,
+                   [](const Object& p) {
+                     const Object v = field(p, "status", "disruptionsAllowed");
+                     return Object(v.is_number() ? v.get<long long>() : 0);
+                   }},
+                  {"Age", "string", "CreationTimestamp", 0, age}});
+  }
   if (r == kube::kLeases)
     return named({{"Holder", "string", "The holder of the lease", 0,
              [](const Object& l) { return Object(text(field(l, "spec", "holderIdentity"), "")); }},

@@ -128,6 +128,17 @@ done
 grep -rq "hello from a local pod" "$OUT/work/pods" || fail "no pod log"
 K delete pod hello > /dev/null
 
+# Built-in kinds print the columns a real API server gives them.
+cat > "$OUT/pdb.yaml" <<'YAML'
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: p}
+spec: {minAvailable: 1, selector: {matchLabels: {a: b}}}
+YAML
+K apply -f "$OUT/pdb.yaml" > /dev/null || fail "apply of a PodDisruptionBudget"
+K get pdb | grep -q "^NAME *MIN AVAILABLE *MAX UNAVAILABLE *ALLOWED DISRUPTIONS *AGE" || fail "kubectl get pdb: $(K get pdb)"
+K get ns | grep -q "^default *Active" || fail "kubectl get ns: $(K get ns)"
+
 # A port in use is a one-line error and exit code 1.
 PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')
 set +e
