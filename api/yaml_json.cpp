@@ -20,22 +20,48 @@ const std::regex kFalse("^(false|False|FALSE)$");
 const std::regex kInt("^[-+]?[0-9]+$");
 const std::regex kFloat("^[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?$");
 
+// Bounds on outside documents: std::regex and yaml-cpp recurse (per character, per nesting
+// level), and aliases let a 600-byte document expand into billions of values.
+constexpr size_t kMaxScalarMatched = 1024;   // longer plain scalars are strings, never matched
+constexpr int kMaxDepth = 100;               // nested collections
+constexpr size_t kMaxValues = 1'000'000;     // values after expanding aliases
+
 Json plain_scalar(const std::string& s) {
+  if (s.size() > kMaxScalarMatched) return s;  // not a number YAML or JSON can mean anyway
   if (std::regex_match(s, kNull)) return nullptr;
   if (std::regex_match(s, kTrue)) return true;
   if (std::regex_match(s, kFalse)) return false;
-  if (std::regex_match(s, kInt)) {
+  const bool integer = std::regex_match(s, kInt);
+  if (integer || std::regex_match(s, kFloat)) {
     try {
-      return std::stoll(s);
+      if (integer) return std::stoll(s);
     } catch (const std::out_of_range&) {
+      // Beyond int64: a float, if it is one.
+    }
+    try {
       return std::stod(s);
+    } catch (const std::out_of_range&) {
+      throw Error("the number " + (s.size() > 40 ? s.substr(0, 40) + "..." : s) +
+                  " is out of range");
     }
   }
-  if (std::regex_match(s, kFloat)) return std::stod(s);
   return s;
 }
 
-Json convert(const YAML::Node& node) {
+struct Budget {
+  size_t values = 0;
+};
+
+Json convert(const YAML::Node& node, int depth, Budget& budget) {
+  if (++budget.values > kMaxValues) {
+    throw Error("more than " + std::to_string(kMaxValues) +
+                " values (after expanding aliases): refused");
+  }
+  if (depth > kMaxDepth) {
+    const auto mark = node.Mark();
+    throw Error("line " + std::to_string(mark.line + 1) + ": nested more than " +
+                std::to_string(kMaxDepth) + " levels deep (or an alias that contains itself)");
+  }
   switch (node.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined:
@@ -46,7 +72,7 @@ Json convert(const YAML::Node& node) {
       return plain_scalar(node.Scalar());
     case YAML::NodeType::Sequence: {
       Json out = Json::array();
-      for (const auto& item : node) out.push_back(convert(item));
+      for (const auto& item : node) out.push_back(convert(item, depth + 1, budget));
       return out;
     }
     case YAML::NodeType::Map: {
@@ -57,7 +83,7 @@ Json convert(const YAML::Node& node) {
           const auto mark = kv.first.Mark();
           throw Error("line " + std::to_string(mark.line + 1) + ": duplicate key \"" + key + "\"");
         }
-        out[key] = convert(kv.second);
+        out[key] = convert(kv.second, depth + 1, budget);
       }
       return out;
     }
@@ -117,11 +143,50 @@ void emit(YAML::Emitter& out, const Json& v) {
   }
 }
 
+// yaml-cpp's parser recurses per flow collection ("[[[[..."): refuse deep ones before it runs.
+// Block collections nest by indentation, which a document cannot deepen as cheaply.
+void check_flow_depth(const std::string& text) {
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quote) {
+      if (c == '\\' && quote == '"') ++i;
+      else if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#') {
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth)
+        throw Error("nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
 }  // namespace
+
+Json parse_json(const std::string& text, const std::string& source) {
+  try {
+    return Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxDepth)
+        throw Error(source + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+      return true;
+    });
+  } catch (const Json::parse_error& e) {
+    throw Error(source + ": malformed JSON: " + e.what());
+  } catch (const Json::out_of_range& e) {
+    throw Error(source + ": a number is out of range: " + e.what());
+  }
+}
 
 Json yaml_to_json(const std::string& text, const std::string& source) {
   try {
-    return convert(YAML::Load(text));
+    check_flow_depth(text);
+    Budget budget;
+    return convert(YAML::Load(text), 0, budget);
   } catch (const YAML::Exception& e) {
     throw Error(source + ":" + std::to_string(e.mark.line + 1) + ":" +
                 std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
@@ -148,11 +213,7 @@ Json load_document(const std::string& path) {
   const std::string text = read_file(path);
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (text[first] == '{' || text[first] == '[')) {
-    try {
-      return Json::parse(text);
-    } catch (const Json::parse_error& e) {
-      throw Error(path + ": malformed JSON: " + e.what());
-    }
+    return parse_json(text, path);
   }
   return yaml_to_json(text, path);
 }

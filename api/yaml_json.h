@@ -11,7 +11,13 @@ using Json = nlohmann::json;
 
 // Parses one YAML document. Plain scalars become null/bool/int/float where YAML 1.2's core
 // schema says so; quoted scalars stay strings. Throws kt::Error naming `source`, line and column.
+// Bounded for outside input: at most 100 nested collections and 10^6 values after expanding
+// aliases (a self-containing alias or a "billion laughs" document is refused), numbers beyond
+// double's range are an error, plain scalars over 1 KiB are strings.
 Json yaml_to_json(const std::string& text, const std::string& source = "<input>");
+
+// JSON with the same depth bound; throws kt::Error naming `source`.
+Json parse_json(const std::string& text, const std::string& source = "<input>");
 
 // Emits YAML that yaml_to_json reads back to the same value (strings that would read as
 // numbers or booleans are quoted).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/error.h"
+#include "api/yaml_json.h"
 #include "operator/local/builtin_resources.h"
 #include "operator/local/apply.h"
 #include "operator/local/openapi.h"
@@ -691,7 +692,7 @@ struct ApiServer::Impl {
                            "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not "
                            "be specified for non-apply patch");
       }
-      Object patch = Object::parse(r.body);
+      Object patch = parse_body(r);
       strip_patch_directives(patch);
       const auto warnings =
           sub == "status" ? std::map<std::string, std::string>{} : field_validation(r, served, patch);
@@ -823,7 +824,11 @@ struct ApiServer::Impl {
   // A request body: JSON, or Kubernetes protobuf (protobuf.h) from client-go's typed clients.
   static Object parse_body(const HttpRequest& r) {
     if (content_type(r) == kProtobufContentType) return decode_kubernetes_protobuf(r.body);
-    return Object::parse(r.body);
+    try {
+      return api::parse_json(r.body, "the request body");  // depth-bounded
+    } catch (const kt::Error& e) {
+      throw ApiError(400, "BadRequest", e.what());
+    }
   }
 
   static std::string content_type(const HttpRequest& r) {

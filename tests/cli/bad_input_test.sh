@@ -55,4 +55,16 @@ job huge '  model: {layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 
 expect fits-nowhere "per GPU with the best plan" "$KT" plan "$DIR/huge.yaml" --cluster examples/clusters/h200-single.yaml
 expect fits-nowhere-names-capacity "nodes have 141.0 GiB" "$KT" plan "$DIR/huge.yaml" --cluster examples/clusters/h200-single.yaml
 expect missing-file "does not exist" "$KT" plan "$DIR/nope.yaml" --cluster $CL
+# Hostile documents: refused with a message, not a signal or unbounded memory.
+job hugelr '  model: {preset: tiny}
+  training: {steps: 10, learningRate: 1e400}'
+expect huge-number "the number 1e400 is out of range" "$KT" validate "$DIR/hugelr.yaml"
+printf 'a: &a [*a]\n' > "$DIR/alias.yaml"
+expect self-alias "an alias that contains itself" "$KT" validate "$DIR/alias.yaml"
+{ printf 'a: &a [x,x,x,x,x,x,x,x,x,x]\n'; p=a
+  for c in b c d e f g h i j; do printf '%s: &%s [*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s,*%s]\n' $c $c $p $p $p $p $p $p $p $p $p $p; p=$c; done
+} > "$DIR/laughs.yaml"
+expect billion-laughs "values (after expanding aliases): refused" "$KT" validate "$DIR/laughs.yaml"
+python3 -c "print('{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"TrainingJob\",\"metadata\":{\"name\":\"j\"},\"spec\":{\"model\":{\"preset\":\"tiny\"},\"training\":{\"steps\":5},\"resources\":{\"affinity\":{\"a\":' + '['*100000 + ']'*100000 + '}}}}')" > "$DIR/deep.json"
+expect deep-json "deep.json: nested more than 100 levels deep" "$KT" validate "$DIR/deep.json"
 exit $fail

@@ -131,6 +131,16 @@ TEST(LocalServeApi, ErrorsAreStatusObjects) {
                 .status,
             400);
   EXPECT_EQ(raw.call("DELETE", "/api/v1/namespaces/default/configmaps").status, 405);
+
+  // A hostile body is a 400, and the server lives on.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const HttpResponse refused = raw.call("POST", "/api/v1/namespaces/default/pods",
+                                        R"({"metadata":{"name":"p"},"spec":{"containers":)" +
+                                            deep + "}}");
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("nested more than 100 levels deep"), std::string::npos)
+      << refused.body;
+  EXPECT_EQ(raw.call("GET", "/api/v1/namespaces/default/configmaps/a").status, 200);
 }
 
 TEST(LocalServeApi, StrategicMergePatchIsAppliedAsAMergePatchWithoutDirectives) {

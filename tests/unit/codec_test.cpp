@@ -56,6 +56,53 @@ TEST(Yaml, MalformedInputNamesSourceAndLine) {
   }
 }
 
+// Hostile documents are refused with a message, never by a crash or by exhausting memory.
+std::string yaml_error(const std::string& text) {
+  try {
+    api::yaml_to_json(text, "job.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HostileYaml, SelfContainingAlias_IsRefusedNotASegfault) {
+  EXPECT_NE(yaml_error("a: &a [*a]\n").find("nested more than 100 levels"), std::string::npos)
+      << yaml_error("a: &a [*a]\n");
+}
+
+TEST(HostileYaml, BillionLaughs_IsRefusedByTheValueBudget) {
+  std::string doc = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c) {
+    const char prev = static_cast<char>(c - 1);
+    doc += std::string(1, c) + ": &" + c + " [*" + prev;
+    for (int k = 0; k < 9; ++k) doc += std::string(", *") + prev;
+    doc += "]\n";
+  }  // 10^10 values once expanded
+  EXPECT_NE(yaml_error(doc).find("more than 1000000 values"), std::string::npos) << yaml_error(doc);
+}
+
+TEST(HostileYaml, DeepFlowNesting_IsRefusedBeforeTheParserRecurses) {
+  const std::string deep = "a: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
+  EXPECT_NE(yaml_error(deep).find("nested more than 100 levels"), std::string::npos);
+  EXPECT_THROW(api::parse_json(std::string(100000, '[') + std::string(100000, ']'), "x.json"),
+               Error);
+}
+
+TEST(HostileYaml, HugeNumbers_AreErrorsOrStrings) {
+  EXPECT_NE(yaml_error("learningRate: 1e400\n").find("out of range"), std::string::npos);
+  const std::string many(5000, '7');
+  EXPECT_NE(yaml_error("steps: 1" + std::string(400, '0') + "\n").find("out of range"),
+            std::string::npos);
+  // 5,000 digits: longer than any number, kept as a string (the decoder's type check names it).
+  EXPECT_TRUE(api::yaml_to_json("steps: " + many + "\n")["steps"].is_string());
+  EXPECT_TRUE(api::yaml_to_json("steps: " + std::string(200000, '9') + "\n")["steps"].is_string());
+  // Legitimate documents are untouched: nesting within the bound, beyond int64 as a float.
+  const Json ok = api::yaml_to_json("a: [[[1]]]\nb: 123456789012345678901\n");
+  EXPECT_EQ(ok["a"][0][0][0], 1);
+  EXPECT_TRUE(ok["b"].is_number_float());
+}
+
 TEST(Quantity, ParsesKubernetesSuffixes) {
   EXPECT_DOUBLE_EQ(*api::parse_quantity("60Gi"), 60.0 * (1ull << 30));
   EXPECT_DOUBLE_EQ(*api::parse_quantity("80G"), 80e9);
