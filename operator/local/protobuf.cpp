@@ -1,10 +1,10 @@
 #include "operator/local/protobuf.h"
 
 #include <cstdint>
+#include <ctime>
 #include <map>
 #include <optional>
 
-#include "operator/kube/objects.h"
 
 namespace kt::local {
 namespace {
@@ -148,17 +148,31 @@ std::string base64(std::string_view in) {
   return out;
 }
 
-// A JSON string must be UTF-8; protobuf strings are, but a hostile body need not be.
+// A JSON string must be UTF-8; protobuf strings are, but a hostile body need not be. Well-formed
+// UTF-8 as RFC 3629 §4 defines it: no overlong forms, no surrogates, nothing past U+10FFFF.
 std::string checked_string(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t length = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                        : (c & 0xF8) == 0xF0 ? 4 : 0;
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+    if (c < 0x80) length = 1;
+    else if (c >= 0xC2 && c <= 0xDF) length = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    }
     if (length == 0 || length > s.size() - i) throw malformed("a string is not UTF-8");
-    for (size_t k = 1; k < length; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80)
-        throw malformed("a string is not UTF-8");
+    for (size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(s[i + k]);
+      const unsigned char lo = k == 1 ? low : 0x80, hi = k == 1 ? high : 0xBF;
+      if (next < lo || next > hi) throw malformed("a string is not UTF-8");
+    }
     i += length;
   }
   return std::string(s);
@@ -187,7 +201,15 @@ Object decode_value(Reader& r, int wire_type, const Field& f, int depth) {
         if ((key >> 3) == 1 && (key & 7) == 0) seconds = static_cast<int64_t>(t.varint());
         else t.skip(static_cast<int>(key & 7));
       }
-      return kube::rfc3339(std::chrono::system_clock::from_time_t(static_cast<std::time_t>(seconds)));
+      // metav1.Time's range (years 0001-9999), formatted without std::chrono, whose
+      // nanosecond clock ends in 2262.
+      if (seconds < -62135596800 || seconds > 253402300799) throw malformed("a time is out of range");
+      const std::time_t when = static_cast<std::time_t>(seconds);
+      std::tm tm{};
+      gmtime_r(&when, &tm);
+      char text[32];
+      std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+      return std::string(text);
     }
     case Type::kStringMap:
     case Type::kBytesMap:

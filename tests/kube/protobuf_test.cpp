@@ -72,6 +72,22 @@ TEST(KubernetesProtobuf, MalformedOrUnknownBodies_AreRefusedNotCrashed) {
   for (size_t cut = whole.size() - raw.size() + 1; cut < whole.size(); ++cut)
     EXPECT_EQ(code_of(whole.substr(0, cut)), 400) << "cut at " << cut;
   EXPECT_EQ(code_of(envelope("v1", "Secret", field(3, "\xc3("))), 400);      // not UTF-8
+  EXPECT_EQ(code_of(envelope("v1", "Secret", field(3, "\xc0\x80"))), 400);   // overlong (fuzzer)
+  EXPECT_EQ(code_of(envelope("v1", "Secret", field(3, "\xed\xa0\x80"))), 400);  // a surrogate
+  EXPECT_EQ(code_of(envelope("v1", "Secret", field(3, "\xf4\x90\x80\x80"))), 400);  // > U+10FFFF
+  EXPECT_EQ(code_of(envelope("v1", "Secret", field(3, "\xe2\x82\xac\xf0\x9f\x98\x80"))), 0);  // "€😀"
+  // A creationTimestamp in year 2982 (the fuzzer's: std::chrono's nanosecond clock overflowed on
+  // it) is a time; one past 9999 is refused.
+  const std::string late_time = field(8, varint(1u << 3) + varint(31943687160ull));
+  EXPECT_EQ(decode_kubernetes_protobuf(envelope("v1", "Secret", field(1, late_time)))["metadata"]
+                ["creationTimestamp"],
+            "2982-04-03T14:26:00Z");
+  const std::string too_late = field(8, varint(1u << 3) + varint(253402300800ull));
+  EXPECT_EQ(code_of(envelope("v1", "Secret", field(1, too_late))), 400);
+  const std::string a_time = field(8, varint(1u << 3) + varint(1764628800ull));
+  EXPECT_EQ(decode_kubernetes_protobuf(envelope("v1", "Secret", field(1, a_time)))["metadata"]
+                ["creationTimestamp"],
+            "2025-12-01T22:40:00Z");
   std::string deep = field(3, "x");
   for (int i = 0; i < 40; ++i) deep = field(13, deep);                       // ownerReferences...
   EXPECT_EQ(code_of(envelope("v1", "Secret", field(1, deep))), 0);           // fields skipped
