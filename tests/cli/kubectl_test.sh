@@ -136,8 +136,11 @@ metadata: {name: p}
 spec: {minAvailable: 1, selector: {matchLabels: {a: b}}}
 YAML
 K apply -f "$OUT/pdb.yaml" > /dev/null || fail "apply of a PodDisruptionBudget"
-K get pdb | grep -q "^NAME *MIN AVAILABLE *MAX UNAVAILABLE *ALLOWED DISRUPTIONS *AGE" || fail "kubectl get pdb: $(K get pdb)"
-K get ns | grep -q "^default *Active" || fail "kubectl get ns: $(K get ns)"
+# (Output captured first: `grep -q` would stop reading early, and pipefail would see kubectl's SIGPIPE.)
+K get pdb > "$OUT/pdb.txt" || fail "kubectl get pdb"
+grep -q "^NAME *MIN AVAILABLE *MAX UNAVAILABLE *ALLOWED DISRUPTIONS *AGE" "$OUT/pdb.txt" || fail "kubectl get pdb: $(cat "$OUT/pdb.txt")"
+K get ns > "$OUT/ns.txt" || fail "kubectl get ns"
+grep -q "^default *Active" "$OUT/ns.txt" || fail "kubectl get ns: $(cat "$OUT/ns.txt")"
 
 # A port in use is a one-line error and exit code 1.
 PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')

@@ -84,11 +84,12 @@ PY
 K get pods > "$OUT/pods.txt"
 grep -q "^NAME *READY *STATUS *RESTARTS *AGE" "$OUT/pods.txt" || fail "kubectl get pods: $(cat "$OUT/pods.txt")"
 grep -q "^tiny-worker-0 *1/1 *Running *0 " "$OUT/pods.txt" || fail "kubectl get pods: $(cat "$OUT/pods.txt")"
-K get nodes | grep -q "^NAME *STATUS *ROLES *AGE *VERSION" || fail "kubectl get nodes: $(K get nodes)"
+K get nodes > "$OUT/nodes.txt" || fail "kubectl get nodes"
+grep -q "^NAME *STATUS *ROLES *AGE *VERSION" "$OUT/nodes.txt" || fail "kubectl get nodes: $(cat "$OUT/nodes.txt")"
 K get events > "$OUT/events.txt"
 grep -q "^LAST SEEN *TYPE *REASON *OBJECT *MESSAGE" "$OUT/events.txt" || fail "kubectl get events: $(cat "$OUT/events.txt")"
 grep -q "Normal *PlanChosen *trainingjob/tiny" "$OUT/events.txt" || fail "kubectl get events: $(cat "$OUT/events.txt")"
-hasLog() { K logs tiny-worker-0 --tail 2 | grep -q "step"; }
+hasLog() { K logs tiny-worker-0 --tail 2 > "$OUT/tail.txt" 2>&1 && grep -q "step" "$OUT/tail.txt"; }
 wait_for 60 hasLog || fail "kubectl logs: $(K logs tiny-worker-0 2>&1 | tail -3)"
 [[ $(K logs tiny-worker-0 --tail 2 | wc -l) -eq 2 ]] || fail "kubectl logs --tail 2: $(K logs tiny-worker-0 --tail 2)"
 if K logs tiny-worker-0 --previous 2> "$OUT/prev.txt"; then fail "kubectl logs --previous of a first container"; fi
