@@ -5,7 +5,7 @@ JOBS ?= 2
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test bench image clean
+.PHONY: all deps configure build run test bench fuzz image clean
 
 all: build
 
@@ -35,8 +35,16 @@ bench: build
 	$(BUILD)/bin/bench_overlap
 	$(BUILD)/bin/bench_adamw
 	$(BUILD)/bin/bench_offload
+	$(BUILD)/bin/bench_checkpoint
 	$(BUILD)/bin/bench_kube
 	$(BUILD)/bin/bench_operator
+	@echo "GPU benchmarks (bench_gpu) not run: they need a CUDA GPU; run scripts/device-check.sh on a GPU machine"
+
+# Every libFuzzer harness (fuzz/, clang 14 ASan + UBSan, its own build in $(BUILD)/fuzz) for
+# FUZZ_SECONDS each; fails on any finding and prints the executions (docs/RELIABILITY.md, "Fuzzing").
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_BUILD=$(BUILD)/fuzz JOBS=$(JOBS) fuzz/run.sh all $(FUZZ_SECONDS)
 
 # The container image (Dockerfile), CPU only, without a Docker daemon: buildah on a debootstrapped
 # Debian 12 base; tags localhost/kubetrain:latest and :<version> (docs/INSTALL.md, "Building the

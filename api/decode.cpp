@@ -50,15 +50,20 @@ std::string describe_json(const Json& value) {
   }
 }
 
-ObjectReader::ObjectReader(const Json& value, std::string path) : path_(std::move(path)) {
-  if (value.is_null()) {
-    object_ = &empty_object();
-  } else if (value.is_object()) {
+ObjectReader::ObjectReader(const Json& value, std::string path)
+    : ObjectReader(value, std::move(path), nullptr) {}
+
+ObjectReader::ObjectReader(const Json& value, std::string path, std::vector<FieldError>* errors)
+    : object_(&empty_object()), path_(std::move(path)), errors_(errors) {
+  if (value.is_object())
     object_ = &value;
-  } else {
-    throw FieldError(path_.empty() ? "<document>" : path_,
-                     "must be a map, got " + describe_json(value));
-  }
+  else if (!value.is_null())
+    fail(path_.empty() ? "<document>" : path_, "must be a map, got " + describe_json(value));
+}
+
+void ObjectReader::fail(const std::string& path, std::string problem) const {
+  if (!errors_) throw FieldError(path, std::move(problem));
+  errors_->emplace_back(path, std::move(problem));
 }
 
 std::string ObjectReader::path_of(const std::string& key) const {
@@ -80,8 +85,9 @@ const Json* ObjectReader::field(const std::string& key) {
 std::optional<std::string> ObjectReader::string(const std::string& key) {
   const Json* v = field(key);
   if (!v) return std::nullopt;
-  if (!v->is_string()) throw FieldError(path_of(key), "must be a string, got " + describe_json(*v));
-  return v->get<std::string>();
+  if (v->is_string()) return v->get<std::string>();
+  fail(path_of(key), "must be a string, got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<int64_t> ObjectReader::integer(const std::string& key) {
@@ -92,21 +98,24 @@ std::optional<int64_t> ObjectReader::integer(const std::string& key) {
     const double d = v->get<double>();
     if (std::floor(d) == d && std::fabs(d) < 9e18) return static_cast<int64_t>(d);
   }
-  throw FieldError(path_of(key), "must be an integer, got " + describe_json(*v));
+  fail(path_of(key), "must be an integer, got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<double> ObjectReader::number(const std::string& key) {
   const Json* v = field(key);
   if (!v) return std::nullopt;
   if (v->is_number()) return v->get<double>();
-  throw FieldError(path_of(key), "must be a number, got " + describe_json(*v));
+  fail(path_of(key), "must be a number, got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<bool> ObjectReader::boolean(const std::string& key) {
   const Json* v = field(key);
   if (!v) return std::nullopt;
   if (v->is_boolean()) return v->get<bool>();
-  throw FieldError(path_of(key), "must be true or false, got " + describe_json(*v));
+  fail(path_of(key), "must be true or false, got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<int64_t> ObjectReader::integer_or_auto(const std::string& key) {
@@ -114,7 +123,8 @@ std::optional<int64_t> ObjectReader::integer_or_auto(const std::string& key) {
   if (!v) return std::nullopt;
   if (v->is_string() && v->get<std::string>() == "auto") return std::nullopt;
   if (v->is_number_integer()) return v->get<int64_t>();
-  throw FieldError(path_of(key), "must be an integer or \"auto\", got " + describe_json(*v));
+  fail(path_of(key), "must be an integer or \"auto\", got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<double> ObjectReader::number_or_auto(const std::string& key) {
@@ -122,7 +132,8 @@ std::optional<double> ObjectReader::number_or_auto(const std::string& key) {
   if (!v) return std::nullopt;
   if (v->is_string() && v->get<std::string>() == "auto") return std::nullopt;
   if (v->is_number()) return v->get<double>();
-  throw FieldError(path_of(key), "must be a number or \"auto\", got " + describe_json(*v));
+  fail(path_of(key), "must be a number or \"auto\", got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::optional<double> ObjectReader::quantity_or_auto(const std::string& key) {
@@ -134,20 +145,23 @@ std::optional<double> ObjectReader::quantity_or_auto(const std::string& key) {
     if (s == "auto") return std::nullopt;
     if (auto q = parse_quantity(s)) return q;
   }
-  throw FieldError(path_of(key),
-                   "must be a quantity such as 60Gi or \"auto\", got " + describe_json(*v));
+  fail(path_of(key), "must be a quantity such as 60Gi or \"auto\", got " + describe_json(*v));
+  return std::nullopt;
 }
 
 std::map<std::string, std::string> ObjectReader::string_map(const std::string& key) {
   std::map<std::string, std::string> out;
   const Json* v = field(key);
   if (!v) return out;
-  if (!v->is_object()) throw FieldError(path_of(key), "must be a map, got " + describe_json(*v));
+  if (!v->is_object()) {
+    fail(path_of(key), "must be a map, got " + describe_json(*v));
+    return out;
+  }
   for (auto it = v->begin(); it != v->end(); ++it) {
-    if (!it->is_string())
-      throw FieldError(path_of(key) + "." + it.key(),
-                       "must be a string, got " + describe_json(*it));
-    out[it.key()] = it->get<std::string>();
+    if (it->is_string())
+      out[it.key()] = it->get<std::string>();
+    else
+      fail(path_of(key) + "." + it.key(), "must be a string, got " + describe_json(*it));
   }
   return out;
 }
@@ -159,7 +173,7 @@ Json ObjectReader::raw(const std::string& key) {
 
 ObjectReader ObjectReader::object(const std::string& key) {
   const Json* v = field(key);
-  return ObjectReader(v ? *v : empty_object(), path_of(key));
+  return ObjectReader(v ? *v : empty_object(), path_of(key), errors_);
 }
 
 void ObjectReader::finish() const {
@@ -177,7 +191,7 @@ void ObjectReader::finish() const {
     }
     std::string problem = "unknown field";
     if (!best.empty()) problem += " (did you mean \"" + best + "\"?)";
-    throw FieldError(path_of(it.key()), problem);
+    fail(path_of(it.key()), problem);
   }
 }
 

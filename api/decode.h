@@ -1,6 +1,10 @@
 // Strict, path-aware reading of JSON objects: every accessor names the field in its error
 // ("spec.training.steps: must be an integer, got \"ten\"") and finish() rejects unknown fields
 // with a suggestion, as `kubectl apply --validate=strict` does.
+//
+// Two modes. By default the first problem throws FieldError. Given an error list, a reader (and
+// every reader object() makes from it) records each problem there and reads the field as missing,
+// so that one pass reports all of a document's problems, as the API server does.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +12,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "api/error.h"
 
 #include "api/yaml_json.h"
 
@@ -19,6 +26,9 @@ class ObjectReader {
   // The reader keeps a pointer to `value`: it must outlive the reader (no temporaries).
   ObjectReader(const Json& value, std::string path);
   ObjectReader(Json&& value, std::string path) = delete;
+  // Collecting mode: problems go to `errors` (which must outlive the reader), nothing throws.
+  ObjectReader(const Json& value, std::string path, std::vector<FieldError>* errors);
+  ObjectReader(Json&& value, std::string path, std::vector<FieldError>* errors) = delete;
 
   std::string path_of(const std::string& key) const;
   bool has(const std::string& key) const;
@@ -38,8 +48,10 @@ class ObjectReader {
   // A nested object (missing reads as empty).
   ObjectReader object(const std::string& key);
 
-  // Throws FieldError for the first field that no accessor read.
+  // Reports every field that no accessor read (throws FieldError for the first one by default).
   void finish() const;
+  // Reports a problem at `path`: throws FieldError, or records it in collecting mode.
+  void fail(const std::string& path, std::string problem) const;
   // Marks every field read (for objects where unknown fields are allowed, like metadata).
   void allow_unknown() { allow_unknown_ = true; }
 
@@ -48,6 +60,7 @@ class ObjectReader {
 
   const Json* object_;
   std::string path_;
+  std::vector<FieldError>* errors_ = nullptr;  // collecting mode when set
   std::set<std::string> read_;
   bool allow_unknown_ = false;
 };

@@ -51,6 +51,12 @@ struct Names<UpdateDevice> {
       {{UpdateDevice::kGpu, "gpu"}, {UpdateDevice::kCpu, "cpu"}}};
 };
 
+template <>
+struct Names<ClaimRetention> {
+  static constexpr std::array<std::pair<ClaimRetention, std::string_view>, 2> kTable{
+      {{ClaimRetention::kDelete, "Delete"}, {ClaimRetention::kRetain, "Retain"}}};
+};
+
 template <class E>
 std::string_view name_of(E v) {
   for (const auto& [value, name] : Names<E>::kTable)
@@ -91,6 +97,7 @@ KT_ENUM(OffloadMode)
 KT_ENUM(DataSource)
 KT_ENUM(CleanPodPolicy)
 KT_ENUM(UpdateDevice)
+KT_ENUM(ClaimRetention)
 #undef KT_ENUM
 
 }  // namespace kt::api

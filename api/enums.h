@@ -14,6 +14,9 @@ enum class OffloadMode { kNone, kOptimizer, kWindow };
 enum class DataSource { kSynthetic, kTokens };
 enum class CleanPodPolicy { kAll, kRunning, kNone };
 enum class UpdateDevice { kGpu, kCpu };
+// What becomes of the checkpoint PVC the operator made when its job is deleted (as StatefulSet's
+// persistentVolumeClaimRetentionPolicy.whenDeleted).
+enum class ClaimRetention { kDelete, kRetain };
 
 std::string_view to_string(Precision v);
 std::string_view to_string(DeviceKind v);
@@ -22,6 +25,7 @@ std::string_view to_string(OffloadMode v);
 std::string_view to_string(DataSource v);
 std::string_view to_string(CleanPodPolicy v);
 std::string_view to_string(UpdateDevice v);
+std::string_view to_string(ClaimRetention v);
 
 // Parse the manifest spelling; nullopt when unknown. `choices` lists the spellings for messages.
 template <class E>

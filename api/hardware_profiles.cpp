@@ -440,7 +440,10 @@ HardwareProfile apply_overrides(HardwareProfile profile,
                                 const std::map<std::string, std::string>& annotations,
                                 const std::string& path) {
   constexpr std::string_view kPrefix = "kubetrain.dev/";
-  for (const auto& [key, value] : annotations) {
+  for (const auto& annotation : annotations) {
+    // Not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+    const std::string& key = annotation.first;
+    const std::string& value = annotation.second;
     if (key.compare(0, kPrefix.size(), kPrefix) != 0) continue;
     const std::string_view name = std::string_view(key).substr(kPrefix.size());
     const std::string field = path + ".annotations." + key;

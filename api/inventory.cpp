@@ -5,6 +5,7 @@
 #include "api/decode.h"
 #include "api/error.h"
 #include "api/quantity.h"
+#include "api/training_job.h"
 
 namespace kt::api {
 namespace {
@@ -33,10 +34,32 @@ void resolve_hardware(Node& node, const std::string& node_path, const std::strin
   if (gpu_memory_bytes > 0 && !node.is_cpu_node()) node.hardware.memory_bytes = gpu_memory_bytes;
 }
 
+// The largest node an inventory may describe: beyond any machine built, and small enough that the
+// planner's loops over GPUs and cores per node and its byte counts stay bounded and finite.
+constexpr int64_t kMaxGpusPerNode = JobLimits::kGpusPerNode;
+constexpr int64_t kMaxCpuCores = 65536;
+constexpr int64_t kMaxReplicas = JobLimits::kNodes;
+constexpr double kMaxMemoryBytes = 1152921504606846976.0;  // 2^60 bytes, 1 EiB
+
+// An allocatable amount read as a double, checked before it becomes an integer count.
+int64_t bounded_count(double value, int64_t max, const std::string& path) {
+  if (!(value >= 0) || value > static_cast<double>(max))
+    throw FieldError(path, Json(value).dump() + " must be between 0 and " + std::to_string(max));
+  return static_cast<int64_t>(std::floor(value));
+}
+
 void check_node(const Node& node, const std::string& path) {
   if (node.cpu_cores <= 0)
     throw FieldError(path + ".cpu.cores", std::to_string(node.cpu_cores) + " must be > 0");
+  if (node.cpu_cores > kMaxCpuCores)
+    throw FieldError(path + ".cpu.cores", std::to_string(node.cpu_cores) + " exceeds the limit of " +
+                                              std::to_string(kMaxCpuCores));
+  if (node.gpu_count > kMaxGpusPerNode)
+    throw FieldError(path + ".gpu.count", std::to_string(node.gpu_count) + " exceeds the limit of " +
+                                              std::to_string(kMaxGpusPerNode));
   if (!(node.memory_bytes > 0)) throw FieldError(path + ".memory", "must be > 0");
+  if (!(node.memory_bytes <= kMaxMemoryBytes))
+    throw FieldError(path + ".memory", "exceeds the limit of 1Ei");
   if (node.free_gpus < 0 || node.free_gpus > node.gpu_count)
     throw FieldError(path + ".gpu.free", std::to_string(node.free_gpus) +
                                              " must be between 0 and the GPU count " +
@@ -83,8 +106,9 @@ Inventory decode_inventory(const Json& doc) {
     const auto name = n.string("name");
     if (!name || name->empty()) throw FieldError(path + ".name", "required");
     const int64_t replicas = n.integer("replicas").value_or(1);
-    if (replicas < 1)
-      throw FieldError(path + ".replicas", std::to_string(replicas) + " must be >= 1");
+    if (replicas < 1 || replicas > kMaxReplicas)
+      throw FieldError(path + ".replicas", std::to_string(replicas) + " must be between 1 and " +
+                                               std::to_string(kMaxReplicas));
     ObjectReader gpu = n.object("gpu");
     node.gpu_product = gpu.string("product").value_or("");
     node.gpu_count = gpu.integer("count").value_or(0);
@@ -108,6 +132,9 @@ Inventory decode_inventory(const Json& doc) {
     n.finish();
     check_node(node, path);
     resolve_hardware(node, path, path + ".gpu.product", gpu_memory);
+    if (static_cast<int64_t>(inv.nodes.size()) + replicas > kMaxReplicas)
+      throw FieldError(path + ".replicas", "the inventory would hold more than " +
+                                               std::to_string(kMaxReplicas) + " nodes");
     for (int64_t k = 0; k < replicas; ++k) {
       Node copy = node;
       if (replicas > 1)
@@ -128,7 +155,7 @@ Inventory decode_kubectl_nodes(const Json& doc) {
   for (size_t i = 0; i < items->size(); ++i) {
     const std::string path = "items[" + std::to_string(i) + "]";
     const Json& item = (*items)[i];
-    if (!item.is_object() || item.value("kind", "Node") != "Node")
+    if (!item.is_object() || (item.contains("kind") && item["kind"] != "Node"))
       throw FieldError(path + ".kind", "must be Node");
     static const Json kNull;
     auto member = [&](const char* key) -> const Json& {
@@ -155,9 +182,10 @@ Inventory decode_kubectl_nodes(const Json& doc) {
       }
       throw FieldError(alloc.path_of(key), "must be a quantity, got " + describe_json(text));
     };
-    node.gpu_count = static_cast<int64_t>(quantity("nvidia.com/gpu"));
+    node.gpu_count = bounded_count(quantity("nvidia.com/gpu"), kMaxGpusPerNode,
+                                   alloc.path_of("nvidia.com/gpu"));
     node.free_gpus = node.gpu_count;
-    node.cpu_cores = static_cast<int64_t>(std::floor(quantity("cpu")));
+    node.cpu_cores = bounded_count(quantity("cpu"), kMaxCpuCores, alloc.path_of("cpu"));
     node.memory_bytes = quantity("memory");
     status.allow_unknown();
     ObjectReader spec(member("spec"), path + ".spec");
@@ -185,8 +213,8 @@ Inventory decode_kubectl_nodes(const Json& doc) {
     }
     if (node.cpu_cores <= 0)
       throw FieldError(path + ".status.allocatable.cpu", "must be at least 1 core");
-    if (!(node.memory_bytes > 0))
-      throw FieldError(path + ".status.allocatable.memory", "must be > 0");
+    if (!(node.memory_bytes > 0 && node.memory_bytes <= kMaxMemoryBytes))
+      throw FieldError(path + ".status.allocatable.memory", "must be > 0 and at most 1Ei");
     resolve_hardware(node, path + ".metadata", label_path + "nvidia.com/gpu.product", gpu_memory);
     inv.nodes.push_back(std::move(node));
   }
@@ -195,6 +223,9 @@ Inventory decode_kubectl_nodes(const Json& doc) {
 
 Inventory inventory_from_document(const Json& doc, const std::string& source) {
   if (!doc.is_object()) throw Error(source + ": not a cluster inventory (expected a map)");
+  const auto kind_field = doc.find("kind");
+  if (kind_field != doc.end() && !kind_field->is_string())
+    throw FieldError("kind", "must be a string, got " + describe_json(*kind_field));
   const std::string kind = doc.value("kind", "");
   Inventory inv;
   if (kind == "Inventory")
@@ -211,7 +242,12 @@ Inventory inventory_from_document(const Json& doc, const std::string& source) {
 }
 
 Inventory load_inventory(const std::string& path) {
-  return inventory_from_document(load_document(path), path);
+  const Json doc = load_document(path);
+  try {
+    return inventory_from_document(doc, path);
+  } catch (const FieldError& e) {  // the field's path, and the file it is in
+    throw Error(path + ": " + e.what());
+  }
 }
 
 }  // namespace kt::api

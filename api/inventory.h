@@ -43,7 +43,8 @@ struct Inventory {
 // "items[0].metadata.labels.nvidia.com/gpu.product".
 Inventory decode_inventory(const Json& doc);
 Inventory decode_kubectl_nodes(const Json& doc);
-// Detects the format by `kind`; throws Error / FieldError. An empty cluster is an error.
+// Detects the format by `kind`; throws Error ("<path>: <field>: <problem>" for a bad field).
+// An empty cluster is an error.
 Inventory load_inventory(const std::string& path);
 Inventory inventory_from_document(const Json& doc, const std::string& source);
 

@@ -22,6 +22,20 @@ struct ModelDims {
   bool operator==(const ModelDims&) const = default;
 };
 
+// The largest values a TrainingJob may ask for, enforced by validate() and by the CRD's schema
+// (`maximum`, checked equal by crd_test). Far above what is trained today (GPT-3 175B: L 96,
+// h 12288; Llama 3.1 405B: L 126, h 16384, f 53248, V 128256, s 131072), and low enough that every
+// product the planner and the worker form (L·h², B·s·V, parameters × bytes) stays inside int64.
+struct ModelLimits {
+  static constexpr int64_t kLayers = 4096;
+  static constexpr int64_t kHidden = 262144;           // 2^18
+  static constexpr int64_t kHeads = 16384;
+  static constexpr int64_t kFfnHidden = 1048576;       // 2^20
+  static constexpr int64_t kVocab = 4194304;           // 2^22
+  static constexpr int64_t kSeqLen = 1048576;          // 2^20 tokens
+  static constexpr double kParameters = 1e15;          // the total, however the dims combine
+};
+
 struct ModelPreset {
   std::string name;
   ModelDims dims;

@@ -1,5 +1,6 @@
 #include "api/plan.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "api/decode.h"
@@ -31,16 +32,20 @@ LayerPlacement decode_placement(ObjectReader r) {
 
 ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
   ParallelConfig c;
-  auto required = [&](const char* key) {
+  // Bounded as a TrainingJob's counts are (JobLimits), so that nodes × procsPerNode and tp × dp
+  // stay inside int64.
+  auto required = [&](const char* key, int64_t limit) {
     auto v = r.integer(key);
     if (!v) throw FieldError(r.path_of(key), "required");
-    if (*v < 0) throw FieldError(r.path_of(key), std::to_string(*v) + " must be >= 0");
+    if (*v < 0 || *v > limit)
+      throw FieldError(r.path_of(key), std::to_string(*v) + " must be between 0 and " +
+                                           std::to_string(limit));
     return *v;
   };
-  c.nodes = required("nodes");
-  c.procs_per_node = required("procsPerNode");
-  c.tp = required("tp");
-  c.dp = required("dp");
+  c.nodes = required("nodes", JobLimits::kNodes);
+  c.procs_per_node = required("procsPerNode", JobLimits::kParallel);
+  c.tp = required("tp", JobLimits::kParallel);
+  c.dp = required("dp", JobLimits::kParallel);
   ObjectReader batch = r.object("batch");
   c.micro_batch = batch.integer("micro").value_or(1);
   c.grad_accum = batch.integer("gradAccum").value_or(1);
@@ -68,6 +73,40 @@ Json to_json(const ParallelConfig& c) {
           {"gpuUnits", c.gpu_units},
           {"window", c.window}};
 }
+
+namespace {
+
+double number_or_zero(const Json& object, const char* key) {
+  if (!object.is_object()) return 0;
+  const auto it = object.find(key);
+  if (it == object.end() || !it->is_number()) return 0;
+  const double x = it->get<double>();
+  return std::isfinite(x) ? x : 0;
+}
+
+// The parts of a plan's "predicted" the worker reports (to_json(Prediction)'s names).
+Prediction decode_prediction(const Json& j) {
+  Prediction p;
+  p.step_seconds = number_or_zero(j, "stepSeconds");
+  p.tokens_per_second = number_or_zero(j, "tokensPerSecond");
+  p.mfu = number_or_zero(j, "mfu");
+  const Json empty = Json::object();
+  const Json& b = j.is_object() && j.contains("breakdownSeconds") ? j["breakdownSeconds"] : empty;
+  TimeBreakdown& t = p.time;
+  t.compute = number_or_zero(b, "compute");
+  t.tp_comm_total = number_or_zero(b, "tpCommTotal");
+  t.tp_comm_exposed = number_or_zero(b, "tpCommExposed");
+  t.dp_comm_total = number_or_zero(b, "dpCommTotal");
+  t.dp_comm_exposed = number_or_zero(b, "dpCommExposed");
+  t.transfer_total = number_or_zero(b, "transferTotal");
+  t.transfer_exposed = number_or_zero(b, "transferExposed");
+  t.optimizer_gpu = number_or_zero(b, "optimizerGpu");
+  t.optimizer_cpu_total = number_or_zero(b, "optimizerCpuTotal");
+  t.optimizer_cpu_exposed = number_or_zero(b, "optimizerCpuExposed");
+  return p;
+}
+
+}  // namespace
 
 Json to_json(const Prediction& p) {
   const auto& t = p.time;
@@ -196,13 +235,19 @@ Plan decode_plan(const Json& doc) {
   plan.job_namespace = job.string("namespace").value_or("default");
   job.finish();
   ObjectReader model = r.object("model");
-  auto dim = [&](const char* key) {
+  // Bounded as a TrainingJob's dims are (ModelLimits), so that the parameter count cannot
+  // overflow.
+  auto dim = [&](const char* key, int64_t limit) {
     auto v = model.integer(key);
     if (!v || *v <= 0) throw FieldError(model.path_of(key), "required, must be > 0");
+    if (*v > limit)
+      throw FieldError(model.path_of(key),
+                       std::to_string(*v) + " exceeds the limit of " + std::to_string(limit));
     return *v;
   };
-  plan.model = {dim("layers"),    dim("hidden"), dim("heads"),
-                dim("ffnHidden"), dim("vocab"),  dim("seqLen")};
+  plan.model = {dim("layers", ModelLimits::kLayers),       dim("hidden", ModelLimits::kHidden),
+                dim("heads", ModelLimits::kHeads),         dim("ffnHidden", ModelLimits::kFfnHidden),
+                dim("vocab", ModelLimits::kVocab),         dim("seqLen", ModelLimits::kSeqLen)};
   model.integer("paddedVocab");
   plan.parameters = model.integer("parameters").value_or(parameter_count(plan.model));
   model.finish();
@@ -256,8 +301,10 @@ Plan decode_plan(const Json& doc) {
   plan.checkpoint.interval_steps = ckpt.integer("intervalSteps").value_or(0);
   plan.checkpoint.keep = ckpt.integer("keep").value_or(3);
   ckpt.finish();
-  // Predictions, alternatives and explanation are informational for the worker.
-  r.raw("predicted");
+  // Predictions, alternatives and explanation are informational for the worker (outside the
+  // hash): the predicted step is read for its metrics and run record, a value that is not a
+  // finite number is left 0.
+  plan.predicted = decode_prediction(r.raw("predicted"));
   r.raw("alternatives");
   Json explanation = r.raw("explanation");
   if (explanation.is_array())

@@ -3,6 +3,7 @@
 // /etc/kubetrain/plan.json. The worker refuses a Plan it cannot execute.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +49,25 @@ struct TimeBreakdown {         // seconds per optimizer step, per rank
   double optimizer_cpu_total = 0;
   double optimizer_cpu_exposed = 0;
 };
+
+// TimeBreakdown's phases by the names the worker's metrics, its run record and the run report
+// use (kubetrain_worker_*phase_seconds{phase}), in the order above.
+struct TimePhase {
+  const char* name;
+  double TimeBreakdown::*seconds;
+};
+inline constexpr std::array<TimePhase, 10> kTimePhases = {{
+    {"compute", &TimeBreakdown::compute},
+    {"tp_comm_total", &TimeBreakdown::tp_comm_total},
+    {"tp_comm_exposed", &TimeBreakdown::tp_comm_exposed},
+    {"dp_comm_total", &TimeBreakdown::dp_comm_total},
+    {"dp_comm_exposed", &TimeBreakdown::dp_comm_exposed},
+    {"transfer_total", &TimeBreakdown::transfer_total},
+    {"transfer_exposed", &TimeBreakdown::transfer_exposed},
+    {"optimizer_gpu", &TimeBreakdown::optimizer_gpu},
+    {"optimizer_cpu_total", &TimeBreakdown::optimizer_cpu_total},
+    {"optimizer_cpu_exposed", &TimeBreakdown::optimizer_cpu_exposed},
+}};
 
 struct MemoryBreakdown {  // bytes per rank on the device
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, reserve = 0;

@@ -1,5 +1,6 @@
 #include "api/training_job.h"
 
+#include <cmath>
 #include <regex>
 
 #include "api/decode.h"
@@ -12,9 +13,9 @@ std::optional<E> read_enum(ObjectReader& r, const std::string& key, bool allow_a
   auto text = r.string(key);
   if (!text || (allow_auto && *text == "auto")) return std::nullopt;
   if (auto v = parse_enum<E>(*text)) return v;
-  throw FieldError(r.path_of(key), "unknown value \"" + *text +
-                                       "\" (one of: " + std::string(allow_auto ? "auto, " : "") +
-                                       enum_choices<E>() + ")");
+  r.fail(r.path_of(key), "unknown value \"" + *text + "\" (one of: " +
+                             std::string(allow_auto ? "auto, " : "") + enum_choices<E>() + ")");
+  return std::nullopt;
 }
 
 std::optional<bool> read_on_off(ObjectReader& r, const std::string& key) {
@@ -30,7 +31,8 @@ std::optional<bool> read_on_off(ObjectReader& r, const std::string& key) {
     if (s == "off") return false;
     if (s == "auto") return std::nullopt;
   }
-  throw FieldError(r.path_of(key), "must be on, off or auto, got " + describe_json(v));
+  r.fail(r.path_of(key), "must be on, off or auto, got " + describe_json(v));
+  return std::nullopt;
 }
 
 ObjectMeta decode_metadata(ObjectReader r) {
@@ -117,6 +119,8 @@ CheckpointSpec decode_checkpoint(ObjectReader r) {
   c.interval_steps = r.integer("intervalSteps").value_or(c.interval_steps);
   c.volume = r.raw("volume");
   c.keep = r.integer("keep").value_or(c.keep);
+  c.claim_retention =
+      read_enum<ClaimRetention>(r, "claimRetentionPolicy", false).value_or(c.claim_retention);
   r.finish();
   return c;
 }
@@ -140,6 +144,12 @@ const std::regex kDns1035("^[a-z]([-a-z0-9]*[a-z0-9])?$");
 void check_positive(std::vector<FieldError>& errors, const std::string& path,
                     std::optional<int64_t> v) {
   if (v && *v <= 0) errors.emplace_back(path, std::to_string(*v) + " must be > 0");
+}
+
+void check_at_most(std::vector<FieldError>& errors, const std::string& path,
+                   std::optional<int64_t> v, int64_t max) {
+  if (v && *v > max)
+    errors.emplace_back(path, std::to_string(*v) + " exceeds the limit of " + std::to_string(max));
 }
 
 std::string format_double(double v) {
@@ -170,18 +180,21 @@ std::string_view to_string(JobPhase p) {
   return "?";
 }
 
-TrainingJob decode_training_job(const Json& manifest) {
-  ObjectReader r(manifest, "");
+namespace {
+
+TrainingJob decode_training_job(const Json& manifest, std::vector<FieldError>* errors) {
+  ObjectReader r(manifest, "", errors);
   TrainingJob job;
   const auto api_version = r.string("apiVersion");
-  if (!api_version) throw FieldError("apiVersion", std::string("required (") + kApiVersion + ")");
-  if (*api_version != kApiVersion)
-    throw FieldError("apiVersion",
-                     "\"" + *api_version + "\" is not supported (expected " + kApiVersion + ")");
+  if (!api_version)
+    r.fail("apiVersion", std::string("required (") + kApiVersion + ")");
+  else if (*api_version != kApiVersion)
+    r.fail("apiVersion",
+           "\"" + *api_version + "\" is not supported (expected " + kApiVersion + ")");
   const auto kind = r.string("kind");
   if (kind.value_or("") != "TrainingJob")
-    throw FieldError("kind", "must be TrainingJob, got " +
-                                 (kind ? "\"" + *kind + "\"" : std::string("nothing")));
+    r.fail("kind",
+           "must be TrainingJob, got " + (kind ? "\"" + *kind + "\"" : std::string("nothing")));
   job.metadata = decode_metadata(r.object("metadata"));
   ObjectReader spec = r.object("spec");
   job.spec.model = decode_model(spec.object("model"));
@@ -192,20 +205,58 @@ TrainingJob decode_training_job(const Json& manifest) {
   job.spec.checkpoint = decode_checkpoint(spec.object("checkpoint"));
   job.spec.run_policy = decode_run_policy(spec.object("runPolicy"));
   spec.finish();
-  job.status = decode_status(r.raw("status"));
+  r.raw("status");  // the API server's and the operator's business, decoded on its own
   r.finish();
+  job.status = decode_status(manifest.is_object() && manifest.contains("status")
+                                 ? manifest["status"]
+                                 : Json());
   return job;
 }
 
-ModelDims resolve_model(const ModelSpec& spec) {
+// A problem already reported for `path` or a field inside or around it: validate() would only
+// repeat it in other words ("steps: must be an integer" then "steps: required").
+bool covered(const std::vector<FieldError>& reported, const std::string& path) {
+  for (const auto& e : reported) {
+    const std::string& p = e.path();
+    if (p == "<document>" || path.rfind(p, 0) == 0 || p.rfind(path, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TrainingJob decode_training_job(const Json& manifest) {
+  return decode_training_job(manifest, nullptr);
+}
+
+std::vector<FieldError> check_training_job(const Json& manifest, TrainingJob& job) {
+  std::vector<FieldError> errors;
+  try {
+    job = decode_training_job(manifest, &errors);
+  } catch (const FieldError& e) {  // status: written by the operator, decoded strictly
+    errors.push_back(e);
+    return errors;
+  }
+  const std::vector<FieldError> structural = errors;
+  for (auto& e : validate(job))
+    if (!covered(structural, e.path())) errors.push_back(std::move(e));
+  return errors;
+}
+
+namespace {
+
+// Resolves the dims, reporting every problem to `report` (which throws or collects); nullopt
+// when the dims are unusable.
+template <class Report>
+std::optional<ModelDims> resolve_model_dims(const ModelSpec& spec, Report report) {
   ModelDims dims;
   if (!spec.preset.empty()) {
     const ModelPreset* preset = find_model_preset(spec.preset);
     if (!preset) {
       std::string names;
       for (const auto& p : model_presets()) names += (names.empty() ? "" : ", ") + p.name;
-      throw FieldError("spec.model.preset",
-                       "unknown preset \"" + spec.preset + "\" (one of: " + names + ")");
+      report("spec.model.preset", "unknown preset \"" + spec.preset + "\" (one of: " + names + ")");
+      return std::nullopt;
     }
     dims = preset->dims;
   }
@@ -213,25 +264,59 @@ ModelDims resolve_model(const ModelSpec& spec) {
     const char* name;
     const std::optional<int64_t>& value;
     int64_t& out;
+    int64_t max;
   };
-  const Field fields[] = {
-      {"layers", spec.layers, dims.layers}, {"hidden", spec.hidden, dims.hidden},
-      {"heads", spec.heads, dims.heads},    {"ffnHidden", spec.ffn_hidden, dims.ffn_hidden},
-      {"vocab", spec.vocab, dims.vocab},    {"seqLen", spec.seq_len, dims.seq_len}};
+  using L = ModelLimits;
+  const Field fields[] = {{"layers", spec.layers, dims.layers, L::kLayers},
+                          {"hidden", spec.hidden, dims.hidden, L::kHidden},
+                          {"heads", spec.heads, dims.heads, L::kHeads},
+                          {"ffnHidden", spec.ffn_hidden, dims.ffn_hidden, L::kFfnHidden},
+                          {"vocab", spec.vocab, dims.vocab, L::kVocab},
+                          {"seqLen", spec.seq_len, dims.seq_len, L::kSeqLen}};
   for (const auto& f : fields) {
     if (f.value) f.out = *f.value;
   }
   // ffnHidden defaults to 4h for explicit models, as in GPT-2.
   if (spec.preset.empty() && !spec.ffn_hidden) dims.ffn_hidden = 4 * dims.hidden;
+  bool usable = true;
   for (const auto& f : fields) {
     const std::string path = std::string("spec.model.") + f.name;
-    if (f.out == 0 && !f.value) throw FieldError(path, "required (or set spec.model.preset)");
-    if (f.out <= 0) throw FieldError(path, std::to_string(f.out) + " must be > 0");
+    if (f.out == 0 && !f.value) {
+      report(path, "required (or set spec.model.preset)");
+    } else if (f.out <= 0) {
+      report(path, std::to_string(f.out) + " must be > 0");
+    } else if (f.out > f.max) {
+      report(path, std::to_string(f.out) + " exceeds the limit of " + std::to_string(f.max));
+    } else {
+      continue;
+    }
+    usable = false;
   }
-  if (dims.hidden % dims.heads != 0)
-    throw FieldError("spec.model.heads", std::to_string(dims.heads) + " does not divide hidden " +
-                                             std::to_string(dims.hidden));
+  if (!usable) return std::nullopt;
+  if (dims.hidden % dims.heads != 0) {
+    report("spec.model.heads", std::to_string(dims.heads) + " does not divide hidden " +
+                                   std::to_string(dims.hidden));
+    return std::nullopt;
+  }
+  // Each dim is bounded; their product is not: check the total in floating point before any
+  // int64 arithmetic forms it.
+  const double h = static_cast<double>(dims.hidden), f = static_cast<double>(dims.ffn_hidden);
+  const double parameters = static_cast<double>(dims.layers) * (4 * h * h + 2 * h * f) +
+                            static_cast<double>(dims.vocab + dims.seq_len) * h;
+  if (parameters > L::kParameters) {
+    report("spec.model", "the model would have " + format_double(parameters) +
+                             " parameters, above the limit of " + format_double(L::kParameters));
+    return std::nullopt;
+  }
   return dims;
+}
+
+}  // namespace
+
+ModelDims resolve_model(const ModelSpec& spec) {
+  return *resolve_model_dims(spec, [](const std::string& path, const std::string& problem) {
+    throw FieldError(path, problem);
+  });
 }
 
 std::vector<FieldError> validate(const TrainingJob& job) {
@@ -245,12 +330,9 @@ std::vector<FieldError> validate(const TrainingJob& job) {
                             "\" must be at most 50 lowercase letters, digits or '-', start with a "
                             "letter and end with a letter or digit (it names a Service and pods)");
   }
-  std::optional<ModelDims> dims;
-  try {
-    dims = resolve_model(job.spec.model);
-  } catch (const FieldError& e) {
-    errors.push_back(e);
-  }
+  const std::optional<ModelDims> dims = resolve_model_dims(
+      job.spec.model,
+      [&](const std::string& path, const std::string& problem) { errors.emplace_back(path, problem); });
 
   const auto& t = job.spec.training;
   if (t.steps <= 0)
@@ -282,7 +364,16 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   if (job.spec.data.source == DataSource::kTokens && job.spec.data.path.empty())
     errors.emplace_back("spec.data.path", "required when source is tokens");
 
+  using JL = JobLimits;
+  check_at_most(errors, "spec.training.steps", t.steps, JL::kSteps);
+  check_at_most(errors, "spec.training.globalBatchSize", t.global_batch_size, JL::kGlobalBatchSize);
+  check_at_most(errors, "spec.training.microBatchSize", t.micro_batch_size, JL::kGlobalBatchSize);
+  if (!std::isfinite(t.learning_rate))
+    errors.emplace_back("spec.training.learningRate", format_double(t.learning_rate) + " must be finite");
+
   const auto& res = job.spec.resources;
+  check_at_most(errors, "spec.resources.maxNodes", res.max_nodes, JL::kNodes);
+  check_at_most(errors, "spec.resources.gpusPerNode", res.gpus_per_node, JL::kGpusPerNode);
   check_positive(errors, "spec.resources.maxNodes", res.max_nodes);
   check_positive(errors, "spec.resources.gpusPerNode", res.gpus_per_node);
 
@@ -290,6 +381,8 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   check_positive(errors, "spec.parallelism.tensorParallel", p.tensor_parallel);
   check_positive(errors, "spec.parallelism.dataParallel", p.data_parallel);
   check_positive(errors, "spec.parallelism.offloadWindow", p.offload_window);
+  check_at_most(errors, "spec.parallelism.tensorParallel", p.tensor_parallel, JL::kParallel);
+  check_at_most(errors, "spec.parallelism.dataParallel", p.data_parallel, JL::kParallel);
   if (dims && p.tensor_parallel && *p.tensor_parallel > 0) {
     const int64_t tp = *p.tensor_parallel;
     if (dims->heads % tp != 0)
@@ -328,11 +421,13 @@ std::vector<FieldError> validate(const TrainingJob& job) {
                         std::to_string(c.interval_steps) + " must be >= 0 (0: only at the end)");
   if (c.keep < 1)
     errors.emplace_back("spec.checkpoint.keep", std::to_string(c.keep) + " must be >= 1");
+  check_at_most(errors, "spec.checkpoint.keep", c.keep, JL::kCheckpointKeep);
 
   const auto& rp = job.spec.run_policy;
   if (rp.backoff_limit < 0)
     errors.emplace_back("spec.runPolicy.backoffLimit",
                         std::to_string(rp.backoff_limit) + " must be >= 0");
+  check_at_most(errors, "spec.runPolicy.backoffLimit", rp.backoff_limit, JL::kBackoffLimit);
   check_positive(errors, "spec.runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds);
   if (rp.ttl_seconds_after_finished && *rp.ttl_seconds_after_finished < 0)
     errors.emplace_back("spec.runPolicy.ttlSecondsAfterFinished",
@@ -342,8 +437,8 @@ std::vector<FieldError> validate(const TrainingJob& job) {
 
 TrainingJob load_training_job(const std::string& path) {
   const Json doc = load_document(path);
-  TrainingJob job = decode_training_job(doc);
-  auto errors = validate(job);
+  TrainingJob job;
+  auto errors = check_training_job(doc, job);
   if (!errors.empty()) throw ValidationError(std::move(errors));
   return job;
 }
@@ -417,8 +512,10 @@ Json to_json(const TrainingJobSpec& s) {
   put_auto(par, "gpuUpdateFraction", p.gpu_update_fraction);
   put_auto(par, "gpuMemoryBudget", p.gpu_memory_budget_bytes);
 
-  Json& ckpt = spec["checkpoint"] = {{"intervalSteps", s.checkpoint.interval_steps},
-                                     {"keep", s.checkpoint.keep}};
+  Json& ckpt = spec["checkpoint"] = {
+      {"intervalSteps", s.checkpoint.interval_steps},
+      {"keep", s.checkpoint.keep},
+      {"claimRetentionPolicy", std::string(to_string(s.checkpoint.claim_retention))}};
   if (!s.checkpoint.volume.is_null()) ckpt["volume"] = s.checkpoint.volume;
 
   const auto& rp = s.run_policy;

@@ -39,6 +39,19 @@ struct ModelSpec {
   std::optional<int64_t> layers, hidden, heads, ffn_hidden, vocab, seq_len;
 };
 
+// The largest values validate() and the CRD's schema (`maximum`) accept outside the model (its
+// limits: ModelLimits). Bounds keep every count the planner forms (sequences × tokens, nodes ×
+// GPUs, its search over batch divisors) inside int64 and finite.
+struct JobLimits {
+  static constexpr int64_t kSteps = 1000000000;           // 10^9 optimizer steps
+  static constexpr int64_t kGlobalBatchSize = 16777216;   // 2^24 sequences per step
+  static constexpr int64_t kNodes = 65536;                // spec.resources.maxNodes
+  static constexpr int64_t kGpusPerNode = 1024;
+  static constexpr int64_t kParallel = 65536;             // tensorParallel, dataParallel
+  static constexpr int64_t kCheckpointKeep = 1000;
+  static constexpr int64_t kBackoffLimit = 2147483647;    // int32, as in batch/v1 Job
+};
+
 struct TrainingSpec {
   int64_t steps = 0;                        // required
   int64_t global_batch_size = 32;           // sequences per optimizer step
@@ -83,6 +96,9 @@ struct CheckpointSpec {
   int64_t interval_steps = 500;  // 0: only at the end and on SIGTERM
   Json volume;
   int64_t keep = 3;
+  // The PVC the operator makes when `volume` is unset: deleted with the job (Delete) or kept,
+  // so that a job created again under the same name resumes from it (Retain).
+  ClaimRetention claim_retention = ClaimRetention::kDelete;
 };
 
 struct RunPolicy {
@@ -173,6 +189,10 @@ struct TrainingJob {
 TrainingJob decode_training_job(const Json& manifest);
 // Semantic checks, all problems at once (empty: valid).
 std::vector<FieldError> validate(const TrainingJob& job);
+// Decodes and validates in one pass, reporting all problems at once as the API server does
+// (structural ones — wrong type, unknown field, bad enum value — then the semantic ones about
+// other fields); `job` holds what could be decoded. Empty: valid.
+std::vector<FieldError> check_training_job(const Json& manifest, TrainingJob& job);
 // Reads, decodes and validates a manifest file; throws Error / FieldError / ValidationError.
 TrainingJob load_training_job(const std::string& path);
 

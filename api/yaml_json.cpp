@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <sstream>
 
 #include "api/error.h"
+#include "api/utf8.h"
 
 namespace kt::api {
 namespace {
@@ -183,6 +185,13 @@ Json parse_json(const std::string& text, const std::string& source) {
 }
 
 Json yaml_to_json(const std::string& text, const std::string& source) {
+  // A YAML stream is Unicode (YAML 1.2 §5.2; yaml-cpp reads UTF-8) and JSON text must be UTF-8:
+  // a stray Latin-1 byte in a label once made `-o json` abort in nlohmann's dump().
+  if (const size_t bad = invalid_utf8_offset(text); bad != std::string::npos) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+    throw Error(source + ":" + std::to_string(line) + ": not UTF-8 (byte " + std::to_string(bad) +
+                ")");
+  }
   try {
     check_flow_depth(text);
     Budget budget;

@@ -1,20 +1,32 @@
-// The operator under load: `kubetrain local serve` (its Node runs pods as local processes, here
-// a stand-in worker that exits at once) and `kubetrain-operator` as real processes; 500
-// TrainingJobs created at once through the REST client. Prints the time until every job has its
-// children (plan ConfigMap, headless Service, worker Pod) and until every job has Succeeded, the
-// reconcile latency p50/p99 from the operator's controller_runtime_reconcile_time_seconds
-// histogram, and the operator's peak RSS (VmHWM).
-// Usage: bench_operator [jobs] [workers]   (default 500 jobs, 2 operator workers)
+// The operator at cluster scale (issue 18): `kubetrain local serve --simulate-nodes N` (N Nodes of
+// 8 × H100 whose pods run no process; a fake kubelet marks them Running) and
+// `kubetrain-operator` as real processes, driven through the REST client. Two scenarios, each on
+// a fresh server and operator:
+//   burst  — J TrainingJobs of one 8-GPU node each, created at once;
+//   gang   — one TrainingJob of G nodes (G pods of 8 GPUs).
+// For each: the time from the first create to every pod created and to every pod Running; the
+// reconcile latency p50/p99 (controller_runtime_reconcile_time_seconds); the API requests the
+// operator made per reconcile, in all and in the steady state once every pod runs (counted by the
+// server's apiserver_request_total, less the benchmark's own requests), with the LISTs among
+// them; the planner's time per job against the N nodes (kubetrain_planner_duration_seconds); the
+// operator's peak RSS (VmHWM) and CPU seconds.
+//
+// Usage: bench_operator [--nodes N] [--jobs J] [--gang-nodes G] [--workers W]
+//                       [--scenario burst|gang|both] [--steady-seconds S]
+//        (defaults: 10000 nodes, 1000 jobs, a gang of 1000 nodes, 2 workers, both, 15 s)
+// Run from the repository root (it applies crds/ with kubectl).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -64,18 +76,65 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-bool wait_until(double seconds, const std::function<bool()>& done) {
+bool wait_until(double seconds, const std::function<bool()>& done, int poll_ms = 100) {
   const auto start = Clock::now();
   while (seconds_since(start) < seconds) {
     if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
   return done();
 }
 
-// The q-quantile of a Prometheus histogram (cumulative buckets `le` → count), linear inside the
-// bucket, as histogram_quantile() does.
+// One scrape of a Prometheus text exposition: every sample line `name{labels} value`.
+struct Scrape {
+  std::vector<std::pair<std::string, double>> samples;  // "name{labels}" → value
+
+  static Scrape of(int port) {
+    Scrape s;
+    const auto text = kt::telemetry::http_get("127.0.0.1", port, "/metrics");
+    if (!text) return s;
+    std::istringstream lines(*text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      const auto space = line.rfind(' ');
+      if (space == std::string::npos) continue;
+      s.samples.emplace_back(line.substr(0, space), std::atof(line.c_str() + space + 1));
+    }
+    return s;
+  }
+  // The sum of the samples of `name` whose labels contain every one of `label_parts`
+  // (e.g. `verb="LIST"`).
+  double sum(const std::string& name, const std::vector<std::string>& label_parts = {}) const {
+    double total = 0;
+    for (const auto& [series, value] : samples) {
+      if (series.compare(0, name.size(), name) != 0 ||
+          (series.size() > name.size() && series[name.size()] != '{'))
+        continue;
+      bool all = true;
+      for (const auto& part : label_parts) all = all && series.find(part) != std::string::npos;
+      if (all) total += value;
+    }
+    return total;
+  }
+  // A histogram's cumulative buckets, `le` → count (summed over the other labels).
+  std::map<double, double> buckets(const std::string& name) const {
+    std::map<double, double> out;
+    const std::string prefix = name + "_bucket{";
+    for (const auto& [series, value] : samples) {
+      if (series.rfind(prefix, 0) != 0) continue;
+      const auto le = series.find("le=\"") + 4;
+      const std::string bound = series.substr(le, series.find('"', le) - le);
+      out[bound == "+Inf" ? INFINITY : std::stod(bound)] += value;
+    }
+    return out;
+  }
+};
+
+// The q-quantile of a Prometheus histogram (cumulative buckets), linear inside the bucket, as
+// histogram_quantile() does.
 double histogram_quantile(double q, const std::map<double, double>& buckets) {
+  if (buckets.empty() || buckets.rbegin()->second == 0) return NAN;
   const double total = buckets.rbegin()->second;
   double previous_le = 0, previous_count = 0;
   for (const auto& [le, count] : buckets) {
@@ -90,131 +149,248 @@ double histogram_quantile(double q, const std::map<double, double>& buckets) {
   return previous_le;
 }
 
-int64_t count_of(kt::kube::Client& client, const kt::kube::Resource& r, const std::string& label) {
-  kt::kube::ListOptions options;
-  options.label_selector = label;
-  return static_cast<int64_t>(client.list(r, "default", options).items.size());
+// What /proc says of a process: peak RSS and CPU seconds (user + system).
+struct ProcessUsage {
+  double peak_rss_mib = 0;
+  double cpu_seconds = 0;
+};
+
+ProcessUsage usage_of(pid_t pid) {
+  ProcessUsage u;
+  std::istringstream status(read_file("/proc/" + std::to_string(pid) + "/status"));
+  std::string key;
+  long kib = 0;
+  while (status >> key)
+    if (key == "VmHWM:") status >> kib;
+  u.peak_rss_mib = kib / 1024.0;
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  // Fields after the command's closing parenthesis: state is field 3; utime 14, stime 15.
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::vector<std::string> f;
+  std::string x;
+  while (fields >> x) f.push_back(x);
+  if (f.size() > 12)
+    u.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return u;
+}
+
+struct Options {
+  int nodes = 10000;
+  int jobs = 1000;
+  int gang_nodes = 1000;
+  int workers = 2;
+  std::string scenario = "both";
+  double steady_seconds = 15;
+};
+
+// One scenario's local serve + operator, and the benchmark's own count of the requests it made
+// (subtracted from the server's counter to leave the operator's).
+class Cluster {
+ public:
+  Cluster(const Options& options, const std::string& name) {
+    bin_ = fs::read_symlink("/proc/self/exe").parent_path();
+    dir_ = fs::temp_directory_path() /
+           ("kt-bench-operator-" + std::to_string(getpid()) + "-" + name);
+    fs::create_directories(dir_);
+    const std::string kubeconfig = (dir_ / "kubeconfig").string();
+    server_ = spawn({(bin_ / "kubetrain").string(), "local", "serve", "--api-only",
+                     "--simulate-nodes", std::to_string(options.nodes),
+                     "--simulate-pod-start-delay", "1", "--kubeconfig-out", kubeconfig,
+                     "--workdir", (dir_ / "work").string()},
+                    (dir_ / "serve.log").string());
+    if (!wait_until(60, [&] { return fs::exists(kubeconfig) && fs::file_size(kubeconfig) > 0; }))
+      die("local serve did not start: " + read_file((dir_ / "serve.log").string()));
+    const kt::kube::Config config = kt::kube::load_kubeconfig(kubeconfig);
+    server_port_ = std::atoi(config.server.substr(config.server.rfind(':') + 1).c_str());
+    client_ = std::make_unique<kt::kube::RestClient>(config);
+    if (std::system(("kubectl --kubeconfig " + kubeconfig +
+                     " apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null 2>&1").c_str()) != 0)
+      die("kubectl apply -f crds/trainingjobs.kubetrain.dev.yaml failed (is kubectl installed? "
+          "run from the repository root)");
+    if (!wait_until(10, [&] {
+          try {
+            list(kt::kube::kTrainingJobs, "");
+            return true;
+          } catch (const std::exception&) {
+            return false;
+          }
+        }))
+      die("TrainingJobs are not served");
+    operator_ = spawn({(bin_ / "kubetrain-operator").string(), "--kubeconfig", kubeconfig,
+                       "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "0",
+                       "--workers", std::to_string(options.workers)},
+                      (dir_ / "operator.log").string());
+    if (!wait_until(30, [&] {
+          const std::string log = read_file((dir_ / "operator.log").string());
+          const auto at = log.find("msg=\"serving metrics\" address=127.0.0.1:");
+          if (at == std::string::npos) return false;
+          operator_port_ = std::atoi(log.c_str() + log.find(':', log.find("address=", at)) + 1);
+          return true;
+        }))
+      die("the operator did not start: " + read_file((dir_ / "operator.log").string()));
+  }
+  ~Cluster() {
+    kill(operator_, SIGTERM);
+    waitpid(operator_, nullptr, 0);
+    kill(server_, SIGTERM);
+    waitpid(server_, nullptr, 0);
+    fs::remove_all(dir_);
+  }
+
+  void create_job(const Object& job) {
+    client_->create(kt::kube::kTrainingJobs, "default", job);
+    ++own_posts_;
+  }
+  std::vector<Object> list(const kt::kube::Resource& r, const std::string& label) {
+    kt::kube::ListOptions options;
+    options.label_selector = label;
+    ++own_lists_;
+    return client_->list(r, "default", options).items;
+  }
+  Scrape server_metrics() const { return Scrape::of(server_port_); }
+  Scrape operator_metrics() const { return Scrape::of(operator_port_); }
+  ProcessUsage operator_usage() const { return usage_of(operator_); }
+  double own_lists() const { return own_lists_; }
+  double own_posts() const { return own_posts_; }
+  [[noreturn]] void die(const std::string& why) {
+    std::fprintf(stderr, "bench_operator: %s\n", why.c_str());
+    if (operator_ > 0) kill(operator_, SIGTERM);
+    if (server_ > 0) kill(server_, SIGTERM);
+    std::exit(1);
+  }
+
+ private:
+  fs::path bin_, dir_;
+  pid_t server_ = -1, operator_ = -1;
+  int server_port_ = 0, operator_port_ = 0;
+  std::unique_ptr<kt::kube::RestClient> client_;
+  double own_lists_ = 0, own_posts_ = 0;
+};
+
+Object training_job(const std::string& name, int nodes) {
+  const int ranks = 8 * nodes;
+  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}, {"namespace", "default"}}},
+          {"spec",
+           {{"model", {{"preset", "gpt2-124m"}}},
+            {"training", {{"steps", 100}, {"globalBatchSize", std::max(32, ranks)}}},
+            {"data", {{"source", "synthetic"}}},
+            {"resources", {{"maxNodes", nodes}, {"gpusPerNode", 8}}},
+            {"parallelism", {{"tensorParallel", 1}, {"dataParallel", ranks}}}}}};
+}
+
+// The resource requests the server counted (apiserver_request_total with a resource label),
+// of one verb or of all.
+double resource_requests(const Scrape& s, const std::string& verb = "") {
+  if (verb.empty()) return s.sum("apiserver_request_total") - s.sum("apiserver_request_total", {"resource=\"\""});
+  return s.sum("apiserver_request_total", {"verb=\"" + verb + "\""}) -
+         s.sum("apiserver_request_total", {"verb=\"" + verb + "\"", "resource=\"\""});
+}
+
+void run_scenario(const Options& options, const std::string& name, int jobs, int nodes_per_job) {
+  const int pods = jobs * nodes_per_job;
+  std::printf("\n== %s: %d TrainingJob(s) of %d node(s) x 8 GPUs (%d pods) on %d simulated "
+              "nodes, operator with %d workers\n",
+              name.c_str(), jobs, nodes_per_job, pods, options.nodes, options.workers);
+  std::fflush(stdout);
+  Cluster cluster(options, name);
+  const std::string label = "kubetrain.dev/job-name";
+  const auto start = Clock::now();
+  for (int i = 0; i < jobs; ++i)
+    cluster.create_job(training_job(name + "-" + std::to_string(i), nodes_per_job));
+  const double create_seconds = seconds_since(start);
+  double created_seconds = NAN, running_seconds = NAN;
+  const bool all_running = wait_until(
+      600,
+      [&] {
+        const auto items = cluster.list(kt::kube::kPods, label);
+        const long running = std::count_if(items.begin(), items.end(), [](const Object& p) {
+          return p.contains("status") && p["status"].value("phase", "") == "Running";
+        });
+        if (std::isnan(created_seconds) && static_cast<int>(items.size()) >= pods)
+          created_seconds = seconds_since(start);
+        if (running >= pods) running_seconds = seconds_since(start);
+        return running >= pods;
+      },
+      250);
+  const Scrape op_burst = cluster.operator_metrics();
+  const Scrape server_burst = cluster.server_metrics();
+  const double lists_burst = cluster.own_lists(), posts_burst = cluster.own_posts();
+
+  // The steady state: every pod runs; the operator only looks at the jobs again for progress.
+  std::this_thread::sleep_for(std::chrono::duration<double>(options.steady_seconds));
+  const Scrape op_steady = cluster.operator_metrics();
+  const Scrape server_steady = cluster.server_metrics();
+  const ProcessUsage usage = cluster.operator_usage();
+
+  const double reconciles_burst = op_burst.sum("controller_runtime_reconcile_total");
+  const double operator_requests_burst =
+      resource_requests(server_burst) - lists_burst - posts_burst;
+  const double operator_lists_burst = resource_requests(server_burst, "LIST") - lists_burst;
+  const double steady_reconciles = op_steady.sum("controller_runtime_reconcile_total") - reconciles_burst;
+  const double steady_requests = resource_requests(server_steady) - resource_requests(server_burst);
+  const double steady_lists =
+      resource_requests(server_steady, "LIST") - resource_requests(server_burst, "LIST");
+  const auto reconcile = op_steady.buckets("controller_runtime_reconcile_time_seconds");
+  const auto planner = op_steady.buckets("kubetrain_planner_duration_seconds");
+  const double plans = op_steady.sum("kubetrain_planner_duration_seconds_count");
+  const double plan_seconds = op_steady.sum("kubetrain_planner_duration_seconds_sum");
+
+  std::printf("create %d job(s) (REST, one client)        %8.2f s\n", jobs, create_seconds);
+  std::printf("every pod created (%d)                    %8.2f s%s\n", pods, created_seconds,
+              std::isnan(created_seconds) ? "  (NOT REACHED)" : "");
+  std::printf("every pod Running                          %8.2f s%s\n", running_seconds,
+              all_running ? "" : "  (NOT REACHED)");
+  std::printf("reconciles %.0f; reconcile time p50 %.1f ms, p99 %.1f ms (histogram buckets)\n",
+              op_steady.sum("controller_runtime_reconcile_total"),
+              1e3 * histogram_quantile(0.5, reconcile), 1e3 * histogram_quantile(0.99, reconcile));
+  std::printf("API requests per reconcile, to all Running %8.2f (LISTs %.2f; informers' included)\n",
+              operator_requests_burst / std::max(1.0, reconciles_burst),
+              operator_lists_burst / std::max(1.0, reconciles_burst));
+  std::printf("steady state, %.0f s: %.0f reconciles, %.2f requests and %.2f LISTs per reconcile\n",
+              options.steady_seconds, steady_reconciles,
+              steady_requests / std::max(1.0, steady_reconciles),
+              steady_lists / std::max(1.0, steady_reconciles));
+  std::printf("planning per job: mean %.1f ms, p50 %.1f ms, p99 %.1f ms (%.0f plans)\n",
+              1e3 * plan_seconds / std::max(1.0, plans), 1e3 * histogram_quantile(0.5, planner),
+              1e3 * histogram_quantile(0.99, planner), plans);
+  std::printf("operator peak RSS %.1f MiB, CPU %.1f s\n", usage.peak_rss_mib, usage.cpu_seconds);
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int jobs = argc > 1 ? std::atoi(argv[1]) : 500;
-  const int workers = argc > 2 ? std::atoi(argv[2]) : 2;
-  const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
-  const fs::path dir = fs::temp_directory_path() / ("kt-bench-operator-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string fake_worker = (dir / "fake-worker").string();
-  {
-    std::ofstream out(fake_worker);
-    out << "#!/bin/sh\nexit 0\n";
-  }
-  fs::permissions(fake_worker, fs::perms::owner_all);
-  const std::string kubeconfig = (dir / "kubeconfig").string();
-  const pid_t server = spawn({(bin / "kubetrain").string(), "local", "serve", "--kubeconfig-out",
-                              kubeconfig, "--workdir", (dir / "work").string(), "--worker",
-                              fake_worker},
-                             (dir / "serve.log").string());
-  if (!wait_until(10, [&] { return fs::exists(kubeconfig) && fs::file_size(kubeconfig) > 0; })) {
-    std::fprintf(stderr, "local serve did not start: %s\n", read_file((dir / "serve.log").string()).c_str());
-    return 1;
-  }
-  const kt::kube::Config config = kt::kube::load_kubeconfig(kubeconfig);
-  kt::kube::RestClient client(config);
-  // The CRD, as kubectl apply would create it.
-  std::system(("kubectl --kubeconfig " + kubeconfig +
-               " apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null 2>&1 || true").c_str());
-  if (!wait_until(5, [&] {
-        try {
-          client.list(kt::kube::kTrainingJobs, "default", {});
-          return true;
-        } catch (const std::exception&) {
-          return false;
-        }
-      })) {
-    std::fprintf(stderr, "TrainingJobs are not served (is kubectl installed? run from the repository root)\n");
-    kill(server, SIGTERM);
-    return 1;
-  }
-  const pid_t op = spawn({(bin / "kubetrain-operator").string(), "--kubeconfig", kubeconfig,
-                          "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address",
-                          "0", "--workers", std::to_string(workers)},
-                         (dir / "operator.log").string());
-  int metrics_port = 0;
-  wait_until(10, [&] {
-    const std::string log = read_file((dir / "operator.log").string());
-    const auto at = log.find("msg=\"serving metrics\" address=127.0.0.1:");
-    if (at == std::string::npos) return false;
-    metrics_port = std::atoi(log.c_str() + log.find(':', log.find("address=", at)) + 1);
-    return true;
-  });
-
-  std::printf("bench_operator: %d TrainingJobs at once, operator with %d workers, pods exit at once\n",
-              jobs, workers);
-  const auto start = Clock::now();
-  for (int i = 0; i < jobs; ++i) {
-    const Object job = {
-        {"apiVersion", "kubetrain.dev/v1alpha1"},
-        {"kind", "TrainingJob"},
-        {"metadata", {{"name", "job-" + std::to_string(i)}, {"namespace", "default"}}},
-        {"spec",
-         {{"model", {{"preset", "tiny"}}},
-          {"training", {{"steps", 10}, {"globalBatchSize", 8}}}}}};
-    client.create(kt::kube::kTrainingJobs, "default", job);
-  }
-  const double create_seconds = seconds_since(start);
-  const std::string label = "kubetrain.dev/job-name";
-  const bool children = wait_until(600, [&] {
-    return count_of(client, kt::kube::kConfigMaps, "") >= jobs &&
-           count_of(client, kt::kube::kServices, "") >= jobs &&
-           count_of(client, kt::kube::kPods, label) >= jobs;
-  });
-  const double children_seconds = seconds_since(start);
-  const bool finished = wait_until(900, [&] {
-    int64_t done = 0;
-    for (const auto& job : client.list(kt::kube::kTrainingJobs, "default", {}).items)
-      if (job.contains("status") && job["status"].value("phase", "") == "Succeeded") ++done;
-    return done >= jobs;
-  });
-  const double finished_seconds = seconds_since(start);
-
-  std::map<double, double> buckets;
-  double reconciles = 0;
-  if (auto text = kt::telemetry::http_get("127.0.0.1", metrics_port, "/metrics")) {
-    std::istringstream lines(*text);
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (line.rfind("controller_runtime_reconcile_time_seconds_bucket{", 0) == 0) {
-        const auto le = line.find("le=\"") + 4;
-        const std::string bound = line.substr(le, line.find('"', le) - le);
-        buckets[bound == "+Inf" ? INFINITY : std::stod(bound)] +=
-            std::stod(line.substr(line.rfind(' ') + 1));
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_operator: %s needs a value\n", arg.c_str());
+        std::exit(2);
       }
-      if (line.rfind("controller_runtime_reconcile_total{", 0) == 0)
-        reconciles += std::stod(line.substr(line.rfind(' ') + 1));
+      return argv[++i];
+    };
+    if (arg == "--nodes") options.nodes = std::atoi(value().c_str());
+    else if (arg == "--jobs") options.jobs = std::atoi(value().c_str());
+    else if (arg == "--gang-nodes") options.gang_nodes = std::atoi(value().c_str());
+    else if (arg == "--workers") options.workers = std::atoi(value().c_str());
+    else if (arg == "--scenario") options.scenario = value();
+    else if (arg == "--steady-seconds") options.steady_seconds = std::atof(value().c_str());
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_operator [--nodes N] [--jobs J] [--gang-nodes G] [--workers W] "
+                   "[--scenario burst|gang|both] [--steady-seconds S]\n");
+      return arg == "--help" || arg == "-h" ? 0 : 2;
     }
   }
-  long peak_kib = 0;
-  {
-    std::istringstream status(read_file("/proc/" + std::to_string(op) + "/status"));
-    std::string key;
-    while (status >> key)
-      if (key == "VmHWM:") status >> peak_kib;
+  if (options.scenario != "burst" && options.scenario != "gang" && options.scenario != "both") {
+    std::fprintf(stderr, "bench_operator: --scenario is burst, gang or both, not %s\n",
+                 options.scenario.c_str());
+    return 2;
   }
-  std::printf("create %d jobs (REST, one client)     %8.2f s\n", jobs, create_seconds);
-  std::printf("every job has its children            %8.2f s%s\n", children_seconds,
-              children ? "" : "  (NOT REACHED)");
-  std::printf("every job Succeeded                   %8.2f s%s\n", finished_seconds,
-              finished ? "" : "  (NOT REACHED)");
-  if (!buckets.empty())
-    std::printf("reconciles %.0f; reconcile time p50 %.1f ms, p99 %.1f ms (histogram buckets)\n",
-                reconciles, 1e3 * histogram_quantile(0.5, buckets),
-                1e3 * histogram_quantile(0.99, buckets));
-  std::printf("operator peak RSS                     %8.1f MiB\n", peak_kib / 1024.0);
-  kill(op, SIGTERM);
-  waitpid(op, nullptr, 0);
-  kill(server, SIGTERM);
-  waitpid(server, nullptr, 0);
-  fs::remove_all(dir);
-  return children && finished ? 0 : 1;
+  if (options.scenario != "gang") run_scenario(options, "burst", options.jobs, 1);
+  if (options.scenario != "burst") run_scenario(options, "gang", 1, options.gang_nodes);
+  return 0;
 }

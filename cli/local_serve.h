@@ -4,7 +4,10 @@
 // processes — only the reconciler is not in-process (the operator binary brings it over HTTP).
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "operator/local/simulated_nodes.h"
 
 namespace kt::cli {
 
@@ -14,6 +17,13 @@ struct LocalServeOptions {
   bool node = true;            // register this machine and run pods; false: the API only
   std::string workdir = "kubetrain-local";  // pod logs and volumes
   std::string worker_binary;   // default: find_worker_binary()
+  double fault_rate = 0;       // local::Faults::error_rate (chaos tests); 0: none
+  uint64_t fault_seed = 0;
+  // Simulated nodes (local/simulated_nodes.h): count 0 adds none. With any, the scheduler.h
+  // Scheduler binds pods to every node (this one too) and the fake kubelet runs theirs.
+  local::SimulatedNodeOptions simulated;
+  double simulated_pod_start_delay_seconds = 1;  // bound -> Running
+  double simulated_pod_duration_seconds = 0;     // Running -> Succeeded; 0: until deleted
 };
 
 // Serves until SIGINT or SIGTERM. Prints the URL (and the kubeconfig path) on stdout once

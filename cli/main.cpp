@@ -1,8 +1,9 @@
-// The `kubetrain` command. Subcommands: plan, validate, run, profiles, presets, version,
+// The `kubetrain` command. Subcommands: plan, validate, run, report, profiles, presets, version,
 // local serve. Exit codes: 0 success, 1 a user-facing error (bad manifest, no plan fits, a failed
 // run), 2 bad usage, 130 a run interrupted by Ctrl-C.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "api/error.h"
@@ -15,6 +16,7 @@
 #include "api/yaml_json.h"
 #include "cli/format.h"
 #include "cli/local_serve.h"
+#include "cli/report.h"
 #include "cli/run.h"
 #include "planner/planner.h"
 
@@ -56,6 +58,26 @@ int cmd_validate(const std::string& job_path, const std::string& format) {
       kt::api::format_count(static_cast<double>(kt::api::parameter_count(m))).c_str(),
       static_cast<long long>(job.spec.training.steps),
       static_cast<long long>(job.spec.training.global_batch_size));
+  return 0;
+}
+
+// `kubetrain report RUN_DIR [-o FILE] [--job NAME]`: the run report of a run's step log.
+int cmd_report(const std::string& run_dir, std::string html_path, std::string job) {
+  namespace fs = std::filesystem;
+  const fs::path steps = kt::cli::find_steps_log(run_dir);
+  // In a `kubetrain run` work directory (<workdir>/checkpoints/steps.jsonl) the report goes to
+  // <workdir>/report.html, and the job is the directory's name (the default
+  // ./kubetrain-runs/<job>); elsewhere it goes beside the step log.
+  const fs::path dir = steps.parent_path();
+  const bool work_dir = dir.filename() == "checkpoints";
+  const fs::path home = work_dir ? dir.parent_path() : dir;
+  if (html_path.empty()) html_path = (home / "report.html").string();
+  if (job.empty() && work_dir) job = fs::absolute(home).lexically_normal().filename().string();
+  kt::cli::ReportOptions options;
+  options.job = job;
+  for (const auto& warning : kt::cli::write_report(steps.string(), html_path, options))
+    std::fprintf(stderr, "kubetrain: warning: %s\n", warning.c_str());
+  std::printf("report: %s\n", html_path.c_str());
   return 0;
 }
 
@@ -138,6 +160,23 @@ int main(int argc, char** argv) {
   run->add_option("--worker", run_options.worker_binary,
                   "the kubetrain-worker binary (default: the one next to kubetrain)");
 
+  std::string report_dir, report_out, report_job;
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Write the run report: one self-contained HTML page (no script, no network) with the loss, "
+      "tokens/s against the plan's prediction, the step time by phase, checkpoints and restarts, "
+      "from the step log of RUN_DIR (`kubetrain run` writes it at the end of a run too)");
+  report
+      ->add_option("run-dir", report_dir,
+                   "a `kubetrain run` work directory (its checkpoints/steps.jsonl), a checkpoint "
+                   "directory (its steps.jsonl) or the step log itself")
+      ->required();
+  report->add_option("--output,-o", report_out,
+                     "the HTML file (default: report.html in the work directory, or beside the "
+                     "step log)");
+  report->add_option("--job", report_job,
+                     "the job's name for the title (default: the work directory's name)");
+
   CLI::App* profiles = app.add_subcommand("profiles", "List the built-in hardware profiles");
   CLI::App* presets = app.add_subcommand("presets", "List the model presets");
   CLI::App* version = app.add_subcommand("version", "Print the version");
@@ -160,6 +199,46 @@ int main(int argc, char** argv) {
   serve->add_option("--worker", serve_options.worker_binary,
                     "the kubetrain-worker binary pods run (default: next to kubetrain, else PATH)");
   serve->add_flag("--api-only", api_only, "serve the API only: no Node, no pods are run");
+  serve->add_option("--inject-faults", serve_options.fault_rate,
+                    "for chaos tests: answer this fraction of resource requests 500 or 429, and "
+                    "end watches early (on average after 1/RATE seconds)")
+      ->check(CLI::Range(0.0, 1.0));
+  serve->add_option("--fault-seed", serve_options.fault_seed, "seed of --inject-faults' draws")
+      ->capture_default_str();
+  kt::local::SimulatedNodeOptions& sim = serve_options.simulated;
+  serve->add_option("--simulate-nodes", sim.count,
+                    "add N simulated Nodes sim-node-00000... (like KWOK) whose pods run no "
+                    "process; pods are then scheduled by requests over all nodes")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  serve->add_option("--simulate-gpu-product", sim.gpu_product,
+                    "nvidia.com/gpu.product label of the simulated nodes")
+      ->capture_default_str();
+  serve->add_option("--simulate-gpus-per-node", sim.gpus_per_node,
+                    "nvidia.com/gpu allocatable per simulated node")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  serve->add_option("--simulate-gpu-memory", sim.gpu_memory_mib,
+                    "nvidia.com/gpu.memory label (MiB) of the simulated nodes")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  serve->add_option("--simulate-cpus", sim.cpu_cores, "cpu allocatable per simulated node")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  serve->add_option("--simulate-memory-gib", sim.memory_gib,
+                    "memory allocatable per simulated node, GiB")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  serve->add_option("--simulate-pod-start-delay", serve_options.simulated_pod_start_delay_seconds,
+                    "seconds from a pod's binding to a simulated node to Running")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  serve->add_option("--simulate-pod-duration", serve_options.simulated_pod_duration_seconds,
+                    "seconds a simulated pod runs before it Succeeds (0: until deleted); the pod "
+                    "annotation kubetrain.dev/simulate-exit-code: \"N\" ends it at once with "
+                    "exit code N")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -176,6 +255,7 @@ int main(int argc, char** argv) {
       job_path = run_options.job_path;
       return kt::cli::run_job(run_options);
     }
+    if (*report) return cmd_report(report_dir, report_out, report_job);
     if (*profiles) return cmd_profiles();
     if (*presets) return cmd_presets();
     if (*serve) {

@@ -19,8 +19,10 @@
 #include "api/quantity.h"
 #include "api/training_job.h"
 #include "api/yaml_json.h"
+#include "cli/report.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
+#include "operator/kube/cache.h"
 #include "operator/local/local_node.h"
 #include "operator/local/pod_runner.h"
 #include "operator/local/store.h"
@@ -215,7 +217,11 @@ int run_job(const RunOptions& options) {
   controller_options.fetch_metrics = [](const std::string& host, int port) {
     return telemetry::http_get(host, port, "/metrics", std::chrono::milliseconds(500));
   };
-  controller::Controller controller(store, controller_options);
+  // The operator's shape: informers -> work queue -> reconcile, reads from the informers'
+  // cache, as in a cluster.
+  kube::Cache cache(store, controller::operator_cache_options(ns));
+  kube::CachingClient cached_store(store, cache);
+  controller::Controller controller(cached_store, controller_options);
 
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -232,11 +238,10 @@ int run_job(const RunOptions& options) {
               machine.gpus.size(), workdir.string().c_str());
   std::fflush(stdout);
 
-  // The operator's shape: informers -> work queue -> reconcile, as in a cluster.
   controller::ManagerOptions manager_options;
   manager_options.ns = ns;
   manager_options.workers = 1;
-  controller::Manager manager(store, controller, manager_options);
+  controller::Manager manager(cache, controller, manager_options);
   kube::WatchOptions watch_options;
   watch_options.allow_bookmarks = false;
   watch_options.field_selector = "metadata.name=" + name;
@@ -333,6 +338,14 @@ int run_job(const RunOptions& options) {
   std::printf("checkpoints: %s\nlogs: %s\n",
               job.spec.checkpoint.volume.is_null() ? checkpoints.c_str() : "(the job's volume)",
               (workdir / "pods").c_str());
+  // The run report (cli/report.h) from the rank-0 worker's step log beside the checkpoints.
+  const std::string steps_dir =
+      job.spec.checkpoint.volume.is_null()
+          ? checkpoints.string()
+          : job.spec.checkpoint.volume.value(Object::json_pointer("/hostPath/path"), "");
+  if (!steps_dir.empty())
+    report_after_run(steps_dir + "/steps.jsonl", (workdir / "report.html").string(),
+                     ns + "/" + name);
   return exit_code;
 }
 

@@ -1,35 +1,63 @@
 #!/usr/bin/env bash
-# Builds one libFuzzer harness with clang 14 (ASan + UBSan) and runs it for a while:
-#   fuzz/run.sh kube_protobuf|yaml [SECONDS]    (default 30 s; corpus under build/fuzz/<name>)
-# Exits non-zero on a finding (crash, leak, timeout); the reproducer is in build/fuzz/<name>.
+# Builds the libFuzzer harnesses (fuzz/CMakeLists.txt: clang 14, ASan + UBSan) and runs them:
+#   fuzz/run.sh NAME|all [SECONDS]     (default 30 s per harness)
+# NAME is a harness, fuzz/NAME_fuzz.cpp. The build directory is $FUZZ_BUILD (default
+# build/fuzz); each harness's seeds (fuzz/seeds.py) go to $FUZZ_BUILD/seeds/NAME, what it finds
+# new to $FUZZ_BUILD/corpus/NAME (kept between runs), a reproducer of a finding to
+# $FUZZ_BUILD/findings/NAME/. Exits 1 on any finding (crash, sanitizer report, leak, timeout,
+# out of memory), 77 when clang++-14 is missing; prints executions per harness and in all.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-NAME=${1:?usage: fuzz/run.sh kube_protobuf|yaml [SECONDS]}
-SECONDS_TO_RUN=${2:-30}
-OUT=build/fuzz/$NAME
-mkdir -p "$OUT/corpus"
-FLAGS=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.)
-case $NAME in
-  kube_protobuf) SOURCES=(fuzz/kube_protobuf_fuzz.cpp operator/local/protobuf.cpp); LIBS=()
-    # Seeds: a Secret and a Namespace as client-go encodes them (core/v1 field numbers).
-    python3 - "$OUT/corpus" <<'PY'
-import sys
-def v(n):
-    out = b""
-    while n >= 0x80: out += bytes([(n & 0x7f) | 0x80]); n >>= 7
-    return out + bytes([n])
-def f(num, data): return v(num << 3 | 2) + v(len(data)) + data
-def env(kind, raw): return b"k8s\0" + f(1, f(1, b"v1") + f(2, kind)) + f(2, raw)
-meta = f(1, b"sh.helm.release.v1.kt.v1") + f(3, b"ns") + f(11, f(1, b"owner") + f(2, b"helm"))
-open(sys.argv[1] + "/secret", "wb").write(env(b"Secret", f(1, meta) + f(2, f(1, b"release") + f(2, b"\x00\xff")) + f(3, b"Opaque")))
-open(sys.argv[1] + "/namespace", "wb").write(env(b"Namespace", f(1, f(1, b"team-a")) + f(2, f(1, b"kubernetes"))))
-open(sys.argv[1] + "/configmap", "wb").write(env(b"ConfigMap", f(1, meta) + f(2, f(1, b"k") + f(2, b"v"))))
-PY
-    ;;
-  yaml) SOURCES=(fuzz/yaml_fuzz.cpp api/yaml_json.cpp); LIBS=(-lyaml-cpp)
-        cp examples/jobs/*.yaml examples/clusters/*.yaml "$OUT/corpus/" ;;
-  *) echo "unknown harness $NAME" >&2; exit 2 ;;
-esac
-clang++-14 "${FLAGS[@]}" "${SOURCES[@]}" "${LIBS[@]}" -o "$OUT/fuzzer"
-cd "$OUT"
-./fuzzer -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 -print_final_stats=1 corpus
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+NAME=${1:?usage: fuzz/run.sh NAME|all [SECONDS]}
+SECONDS_EACH=${2:-30}
+BUILD=${FUZZ_BUILD:-build/fuzz}
+CXX=${FUZZ_CXX:-clang++-14}
+command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (scripts/install-deps.sh installs it)" >&2; exit 77; }
+
+if [[ $NAME == all ]]; then
+  NAMES=()
+  for f in fuzz/*_fuzz.cpp; do n=${f#fuzz/}; NAMES+=("${n%_fuzz.cpp}"); done
+else
+  [[ -f fuzz/${NAME}_fuzz.cpp ]] || { echo "fuzz: no harness fuzz/${NAME}_fuzz.cpp" >&2; exit 2; }
+  NAMES=("$NAME")
+fi
+
+if [[ ! -f $BUILD/build.ninja ]]; then
+  cmake -S . -B "$BUILD" -G Ninja -DKUBETRAIN_FUZZ=ON -DCMAKE_CXX_COMPILER="$CXX" \
+    -DCMAKE_BUILD_TYPE=Fuzz >/dev/null
+fi
+build_start=$(date +%s)
+cmake --build "$BUILD" -j "${JOBS:-2}" --target "${NAMES[@]/%/_fuzz}"
+echo "fuzz: built ${#NAMES[@]} harness(es) in $(( $(date +%s) - build_start )) s"
+rm -rf "$BUILD/seeds"
+python3 fuzz/seeds.py . "$BUILD/seeds"
+
+total=0
+failed=()
+summary=()
+for n in "${NAMES[@]}"; do
+  mkdir -p "$BUILD/corpus/$n" "$BUILD/seeds/$n" "$BUILD/findings/$n"
+  log=$BUILD/findings/$n/last-run.log
+  start=$(date +%s)
+  rc=0
+  # -timeout: one input over 10 s is a finding (a hang); -rss_limit_mb: so is over 2 GiB.
+  "$BUILD/bin/${n}_fuzz" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$n/" \
+    "$BUILD/corpus/$n" "$BUILD/seeds/$n" >"$log" 2>&1 || rc=$?
+  seconds=$(( $(date +%s) - start ))
+  execs=$(awk '/stat::number_of_executed_units:/ {n = $2} END {print n + 0}' "$log")
+  total=$(( total + execs ))
+  if [[ $rc -ne 0 ]]; then
+    failed+=("$n")
+    summary+=("$(printf '%-18s %12d execs %5d s  FINDING (rc %d): %s' "$n" "$execs" "$seconds" "$rc" \
+      "$(grep -m1 -E 'ERROR: |==ERROR|runtime error|fuzz invariant|Test unit written' "$log" | cut -c1-160)")")
+    echo "fuzz: $n found something; its log: $log" >&2
+    tail -40 "$log" >&2
+  else
+    summary+=("$(printf '%-18s %12d execs %5d s  ok' "$n" "$execs" "$seconds")")
+  fi
+done
+printf '%s\n' "${summary[@]}"
+echo "fuzz: $total executions in all, ${#failed[@]} harness(es) with findings${failed:+: ${failed[*]}}"
+[[ ${#failed[@]} -eq 0 ]]

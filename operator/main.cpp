@@ -22,6 +22,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
 #include "operator/controller/metrics.h"
+#include "operator/kube/cache.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
 #include "operator/kube/metrics.h"
@@ -151,12 +152,17 @@ int main(int argc, char** argv) {
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };
-    kt::controller::Controller controller(client, controller_options);
+    // Reads from informer caches, writes to the API server (DESIGN.md §8); the manager's
+    // informers are the cache's.
+    kt::kube::Cache cache(client, kt::controller::operator_cache_options(watch_namespace));
+    kt::kube::CachingClient cached_client(client, cache);
+    kt::controller::Controller controller(cached_client, controller_options);
     kt::controller::ManagerOptions manager_options;
     manager_options.ns = watch_namespace;
     manager_options.workers = workers;
     manager_options.kube_metrics = &kube_metrics;
-    kt::controller::Manager manager(client, controller, manager_options);
+    manager_options.controller_metrics = &controller_metrics;
+    kt::controller::Manager manager(cache, controller, manager_options);
 
     std::string address;
     int port = 0;
@@ -211,6 +217,9 @@ int main(int argc, char** argv) {
       elector = std::make_unique<kt::kube::LeaderElector>(client, election);
       elector->start();
     } else {
+      // The only replica leads: say so, so that a dashboard's leader panel and the no-leader
+      // alert read the same with and without --leader-elect.
+      kube_metrics.leader_election_master_status.with({lease_name}).set(1);
       manager.start();
       log("info", "reconciling", "workers=" + std::to_string(workers));
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "api/error.h"
+#include "api/flops.h"
 #include "api/quantity.h"
 
 namespace kt::planner {
@@ -161,8 +162,8 @@ double layer_unit_params(const ModelDims& m, int64_t t) {
 }
 
 double model_flops_per_token(const ModelDims& m) {
-  return 6.0 * static_cast<double>(api::parameter_count(m)) +
-         12.0 * m.layers * m.hidden * static_cast<double>(m.seq_len);
+  return api::gpt_flops_per_token(static_cast<double>(api::parameter_count(m)), m.layers, m.hidden,
+                                  m.seq_len);
 }
 
 double gpu_update_fraction(const ModelDims& m, int64_t t, int64_t gpu_units) {

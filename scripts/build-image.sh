@@ -163,5 +163,5 @@ for _ in 1 2 3 4 5 6; do  # parents become removable once their stale children a
 done
 [[ $removed -eq 0 ]] || say "removed $removed stale cached image(s) of earlier builds"
 
-size=$(buildah images --noheading --format '{{.Size}}' "$IMAGE:latest" | head -1)
+size=$(buildah images --noheading --format '{{.Size}}' "$IMAGE:latest" | awk 'NR == 1')
 say "built $IMAGE:latest and $IMAGE:$VERSION in $(since "$t"), $size"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The first thing to run on a GPU machine (DESIGN.md §11): builds the CUDA kernels, the CUDA
-# device and gpu_tests as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the CUDA toolkit,
-# CMake and g++, none of the Debian -dev packages), runs every GPU kernel test against the float64
-# CPU reference, then prints one table of kernel times against measured ceilings (cuBLASLt bf16
-# GEMM, D2D and pinned H2D/D2H copies), then GPT-2 124M bf16 training tokens/s and MFU on the
-# CUDA model the worker runs (worker/cuda_gpt), with and without offload: optimizer.
+# device, gpu_tests and bench_gpu as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the CUDA
+# toolkit, CMake and g++, none of the Debian -dev packages), runs every GPU test (gpu_tests: the
+# kernels against the float64 CPU reference, the CUDA model on one rank and on several), then
+# prints one table of kernel times against measured ceilings (cuBLASLt bf16 GEMM, D2D and pinned
+# H2D/D2H copies: bench_gpu --kernels), then GPT-2 124M bf16 training tokens/s and MFU on the
+# CUDA model the worker runs (worker/cuda_gpt), with and without offload: optimizer
+# (bench_gpu --gpt).
 #
 #   scripts/device-check.sh                 build, test, bench (≈ 1–2 min on an H200)
 #   scripts/device-check.sh --build-only    build only (works without a GPU: CI and dev machines)
@@ -21,10 +23,11 @@
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only),
 # KUBETRAIN_NCCL_LIBRARY (libnccl.so.2's path when the loader does not find it; the script looks
 # in the toolkit and the nvidia-nccl Python wheel).
-# Fallback: if the build fails there but a gpu_tests binary built elsewhere was carried in
+# Fallback: if the build fails there but gpu_tests and bench_gpu built elsewhere were carried in
 # gpu-prebuilt/ (git-ignored: `scripts/device-check.sh --build-only && mkdir -p gpu-prebuilt &&
-# cp build-gpu/bin/gpu_tests gpu-prebuilt/`, then carry ["gpu-prebuilt"]), that one runs; it needs
-# only libcudart.so.13 and libcublasLt.so.13 from the machine's toolkit. Do not carry build-gpu
+# cp build-gpu/bin/gpu_tests build-gpu/bin/bench_gpu gpu-prebuilt/`, then carry
+# ["gpu-prebuilt"]), those run; they need only libcudart.so.13 and libcublasLt.so.13 from the
+# machine's toolkit. Do not carry build-gpu
 # itself: its CMake cache names this machine's paths.
 # Exit status: 0 when everything built and every GPU check passed; 2 when no GPU was usable.
 set -uo pipefail
@@ -123,7 +126,7 @@ fi
 # libnccl for the NCCL reducer (loaded at run time): the loader's path, else the toolkit's, else
 # the nvidia-nccl Python wheel's; its headers let the GPU-only build compile the NCCL group.
 nccl_args=()
-if [[ -z "${KUBETRAIN_NCCL_LIBRARY:-}" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+if [[ -z "${KUBETRAIN_NCCL_LIBRARY:-}" ]] && ! ldconfig -p 2>/dev/null | grep 'libnccl\.so\.2' >/dev/null; then
   wheel=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
   for candidate in /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/lib/libnccl.so.2 $wheel; do
     [[ -f $candidate ]] && { export KUBETRAIN_NCCL_LIBRARY=$candidate; break; }
@@ -148,30 +151,36 @@ elif ! cmake --build "$build_dir" -j "$jobs"; then
 fi
 echo "== build: $([[ $built == 1 ]] && echo ok || echo FAILED) in $((SECONDS - start)) s"
 tests="$build_dir/bin/gpu_tests"
-if ((!built)) && [[ -x gpu-prebuilt/gpu_tests ]]; then tests=gpu-prebuilt/gpu_tests; fi
+bench="$build_dir/bin/bench_gpu"
+if ((!built)) && [[ -x gpu-prebuilt/gpu_tests ]]; then
+  tests=gpu-prebuilt/gpu_tests bench=gpu-prebuilt/bench_gpu
+fi
 if ((build_only)); then
   ((built)) || exit 1
-  echo "device-check: built $tests (not run: --build-only)"
+  echo "device-check: built $tests and $bench (not run: --build-only)"
   exit 0
 fi
 if [[ ! -x "$tests" ]]; then
   echo "device-check: no $tests to run"; exit 1
 fi
-((built)) || echo "device-check: build failed; running the carried $tests"
+((built)) || echo "device-check: build failed; running the carried $tests and $bench"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv 2>&1 || true
 
-echo "== GPU kernel tests (fresh random inputs vs the float64 CPU reference)"
+echo "== GPU tests: kernels, the CUDA model, parallelism (fresh random inputs vs the float64 reference)"
 timeout 300 "$tests"
 test_rc=$?
 bench_rc=skipped
-if ((test_rc != 2)); then
+if ((test_rc != 2)) && [[ ! -x "$bench" ]]; then
+  echo "device-check: no $bench to run"
+  bench_rc=missing
+elif ((test_rc != 2)); then
   echo "== timings"
-  timeout 240 "$tests" --bench
+  timeout 240 "$bench" --kernels
   bench_rc=$?
   echo "== GPT-2 124M training step (bf16, the worker's CUDA model)"
-  timeout 180 "$tests" --gpt-bench
+  timeout 180 "$bench" --gpt
   gpt_rc=$?
   ((bench_rc == 0)) && bench_rc=$gpt_rc
 fi

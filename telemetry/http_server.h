@@ -1,6 +1,6 @@
-// A tiny HTTP/1.1 server for GET endpoints (/metrics, /healthz): kubetrain's adapter over the
-// HTTP library. Only http_server.cpp knows the library (cpprestsdk today, archived upstream, so
-// it may be swapped); this header must stay free of it.
+// A tiny HTTP/1.1 server for GET endpoints (/metrics, /healthz): the worker's, launcher's and
+// operator's, over kubetrain's one HTTP server (http/server.h). Only http_server.cpp knows it;
+// this header stays free of it.
 //
 //   HttpServer server("127.0.0.1", 0);                  // port 0: pick a free port
 //   server.handle("/healthz", [](const Request&) { return Response{200, "text/plain", "ok"}; });
@@ -9,8 +9,9 @@
 //   server.stop();
 //
 // Requests for a path without a handler get 404, methods other than GET get 405, and a handler
-// that throws gets 500 with the exception's message. Handlers run on the library's worker
-// threads, concurrently with each other and with the caller.
+// that throws gets 500 with the exception's message. Requests are bounded as http/server.h says
+// (request line, head, body; a malformed one gets 400). Handlers run on the server's connection
+// threads (one per connection), concurrently with each other and with the caller.
 #pragma once
 
 #include <functional>
@@ -35,10 +36,8 @@ class HttpServer {
  public:
   using Handler = std::function<Response(const Request&)>;
 
-  // `address`: the IPv4 address to bind ("127.0.0.1"; "0.0.0.0" in a pod). `port` 0 picks a
-  // free port when start() runs: the adapter binds a socket to port 0, reads the port the
-  // kernel chose, closes it and then listens there. Another process may take the port in that
-  // instant; start() then throws like for any port in use.
+  // `address`: the IPv4 address to bind ("127.0.0.1"; "0.0.0.0" in a pod). `port` 0 lets the
+  // kernel pick a free port when start() runs.
   HttpServer(std::string address, int port);
   ~HttpServer();  // stops
   HttpServer(const HttpServer&) = delete;
@@ -49,7 +48,7 @@ class HttpServer {
 
   // Starts listening; throws kt::Error("cannot listen on ADDRESS:PORT: why") on failure.
   void start();
-  // Stops listening and waits for the listener to close. Idempotent.
+  // Stops listening, closes every connection and waits for running handlers. Idempotent.
   void stop();
 
   // The port served (the chosen one after start() when constructed with 0).

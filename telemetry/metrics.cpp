@@ -201,6 +201,12 @@ Family<Metric>::Family(std::string name, std::string help, std::vector<std::stri
 }
 
 template <typename Metric>
+void Family<Metric>::remove(const std::vector<std::string>& label_values) {
+  std::lock_guard lock(mutex_);
+  children_.erase(label_values);
+}
+
+template <typename Metric>
 Metric& Family<Metric>::with(const std::vector<std::string>& label_values) {
   KT_CHECK(label_values.size() == label_names_.size(),
            name_ + ": " + std::to_string(label_values.size()) + " label values for " +

@@ -99,6 +99,10 @@ class Family : public detail::FamilyBase {
   // The child with these label values (one per label name, in order), created on first use.
   // The reference stays valid as long as the registry.
   Metric& with(const std::vector<std::string>& label_values);
+  // Drops the child with these label values (its series ends), as for an object that is gone.
+  // References from with() to that child dangle after it: use it only on families whose
+  // children are looked up by with() at each use.
+  void remove(const std::vector<std::string>& label_values);
 
   const std::string& name() const { return name_; }
   const std::vector<std::string>& label_names() const { return label_names_; }

@@ -1,13 +1,15 @@
-// Checkpoints (safetensors shards + metadata.json, docs/CHECKPOINTS.md) and llm.c model files.
+// The checkpoint protocol (docs/CHECKPOINTS.md): step directories, the `latest` commit point,
+// shards and metadata.json, sharded saves, loading with fallback past damaged checkpoints, the
+// writer's lock, retention. Durable file operations are worker/durable_file.h, the checksum
+// worker/sha256.h, the shard format worker/safetensors.h.
 #include "worker/checkpoint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -19,10 +21,13 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "api/error.h"
 #include "api/yaml_json.h"
+#include "worker/durable_file.h"
 #include "worker/safetensors.h"
+#include "worker/sha256.h"
 
 namespace kt::worker {
 namespace {
@@ -31,7 +36,7 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 static_assert(std::endian::native == std::endian::little,
-              "checkpoint and llm.c files hold little-endian data written straight from memory");
+              "checkpoint shards hold little-endian data written straight from memory");
 
 constexpr const char* kFormat = "kubetrain-checkpoint/v1";
 constexpr const char* kShardName = "rank-00000.safetensors";
@@ -41,19 +46,8 @@ constexpr size_t kScratchBytes = 16 << 20;  // read size for bytes that are only
 
 // ---- errors -------------------------------------------------------------------------------------
 
-// A failed system call; `err` is its errno. The loader counts some of these as damage.
-class IoError : public Error {
- public:
-  IoError(const std::string& message, int err) : Error(message), err_(err) {}
-  int err() const { return err_; }
-
- private:
-  int err_;
-};
-
-[[noreturn]] void throw_io(const std::string& action, const std::string& path, int err = errno) {
-  throw IoError("cannot " + action + " " + path + ": " + std::strerror(err), err);
-}
+// A failed system call throws IoError (worker/durable_file.h); the loader counts some of these as
+// damage (is_damage).
 
 // A damaged checkpoint (as opposed to one that does not fit the model): the loader reports it and
 // tries the previous one.
@@ -66,136 +60,17 @@ void warn(const std::string& line) {
   std::fprintf(stderr, "kubetrain-worker: %s\n", line.c_str());
 }
 
-// ---- files --------------------------------------------------------------------------------------
-
-class File {
- public:
-  File(std::string path, int flags, mode_t mode = 0644) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
-    if (fd_ < 0) throw_io("open", path_);
-  }
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  void write_all(const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_io("write", path_);
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-  }
-  // Reads exactly `bytes`; false when the file ends first.
-  bool read_exact(void* data, size_t bytes) {
-    char* p = static_cast<char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::read(fd_, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_io("read", path_);
-      if (n == 0) return false;
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-  uint64_t size() const {
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) throw_io("stat", path_);
-    return static_cast<uint64_t>(st.st_size);
-  }
-  void sync() {
-    if (::fsync(fd_) != 0) throw_io("fsync", path_);
-  }
-  // close(2) can report a failed delayed write: check it when writing.
-  void close() {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw_io("close", path_);
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-// Without this, a crash can lose a rename or a newly created file even after the file's fsync.
-void sync_dir(const std::string& path) {
-  File(path, O_RDONLY | O_DIRECTORY).sync();
-}
-
-void write_file_synced(const std::string& path, const std::string& content) {
-  File file(path, O_WRONLY | O_CREAT | O_TRUNC);
-  file.write_all(content.data(), content.size());
-  file.sync();
-  file.close();
-}
-
-void rename_path(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) throw_io("rename " + from + " to", to);
-}
-
-// Best effort: a leftover is harmless (and removed by the next save), so it only warrants a line.
-void remove_tree(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) warn("cannot remove " + path + ": " + ec.message());
-}
-
-bool path_exists(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) return true;
-  if (errno != ENOENT) throw_io("stat", path);
-  return false;
-}
-
 std::string pid_text() {
   return std::to_string(::getpid());
 }
 
-// ---- SHA-256 (OpenSSL libcrypto) ----------------------------------------------------------------
-
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) {
-      EVP_MD_CTX_free(ctx_);
-      throw Error("cannot initialise SHA-256 (OpenSSL)");
-    }
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-
-  void update(const void* data, size_t bytes) {
-    if (EVP_DigestUpdate(ctx_, data, bytes) != 1) throw Error("SHA-256 (OpenSSL) failed");
-  }
-  std::string hex_digest() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    if (EVP_DigestFinal_ex(ctx_, digest, &length) != 1) throw Error("SHA-256 (OpenSSL) failed");
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string hex;
-    for (unsigned int i = 0; i < length; ++i) {
-      hex += kHex[digest[i] >> 4];
-      hex += kHex[digest[i] & 15];
-    }
-    return hex;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
+// Bytes read from a file, as a JSON string for a message: invalid UTF-8 becomes U+FFFD (dump()
+// would throw on it).
+std::string json_quoted(const std::string& bytes) {
+  return Json(bytes).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 // ---- tensors ------------------------------------------------------------------------------------
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return Json(shape).dump();
-}
 
 // Where a view sits in its logical tensor; a view with no logical_shape is the whole tensor.
 struct Slice {
@@ -272,10 +147,6 @@ std::vector<NamedView> named_views(const CheckpointTensors& tensors) {
   return views;
 }
 
-size_t view_bytes(const TensorView& view) {
-  return static_cast<size_t>(view.numel()) * 4;
-}
-
 // ---- directory names ----------------------------------------------------------------------------
 
 std::string step_dir_name(int64_t step) {
@@ -337,16 +208,16 @@ WrittenFile write_shard(const std::string& path, const std::vector<NamedView>& v
     metadata["slice/" + v.name] = slice_json(slice_of(*v.view));
   }
   const std::string header = safetensors::encode_header(infos, metadata);
-  File file(path, O_WRONLY | O_CREAT | O_TRUNC);
+  CheckedFile file(path, O_WRONLY | O_CREAT | O_TRUNC);
   Sha256 sha;
   WrittenFile written;
   file.write_all(header.data(), header.size());
   sha.update(header.data(), header.size());
   written.bytes = header.size();
   for (const NamedView& v : views) {
-    file.write_all(v.view->data, view_bytes(*v.view));
-    sha.update(v.view->data, view_bytes(*v.view));
-    written.bytes += view_bytes(*v.view);
+    file.write_all(v.view->data, v.view->bytes());
+    sha.update(v.view->data, v.view->bytes());
+    written.bytes += v.view->bytes();
   }
   file.sync();
   file.close();
@@ -368,7 +239,7 @@ void publish_dir(const std::string& tmp, const std::string& final_dir, const std
     return;
   }
   if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
-    throw_io("exchange " + tmp + " with", final_dir);
+    throw_io_error("exchange " + tmp + " with", final_dir);
   }
   const std::string old =
       root + "/" + kTmpPrefix + "old-" + fs::path(final_dir).filename().string() + "-" + pid_text();
@@ -403,18 +274,33 @@ void remove_old_checkpoints(const std::string& root, int64_t newest_step, int ke
 
 // ---- loading ------------------------------------------------------------------------------------
 
-Json read_metadata_json(const std::string& dir) {
+std::string read_metadata_text(const std::string& dir) {
   const std::string path = dir + "/" + kMetadataName;
   if (!path_exists(path)) throw Corrupt(std::string(kMetadataName) + " is missing");
-  File file(path, O_RDONLY);
+  CheckedFile file(path, O_RDONLY);
   std::string text(file.size(), '\0');
   if (!file.read_exact(text.data(), text.size())) {
     throw Corrupt(std::string(kMetadataName) + " shrank while being read");
   }
+  return text;
+}
+
+Json parse_metadata_json(std::string_view text) {
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {
     throw Corrupt(std::string(kMetadataName) + " is not valid JSON (" + e.what() + ")");
+  }
+}
+
+// A shard's record in metadata.json's files: {"bytes": N, "checksum": "<sha256 hex>"}.
+void check_file_record(const std::string& name, const Json& record) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    throw Corrupt(std::string(kMetadataName) + " lists a bad file name " + Json(name).dump());
+  }
+  if (!record.is_object() || !record.contains("bytes") || !record["bytes"].is_number_unsigned() ||
+      !record.contains("checksum") || !record["checksum"].is_string()) {
+    throw Corrupt(std::string(kMetadataName) + " has a bad record for " + name);
   }
 }
 
@@ -438,6 +324,7 @@ CheckpointMeta decode_metadata(const Json& doc, const std::string& dir, int64_t 
       !doc["files"].is_object() || doc["files"].empty()) {
     throw Corrupt(std::string(kMetadataName) + " has a bad planHash, loss or files");
   }
+  for (const auto& [name, record] : doc["files"].items()) check_file_record(name, record);
   CheckpointMeta meta;
   meta.step = step;
   meta.data_cursor = doc["dataCursor"];
@@ -453,7 +340,7 @@ CheckpointMeta decode_metadata(const Json& doc, const std::string& dir, int64_t 
 struct Shard {
   std::string name;
   std::string checksum;
-  std::unique_ptr<File> file;
+  std::unique_ptr<CheckedFile> file;
   safetensors::Header header;
   Sha256 sha;
   std::vector<Slice> slices;               // per header.tensors
@@ -462,19 +349,13 @@ struct Shard {
 
 std::unique_ptr<Shard> open_shard(const std::string& dir, const std::string& name,
                                   const Json& record) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-    throw Corrupt(std::string(kMetadataName) + " lists a bad file name " + Json(name).dump());
-  }
-  if (!record.is_object() || !record.contains("bytes") || !record["bytes"].is_number_unsigned() ||
-      !record.contains("checksum") || !record["checksum"].is_string()) {
-    throw Corrupt(std::string(kMetadataName) + " has a bad record for " + name);
-  }
+  check_file_record(name, record);
   auto shard = std::make_unique<Shard>();
   shard->name = name;
   shard->checksum = record["checksum"].get<std::string>();
   const std::string path = dir + "/" + name;
   if (!path_exists(path)) throw Corrupt(name + " is missing");
-  shard->file = std::make_unique<File>(path, O_RDONLY);
+  shard->file = std::make_unique<CheckedFile>(path, O_RDONLY);
   const uint64_t bytes = shard->file->size();
   const uint64_t recorded = record["bytes"].get<uint64_t>();
   if (bytes != recorded) {
@@ -616,7 +497,7 @@ void read_shard_data(Shard& shard, bool copy) {
 CheckpointMeta load_checkpoint_dir(const std::string& dir, int64_t step,
                                    const std::vector<NamedView>& views, bool check_extra_params) {
   if (!path_exists(dir)) throw Corrupt("the directory is missing");
-  const Json doc = read_metadata_json(dir);
+  const Json doc = parse_metadata_json(read_metadata_text(dir));
   CheckpointMeta meta = decode_metadata(doc, dir, step);
   std::vector<std::unique_ptr<Shard>> shards;
   for (const auto& [name, record] : doc["files"].items()) {
@@ -633,113 +514,6 @@ bool is_damage(int err) {
   return err == ENOENT || err == ENOTDIR || err == EIO;
 }
 
-// ---- llm.c --------------------------------------------------------------------------------------
-
-// llm.c's model file (train_gpt2.c: gpt2_build_from_checkpoint, gpt2_write_to_checkpoint).
-constexpr int32_t kLlmcMagic = 20240326;
-constexpr int32_t kLlmcVersionFp32 = 3;
-constexpr int32_t kLlmcVersionBf16 = 5;
-constexpr size_t kLlmcHeaderInts = 256;
-constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-constexpr std::array<const char*, 16> kLlmcNames = {
-    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
-
-// Parameter shapes in llm.c's order (train_gpt2.c: fill_in_parameter_sizes).
-std::array<std::vector<int64_t>, 16> llmc_shapes(const LlmcDims& d) {
-  const int64_t maxT = d.max_seq_len, L = d.num_layers, C = d.channels;
-  const int64_t Vp = d.padded_vocab_size;
-  return {{{Vp, C},
-           {maxT, C},
-           {L, C},
-           {L, C},
-           {L, 3 * C, C},
-           {L, 3 * C},
-           {L, C, C},
-           {L, C},
-           {L, C},
-           {L, C},
-           {L, 4 * C, C},
-           {L, 4 * C},
-           {L, C, 4 * C},
-           {L, C},
-           {C},
-           {C}}};
-}
-
-std::string dims_text(const LlmcDims& d) {
-  return "maxT=" + std::to_string(d.max_seq_len) + " V=" + std::to_string(d.vocab_size) +
-         " L=" + std::to_string(d.num_layers) + " NH=" + std::to_string(d.num_heads) +
-         " C=" + std::to_string(d.channels) + " Vp=" + std::to_string(d.padded_vocab_size);
-}
-
-// Checks the dims and returns the file size they imply.
-uint64_t llmc_file_bytes(const LlmcDims& d, const std::string& path) {
-  if (d.max_seq_len <= 0 || d.vocab_size <= 0 || d.num_layers <= 0 || d.num_heads <= 0 ||
-      d.channels <= 0 || d.padded_vocab_size < d.vocab_size || d.channels % d.num_heads != 0) {
-    throw Error(path + ": invalid llm.c dims " + dims_text(d));
-  }
-  // Every dim is below 2^31, so each tensor is below 2^95 elements: count in 128 bits.
-  unsigned __int128 floats = 0;
-  for (const auto& shape : llmc_shapes(d)) {
-    unsigned __int128 n = 1;
-    for (int64_t x : shape) n *= static_cast<uint64_t>(x);
-    floats += n;
-  }
-  const unsigned __int128 bytes = kLlmcHeaderBytes + floats * 4;
-  if (bytes > std::numeric_limits<int64_t>::max()) {
-    throw Error(path + ": llm.c dims " + dims_text(d) + " are too large");
-  }
-  return static_cast<uint64_t>(bytes);
-}
-
-void check_llmc_views(const std::string& path, const LlmcDims& d,
-                      const std::vector<TensorView>& params) {
-  if (params.size() != kLlmcNames.size()) {
-    throw Error(path + ": llm.c files hold 16 parameter tensors, the model gave " +
-                std::to_string(params.size()));
-  }
-  const auto shapes = llmc_shapes(d);
-  for (size_t i = 0; i < params.size(); ++i) {
-    int64_t n = 1;
-    for (int64_t x : shapes[i]) n *= x;
-    if (params[i].numel() != n || (n > 0 && params[i].data == nullptr)) {
-      throw Error(path + ": tensor " + params[i].name + " has shape " +
-                  shape_text(params[i].shape) + " but llm.c's " + kLlmcNames[i] + " is " +
-                  shape_text(shapes[i]) + " for " + dims_text(d));
-    }
-  }
-}
-
-// Reads and checks the header of an open llm.c file; the file is then at the first parameter.
-LlmcDims read_llmc_header(File& file, const std::string& path) {
-  const uint64_t size = file.size();
-  std::array<int32_t, kLlmcHeaderInts> header{};
-  if (size < kLlmcHeaderBytes || !file.read_exact(header.data(), kLlmcHeaderBytes)) {
-    throw Error(path + ": truncated: " + std::to_string(size) + " bytes, less than llm.c's " +
-                std::to_string(kLlmcHeaderBytes) + "-byte header");
-  }
-  if (header[0] != kLlmcMagic) {
-    throw Error(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
-                std::to_string(kLlmcMagic) + " (llm.c model file)");
-  }
-  if (header[1] == kLlmcVersionBf16) {
-    throw Error(path + ": version 5 is llm.c's bf16 model file; only version 3 (fp32) is " +
-                "supported");
-  }
-  if (header[1] != kLlmcVersionFp32) {
-    throw Error(path + ": unsupported llm.c model file version " + std::to_string(header[1]) +
-                "; only version 3 (fp32) is supported");
-  }
-  const LlmcDims d{header[2], header[3], header[4], header[5], header[6], header[7]};
-  const uint64_t expected = llmc_file_bytes(d, path);
-  if (size != expected) {
-    throw Error(path + ": " + std::to_string(size) + " bytes but its header (" + dims_text(d) +
-                ") needs " + std::to_string(expected) + (size < expected ? ": truncated" : ""));
-  }
-  return d;
-}
-
 // The commit point: `latest` names the published checkpoint `name` (write temp, fsync, rename,
 // fsync the root); then the old ones go.
 void commit_latest(const std::string& root, const std::string& name, int64_t step, int keep) {
@@ -749,6 +523,35 @@ void commit_latest(const std::string& root, const std::string& name, int64_t ste
   rename_path(latest_tmp, root + "/latest");
   sync_dir(root);
   remove_old_checkpoints(root, step, keep);
+}
+
+// Publishes the finished `tmp` as `final_dir` and commits it. When the commit fails (a full disk
+// can fail the small `latest` after the large shards), a step directory that is new goes again:
+// uncommitted, the loader would only skip it, and it holds space the next save needs.
+void publish_and_commit(const std::string& tmp, const std::string& final_dir,
+                        const std::string& root, int64_t step, int keep) {
+  const bool existed = path_exists(final_dir);
+  const std::string name = fs::path(final_dir).filename().string();
+  try {
+    publish_dir(tmp, final_dir, root);
+  } catch (const Error&) {
+    remove_tree(tmp);
+    throw;
+  }
+  try {
+    commit_latest(root, name, step, keep);
+  } catch (const Error&) {
+    std::string latest;
+    try {
+      latest = api::read_file(root + "/latest");
+    } catch (const Error&) {
+    }
+    if (!existed && latest != name + "\n") {
+      const std::string retired = root + "/" + kTmpPrefix + "retired-" + name + "-" + pid_text();
+      if (::rename(final_dir.c_str(), retired.c_str()) == 0) remove_tree(retired);
+    }
+    throw;
+  }
 }
 
 // metadata.json: the run's state and every shard file with its size and SHA-256.
@@ -775,25 +578,24 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   const std::vector<NamedView> views = named_views(tensors);
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw Error("cannot create " + root + ": " + ec.message());
+  if (ec) throw IoError("cannot create " + root + ": " + ec.message(), ec.value());
 
   const std::string name = step_dir_name(meta.step);
   const std::string tmp = root + "/" + kTmpPrefix + name + "-" + pid_text();
   const std::string final_dir = root + "/" + name;
   try {
     fs::remove_all(tmp, ec);  // left by an earlier failed save of this process
-    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io("create", tmp);
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io_error("create", tmp);
     const WrittenFile shard = write_shard(tmp + "/" + kShardName, views);
     const Json doc = metadata_document(
         meta, {{kShardName, {{"bytes", shard.bytes}, {"checksum", shard.sha256}}}});
     write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
     sync_dir(tmp);
-    publish_dir(tmp, final_dir, root);
   } catch (const Error&) {
     fs::remove_all(tmp, ec);
     throw;
   }
-  commit_latest(root, name, meta.step, keep);
+  publish_and_commit(tmp, final_dir, root, meta.step, keep);
   return final_dir;
 }
 
@@ -811,21 +613,31 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   std::snprintf(shard_name, sizeof shard_name, "rank-%05d.safetensors", save.shard_index);
   std::snprintf(info_name, sizeof info_name, "rank-%05d.json", save.shard_index);
   std::error_code ec;
-  if (save.leader) {
+  // This rank's first failure; the later phases are skipped, the barriers are not.
+  std::exception_ptr failure;
+  auto phase = [&failure](const std::function<void()>& work) {
+    if (failure) return;
+    try {
+      work();
+    } catch (const std::exception&) {
+      failure = std::current_exception();
+    }
+  };
+  if (save.leader) phase([&] {
     fs::create_directories(root, ec);
-    if (ec) throw Error("cannot create " + root + ": " + ec.message());
+    if (ec) throw IoError("cannot create " + root + ": " + ec.message(), ec.value());
     fs::remove_all(tmp, ec);
-    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io("create", tmp);
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw_io_error("create", tmp);
     sync_dir(root);
-  }
+  });
   save.barrier();  // the directory exists
-  if (save.writes) {
+  if (save.writes) phase([&] {
     const WrittenFile shard = write_shard(tmp + "/" + shard_name, named_views(tensors));
     const Json info = {{"bytes", shard.bytes}, {"checksum", shard.sha256}};
     write_file_synced(tmp + "/" + info_name, info.dump() + "\n");
-  }
+  });
   save.barrier();  // every shard is on disk
-  if (save.leader) {
+  if (save.leader) phase([&] {
     Json files = Json::object();
     for (int i = 0; i < save.shard_count; ++i) {
       char shard[64], info[64];
@@ -840,11 +652,70 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
     const Json doc = metadata_document(meta, files);
     write_file_synced(tmp + "/" + kMetadataName, doc.dump(2) + "\n");
     sync_dir(tmp);
-    publish_dir(tmp, final_dir, root);
-    commit_latest(root, name, meta.step, keep);
-  }
-  save.barrier();  // committed
+    publish_and_commit(tmp, final_dir, root, meta.step, keep);
+  });
+  if (failure && save.leader) remove_tree(tmp);
+  // Committed (or not, everywhere).
+  const bool all_ok = save.all_ok ? save.all_ok(!failure) : (save.barrier(), true);
+  if (failure) std::rethrow_exception(failure);
+  if (!all_ok)
+    throw Error("checkpoint " + name + " was not written: another rank's part of it failed");
   return final_dir;
+}
+
+LatestPointer parse_latest_pointer(std::string_view text) {
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  LatestPointer pointer;
+  pointer.step = parse_step_dir_name(std::string(text));
+  if (!pointer.step) {
+    pointer.problem = "it holds " + json_quoted(std::string(text)) + ", not a step directory name";
+  }
+  return pointer;
+}
+
+CheckpointMeta parse_checkpoint_metadata(std::string_view text, const std::string& dir,
+                                         int64_t step) {
+  return decode_metadata(parse_metadata_json(text), dir, step);
+}
+
+CheckpointLock CheckpointLock::acquire(const std::string& root, std::chrono::milliseconds wait) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw IoError("cannot create " + root + ": " + ec.message(), ec.value());
+  const std::string path = root + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io_error("open", path);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+      char holder[128] = {};
+      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+      ::close(fd);
+      if (err != EWOULDBLOCK) throw_io_error("lock", path, err);
+      std::string who(holder, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      throw Error("checkpoint directory " + root + " is in use by another writer (" +
+                  (who.empty() ? std::string("its lock file ") + path + " is held"
+                               : "held by " + json_quoted(who)) +
+                  "): two jobs must not share a checkpoint directory; give this one its own "
+                  "(spec.checkpoint.volume, --checkpoint-dir) or stop the other");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = "pid " + pid_text() + " on " + host + "\n";
+  // Best effort: the lock, not this text, is what excludes the other writer.
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0) {
+    warn("cannot record the holder in " + path + ": " + std::strerror(errno));
+  }
+  return CheckpointLock(fd);
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
@@ -859,13 +730,13 @@ std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
   std::optional<int64_t> pointed;
   const std::string latest = root + "/latest";
   if (path_exists(latest)) {
-    File file(latest, O_RDONLY);
+    CheckedFile file(latest, O_RDONLY);
     std::string text(std::min<uint64_t>(file.size(), 64), '\0');
     text.resize(file.read_exact(text.data(), text.size()) ? text.size() : 0);
-    if (!text.empty() && text.back() == '\n') text.pop_back();
-    pointed = parse_step_dir_name(text);
+    const LatestPointer pointer = parse_latest_pointer(text);
+    pointed = pointer.step;
     if (!pointed) {
-      const std::string why = "it holds " + Json(text).dump() + ", not a step directory name";
+      const std::string& why = pointer.problem;
       warn("checkpoint pointer " + latest + " is corrupt (" + why + "); trying the newest step " +
            "directory");
       failures.push_back(latest + " (" + why + ")");
@@ -902,67 +773,6 @@ std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
   for (const std::string& f : failures) list += (list.empty() ? "" : "; ") + f;
   throw Error("no valid checkpoint under " + root + ", all are corrupt: " + list +
               " (move them away to start from scratch)");
-}
-
-// ---- llm.c --------------------------------------------------------------------------------------
-
-void export_llmc(const std::string& path, const LlmcDims& dims,
-                 const std::vector<TensorView>& params) {
-  llmc_file_bytes(dims, path);
-  check_llmc_views(path, dims, params);
-  std::array<int32_t, kLlmcHeaderInts> header{};
-  header[0] = kLlmcMagic;
-  header[1] = kLlmcVersionFp32;
-  header[2] = dims.max_seq_len;
-  header[3] = dims.vocab_size;
-  header[4] = dims.num_layers;
-  header[5] = dims.num_heads;
-  header[6] = dims.channels;
-  header[7] = dims.padded_vocab_size;
-  const std::string tmp = path + ".tmp-" + pid_text();
-  try {
-    File file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    file.write_all(header.data(), kLlmcHeaderBytes);
-    for (const TensorView& p : params) file.write_all(p.data, view_bytes(p));
-    file.sync();
-    file.close();
-    rename_path(tmp, path);
-  } catch (const Error&) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  const std::string parent = fs::path(path).parent_path().string();
-  sync_dir(parent.empty() ? "." : parent);
-}
-
-LlmcDims read_llmc_dims(const std::string& path) {
-  File file(path, O_RDONLY);
-  return read_llmc_header(file, path);
-}
-
-void import_llmc(const std::string& path, const LlmcDims& expected,
-                 const std::vector<TensorView>& params) {
-  File file(path, O_RDONLY);
-  const LlmcDims d = read_llmc_header(file, path);
-  std::string differences;
-  auto compare = [&](const char* name, int have, int want) {
-    if (have == want) return;
-    differences += std::string(differences.empty() ? "" : ", ") + name + "=" +
-                   std::to_string(have) + " (the model has " + std::to_string(want) + ")";
-  };
-  compare("maxT", d.max_seq_len, expected.max_seq_len);
-  compare("V", d.vocab_size, expected.vocab_size);
-  compare("L", d.num_layers, expected.num_layers);
-  compare("NH", d.num_heads, expected.num_heads);
-  compare("C", d.channels, expected.channels);
-  compare("Vp", d.padded_vocab_size, expected.padded_vocab_size);
-  if (!differences.empty()) throw Error(path + ": the file's dims differ: " + differences);
-  check_llmc_views(path, d, params);
-  for (const TensorView& p : params) {
-    if (!file.read_exact(p.data, view_bytes(p))) {
-      throw Error(path + ": truncated in " + p.name);
-    }
-  }
 }
 
 }  // namespace kt::worker

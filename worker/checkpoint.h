@@ -1,4 +1,5 @@
-// Checkpoints: safetensors shards plus a metadata JSON, written atomically.
+// The checkpoint protocol: safetensors shards plus a metadata JSON, written atomically, loaded
+// with fallback past damaged checkpoints (docs/CHECKPOINTS.md).
 //
 // Layout under the checkpoint directory:
 //   step-00000120/rank-00000.safetensors   one shard per rank: fp32 master weights and AdamW
@@ -13,12 +14,17 @@
 // newest `keep` checkpoints are kept.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "api/error.h"
+#include "worker/durable_file.h"
 #include "worker/tensor_view.h"
 
 namespace kt::worker {
@@ -38,6 +44,12 @@ struct CheckpointTensors {
   std::vector<TensorView> adam_v;
 };
 
+// A system call of a checkpoint save or load failed; err() is its errno (ENOSPC: disk full, EROFS:
+// read-only, EACCES: no permission, ...). A failed save removes its partial files and leaves
+// `latest` and the earlier checkpoints as they were; the trainer reports it and saves again at
+// the next interval.
+using CheckpointIoError = IoError;
+
 // Single-rank writer for now (rank 0 of world 1); returns the checkpoint's directory.
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
                             const CheckpointTensors& tensors, int keep);
@@ -47,16 +59,41 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 // checksum), into one temporary directory on the shared checkpoint volume; after `barrier` the
 // leader (global rank 0) writes metadata.json listing every shard, publishes the directory and
 // replaces `latest`; a second barrier keeps the others from running ahead of the commit. Every
-// rank of the job must call it with the same step. Returns the checkpoint's directory.
+// rank of the job must call it with the same step. Returns the checkpoint's directory. A rank
+// whose part fails still meets every barrier (no rank is left waiting); with `all_ok`, every
+// rank then throws when any rank failed, so that all agree whether the checkpoint exists.
 struct ShardedSave {
   int shard_index = 0;
   int shard_count = 1;
   bool writes = true;  // false on DP replicas: their slices are already written
   bool leader = true;
   std::function<void()> barrier;  // over all ranks of the job
+  // Over all ranks of the job: true when every rank passed true (also a barrier). Optional.
+  std::function<bool(bool ok)> all_ok;
 };
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
                             const CheckpointTensors& tensors, int keep, const ShardedSave& save);
+
+// One writer per checkpoint directory: an exclusive flock(2) on <root>/.lock (created with the
+// directory), held while the object lives; it records the holder ("pid 42 on host-a"). The
+// writing rank takes it (global rank 0: the other ranks of the same job write their shards under
+// its lock). A second job pointed at the same directory is refused instead of interleaving its
+// checkpoints with the first one's. flock locks are released when the process dies, also on NFS
+// (Linux maps them to POSIX locks there).
+class CheckpointLock {
+ public:
+  // Retries for up to `wait` (a previous holder may still be exiting); then throws kt::Error
+  // naming the directory and the holder.
+  static CheckpointLock acquire(const std::string& root, std::chrono::milliseconds wait);
+  CheckpointLock(CheckpointLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  CheckpointLock& operator=(CheckpointLock&&) = delete;
+  CheckpointLock(const CheckpointLock&) = delete;
+  ~CheckpointLock();
+
+ private:
+  explicit CheckpointLock(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 // Loads the newest valid checkpoint into `tensors` (names and shapes must match; throws
 // kt::Error naming the tensor otherwise). A checkpoint whose checksum or structure is bad is
@@ -64,17 +101,19 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
                                                      const CheckpointTensors& tensors);
 
-// llm.c's model file (header 256 × int32: magic 20240326, version 3, maxT, V, L, NH, C, Vp;
-// then the fp32 parameters in llm.c's order). `params` are the 16 tensors of worker/gpt.h in
-// that order.
-struct LlmcDims {
-  int max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size;
+// The readings of a checkpoint's small files, apart from the disk (the loader uses them; tests
+// and fuzz/ call them on bytes). Both throw kt::Error for a checkpoint this build cannot read and
+// another std::runtime_error for a damaged one (the loader then tries the previous checkpoint).
+//
+// `latest` ("step-00000120\n"): the step it names, or why it names none.
+struct LatestPointer {
+  std::optional<int64_t> step;
+  std::string problem;  // when there is no step: "it holds \"...\", not a step directory name"
 };
-void export_llmc(const std::string& path, const LlmcDims& dims,
-                 const std::vector<TensorView>& params);
-// Reads the header (throws kt::Error naming the file on a bad magic / version / size).
-LlmcDims read_llmc_dims(const std::string& path);
-void import_llmc(const std::string& path, const LlmcDims& expected,
-                 const std::vector<TensorView>& params);
+LatestPointer parse_latest_pointer(std::string_view text);
+// metadata.json of the checkpoint directory `dir` of `step`: every field present and typed, the
+// step the directory's, each shard record a plain file name with bytes and checksum.
+CheckpointMeta parse_checkpoint_metadata(std::string_view text, const std::string& dir,
+                                         int64_t step);
 
 }  // namespace kt::worker

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "api/error.h"
+#include "api/flops.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/check.h"
 #include "worker/host_access.h"
@@ -53,7 +54,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
   if (options.window > 0 && device_units_ <= c_.layers) {
     KT_CHECK(device_units_ >= 1, "window offload keeps the embeddings on the device (gpuUnits >= 1)");
-    KT_CHECK(recompute_ != ActivationRecompute::kNone,
+    KT_CHECK(recompute_ != api::Recompute::kNone,
              "window offload streams the layers' weights twice, so it needs recompute");
     window_ = options.window;
   }
@@ -192,38 +193,41 @@ void CudaGpt::allocate() {
   };
   const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_, T = T_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
+  const int parts = checkpoint_tensors(recompute_);
   for (Lane& lane : lanes_) {
     const int64_t Bl = lane.B, BTl = Bl * T;
-    // Every layer's input; with recompute one layer's working set (commAware keeps every res2).
-    // With window offload the streamed layers' are in pinned memory, and a ring of two on the
-    // device.
-    bf16* ring[2] = {nullptr, nullptr};
-    bf16* ring2[2] = {nullptr, nullptr};
+    // Every layer's input; with commAware every layer's summed attention projection and fc2
+    // output too (the checkpoint, worker/recompute.h). With window offload the streamed layers'
+    // checkpoints are in pinned memory, and a ring of two on the device.
+    std::array<std::array<bf16*, 3>, 2> ring{};
     const int64_t streamed_layers = window_ > 0 ? L - dev_layers_ : 0;
     if (streamed_layers > 0) {
       for (int k = 0; k < 2; ++k) {
-        ring[k] = act16(BTl * C);
-        if (recompute_ == ActivationRecompute::kCommAware) ring2[k] = act16(BTl * C);
+        for (int part = 0; part < parts; ++part) ring[k][part] = act16(BTl * C);
         lane.ring_written[k] = std::make_unique<CudaEvent>();
         lane.ring_out[k] = std::make_unique<CudaEvent>();
         lane.ring_in[k] = std::make_unique<CudaEvent>();
         lane.ring_used[k] = std::make_unique<CudaEvent>();
       }
-      lane.host_res = static_cast<bf16*>(
-          take_pinned(streamed_layers * BTl * C * 2, MemoryKind::kActivations));
-      if (recompute_ == ActivationRecompute::kCommAware)
-        lane.host_res2 = static_cast<bf16*>(
-            take_pinned(streamed_layers * BTl * C * 2, MemoryKind::kActivations));
+      lane.host_checkpoints = static_cast<bf16*>(
+          take_pinned(streamed_layers * parts * BTl * C * 2, MemoryKind::kActivations));
     }
-    for (int64_t l = 0; l <= L; ++l)
-      lane.res.push_back(checkpoint_streamed(l) ? ring[ring_of(l)] : act16(BTl * C));
-    for (int64_t l = 0; l < L; ++l)
-      if (res2_index(l) == l)
-        lane.res2.push_back(recompute_ == ActivationRecompute::kCommAware && checkpoint_streamed(l)
-                                ? ring2[ring_of(l)]
-                                : act16(BTl * C));
+    auto kept = [&](int64_t l, CheckpointTensor part) {
+      return checkpoint_streamed(l) ? ring[ring_of(l)][static_cast<int>(part)] : act16(BTl * C);
+    };
+    for (int64_t l = 0; l <= L; ++l) lane.res.push_back(kept(l, CheckpointTensor::kInput));
+    if (recompute_ == api::Recompute::kCommAware) {
+      for (int64_t l = 0; l < L; ++l) {
+        lane.attproj.push_back(kept(l, CheckpointTensor::kAttentionProjection));
+        lane.fcproj.push_back(kept(l, CheckpointTensor::kFc2));
+      }
+    } else {
+      lane.attproj.push_back(act16(BTl * C));
+      lane.fcproj.push_back(lane.attproj.back());
+    }
     for (int64_t l = 0; l < L; ++l) {
       if (work_index(l) != l) break;
+      lane.res2.push_back(act16(BTl * C));
       lane.ln1.push_back(act16(BTl * C));
       lane.qkv.push_back(act16(BTl * 3 * Cl));
       lane.atty.push_back(act16(BTl * Cl));
@@ -241,7 +245,6 @@ void CudaGpt::allocate() {
     }
     lane.lnf = act16(BTl * C);
     lane.logits = act16(BTl * Vl_);
-    lane.proj = act16(BTl * C);
     lane.dres = act16(BTl * C);
     lane.dtmp_c = act16(BTl * C);
     lane.dtmp_3c = act16(BTl * 3 * Cl);
@@ -280,15 +283,13 @@ void CudaGpt::allocate() {
 }
 
 double CudaGpt::flops_per_micro_step() const {
-  const double tokens = static_cast<double>(B_ * T_);
-  return 6.0 * static_cast<double>(num_params_) * tokens +
-         12.0 * static_cast<double>(c_.layers * Cl_ * T_) * tokens;
+  // This rank's share: its parameters and its Cl channels of attention (api/flops.h).
+  return api::gpt_flops_per_token(static_cast<double>(num_params_), c_.layers, Cl_, T_) *
+         static_cast<double>(B_ * T_);
 }
 
 bool CudaGpt::sharded(int tensor_index) const {
-  return t_ > 1 && (tensor_index == 0 || tensor_index == 4 || tensor_index == 5 ||
-                    tensor_index == 6 || tensor_index == 10 || tensor_index == 11 ||
-                    tensor_index == 12);
+  return gpt_tp_sharded(tensor_index, t_);
 }
 
 // ---- host access: initialisation and checkpoints -------------------------------------------
@@ -451,14 +452,16 @@ void CudaGpt::checkpoint_before_write(Lane& lane, int64_t l) {
 
 void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
   if (!checkpoint_streamed(l)) return;
-  const int k = ring_of(l);
-  const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
+  const int k = ring_of(l), parts = checkpoint_tensors(recompute_);
+  const int64_t n = lane.B * T_ * c_.channels;
+  bf16* host = lane.host_checkpoints + (l - dev_layers_) * parts * n;
   CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
   device_.stream(StreamRole::kCompute).record(*lane.ring_written[k]);
   d2h.wait(*lane.ring_written[k]);
-  device_.copy(lane.host_res + at, lane.res[l], n * 2, d2h);
-  if (lane.host_res2) device_.copy(lane.host_res2 + at, lane.res2[l], n * 2, d2h);
-  d2h_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
+  const auto tensors = checkpoint_of(lane, l);
+  for (int part = 0; part < parts; ++part)
+    device_.copy(host + part * n, tensors[part], n * 2, d2h);
+  d2h_bytes_ += parts * n * 2;
   d2h.record(*lane.ring_out[k]);
 }
 
@@ -466,17 +469,25 @@ void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
   if (!checkpoint_streamed(l)) return;
   const int k = ring_of(l);
   if (lane.ring_holds[k] != l) {
-    const int64_t n = lane.B * T_ * c_.channels, at = (l - dev_layers_) * n;
+    const int parts = checkpoint_tensors(recompute_);
+    const int64_t n = lane.B * T_ * c_.channels;
+    const bf16* host = lane.host_checkpoints + (l - dev_layers_) * parts * n;
     CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
     h2d.wait(*lane.ring_out[k]);   // the forward's copy out of the slot has finished
     h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
-    device_.copy(lane.res[l], lane.host_res + at, n * 2, h2d);
-    if (lane.host_res2) device_.copy(lane.res2[l], lane.host_res2 + at, n * 2, h2d);
-    h2d_bytes_ += n * 2 * (lane.host_res2 ? 2 : 1);
+    const auto tensors = checkpoint_of(lane, l);
+    for (int part = 0; part < parts; ++part)
+      device_.copy(tensors[part], host + part * n, n * 2, h2d);
+    h2d_bytes_ += parts * n * 2;
     h2d.record(*lane.ring_in[k]);
     lane.ring_holds[k] = l;
   }
   if (wait) device_.stream(StreamRole::kCompute).wait(*lane.ring_in[k]);
+}
+
+std::array<bf16*, 3> CudaGpt::checkpoint_of(const Lane& lane, int64_t l) const {
+  const int64_t p = proj_index(l);
+  return {lane.res[l], lane.attproj[p], lane.fcproj[p]};
 }
 
 void CudaGpt::checkpoint_done(Lane& lane, int64_t l) {
@@ -586,18 +597,18 @@ void CudaGpt::finish_allreduce(Lane& lane) {
 // Layer l's attention half for a lane, from its input res[l] into the working set
 // (work_index(l)) and the row-parallel projection, whose all-reduce is left in flight. In the
 // forward it first completes the layer below (res[l] = res2 + its summed fc2 output). `rerun`
-// (recompute, before the backward): res[l] is kept; the projection is summed at once and added
-// (res2), or skipped with commAware (res2 is kept).
+// (recompute, before the backward): res[l] is kept; the projection is summed at once, or skipped
+// with commAware (its summed output is kept).
 void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, B = lane.B, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
-  const int64_t a = work_index(l), r2 = res2_index(l);
+  const int64_t a = work_index(l), p = proj_index(l);
   auto w = [&](int i) { return layer_weight(i, l); };
-  enum { kLn1w = 2, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb };
   finish_allreduce(lane);
   if (!rerun && l > 0) {
     checkpoint_before_write(lane, l);
-    cu::residual_forward(x, lane.res[l], lane.res2[res2_index(l - 1)], lane.proj, BT * C);
+    cu::residual_forward(x, lane.res[l], lane.res2[work_index(l - 1)],
+                         lane.fcproj[proj_index(l - 1)], BT * C);
   }
   cu::layernorm_forward(x, lane.ln1[a], lane.ln1_mean[a], lane.ln1_rstd[a], lane.res[l], w(kLn1w),
                         w(kLn1b), BT, C);
@@ -609,33 +620,31 @@ void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
     cu::attention_forward(x, atty32_, preatt_, lane.att[a], qkv32_, B, T, Cl, NHl);
     cu::cast_to_bf16(x, lane.atty[a], atty32_, BT * Cl);
   }
-  if (rerun && recompute_ == ActivationRecompute::kCommAware) return;
+  if (rerun && recompute_ == api::Recompute::kCommAware) return;
   // Row-parallel: each rank's partial product (the bias on rank 0 only), summed over TP.
-  cu::matmul_forward_bf16(x, lane.proj, lane.atty[a], w(kAttprojw),
+  cu::matmul_forward_bf16(x, lane.attproj[p], lane.atty[a], w(kAttprojw),
                           tr_ == 0 ? w(kAttprojb) : nullptr, BT, Cl, C);
-  lane_allreduce(lane, lane.proj, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, rerun);
-  if (rerun) cu::residual_forward(x, lane.res2[r2], lane.res[l], lane.proj, BT * C);
+  lane_allreduce(lane, lane.attproj[p], BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, rerun);
 }
 
-// Layer l's MLP half for a lane: res2 = res[l] + the summed projection (forward), LayerNorm, fc,
-// GELU, and (forward) the row-parallel fc2 with its all-reduce left in flight. `rerun`: up to
-// GELU only (the backward never reads fc2's output; res[l + 1] is kept).
+// Layer l's MLP half for a lane: res2 = res[l] + the summed projection, LayerNorm, fc, GELU, and
+// (forward) the row-parallel fc2 with its all-reduce left in flight. `rerun`: up to GELU only
+// (the backward never reads fc2's output; res[l + 1] is kept).
 void CudaGpt::mlp_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Fl = Fl_, BT = lane.B * T_;
   const cu::Context& x = *ctx_;
-  const int64_t a = work_index(l), r2 = res2_index(l);
+  const int64_t a = work_index(l), p = proj_index(l);
   auto w = [&](int i) { return layer_weight(i, l); };
-  enum { kLn2w = 8, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb };
   finish_allreduce(lane);
-  if (!rerun) cu::residual_forward(x, lane.res2[r2], lane.res[l], lane.proj, BT * C);
-  cu::layernorm_forward(x, lane.ln2[a], lane.ln2_mean[a], lane.ln2_rstd[a], lane.res2[r2],
+  cu::residual_forward(x, lane.res2[a], lane.res[l], lane.attproj[p], BT * C);
+  cu::layernorm_forward(x, lane.ln2[a], lane.ln2_mean[a], lane.ln2_rstd[a], lane.res2[a],
                         w(kLn2w), w(kLn2b), BT, C);
   cu::matmul_forward_bf16(x, lane.fch[a], lane.ln2[a], w(kFcw), w(kFcb), BT, C, Fl);
   cu::gelu_forward(x, lane.fchg[a], lane.fch[a], BT * Fl);
   if (rerun) return;
-  cu::matmul_forward_bf16(x, lane.proj, lane.fchg[a], w(kFcprojw),
+  cu::matmul_forward_bf16(x, lane.fcproj[p], lane.fchg[a], w(kFcprojw),
                           tr_ == 0 ? w(kFcprojb) : nullptr, BT, Fl, C);
-  lane_allreduce(lane, lane.proj, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+  lane_allreduce(lane, lane.fcproj[p], BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
 }
 
 void CudaGpt::rerun_layer(Lane& lane, int64_t l) {
@@ -673,8 +682,6 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   const bf16* p16 = params16_;
   auto w = [&](int i, int64_t l) { return layer_weight(i, l); };
   auto g = [&](int i, int64_t l) { return layer_grad(i, l); };
-  enum { kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb };
-  enum { kFcprojw = 12, kFcprojb, kLnfw, kLnfb };
 
   // ---- forward
   before_unit(0);
@@ -708,7 +715,8 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   for (Lane& lane : lanes_) {
     const int64_t BTl = lane.B * T;
     finish_allreduce(lane);
-    cu::residual_forward(x, lane.res[L], lane.res2[res2_index(L - 1)], lane.proj, BTl * C);
+    cu::residual_forward(x, lane.res[L], lane.res2[work_index(L - 1)],
+                         lane.fcproj[proj_index(L - 1)], BTl * C);
     checkpoint_out(lane, L - 1);
     cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L],
                           p16 + doffsets_[kLnfw], p16 + doffsets_[kLnfb], BTl, C);
@@ -753,7 +761,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
                            lane.lnf_rstd, BTl, C);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    const int64_t a = work_index(l), r2 = res2_index(l);
+    const int64_t a = work_index(l);
     use_layer(l);  // a streamed layer: back in its slot (prefetched), gradients started there
     start_layer_grads(l);
     for (Lane& lane : lanes_) {  // this layer's checkpoint, and the next one's on its way
@@ -761,7 +769,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       if (l > 0) checkpoint_in(lane, l - 1, false);
     }
     // With recompute, the working set holds the last layer's forward; the others re-run theirs.
-    if (recompute_ != ActivationRecompute::kNone && l != L - 1)
+    if (recompute_ != api::Recompute::kNone && l != L - 1)
       for (Lane& lane : lanes_) rerun_layer(lane, l);
     for (Lane& lane : lanes_) {  // MLP half: res[l+1] = res2 + fcproj, dres the gradient of both
       const int64_t BTl = lane.B * T;
@@ -775,7 +783,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     for (Lane& lane : lanes_) {  // attention half: res2 = res[l] + attproj
       const int64_t B = lane.B, BTl = B * T;
       finish_allreduce(lane);
-      cu::layernorm_backward(x, lane.dres, g(kLn2w, l), g(kLn2b, l), lane.dtmp_c, lane.res2[r2],
+      cu::layernorm_backward(x, lane.dres, g(kLn2w, l), g(kLn2b, l), lane.dtmp_c, lane.res2[a],
                              w(kLn2w, l), lane.ln2_mean[a], lane.ln2_rstd[a], BTl, C);
       cu::matmul_backward_bf16(x, lane.dtmp_c, g(kAttprojw, l), g(kAttprojb, l), lane.dres,
                                lane.atty[a], w(kAttprojw, l), BTl, Cl, C, acc_dw, overwrite);

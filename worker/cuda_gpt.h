@@ -21,7 +21,7 @@
 // final in the last backward, the reducer sums them over the DP group (NCCL on its own stream
 // behind the compute stream's event); the unit's d2h copy, the norm and the device AdamW wait
 // for the sums.
-// Recompute (options.recompute): see ActivationRecompute.
+// Recompute (options.recompute): worker/recompute.h says what each mode keeps (both devices alike).
 // Tensor parallelism (options.tp, Megatron's split, the CPU model's layout): each rank holds its
 // heads of qkv and attproj, its ffn units of fc and fcproj and its rows of wte; the row-parallel
 // outputs (attention projection, fc2) and the column-parallel input gradients (of qkv and fc, and
@@ -30,7 +30,7 @@
 // split in two lanes, interleaved op by op, so that each lane's all-reduce runs while the other
 // lane computes.
 // Window offload (options.window): see CudaGptOptions. The streamed layers' activation checkpoints
-// (their inputs) stay on the device.
+// (worker/recompute.h) go to pinned memory through a ring of two device buffers per lane.
 #pragma once
 
 #include <array>
@@ -44,19 +44,14 @@
 #include <thread>
 #include <vector>
 
+#include "api/enums.h"
 #include "kernels/cuda/ops.h"
 #include "worker/cuda_device.h"
 #include "worker/gpt_layout.h"
 #include "worker/gradient_reducer.h"
+#include "worker/recompute.h"
 
 namespace kt::worker {
-
-// The Plan's recompute on CUDA: kNone keeps every layer's activations; kFull keeps each layer's
-// input and re-runs the layer's forward before its backward (all but fc2's GEMM, whose output the
-// backward does not read), so one layer's working set serves all layers; kCommAware also keeps
-// each layer's res2 (input + attention projection: with TP, the all-reduced output), so the
-// re-run skips the projection GEMM too (Oases).
-enum class ActivationRecompute { kNone, kFull, kCommAware };
 
 struct CudaGptOptions {
   // Offload units [0, device_units) keep their master weights and moments on the device and are
@@ -73,7 +68,9 @@ struct CudaGptOptions {
   // Data parallelism: sums each unit's gradients over the DP group as they become final in the
   // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
   GradientReducer* reducer = nullptr;
-  ActivationRecompute recompute = ActivationRecompute::kNone;
+  // worker/recompute.h. The re-run of kFull skips fc2's GEMM too: the backward reads neither its
+  // output nor the residual sum after it (the next layer's input is kept).
+  api::Recompute recompute = api::Recompute::kNone;
   // Tensor parallelism (Megatron): this rank's group; nullptr = TP 1. The model then holds rank
   // r's slices (gpt_rank_views) and all-reduces activations on the TP communication stream.
   StreamCollectives* tp = nullptr;
@@ -206,10 +203,13 @@ class CudaGpt {
   void lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
                       bool now);
   void finish_allreduce(Lane& lane);
-  // Where layer l's activations live: its own buffers, or (recompute) the one working set; res2
-  // is kept per layer unless recompute is full.
-  int64_t work_index(int64_t l) const { return recompute_ == ActivationRecompute::kNone ? l : 0; }
-  int64_t res2_index(int64_t l) const { return recompute_ == ActivationRecompute::kFull ? 0 : l; }
+  // Where layer l's activations live: its own buffers, or (recompute) the one working set; the
+  // summed outputs of its attention projection and fc2: per layer with commAware (part of the
+  // checkpoint, worker/recompute.h), else one buffer for all.
+  int64_t work_index(int64_t l) const { return recompute_ == api::Recompute::kNone ? l : 0; }
+  int64_t proj_index(int64_t l) const { return recompute_ == api::Recompute::kCommAware ? l : 0; }
+  // Layer l's checkpoint tensors (worker/recompute.h: CheckpointTensor order), B·T·C each.
+  std::array<kernels::cuda::bf16*, 3> checkpoint_of(const Lane& lane, int64_t l) const;
   void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
   void run_cpu_tasks();
   void wait_cpu_idle();
@@ -219,7 +219,7 @@ class CudaGpt {
   int64_t B_, T_;
   int64_t device_units_;
   int cpu_threads_;
-  ActivationRecompute recompute_;
+  api::Recompute recompute_;
   GradientReducer* reducer_;
   StreamCollectives* tp_;
   int64_t t_ = 1, tr_ = 0;  // TP size and rank
@@ -259,16 +259,19 @@ class CudaGpt {
   struct Lane {
     int64_t B = 0, row0 = 0;  // its sequences, and the first of them in the micro-batch
     std::vector<kernels::cuda::bf16*> res, ln1, qkv, atty, res2, ln2, fch, fchg;
+    // The summed row-parallel outputs (proj_index): without commAware attproj[0] and fcproj[0]
+    // are one buffer, as nothing reads either output after the residual add that follows it.
+    std::vector<kernels::cuda::bf16*> attproj, fcproj;
     std::vector<float*> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att, lse;
-    kernels::cuda::bf16 *lnf = nullptr, *logits = nullptr, *proj = nullptr, *dres = nullptr,
+    kernels::cuda::bf16 *lnf = nullptr, *logits = nullptr, *dres = nullptr,
                         *dtmp_c = nullptr, *dtmp_3c = nullptr, *dtmp_4c = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *ce_max = nullptr, *ce_sums = nullptr;
     std::unique_ptr<CudaEvent> partial, summed;  // its all-reduce's input written; result in place
     bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for
-    // Window offload: the streamed layers' checkpoints (res, and res2 with commAware) in pinned
-    // memory; on the device a ring of 2 buffers each (res[l] and res2[l] of a streamed layer
+    // Window offload: the streamed layers' checkpoints (checkpoint_of) in pinned memory, layer
+    // by layer; on the device a ring of 2 checkpoints (a streamed layer's res, attproj and fcproj
     // point into it), with its events: written, copied out, copied in, used by the backward.
-    kernels::cuda::bf16 *host_res = nullptr, *host_res2 = nullptr;
+    kernels::cuda::bf16* host_checkpoints = nullptr;
     std::array<std::unique_ptr<CudaEvent>, 2> ring_written, ring_out, ring_in, ring_used;
     std::array<int64_t, 2> ring_holds{-1, -1};  // the layer copied in (backward), else -1
   };

@@ -8,6 +8,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -335,32 +336,15 @@ struct Shard {
 Shard read_shard_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open token shard: " + std::strerror(errno));
-  int32_t header[kHeaderWords] = {};
-  in.read(reinterpret_cast<char*>(header), kHeaderBytes);
+  std::array<int32_t, kHeaderWords> header{};
+  in.read(reinterpret_cast<char*>(header.data()), kHeaderBytes);
   const int64_t got = in.gcount();
   if (got < kHeaderBytes) {
     throw Error(path + ": truncated header: " + std::to_string(got) + " bytes, expected " +
                 std::to_string(kHeaderBytes));
   }
-  if (header[0] != kShardMagic) {
-    throw Error(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
-                std::to_string(kShardMagic) + " (llm.c token shard)");
-  }
-  if (header[1] != kShardVersion) {
-    throw Error(path + ": bad version " + std::to_string(header[1]) + ", expected " +
-                std::to_string(kShardVersion));
-  }
-  const int64_t declared = header[2];
-  if (declared < 0) throw Error(path + ": bad token count " + std::to_string(declared));
-  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path));
-  if (size != kHeaderBytes + 2 * declared) {
-    const int64_t present = (size - kHeaderBytes) / 2;
-    throw Error(path + ": " + (present < declared ? "truncated" : "size mismatch") +
-                ": header says " + std::to_string(declared) + " tokens, file has " +
-                std::to_string(present) +
-                ((size - kHeaderBytes) % 2 != 0 ? " and a stray byte" : ""));
-  }
-  return {path, declared};
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+  return {path, decode_token_shard_header(header, size, path)};
 }
 
 // Fisher–Yates (Knuth, TAOCP vol. 2, §3.4.2, Algorithm P) driven by a counter stream.
@@ -374,6 +358,28 @@ std::vector<Int> shuffled_range(Int n, uint64_t key) {
 }
 
 }  // namespace
+
+int64_t decode_token_shard_header(const std::array<int32_t, 256>& header, int64_t file_bytes,
+                                  const std::string& path) {
+  if (header[0] != kShardMagic) {
+    throw Error(path + ": bad magic " + std::to_string(header[0]) + ", expected " +
+                std::to_string(kShardMagic) + " (llm.c token shard)");
+  }
+  if (header[1] != kShardVersion) {
+    throw Error(path + ": bad version " + std::to_string(header[1]) + ", expected " +
+                std::to_string(kShardVersion));
+  }
+  const int64_t declared = header[2];
+  if (declared < 0) throw Error(path + ": bad token count " + std::to_string(declared));
+  if (file_bytes != kHeaderBytes + 2 * declared) {
+    const int64_t present = (file_bytes - kHeaderBytes) / 2;
+    throw Error(path + ": " + (present < declared ? "truncated" : "size mismatch") +
+                ": header says " + std::to_string(declared) + " tokens, file has " +
+                std::to_string(present) +
+                ((file_bytes - kHeaderBytes) % 2 != 0 ? " and a stray byte" : ""));
+  }
+  return declared;
+}
 
 struct TokenShards::Impl {
   std::string pattern;

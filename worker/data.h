@@ -3,9 +3,11 @@
 // run reads exactly what the uninterrupted run would have read.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,9 @@ class DataSource {
   virtual nlohmann::json cursor() const = 0;
   virtual void restore(const nlohmann::json& cursor) = 0;
   virtual int vocab_size() const = 0;
+  // The lowest mean loss a model can reach on this data, in nats per token, when it is known
+  // (the synthetic chain's entropy rate); nullopt otherwise.
+  virtual std::optional<double> loss_floor() const { return std::nullopt; }
 };
 
 // A seeded, stationary Markov chain of order `order` over `vocab` tokens whose entropy rate is
@@ -35,11 +40,17 @@ class SyntheticMarkov : public DataSource {
   int vocab_size() const override;
   // H = Σ_s π(s) · H(P(·|s)) in nats, π the stationary distribution of the chain.
   double entropy_rate() const;
+  std::optional<double> loss_floor() const override { return entropy_rate(); }
 
  private:
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };
+
+// Checks a token shard's header (its 256 words) against the size of the file `path` it came
+// from; returns the token count. Throws kt::Error naming the file.
+int64_t decode_token_shard_header(const std::array<int32_t, 256>& header, int64_t file_bytes,
+                                  const std::string& path);
 
 // llm.c token shards (256 × int32 header: magic 20240520, version 1, token count; then uint16
 // tokens) matched by a glob, read in a seeded random order per epoch. Throws kt::Error naming

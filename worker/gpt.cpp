@@ -5,6 +5,7 @@
 #include <random>
 
 #include "api/error.h"
+#include "api/flops.h"
 #include "kernels/ops.h"
 
 namespace kt::worker {
@@ -158,9 +159,7 @@ std::vector<TensorView> Gpt::views(float* base) const {
 }
 
 bool Gpt::sharded(int tensor_index) const {
-  if (tp_.size == 1) return false;
-  return tensor_index == 0 || tensor_index == 4 || tensor_index == 5 || tensor_index == 6 ||
-         tensor_index == 10 || tensor_index == 11 || tensor_index == 12;
+  return gpt_tp_sharded(tensor_index, tp_.size);
 }
 
 std::vector<Gpt::Slice> Gpt::unit_slices(int64_t unit) const {
@@ -194,8 +193,9 @@ bool Gpt::decays(int tensor_index) {
 }
 
 double Gpt::flops_per_micro_step() const {
-  const double tokens = static_cast<double>(B_ * T_);
-  return 6.0 * num_params_ * tokens + 12.0 * config_.layers * config_.channels * T_ * tokens;
+  // This rank's share: its parameters and its Cl channels of attention (api/flops.h).
+  return api::gpt_flops_per_token(static_cast<double>(num_params_), config_.layers, Cl_, T_) *
+         static_cast<double>(B_ * T_);
 }
 
 void Gpt::init_weights(uint64_t seed) {
@@ -203,13 +203,11 @@ void Gpt::init_weights(uint64_t seed) {
 }
 
 void Gpt::zero_grad() {
-  // wte (written first by the LM head's dW), qkvw, attprojw, fcw and fcprojw are overwritten by
-  // their matmul's first backward; everything else is accumulated into and must start at zero.
+  // The matmul weights (wte written first by the LM head's dW) are overwritten by their
+  // matmul's first backward; everything else is accumulated into and must start at zero.
   auto grads = gradient_views();
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    const bool matmul_weight = i == 0 || i == 4 || i == 6 || i == 10 || i == 12;
-    if (!matmul_weight) std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
-  }
+  for (int i = 0; i < kNumParamTensors; ++i)
+    if (!kParams[i].matmul_weight) std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
   overwrite_weight_grads_ = true;
 }
 

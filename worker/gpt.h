@@ -16,11 +16,12 @@
 #include "worker/comm.h"
 #include "worker/device.h"
 #include "worker/gpt_layout.h"
+#include "worker/recompute.h"
 #include "worker/tensor_view.h"
 
 namespace kt::worker {
 
-// GptConfig, kParamNames and the parameter layout: worker/gpt_layout.h.
+// GptConfig and the parameter table (kParams): worker/gpt_layout.h.
 
 // Tensor parallelism in Megatron's layout (Shoeybi et al. 2019): qkv and fc are column-parallel
 // (each rank holds NH/t heads and F/t hidden units), attention projection and fc2 row-parallel
@@ -41,11 +42,9 @@ class Gpt {
   // `sub_batches` = 2 splits every micro-batch in two halves whose TP all-reduces overlap the
   // other half's compute (Oases); B must then be even. Results equal sub_batches = 1 up to
   // floating-point reassociation.
-  // `recompute`: kNone keeps every layer's activations; kFull keeps each layer's input and
-  // recomputes the layer's forward (with its 2 all-reduces) before its backward; kCommAware also
-  // keeps the post-all-reduce outputs of the attention projection and fc2, so the recompute
-  // needs neither those GEMMs nor any all-reduce (Oases). With recompute, one layer's working
-  // set is shared by all layers.
+  // `recompute`: what each mode keeps is worker/recompute.h (the same on both devices). kFull's
+  // re-run here includes fc2 with its all-reduce (2 per layer, as the planner counts). With
+  // recompute, one layer's working set is shared by all layers.
   Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
       TensorParallel tp = {}, int sub_batches = 1,
       api::Recompute recompute = api::Recompute::kNone);
@@ -86,9 +85,9 @@ class Gpt {
     virtual void before_backward(int64_t unit) = 0;
   };
   UnitObserver* unit_observer = nullptr;
-  // The slices of layer l's activation checkpoint: what its backward needs from its forward with
-  // recompute (its input; with commAware also its attention projection and fc2 outputs), over
-  // every sub-batch. Empty without recompute.
+  // The slices of layer l's activation checkpoint (worker/recompute.h: its input; with commAware
+  // also its summed attention projection and fc2 outputs), over every sub-batch. Empty without
+  // recompute.
   std::vector<std::pair<float*, int64_t>> layer_checkpoint_slices(int64_t l) const;
   // The pieces of layer l's parameters (one slice of each stacked per-layer tensor), and those of
   // the embedding unit (wte, wpe, lnfw, lnfb), with the tensor index of each piece.

@@ -31,30 +31,124 @@ struct GptConfig {
   static GptConfig from(const api::ModelDims& m);  // worker/gpt.cpp
 };
 
+// ---- The parameter table ---------------------------------------------------------------------
+// GPT-2's 16 parameter tensors in llm.c's order (ParameterTensors in train_gpt2.c). Everything
+// about a tensor is said once, here: sizes, offsets, the offload units' slices, the TP sharding,
+// AdamW's decay mask, which gradients the backward overwrites rather than accumulates into, the
+// initialisation, and the llm.c names and shapes of checkpoints and model files all derive from
+// kParams.
+enum Param : int {
+  kWte, kWpe,  // token and position embeddings (wte is also the LM head)
+  kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,  // per layer: attention block
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb,      // per layer: MLP block
+  kLnfw, kLnfb,  // the final LayerNorm
+};
 inline constexpr int kNumParamTensors = 16;
-inline constexpr std::array<const char*, kNumParamTensors> kParamNames = {
-    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
-// Elements of each tensor on one rank of a TP group of size t (t = 1: the whole model). Sharded:
-// wte's rows (Vp/t), the heads of qkv and attproj (C/t channels), the ffn units of fc and fcproj.
+// A dimension of a parameter's shape, in the model's sizes.
+enum class Dim : uint8_t {
+  kVp,    // padded vocabulary
+  kMaxT,  // rows of wpe
+  kL,     // layers (the stacked per-layer tensors' first dimension)
+  kC,     // channels
+  kF,     // ffn units
+  kThree  // q, k and v: llm.c merges it with the next dimension (3C)
+};
+
+enum class Init : uint8_t {
+  kNormal,    // N(0, 0.02)
+  kResidual,  // N(0, 0.02/√(2L)): the projections into the residual stream
+  kOne,       // LayerNorm weights
+  kZero       // biases
+};
+
+struct ParamSpec {
+  const char* name;         // llm.c's
+  bool per_layer;           // stacked (L, ...): layer l's slice belongs to offload unit l + 1
+  std::array<Dim, 4> dims;  // logical shape; only the first `rank` are used
+  int rank;
+  int tp_dim;               // the dimension split across TP ranks (Megatron's split); -1: replicated
+  bool decay;               // AdamW decays it (the matrices)
+  bool matmul_weight;       // its gradient is overwritten by its matmul's first backward
+  Init init;
+};
+
+inline constexpr std::array<ParamSpec, kNumParamTensors> kParams = {{
+    // name      per_layer  dims                                      rank tp  decay matmul init
+    {"wte",      false, {Dim::kVp, Dim::kC},                           2, 0,  true,  true,  Init::kNormal},
+    {"wpe",      false, {Dim::kMaxT, Dim::kC},                         2, -1, true,  false, Init::kNormal},
+    {"ln1w",     true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kOne},
+    {"ln1b",     true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kZero},
+    {"qkvw",     true,  {Dim::kL, Dim::kThree, Dim::kC, Dim::kC},      4, 2,  true,  true,  Init::kNormal},
+    {"qkvb",     true,  {Dim::kL, Dim::kThree, Dim::kC},               3, 2,  false, false, Init::kZero},
+    {"attprojw", true,  {Dim::kL, Dim::kC, Dim::kC},                   3, 2,  true,  true,  Init::kResidual},
+    {"attprojb", true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kZero},
+    {"ln2w",     true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kOne},
+    {"ln2b",     true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kZero},
+    {"fcw",      true,  {Dim::kL, Dim::kF, Dim::kC},                   3, 1,  true,  true,  Init::kNormal},
+    {"fcb",      true,  {Dim::kL, Dim::kF},                            2, 1,  false, false, Init::kZero},
+    {"fcprojw",  true,  {Dim::kL, Dim::kC, Dim::kF},                   3, 2,  true,  true,  Init::kResidual},
+    {"fcprojb",  true,  {Dim::kL, Dim::kC},                            2, -1, false, false, Init::kZero},
+    {"lnfw",     false, {Dim::kC},                                     1, -1, false, false, Init::kOne},
+    {"lnfb",     false, {Dim::kC},                                     1, -1, false, false, Init::kZero},
+}};
+
+inline int64_t gpt_dim(const GptConfig& c, Dim d) {
+  switch (d) {
+    case Dim::kVp: return c.padded_vocab;
+    case Dim::kMaxT: return c.max_seq_len;
+    case Dim::kL: return c.layers;
+    case Dim::kC: return c.channels;
+    case Dim::kF: return c.ffn;
+    case Dim::kThree: return 3;
+  }
+  return 0;
+}
+
+// Tensor i's logical shape (q, k, v as their own dimension, as TP splits them).
+inline std::vector<int64_t> gpt_logical_shape(const GptConfig& c, int i) {
+  const ParamSpec& p = kParams[static_cast<size_t>(i)];
+  std::vector<int64_t> shape;
+  for (int d = 0; d < p.rank; ++d) shape.push_back(gpt_dim(c, p.dims[static_cast<size_t>(d)]));
+  return shape;
+}
+
+// Its shape in llm.c's files (3 and the next dimension merged: qkvw (L, 3C, C)).
+inline std::vector<int64_t> gpt_llmc_shape(const GptConfig& c, int i) {
+  const ParamSpec& p = kParams[static_cast<size_t>(i)];
+  std::vector<int64_t> shape;
+  for (int d = 0; d < p.rank; ++d) {
+    const int64_t n = gpt_dim(c, p.dims[static_cast<size_t>(d)]);
+    if (d > 0 && p.dims[static_cast<size_t>(d - 1)] == Dim::kThree)
+      shape.back() *= n;
+    else
+      shape.push_back(n);
+  }
+  return shape;
+}
+
+// Elements of each tensor on one rank of a TP group of size t (t = 1: the whole model).
 inline std::array<int64_t, kNumParamTensors> gpt_param_sizes(const GptConfig& c, int64_t t = 1) {
-  const int64_t C = c.channels, L = c.layers, maxT = c.max_seq_len;
-  const int64_t Vl = c.padded_vocab / t, Cl = C / t, Fl = c.ffn / t;
-  return {Vl * C,     maxT * C, L * C, L * C, L * 3 * Cl * C, L * 3 * Cl,
-          L * C * Cl, L * C,    L * C, L * C, L * Fl * C,     L * Fl,
-          L * C * Fl, L * C,    C,     C};
+  std::array<int64_t, kNumParamTensors> sizes{};
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    int64_t n = 1;
+    for (int64_t d : gpt_logical_shape(c, i)) n *= d;
+    sizes[static_cast<size_t>(i)] = kParams[static_cast<size_t>(i)].tp_dim >= 0 ? n / t : n;
+  }
+  return sizes;
 }
 
-// Whether AdamW decays a tensor: the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw) yes,
-// biases and LayerNorm parameters no.
-inline bool gpt_decays(int tensor_index) {
-  return tensor_index == 0 || tensor_index == 1 || tensor_index == 4 || tensor_index == 6 ||
-         tensor_index == 10 || tensor_index == 12;
+inline bool gpt_decays(int i) {
+  return kParams[static_cast<size_t>(i)].decay;
 }
 
-// The offload units (SynergyScale's unit of placement): 0 = wte, wpe, lnfw, lnfb; l + 1 = layer
-// l, one slice of each of the 12 stacked per-layer tensors (2..13, shaped (L, ...)).
+// Whether rank r of a TP group of t > 1 holds a slice of tensor i rather than all of it.
+inline bool gpt_tp_sharded(int i, int64_t t) {
+  return t > 1 && kParams[static_cast<size_t>(i)].tp_dim >= 0;
+}
+
+// The offload units (SynergyScale's unit of placement): 0 = the tensors that are not per layer
+// (wte, wpe, lnfw, lnfb); l + 1 = layer l, one slice of each of the 12 stacked per-layer tensors.
 struct ParamSlice {
   int tensor;
   int64_t offset;  // elements from the start of the parameter (or gradient) buffer
@@ -65,7 +159,7 @@ inline std::vector<ParamSlice> gpt_unit_slices(const std::array<int64_t, kNumPar
   std::vector<ParamSlice> out;
   int64_t offset = 0;
   for (int i = 0; i < kNumParamTensors; ++i) {
-    const bool layer_tensor = i >= 2 && i <= 13;
+    const bool layer_tensor = kParams[static_cast<size_t>(i)].per_layer;
     if (unit == 0 && !layer_tensor) out.push_back({i, offset, sizes[i]});
     if (unit > 0 && layer_tensor) {
       const int64_t per_layer = sizes[i] / layers;
@@ -84,34 +178,25 @@ inline std::vector<ParamSlice> gpt_unit_slices(const std::array<int64_t, kNumPar
 inline void gpt_initial_values(const GptConfig& c, int tensor_index, int64_t n,
                                std::mt19937_64& rng, std::normal_distribution<float>& normal,
                                float* out) {
-  const std::string name = kParamNames[tensor_index];
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(c.layers));
-  const bool layernorm_weight = name == "ln1w" || name == "ln2w" || name == "lnfw";
-  const bool bias = name.back() == 'b';  // qkvb, fcb, ...: biases and LayerNorm biases
+  const Init init = kParams[static_cast<size_t>(tensor_index)].init;
   for (int64_t j = 0; j < n; ++j) {
-    if (layernorm_weight)
-      out[j] = 1.0f;
-    else if (bias)
-      out[j] = 0.0f;
-    else if (name == "attprojw" || name == "fcprojw")
-      out[j] = residual_std * normal(rng);
-    else
-      out[j] = 0.02f * normal(rng);
+    switch (init) {
+      case Init::kOne: out[j] = 1.0f; break;
+      case Init::kZero: out[j] = 0.0f; break;
+      case Init::kResidual: out[j] = residual_std * normal(rng); break;
+      case Init::kNormal: out[j] = 0.02f * normal(rng); break;
+    }
   }
-  if (tensor_index == 0)
+  if (tensor_index == kWte)
     for (int64_t j = c.vocab * c.channels; j < n; ++j) out[j] = 0.0f;
 }
 
 // The 16 tensors of a whole (unsharded) model over `base` (llm.c's order and shapes).
 inline std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) {
-  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
-  const std::vector<std::vector<int64_t>> shapes = {
-      {Vp, C}, {c.max_seq_len, C}, {L, C},    {L, C},    {L, 3 * C, C}, {L, 3 * C},
-      {L, C, C}, {L, C},           {L, C},    {L, C},    {L, F, C},     {L, F},
-      {L, C, F}, {L, C},           {C},       {C}};
   std::vector<TensorView> out;
   for (int i = 0; i < kNumParamTensors; ++i) {
-    out.push_back({kParamNames[i], shapes[i], base, {}, {}});
+    out.push_back({kParams[static_cast<size_t>(i)].name, gpt_llmc_shape(c, i), base, {}, {}});
     base += out.back().numel();
   }
   return out;
@@ -124,31 +209,21 @@ inline std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) 
 inline std::vector<TensorView> gpt_rank_views(const GptConfig& c, int64_t t, int64_t r,
                                               float* base) {
   if (t == 1) return gpt_whole_views(c, base);
-  const int64_t Vp = c.padded_vocab, C = c.channels, L = c.layers, F = c.ffn;
-  const int64_t Vl = Vp / t, Cl = C / t, Fl = F / t;
   const auto sizes = gpt_param_sizes(c, t);
   std::vector<TensorView> out;
-  auto add = [&](int i, std::vector<int64_t> shape, std::vector<int64_t> logical = {},
-                 std::vector<int64_t> offset = {}) {
-    out.push_back({kParamNames[i], std::move(shape), base, std::move(logical), std::move(offset)});
-    base += sizes[i];
-  };
-  add(0, {Vl, C}, {Vp, C}, {r * Vl, 0});
-  add(1, {c.max_seq_len, C});
-  add(2, {L, C});
-  add(3, {L, C});
-  add(4, {L, 3, Cl, C}, {L, 3, C, C}, {0, 0, r * Cl, 0});  // q, k, v rows of this rank's heads
-  add(5, {L, 3, Cl}, {L, 3, C}, {0, 0, r * Cl});
-  add(6, {L, C, Cl}, {L, C, C}, {0, 0, r * Cl});
-  add(7, {L, C});
-  add(8, {L, C});
-  add(9, {L, C});
-  add(10, {L, Fl, C}, {L, F, C}, {0, r * Fl, 0});
-  add(11, {L, Fl}, {L, F}, {0, r * Fl});
-  add(12, {L, C, Fl}, {L, C, F}, {0, 0, r * Fl});
-  add(13, {L, C});
-  add(14, {C});
-  add(15, {C});
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const ParamSpec& p = kParams[static_cast<size_t>(i)];
+    if (p.tp_dim < 0) {
+      out.push_back({p.name, gpt_llmc_shape(c, i), base, {}, {}});
+    } else {
+      const std::vector<int64_t> logical = gpt_logical_shape(c, i);
+      std::vector<int64_t> shape = logical, offset(logical.size(), 0);
+      shape[static_cast<size_t>(p.tp_dim)] /= t;
+      offset[static_cast<size_t>(p.tp_dim)] = r * shape[static_cast<size_t>(p.tp_dim)];
+      out.push_back({p.name, std::move(shape), base, logical, std::move(offset)});
+    }
+    base += sizes[static_cast<size_t>(i)];
+  }
   return out;
 }
 

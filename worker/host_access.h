@@ -6,23 +6,25 @@
 
 #include <cstddef>
 
-#ifdef KT_CUDA_EMULATED
-#include "tests/emulation/stream_order.h"
-#endif
-
 namespace kt::worker {
+
+#ifdef KT_CUDA_EMULATED
+// The checker's entry point, which this header only declares: the emulated CUDA runtime
+// (tests/emulation/fake_cuda_runtime.cpp), linked into every KT_CUDA_EMULATED program, defines it.
+void emulated_host_access(const char* what, const void* ptr, size_t bytes, bool write);
+#endif
 
 inline void host_reads([[maybe_unused]] const char* what, [[maybe_unused]] const void* ptr,
                        [[maybe_unused]] size_t bytes) {
 #ifdef KT_CUDA_EMULATED
-  emulation::host_access(what, emulation::reads(ptr, bytes));
+  emulated_host_access(what, ptr, bytes, /*write=*/false);
 #endif
 }
 
 inline void host_writes([[maybe_unused]] const char* what, [[maybe_unused]] const void* ptr,
                         [[maybe_unused]] size_t bytes) {
 #ifdef KT_CUDA_EMULATED
-  emulation::host_access(what, emulation::writes(ptr, bytes));
+  emulated_host_access(what, ptr, bytes, /*write=*/true);
 #endif
 }
 

@@ -1,9 +1,13 @@
 // kubetrain-worker: the pod entry point. `launch` runs a node's ranks; `train` runs one rank of a
 // Plan; `export-llmc` writes a checkpoint's weights in llm.c's model format. Exit codes: 0 done,
-// 1 a user-facing error (bad plan, unreadable data), 2 bad usage, 143 stopped by SIGTERM after
-// checkpointing; `launch` exits with its failed rank's code.
+// 1 a user-facing error (bad plan, unreadable data, the final checkpoint not written), 2 bad
+// usage, 143 stopped by SIGTERM (after checkpointing, or trying to: a failed save does not change
+// the code); `launch` exits with its failed rank's code. Never a signal of its own for bad input.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -18,14 +22,30 @@
 #include "worker/checkpoint.h"
 #include "worker/gpt.h"
 #include "worker/launch.h"
+#include "worker/llmc_file.h"
+#include "worker/step_log.h"
 #include "worker/trainer.h"
 
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
+// The plan exactly as the planner wrote it: planHash is required (decode_plan checks that it
+// matches the content), and check_plan_values refuses values the planner never emits. Field
+// errors name the file.
 kt::api::Plan load_plan(const std::string& path) {
-  return kt::api::decode_plan(kt::api::load_document(path));
+  const kt::api::Json doc = kt::api::load_document(path);
+  try {
+    if (!doc.is_object() || !doc.contains("planHash"))
+      throw kt::FieldError("plan.planHash",
+                           "required (a plan is made by `kubetrain plan` or the operator, and "
+                           "its hash guards it against edits)");
+    kt::api::Plan plan = kt::api::decode_plan(doc);
+    kt::worker::check_plan_values(plan);
+    return plan;
+  } catch (const kt::FieldError& e) {
+    throw kt::Error(path + ": " + e.what());
+  }
 }
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -35,8 +55,14 @@ std::string env_or(const char* name, const std::string& fallback) {
 
 int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, int metrics_port,
               const std::string& metrics_address, const std::string& init_from, int log_every) {
+  // First, before any thread starts (trainer.h says why).
+  kt::worker::install_stop_handlers();
   const kt::api::Plan plan = load_plan(plan_path);
-  kt::worker::check_executable(plan);
+  try {
+    kt::worker::check_executable(plan);
+  } catch (const kt::FieldError& e) {
+    throw kt::Error(plan_path + ": " + e.what());
+  }
   // Multi-rank plans find their peers through RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
   // (set by `kubetrain-worker launch` or the operator).
   const auto rendezvous = kt::worker::RendezvousConfig::from_env();
@@ -46,12 +72,25 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
                     (plan.world > 1 ? " (start the ranks with kubetrain-worker launch)" : ""));
 
   // Metrics: constant labels as DESIGN.md §10 (the operator sets NODE_RANK).
-  kt::telemetry::Registry registry({{"job", plan.job_name},
+  kt::telemetry::Registry registry({{"trainingjob", plan.job_name},
                                     {"namespace", plan.job_namespace},
                                     {"rank", std::to_string(rendezvous.rank)},
                                     {"node_rank", env_or("NODE_RANK", "0")}});
   kt::telemetry::WorkerMetrics metrics(registry);
   metrics.predicted_step_seconds.set(plan.predicted.step_seconds);
+  metrics.predicted_tokens_per_second.set(plan.predicted.tokens_per_second);
+  for (const auto& [phase, seconds] : kt::worker::predicted_phase_seconds(plan.predicted.time))
+    metrics.predicted_phase_seconds.with({phase}).set(seconds);
+  metrics.target_steps.set(static_cast<double>(plan.training.steps));
+  metrics.plan_info
+      .with({std::to_string(plan.config.tp), std::to_string(plan.config.dp),
+             std::to_string(plan.config.nodes),
+             std::string(kt::api::to_string(plan.config.recompute)),
+             std::string(kt::api::to_string(plan.config.offload)),
+             plan.config.sub_batches > 1 ? "true" : "false",
+             std::string(kt::api::to_string(plan.precision)),
+             std::string(kt::api::to_string(plan.device)), plan.plan_hash})
+      .set(1);
   std::unique_ptr<kt::telemetry::HttpServer> server;
   if (metrics_port >= 0) {
     server = std::make_unique<kt::telemetry::HttpServer>(metrics_address, metrics_port);
@@ -80,10 +119,23 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
   options.checkpoint_dir = checkpoint_dir;
   options.init_from_llmc = init_from;
   options.log_every = log_every;
-  std::map<std::string, kt::worker::CommStats> last_stats;
+  // Rank 0 keeps the run's record next to its checkpoints (worker/step_log.h).
+  std::unique_ptr<kt::worker::StepLog> step_log;
+  if (!checkpoint_dir.empty() && rendezvous.rank == 0)
+    step_log = std::make_unique<kt::worker::StepLog>(checkpoint_dir + "/steps.jsonl");
+  options.on_start = [&](const kt::worker::RunStart& start) {
+    metrics.step.set(static_cast<double>(start.resumed_from));
+    if (start.loss_floor) metrics.loss_floor.with({}).set(*start.loss_floor);
+    if (step_log) step_log->start(plan, start);
+  };
+  kt::worker::PhaseMeter phase_meter;
   double last_tokens_per_second = 0;
   options.on_step = [&](const kt::worker::StepReport& r) {
     last_tokens_per_second = r.tokens_per_second;
+    const std::map<std::string, double> phases = phase_meter.step(r);
+    for (const auto& [phase, seconds] : phases) metrics.phase_seconds.with({phase}).inc(seconds);
+    if (step_log) step_log->step(r, phases);
+    metrics.step.set(static_cast<double>(r.step));
     metrics.steps.inc();
     metrics.step_seconds.observe(r.seconds);
     metrics.tokens.inc(static_cast<double>(r.tokens));
@@ -96,45 +148,76 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
     metrics.optimizer_seconds.with({"host"}).inc(r.cpu_optimizer_seconds);
     metrics.transfer_bytes.with({"h2d"}).inc(static_cast<double>(r.h2d_bytes));
     metrics.transfer_bytes.with({"d2h"}).inc(static_cast<double>(r.d2h_bytes));
-    // Communication: the groups' totals since the last step.
-    for (const auto& [name, now] : r.comm) {
-      auto& last = last_stats[name];
-      metrics.comm_seconds.with({name}).inc(now.seconds - last.seconds);
-      metrics.comm_exposed_seconds.with({name}).inc(now.exposed_seconds - last.exposed_seconds);
-      last = now;
+    // Communication of the groups this plan has, in this step.
+    for (const std::string name : {"tp", "dp"}) {
+      if (!r.comm.count(name)) continue;
+      metrics.comm_seconds.with({name}).inc(phases.at(name + "_comm_total"));
+      metrics.comm_exposed_seconds.with({name}).inc(phases.at(name + "_comm_exposed"));
     }
   };
+  // Failed saves (training goes on): the operator sets CheckpointFailing while the consecutive
+  // count is above 0.
+  int64_t consecutive_failures = 0;
   options.on_checkpoint = [&](int64_t step, double seconds) {
+    if (step_log) step_log->checkpoint(step, seconds);
     metrics.checkpoint_seconds.set(seconds);
     metrics.last_checkpoint_step.set(static_cast<double>(step));
+    metrics.last_checkpoint_time.set(
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    consecutive_failures = 0;
+    metrics.checkpoint_consecutive_failures.set(0);
   };
+  options.on_checkpoint_failure = [&](int64_t step, const std::string& reason,
+                                      const std::string&) {
+    if (step_log) step_log->checkpoint_failed(step, reason);
+    metrics.checkpoint_failures.with({reason}).inc();
+    metrics.checkpoint_consecutive_failures.set(static_cast<double>(++consecutive_failures));
+  };
+  const std::string lock_wait = env_or("KUBETRAIN_CHECKPOINT_LOCK_WAIT_SECONDS", "");
+  if (!lock_wait.empty()) {
+    char* end = nullptr;
+    const double seconds = std::strtod(lock_wait.c_str(), &end);
+    if (end == lock_wait.c_str() || *end || !(seconds >= 0 && seconds <= 3600))
+      throw kt::Error("KUBETRAIN_CHECKPOINT_LOCK_WAIT_SECONDS=" + lock_wait +
+                      " is not a number of seconds in [0, 3600]");
+    options.checkpoint_lock_wait = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
   options.on_memory = [&](const std::string& device, const std::map<std::string, double>& bytes) {
     for (const auto& [kind, n] : bytes) metrics.memory_bytes.with({device, kind}).set(n);
   };
-  kt::worker::install_stop_handlers();
   const auto result = kt::worker::train(plan, options, [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   });
+  if (step_log) step_log->end(result.steps_done, !result.interrupted);
   if (server) server->stop();
-  if (result.interrupted) return 143;  // 128 + SIGTERM: retryable, resumes from the checkpoint
-  std::printf("done: %lld steps, final loss %.4f\n", static_cast<long long>(result.steps_done),
-              result.last_loss);
   // The final progress as a Kubernetes termination message (the kubelet copies the file into
   // containerStatuses[].state.terminated.message), so that a finished job's status still shows
-  // its last loss and speed when /metrics is gone. Prometheus text, the same samples the operator
-  // reads from /metrics; well under the 4 KiB limit.
+  // its last loss and speed, and whether its checkpoints failed, when /metrics is gone.
+  // Prometheus text, the same samples the operator reads from /metrics; well under the 4 KiB
+  // limit.
   if (const char* path = std::getenv("KUBETRAIN_TERMINATION_MESSAGE_PATH");
       path && *path && rendezvous.rank == 0) {
     if (std::FILE* out = std::fopen(path, "w")) {
       std::fprintf(out,
                    "kubetrain_worker_steps_total %lld\nkubetrain_worker_loss %.6g\n"
-                   "kubetrain_worker_tokens_per_second %.6g\n",
+                   "kubetrain_worker_tokens_per_second %.6g\n"
+                   "kubetrain_worker_checkpoint_failures_total %lld\n"
+                   "kubetrain_worker_checkpoint_consecutive_failures %lld\n",
                    static_cast<long long>(result.steps_done), result.last_loss,
-                   last_tokens_per_second);
+                   last_tokens_per_second, static_cast<long long>(result.checkpoint_failures),
+                   static_cast<long long>(consecutive_failures));
       std::fclose(out);
     }
   }
+  // 128 + SIGTERM: retryable, also when the checkpoint on the way out failed (a full or
+  // read-only disk is no verdict on the job; the restart resumes from the last good one).
+  if (result.interrupted) return 143;
+  if (!result.checkpoint_error.empty())
+    throw kt::Error("training finished at step " + std::to_string(result.steps_done) +
+                    ", but its final checkpoint could not be written: " + result.checkpoint_error);
+  std::printf("done: %lld steps, final loss %.4f\n", static_cast<long long>(result.steps_done),
+              result.last_loss);
   return 0;
 }
 
@@ -250,6 +333,14 @@ int main(int argc, char** argv) {
     if (*launch) return cmd_launch(plan_path, checkpoint_dir, metrics_port, metrics_address);
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kubetrain-worker: out of memory (an allocation failed)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    // Not a signal: exit codes 128+ tell the operator to retry, and input that reaches an
+    // unchecked library error would fail the same way again.
+    std::fprintf(stderr, "kubetrain-worker: internal error: %s\n", e.what());
     return 1;
   }
   return 0;

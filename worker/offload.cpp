@@ -86,7 +86,8 @@ int64_t offload_host_bytes(const api::Plan& plan) {
   int64_t floats = 2 * cpu_floats + 2 * all_floats;
   if (plan.config.offload == api::OffloadMode::kWindow) {
     const int64_t BTC = plan.config.micro_batch * m.seq_len * C;
-    const int64_t per_layer = plan.config.recompute == api::Recompute::kCommAware ? 3 * BTC : BTC;
+    // (worker/recompute.h; window offload is refused without recompute)
+    const int64_t per_layer = std::max(1, checkpoint_tensors(plan.config.recompute)) * BTC;
     floats += cpu_layers * per_layer;
   }
   return floats * static_cast<int64_t>(sizeof(float));
@@ -168,9 +169,17 @@ void OffloadEngine::start() {
 }
 
 void OffloadEngine::span(const std::string& lane, const std::string& what, Clock::time_point start) {
+  const Clock::time_point end = Clock::now();
+  if (lane == "h2d" || lane == "d2h") transfer_seconds_.fetch_add(seconds_between(start, end));
   if (!options_.record_timeline) return;
   std::lock_guard lock(timeline_mutex_);
-  timeline_.push_back({lane, what, seconds_between(epoch_, start), seconds_between(epoch_, Clock::now())});
+  timeline_.push_back({lane, what, seconds_between(epoch_, start), seconds_between(epoch_, end)});
+}
+
+void OffloadEngine::wait_on_compute(const Event& event) {
+  const Clock::time_point start = Clock::now();
+  event.synchronize();
+  exposed_transfer_seconds_ += seconds_between(start, Clock::now());
 }
 
 std::vector<LaneSpan> OffloadEngine::timeline() const {
@@ -217,7 +226,7 @@ void OffloadEngine::wait_landed(int64_t u, const char* pass) {
     check_failed("residency", __FILE__, __LINE__,
                  "offload unit " + std::to_string(u) + " is read in the " + pass +
                      " while its parameters are not on the device");
-  unit.landed.synchronize();
+  wait_on_compute(unit.landed);
   unit.residency = Residency::kResident;
 }
 
@@ -276,7 +285,7 @@ void OffloadEngine::before_backward(int64_t u) {
     copy_checkpoint_back(u);
     // The next layer down's checkpoint travels while this layer computes.
     if (u - 1 >= first_streamed_) copy_checkpoint_back(u - 1);
-    units_[u].checkpoint_back.synchronize();
+    wait_on_compute(units_[u].checkpoint_back);
   }
   wait_landed(u, "backward");
   compute_start_ = Clock::now();
@@ -335,7 +344,9 @@ void OffloadEngine::embedding_grads_ready(std::vector<std::shared_ptr<CommWork>>
 }
 
 void OffloadEngine::finish_backward(Communicator* dp) {
+  const Clock::time_point start = Clock::now();
   d2h_.synchronize();
+  exposed_transfer_seconds_ += seconds_between(start, Clock::now());
   if (!dp || dp->size() == 1) return;
   for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
     dp->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);

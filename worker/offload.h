@@ -110,6 +110,10 @@ class OffloadEngine final : public Gpt::UnitObserver {
   int64_t h2d_bytes() const { return h2d_bytes_.load(); }
   int64_t d2h_bytes() const { return d2h_bytes_.load(); }
   double cpu_optimizer_seconds() const { return cpu_seconds_.load(); }
+  // Seconds the copy lanes (h2d and d2h) were busy, and seconds the compute thread waited for
+  // copies to land (or for the CPU AdamW a fetch waits on) since the engine started.
+  double transfer_seconds() const { return transfer_seconds_.load(); }
+  double exposed_transfer_seconds() const { return exposed_transfer_seconds_; }
   double device_optimizer_seconds() const { return device_seconds_; }
   std::vector<LaneSpan> timeline() const;
   void clear_timeline();
@@ -146,6 +150,7 @@ class OffloadEngine final : public Gpt::UnitObserver {
   int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
   void span(const std::string& lane, const std::string& what,
             std::chrono::steady_clock::time_point start);
+  void wait_on_compute(const Event& event);  // and count the wait as exposed transfer time
 
   Gpt& model_;
   OffloadOptions options_;
@@ -155,7 +160,8 @@ class OffloadEngine final : public Gpt::UnitObserver {
   DeviceBuffer m_, v_;
   std::shared_ptr<Device> host_;
   std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
-  std::atomic<double> cpu_seconds_{0};
+  std::atomic<double> cpu_seconds_{0}, transfer_seconds_{0};
+  double exposed_transfer_seconds_ = 0;  // the compute thread's
   double device_seconds_ = 0;
   std::chrono::steady_clock::time_point epoch_;
   mutable std::mutex timeline_mutex_;

@@ -17,16 +17,13 @@
 #include <thread>
 
 #include "api/error.h"
+#include "worker/rendezvous_protocol.h"
 
 namespace kt::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Message = std::vector<std::string>;
-
-// Bounds that keep a confused or hostile peer from making us allocate gigabytes.
-constexpr uint32_t kMaxFields = 1 << 16;
-constexpr uint32_t kMaxFieldBytes = 64u << 20;
+using rendezvous::Message;
 
 std::string errno_text(int error) {
   return std::strerror(error);
@@ -58,45 +55,14 @@ bool write_exact(int fd, const void* data, size_t size) {
   return true;
 }
 
-void append_u32(std::string& out, uint32_t value) {
-  const uint32_t be = htonl(value);
-  out.append(reinterpret_cast<const char*>(&be), sizeof(be));
-}
-
-bool read_u32(int fd, uint32_t& value) {
-  uint32_t be = 0;
-  if (!read_exact(fd, &be, sizeof(be))) return false;
-  value = ntohl(be);
-  return true;
-}
-
-// A message is a u32 field count followed by (u32 length, bytes) per field.
 bool send_message(int fd, const Message& message) {
-  std::string wire;
-  append_u32(wire, static_cast<uint32_t>(message.size()));
-  for (const auto& field : message) {
-    append_u32(wire, static_cast<uint32_t>(field.size()));
-    wire += field;
-  }
+  const std::string wire = rendezvous::encode_message(message);
   return write_exact(fd, wire.data(), wire.size());
 }
 
 bool receive_message(int fd, Message& message) {
-  uint32_t fields = 0;
-  if (!read_u32(fd, fields) || fields > kMaxFields) return false;
-  message.assign(fields, {});
-  for (auto& field : message) {
-    uint32_t size = 0;
-    if (!read_u32(fd, size) || size > kMaxFieldBytes) return false;
-    field.resize(size);
-    if (size > 0 && !read_exact(fd, field.data(), size)) return false;
-  }
-  return true;
-}
-
-// Clamped to a day so that deadline arithmetic cannot overflow.
-std::chrono::milliseconds parse_millis(const std::string& text) {
-  return std::chrono::milliseconds(std::clamp<long long>(std::stoll(text), 0, 86'400'000));
+  return rendezvous::read_message(
+      [fd](void* data, size_t size) { return read_exact(fd, data, size); }, message);
 }
 
 void set_receive_timeout(int fd, std::chrono::milliseconds timeout) {
@@ -258,40 +224,35 @@ void TcpStoreServer::Impl::accept_loop() {
 void TcpStoreServer::Impl::serve(int fd) {
   Message request;
   while (receive_message(fd, request)) {
-    Message reply;
-    try {
-      reply = handle(request);
-    } catch (const std::exception&) {  // a malformed request (std::stoll): drop the client
-      break;
-    }
-    if (!send_message(fd, reply)) break;
+    if (!send_message(fd, handle(request))) break;
   }
   // The fd stays open (and in connection_fds) until the destructor, so that it cannot be reused
   // by another connection while the destructor might still shutdown() it.
   ::shutdown(fd, SHUT_RDWR);
 }
 
-Message TcpStoreServer::Impl::handle(const Message& request) {
-  if (request.empty()) return {"error", "empty request"};
-  const std::string& op = request[0];
-  if (op == "set" && request.size() == 3) {
-    {
-      std::lock_guard lock(mutex);
-      values[request[1]] = request[2];
+Message TcpStoreServer::Impl::handle(const Message& message) {
+  rendezvous::Request request;
+  try {
+    request = rendezvous::parse_request(message);
+  } catch (const Error& e) {
+    return {"error", e.what()};
+  }
+  switch (request.op) {
+    case rendezvous::Request::Op::kSet: {
+      {
+        std::lock_guard lock(mutex);
+        values[request.keys.front()] = request.value;
+      }
+      changed.notify_all();
+      return {"ok"};
     }
-    changed.notify_all();
-    return {"ok"};
+    case rendezvous::Request::Op::kGet:
+      return wait_for(request.keys, request.abort_key, request.timeout, true);
+    case rendezvous::Request::Op::kWait:
+      return wait_for(request.keys, request.abort_key, request.timeout, false);
   }
-  // get KEY TIMEOUT_MS ABORT_KEY
-  if (op == "get" && request.size() == 4) {
-    return wait_for({request[1]}, request[3], parse_millis(request[2]), true);
-  }
-  // wait TIMEOUT_MS ABORT_KEY KEY...
-  if (op == "wait" && request.size() >= 3) {
-    return wait_for({request.begin() + 3, request.end()}, request[2], parse_millis(request[1]),
-                    false);
-  }
-  return {"error", "unknown request " + op};
+  return {"error", "unreachable"};
 }
 
 Message TcpStoreServer::Impl::wait_for(const std::vector<std::string>& keys,

@@ -23,6 +23,14 @@ struct TensorView {
     for (int64_t d : shape) n *= d;
     return n;
   }
+  uint64_t bytes() const { return static_cast<uint64_t>(numel()) * sizeof(float); }
 };
+
+// "[12,2304,768]": a shape as messages print it.
+inline std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
 
 }  // namespace kt::worker

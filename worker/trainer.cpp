@@ -9,11 +9,16 @@
 #include <csignal>
 #include <cstdio>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "api/error.h"
 #include "api/hardware.h"
+#include "api/quantity.h"
+#include "api/training_job.h"
 #include "kernels/ops.h"
 #include "worker/checkpoint.h"
+#include "worker/llmc_file.h"
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/gpt.h"
@@ -103,10 +108,11 @@ class BatchFeeder {
 // Where training starts: the latest checkpoint in options.checkpoint_dir (loaded into `tensors`,
 // then `loaded()`), else an llm.c file (into tensors.params, then `loaded()`), else `init()`.
 // Returns the number of steps already done.
-int64_t restore_or_init(const api::Plan& plan, const TrainOptions& options,
-                        const CheckpointTensors& tensors, DataSource& data,
-                        const std::function<void(const std::string&)>& log,
-                        const std::function<void()>& loaded, const std::function<void()>& init) {
+int64_t restore_or_init_weights(const api::Plan& plan, const TrainOptions& options,
+                                const CheckpointTensors& tensors, DataSource& data,
+                                const std::function<void(const std::string&)>& log,
+                                const std::function<void()>& loaded,
+                                const std::function<void()>& init) {
   std::optional<CheckpointMeta> resumed;
   if (!options.checkpoint_dir.empty())
     resumed = load_latest_checkpoint(options.checkpoint_dir, tensors);
@@ -132,6 +138,16 @@ int64_t restore_or_init(const api::Plan& plan, const TrainOptions& options,
   }
   init();
   return 0;
+}
+
+// The same, then options.on_start.
+int64_t restore_or_init(const api::Plan& plan, const TrainOptions& options,
+                        const CheckpointTensors& tensors, DataSource& data,
+                        const std::function<void(const std::string&)>& log,
+                        const std::function<void()>& loaded, const std::function<void()>& init) {
+  const int64_t start = restore_or_init_weights(plan, options, tensors, data, log, loaded, init);
+  if (options.on_start) options.on_start({start, data.loss_floor()});
+  return start;
 }
 
 CheckpointMeta checkpoint_meta(const api::Plan& plan, int64_t steps_done, nlohmann::json cursor,
@@ -218,8 +234,62 @@ ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
   sharding.shard_count = static_cast<int>(plan.config.tp);
   sharding.writes = groups.dp->rank() == 0;
   sharding.leader = groups.world->rank() == 0;
-  if (plan.world > 1) sharding.barrier = [&groups] { groups.world->barrier(); };
+  if (plan.world > 1) {
+    sharding.barrier = [&groups] { groups.world->barrier(); };
+    sharding.all_ok = [&groups](bool ok) {
+      float failed = ok ? 0.0f : 1.0f;
+      groups.world->allreduce(&failed, 1, ReduceOp::kMax);
+      return failed == 0;
+    };
+  }
   return sharding;
+}
+
+// The checkpoint directory's lock, taken by the job's writer (rank 0) for the whole run. Held by
+// another writer: refused (kt::Error). A directory where not even the lock file can be created
+// (read-only, not a directory) cannot be written by anyone either: training goes on, and each
+// save reports its failure.
+std::optional<CheckpointLock> lock_checkpoint_dir(
+    const TrainOptions& options, ProcessGroups& groups,
+    const std::function<void(const std::string&)>& log) {
+  if (options.checkpoint_dir.empty() || groups.world->rank() != 0) return std::nullopt;
+  try {
+    return CheckpointLock::acquire(options.checkpoint_dir, options.checkpoint_lock_wait);
+  } catch (const CheckpointIoError& e) {
+    log(std::string("warning: going on without the checkpoint directory's lock: ") + e.what());
+    return std::nullopt;
+  }
+}
+
+// A checkpoint save through `write` (which returns the checkpoint's directory). A failure — disk
+// full, read-only, no permission — is logged, counted and passed to on_checkpoint_failure, not
+// thrown: training goes on, and the next interval writes again (the previous checkpoints and
+// `latest` are untouched). Every rank of a sharded save agrees whether it failed.
+void save_or_report(int64_t steps_done, const TrainOptions& options, TrainResult& result,
+                    const std::function<void(const std::string&)>& log,
+                    const std::function<std::string()>& write) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string reason = "other", error;
+  try {
+    const std::string dir = write();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.checkpoint_error.clear();
+    if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
+    log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
+    return;
+  } catch (const CheckpointIoError& e) {
+    if (const char* name = strerrorname_np(e.err())) reason = name;
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ++result.checkpoint_failures;
+  result.checkpoint_error = error;
+  if (options.on_checkpoint_failure) options.on_checkpoint_failure(steps_done, reason, error);
+  log("checkpoint at step " + std::to_string(steps_done) + " failed (" + reason + ", " +
+      std::to_string(result.checkpoint_failures) + " so far; training goes on and saves again at " +
+      "the next interval): " + error);
 }
 
 // Every rank must stop after the same step (a signal reaches them at different moments, and a
@@ -358,11 +428,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   model_options.reducer = collectives.dp.get();
   model_options.tp = collectives.tp.get();
   model_options.sub_batches = static_cast<int>(plan.config.sub_batches);
-  model_options.recompute = plan.config.recompute == api::Recompute::kFull
-                                ? ActivationRecompute::kFull
-                                : plan.config.recompute == api::Recompute::kCommAware
-                                      ? ActivationRecompute::kCommAware
-                                      : ActivationRecompute::kNone;
+  model_options.recompute = plan.config.recompute;
   if (plan.config.offload != api::OffloadMode::kNone)
     model_options.device_units = plan.config.gpu_units;
   if (plan.config.offload == api::OffloadMode::kWindow) model_options.window = plan.config.window;
@@ -385,6 +451,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                                        gpt_rank_views(config, tp, tp_rank, host_m.data()),
                                        gpt_rank_views(config, tp, tp_rank, host_v.data())};
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
+  const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const int64_t start_step = restore_or_init(
       plan, options, ckpt_tensors, *data, log,
       [&] {  // a checkpoint's or llm.c's weights (and moments: zeros from llm.c)
@@ -412,17 +479,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   result.steps_done = start_step;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
-    const auto t0 = std::chrono::steady_clock::now();
-    const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
-    model.get_parameters(host_params.data());
-    model.get_moments(host_m.data(), host_v.data());
-    const std::string dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
-                                            static_cast<int>(plan.checkpoint.keep),
-                                            sharded_save(plan, groups));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
-    log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
+    save_or_report(steps_done, options, result, log, [&] {
+      const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
+      model.get_parameters(host_params.data());
+      model.get_moments(host_m.data(), host_v.data());
+      return save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+                             static_cast<int>(plan.checkpoint.keep), sharded_save(plan, groups));
+    });
   };
 
   for (int64_t step = start_step; step < t.steps; ++step) {
@@ -460,7 +523,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     if (stop_requested(plan, groups)) {
       save(step + 1, loss);
       result.interrupted = true;
-      log("stopped by signal after step " + std::to_string(step + 1));
+      log("stopped by signal after step " + std::to_string(step + 1) +
+          (result.checkpoint_error.empty()
+               ? ""
+               : " (its checkpoint failed: a restart resumes from the previous one)"));
       break;
     }
     if (step + 1 == t.steps || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
@@ -485,13 +551,133 @@ void install_stop_handlers() {
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  // No thread that may run a kernel takes the signal: oneDNN's JIT f32 GEMM kernels (AVX-512
+  // and AVX2, before oneDNN 3.11.2; Debian has 2.6.3) point rsp into a heap buffer, so a signal
+  // handled on a thread inside one writes its frame over the heap (oneDNN issue #4845, fixed by
+  // PR #4855) — the worker's rare abort after SIGTERM (docs/RELIABILITY.md "HTTP servers"). The
+  // signals are blocked in the calling thread, so in every thread it starts afterwards (OpenMP's
+  // pool, streams, the HTTP server), and one thread of their own waits for them. Threads started
+  // before still run the handler.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    std::thread([stop_signals] {
+      for (int signal = 0;;) {
+        if (sigwait(&stop_signals, &signal) == 0) g_stop.store(true);
+      }
+    }).detach();
+  });
 }
 
 void request_stop() {
   g_stop.store(true);
 }
 
+namespace {
+
+// What one rank allocates (worker/gpt.cpp: parameters, gradients and the AdamW moments in fp32;
+// activations and their gradients per layer, the attention matrices B·(NH/t)·T² among them),
+// in floating point so that no product can overflow before it is compared; and the sizes that
+// make it, for messages.
+struct RankFootprint {
+  double bytes = 0;
+  std::string sizes;
+};
+RankFootprint rank_footprint(const api::Plan& plan) {
+  const auto& m = plan.model;
+  const auto& c = plan.config;
+  const double L = static_cast<double>(m.layers), C = static_cast<double>(m.hidden);
+  const double F = static_cast<double>(m.ffn_hidden), NH = static_cast<double>(m.heads);
+  const double T = static_cast<double>(m.seq_len), V = static_cast<double>(m.padded_vocab());
+  const double B = static_cast<double>(c.micro_batch), tp = static_cast<double>(c.tp);
+  const double params = L * (4 * C * C + 2 * C * F + 9 * C + F) + V * C + T * C + 2 * C;
+  const double working_layers = c.recompute == api::Recompute::kNone ? L : 1;
+  const double activations =
+      working_layers * B * T * (9 * C + 4 * C / tp + 2 * F / tp + 2 * NH / tp * T) + L * B * T * C +
+      B * T * (V / tp + 2 * C);
+  return {4 * (4 * params / tp + 2 * activations),
+          "layers " + std::to_string(m.layers) + ", hidden " + std::to_string(m.hidden) +
+              ", heads " + std::to_string(m.heads) + ", ffnHidden " + std::to_string(m.ffn_hidden) +
+              ", seqLen " + std::to_string(m.seq_len) + " and batch.micro " +
+              std::to_string(c.micro_batch)};
+}
+
+}  // namespace
+
+void check_plan_values(const api::Plan& plan) {
+  // The model's dims as the planner checked them (api::resolve_model: positive, within
+  // ModelLimits, heads dividing hidden), reported at the plan's field paths.
+  api::ModelSpec spec;
+  const auto& m = plan.model;
+  spec.layers = m.layers, spec.hidden = m.hidden, spec.heads = m.heads;
+  spec.ffn_hidden = m.ffn_hidden, spec.vocab = m.vocab, spec.seq_len = m.seq_len;
+  try {
+    api::resolve_model(spec);
+  } catch (const FieldError& e) {
+    const std::string prefix = "spec.model";
+    const std::string path =
+        e.path().rfind(prefix, 0) == 0 ? "plan.model" + e.path().substr(prefix.size()) : e.path();
+    throw FieldError(path, e.problem());
+  }
+  const auto& c = plan.config;
+  auto at_least = [](const char* path, int64_t value, int64_t min) {
+    if (value < min)
+      throw FieldError(path, std::to_string(value) + " must be >= " + std::to_string(min));
+  };
+  // Counts the planner forms from bounded specs (2^16 nodes, 2^24 sequences per step): the
+  // products of these stay far inside int64.
+  auto in_range = [](const char* path, int64_t value, int64_t max) {
+    if (value < 1 || value > max)
+      throw FieldError(path, std::to_string(value) + " is not in [1, " + std::to_string(max) + "]");
+  };
+  in_range("plan.nodes", c.nodes, int64_t{1} << 16);
+  in_range("plan.procsPerNode", c.procs_per_node, int64_t{1} << 16);
+  in_range("plan.tp", c.tp, int64_t{1} << 16);
+  in_range("plan.dp", c.dp, int64_t{1} << 20);
+  in_range("plan.batch.micro", c.micro_batch, int64_t{1} << 24);
+  in_range("plan.batch.gradAccum", c.grad_accum, int64_t{1} << 24);
+  at_least("plan.training.steps", plan.training.steps, 1);
+  at_least("plan.checkpoint.intervalSteps", plan.checkpoint.interval_steps, 0);
+  at_least("plan.checkpoint.keep", plan.checkpoint.keep, 1);
+  at_least("plan.offload.window", c.window, 0);
+  // The planner gives each rank its share of the node's cores; no node has this many.
+  constexpr int64_t kMaxCpuThreads = 4096;
+  if (plan.cpu_threads < 1 || plan.cpu_threads > kMaxCpuThreads)
+    throw FieldError("plan.offload.cpuThreads", std::to_string(plan.cpu_threads) +
+                                                    " is not in [1, " +
+                                                    std::to_string(kMaxCpuThreads) + "]");
+  if (!(plan.gpu_update_fraction >= 0 && plan.gpu_update_fraction <= 1))
+    throw FieldError("plan.offload.gpuUpdateFraction",
+                     std::to_string(plan.gpu_update_fraction) + " is not in [0, 1]");
+  const auto& t = plan.training;
+  if (!(std::isfinite(t.learning_rate) && t.learning_rate > 0))
+    throw FieldError("plan.training.learningRate",
+                     std::to_string(t.learning_rate) + " must be a finite number > 0");
+  if (!(std::isfinite(t.weight_decay) && t.weight_decay >= 0))
+    throw FieldError("plan.training.weightDecay",
+                     std::to_string(t.weight_decay) + " must be a finite number >= 0");
+  if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0))
+    throw FieldError("plan.training.gradClip",
+                     std::to_string(t.grad_clip) + " must be a finite number >= 0");
+  // The TP layers split heads, ffn units and vocabulary rows (Megatron-LM, Shoeybi et al. 2019).
+  for (const auto& [name, n] : {std::pair<const char*, int64_t>{"heads", m.heads},
+                                {"ffnHidden", m.ffn_hidden},
+                                {"paddedVocab", m.padded_vocab()}})
+    if (n % c.tp != 0)
+      throw FieldError("plan.tp", std::to_string(c.tp) + " does not divide the model's " + name +
+                                      " " + std::to_string(n));
+  const RankFootprint footprint = rank_footprint(plan);
+  if (!(footprint.bytes < 0x1p62))
+    throw FieldError("plan.model", footprint.sizes + " need " + api::format_bytes(footprint.bytes) +
+                                       " per rank: beyond what any machine addresses");
+}
+
 void check_executable(const api::Plan& plan) {
+  check_plan_values(plan);
   auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
   if (plan.config.tp * plan.config.dp != plan.world)
     refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
@@ -534,6 +720,16 @@ void check_executable(const api::Plan& plan) {
   if (plan.precision != api::Precision::kFp32)
     refuse("precision " + std::string(api::to_string(plan.precision)) +
            "; the CPU path computes in fp32");
+  // The CPU device's memory is this machine's (an allocation beyond it would be an OOM kill).
+  const RankFootprint footprint = rank_footprint(plan);
+  const double physical = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  const double needed = footprint.bytes * static_cast<double>(plan.config.procs_per_node);
+  if (physical > 0 && needed > physical)
+    throw FieldError("plan.model", footprint.sizes + " need " + api::format_bytes(needed) +
+                                       " for " + std::to_string(plan.config.procs_per_node) +
+                                       " rank(s), more than this machine's " +
+                                       api::format_bytes(physical) + " of memory");
 }
 
 double learning_rate_at(const api::TrainingSpec& t, int64_t step) {
@@ -575,7 +771,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
-
+  const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const int64_t start_step = restore_or_init(
       plan, options, ckpt_tensors, *data, log, [] {},
       [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
@@ -597,18 +793,16 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   result.steps_done = start_step;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
-    const auto t0 = std::chrono::steady_clock::now();
-    const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
-    const ShardedSave sharding = sharded_save(plan, groups);
-    std::string dir;
-    engine.with_all_parameters([&] {
-      dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
-                            static_cast<int>(plan.checkpoint.keep), sharding);
+    save_or_report(steps_done, options, result, log, [&] {
+      const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
+      const ShardedSave sharding = sharded_save(plan, groups);
+      std::string dir;
+      engine.with_all_parameters([&] {
+        dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+                              static_cast<int>(plan.checkpoint.keep), sharding);
+      });
+      return dir;
     });
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (options.on_checkpoint) options.on_checkpoint(steps_done, seconds);
-    log("checkpoint " + dir + " (" + std::to_string(static_cast<int>(seconds * 1000)) + " ms)");
   };
 
   model.unit_observer = &engine;
@@ -616,6 +810,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t h2d_before = engine.h2d_bytes(), d2h_before = engine.d2h_bytes();
     const double cpu_adam_before = engine.cpu_optimizer_seconds();
+    const double transfer_before = engine.transfer_seconds();
+    const double exposed_transfer_before = engine.exposed_transfer_seconds();
     if (options.on_timeline) engine.clear_timeline();
     model.zero_grad();
     double loss = 0;
@@ -642,11 +838,13 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       model.on_layer_grads_ready = nullptr;
       std::vector<std::shared_ptr<CommWork>> embedding_works;
       if (dp > 1 && last) {
-        // The embeddings (wte also takes the LM head's gradient) and the final LayerNorm.
+        // The tensors that are not per layer: the embeddings (wte also takes the LM head's
+        // gradient) and the final LayerNorm.
         const auto views = model.gradient_views();
-        for (int i : {0, 1, 14, 15})
-          embedding_works.push_back(
-              groups.dp->allreduce_async(views[i].data, views[i].numel(), ReduceOp::kSum));
+        for (int i = 0; i < kNumParamTensors; ++i)
+          if (!kParams[i].per_layer)
+            embedding_works.push_back(
+                groups.dp->allreduce_async(views[i].data, views[i].numel(), ReduceOp::kSum));
       }
       engine.embedding_grads_ready(embedding_works);
       for (auto& work : buckets) work->wait();
@@ -668,6 +866,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = engine.h2d_bytes() - h2d_before;
     r.d2h_bytes = engine.d2h_bytes() - d2h_before;
+    r.transfer_seconds = engine.transfer_seconds() - transfer_before;
+    r.exposed_transfer_seconds = engine.exposed_transfer_seconds() - exposed_transfer_before;
     r.comm = comm_totals(groups);
     report_step(r, options, result, log);
 
@@ -676,7 +876,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (stop_requested(plan, groups)) {
       save(step + 1, loss);
       result.interrupted = true;
-      log("stopped by signal after step " + std::to_string(step + 1));
+      log("stopped by signal after step " + std::to_string(step + 1) +
+          (result.checkpoint_error.empty()
+               ? ""
+               : " (its checkpoint failed: a restart resumes from the previous one)"));
       break;
     }
     // Without waiting: the CPU units' AdamW and copies of this step finish during the next

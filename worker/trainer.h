@@ -4,6 +4,7 @@
 // worker metrics of DESIGN.md §10.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
@@ -34,17 +35,34 @@ struct StepReport {
   double cpu_optimizer_seconds = 0;  // AdamW of CPU-updated units on the host pool
   int64_t h2d_bytes = 0;             // offload engine copies issued in this step
   int64_t d2h_bytes = 0;
+  // The CPU offload engine's copy lanes in this step: busy seconds, and seconds the compute
+  // waited for them (negative: not measured, as on CUDA so far).
+  double transfer_seconds = -1;
+  double exposed_transfer_seconds = -1;
   // Per group of more than one rank ("tp", "dp"): its communication since the run started (on
   // CUDA, "dp" includes the gradient reducer's), for the comm metrics.
   std::map<std::string, CommStats> comm;
+};
+
+// Where a run (one process's part of it) starts, for logs and metrics.
+struct RunStart {
+  int64_t resumed_from = 0;           // steps already done (0: a fresh start)
+  std::optional<double> loss_floor;   // DataSource::loss_floor
 };
 
 struct TrainOptions {
   std::string checkpoint_dir;  // empty: no checkpoints
   std::string init_from_llmc;  // start from an llm.c model file (ignored when resuming)
   int log_every = 1;           // print a progress line every N steps
+  std::function<void(const RunStart&)> on_start;                        // optional
   std::function<void(const StepReport&)> on_step;                       // optional
   std::function<void(int64_t step, double seconds)> on_checkpoint;      // optional
+  // A save that failed (training goes on; the next interval saves again): `reason` names the
+  // errno ("ENOSPC", "EROFS", "EACCES", …; "other" without one), `message` says what failed.
+  std::function<void(int64_t step, const std::string& reason, const std::string& message)>
+      on_checkpoint_failure;  // optional
+  // How long rank 0 waits for the checkpoint directory's lock (CheckpointLock) before refusing.
+  std::chrono::milliseconds checkpoint_lock_wait{10000};
   // Bytes in use by kind, per memory space ("cpu": the device; "host": the offload engine's).
   std::function<void(const std::string& device, const std::map<std::string, double>&)> on_memory;
   // This rank's process groups when the plan has more than one rank (kubetrain-worker connects
@@ -62,7 +80,14 @@ struct TrainOptions {
   bool poison_evicted = false;
 };
 
-// Throws kt::Error saying why this worker cannot execute the plan exactly as written. Ranks of a
+// Throws kt::FieldError (path and value: "plan.offload.cpuThreads: 100000 is not in [1, 4096]")
+// for a value the planner never emits: model dims outside api::resolve_model's checks, counts
+// below 1, a TP degree that does not divide the heads, sizes whose per-rank memory overflows or
+// (on the CPU) exceeds this machine's memory.
+void check_plan_values(const api::Plan& plan);
+
+// Throws kt::Error saying why this worker cannot execute the plan exactly as written (after
+// check_plan_values). Ranks of a
 // TP × DP plan, the Oases overlap, every recompute mode and every offload mode are supported on
 // the CPU; window offload needs recompute (it streams activation checkpoints).
 void check_executable(const api::Plan& plan);
@@ -75,6 +100,8 @@ struct TrainResult {
   int64_t steps_done = 0;
   double last_loss = 0;
   bool interrupted = false;    // stopped by SIGTERM/SIGINT after checkpointing
+  int64_t checkpoint_failures = 0;  // saves that failed in this process
+  std::string checkpoint_error;     // why the last save failed; empty when it succeeded
   std::vector<double> losses;  // per step run in this process
 };
 
@@ -83,6 +110,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
                   const std::function<void(const std::string&)>& log);
 
 // Install SIGTERM/SIGINT handlers that make train() checkpoint and return after the current step.
+// Call it before starting any thread: it blocks the signals in the calling thread (so in the
+// threads it starts later) and takes them on a thread of its own.
 void install_stop_handlers();
 // Ask a running train() to stop after the current step (what the handlers do; for tests).
 void request_stop();

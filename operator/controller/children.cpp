@@ -88,8 +88,14 @@ bool job_needs_checkpoint_claim(const api::TrainingJob& job, const ChildOptions&
   return options.checkpoint_pvc && !job.spec.checkpoint.volume.is_object();
 }
 
+bool checkpoints_are_ephemeral(const api::TrainingJob& job, const ChildOptions& options) {
+  const api::Json& volume = job.spec.checkpoint.volume;
+  if (!volume.is_object()) return !options.checkpoint_pvc;
+  return volume.contains("emptyDir");
+}
+
 Object render_checkpoint_claim(const Object& owner, const api::Plan& plan,
-                               const ChildOptions& options) {
+                               api::ClaimRetention retention, const ChildOptions& options) {
   const std::string job = owner["metadata"]["name"];
   // Every node's ranks write their shards into the same directory: one node can mount it
   // ReadWriteOnce, several need a shared (ReadWriteMany) volume.
@@ -103,9 +109,13 @@ Object render_checkpoint_claim(const Object& owner, const api::Plan& plan,
                           : options.checkpoint_size}}}}}};
   if (!options.checkpoint_storage_class.empty())
     spec["storageClassName"] = options.checkpoint_storage_class;
+  Object metadata = child_metadata(owner, checkpoint_claim_name(job));
+  // Retain: no owner, so the garbage collector leaves the claim (and the progress in it) when
+  // the job goes; the job label still finds it.
+  if (retention == api::ClaimRetention::kRetain) metadata.erase("ownerReferences");
   return {{"apiVersion", "v1"},
           {"kind", "PersistentVolumeClaim"},
-          {"metadata", child_metadata(owner, checkpoint_claim_name(job))},
+          {"metadata", metadata},
           {"spec", spec}};
 }
 

@@ -69,8 +69,12 @@ double checkpoint_volume_bytes(const api::Plan& plan);
 std::string checkpoint_claim_name(const std::string& job);
 // False when the job names its own volume or the operator is told to use emptyDir.
 bool job_needs_checkpoint_claim(const api::TrainingJob& job, const ChildOptions& options);
+// Owned by the job (deleted with it) unless `retention` is Retain.
 kube::Object render_checkpoint_claim(const kube::Object& owner, const api::Plan& plan,
-                                     const ChildOptions& options);
+                                     api::ClaimRetention retention, const ChildOptions& options);
+// True when a restart of the gang loses every checkpoint: the job's volume is an emptyDir, or it
+// names none and the operator is told to use emptyDir.
+bool checkpoints_are_ephemeral(const api::TrainingJob& job, const ChildOptions& options);
 
 std::string plan_config_map_name(const std::string& job);
 std::string worker_pod_name(const std::string& job, int64_t node_rank);

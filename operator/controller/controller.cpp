@@ -1,11 +1,16 @@
 #include "operator/controller/controller.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "api/inventory.h"
 #include "operator/kube/objects.h"
@@ -22,6 +27,11 @@ using Clock = std::chrono::system_clock;
 using std::chrono::milliseconds;
 
 namespace {
+
+// The restarts counted so far, in the plan ConfigMap beside the attempt and written with it: the
+// status write that follows a restart can be lost (an API error, the operator killed), and the
+// next reconcile, seeing only pods of an old attempt, would not count that restart again.
+constexpr const char* kRestartsAnnotation = "kubetrain.dev/restarts";
 
 // Status figures as `kubectl get tj` prints them: the API server prints a number column with
 // every digit it has (5.182575702667236), so the status keeps 4 significant digits, and whole
@@ -65,6 +75,18 @@ std::optional<int> exit_code(const Object& pod) {
     if (state.contains("terminated")) return state["terminated"].value("exitCode", 0);
   }
   return std::nullopt;
+}
+
+// The training container's termination message ("" when none): rank 0 writes its last progress
+// there (worker/main.cpp).
+std::string termination_message(const Object& pod) {
+  if (!pod.contains("status")) return "";
+  const Object statuses = pod["status"].value("containerStatuses", Object::array());
+  if (statuses.empty() || !statuses[0].is_object()) return "";
+  const Object state = statuses[0].value("state", Object::object());
+  if (!state.is_object()) return "";
+  const Object terminated = state.value("terminated", Object::object());
+  return terminated.is_object() ? terminated.value("message", "") : "";
 }
 
 // Evicted or preempted (DisruptionTarget, kubelet's reason Evicted): the job did nothing wrong.
@@ -130,6 +152,7 @@ class Controller::Pass {
   std::string phase() const {
     return status_.phase ? std::string(api::to_string(*status_.phase)) : "";
   }
+  int64_t restarts() const { return status_.restarts; }
 
  private:
   // ---- status -----------------------------------------------------------------------------
@@ -279,12 +302,29 @@ class Controller::Pass {
       if (!e.not_found()) throw;
       try {
         client_.create(kube::kPersistentVolumeClaims, ns_,
-                       render_checkpoint_claim(object_, plan, options_.children));
+                       render_checkpoint_claim(object_, plan, job.spec.checkpoint.claim_retention,
+                                               options_.children));
       } catch (const ApiError& create_error) {
         if (!create_error.already_exists()) throw;
       }
     }
   }
+
+  // Allowed, but said loudly (a condition, and an event when it turns True): every restart of the
+  // gang starts again from step 0.
+  void warn_if_checkpoints_are_ephemeral(const api::TrainingJob& job) {
+    if (!checkpoints_are_ephemeral(job, options_.children)) {
+      clear_condition(kEphemeralCheckpoints, "PersistentVolume");
+      return;
+    }
+    const std::string message =
+        "checkpoints are written to an emptyDir, which goes with the pod: a restarted, "
+        "evicted or resumed gang starts again from step 0 (use a PersistentVolumeClaim, or leave "
+        "spec.checkpoint.volume unset for the operator's)";
+    if (!has_condition(kEphemeralCheckpoints, true)) event("Warning", "EphemeralCheckpoints", message);
+    set_condition(kEphemeralCheckpoints, true, "EmptyDirVolume", message);
+  }
+  static constexpr const char* kEphemeralCheckpoints = "EphemeralCheckpoints";
 
   void ensure_service() {
     try {
@@ -341,12 +381,43 @@ class Controller::Pass {
     return {inv, fnv_hex(fingerprint)};
   }
 
-  // ---- the steps ----------------------------------------------------------------------------
+  // ---- the steps (run() lists them in order) ---------------------------------------------
+  // A step that may end the reconcile returns the result to end it with; std::nullopt goes on.
+  using Outcome = std::optional<ReconcileResult>;
+
+  // The restart attempt this reconcile works on, carried from step to step.
+  struct Gang {
+    std::optional<Object> config_map;  // <job>-plan: the plan, the attempt, the restart count
+    int64_t attempt = 0;
+    bool attempt_pods_exist = false;  // any pod of this attempt, whatever its phase
+    std::optional<api::Plan> plan;
+    std::map<int64_t, Object> pods;  // the attempt's pods by node rank
+    int64_t desired = 0;             // node ranks in the plan
+    std::optional<Object> failed;    // the failed pod to report (a real failure over an eviction)
+  };
+
+  Outcome validate(api::TrainingJob& job);
+  bool failed_for_old_spec() const;
+  bool finished_before() const;
+  void reopen_if_spec_fixed();
+  Outcome suspend(const api::RunPolicy& policy, const std::vector<Object>& pods);
+  void resume_if_suspended();
+  bool deadline_exceeded(const api::RunPolicy& policy);
+  Gang read_attempt(const std::vector<Object>& pods);
+  Outcome plan(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  void classify(Gang& gang, const std::vector<Object>& pods);
+  Outcome restart_or_fail(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  bool all_succeeded(const api::TrainingJob& job, Gang& gang);
+  void create_missing(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  void report_progress(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  void requeue_at_deadline(const api::RunPolicy& policy, ReconcileResult& result);
+
   ReconcileResult finished(const api::TrainingJob& job);
-  std::optional<api::Plan> plan_for(const api::TrainingJob& job, std::optional<Object>& cm,
-                                    int64_t& attempt, bool pods_exist, bool& replanned,
+  ReconcileResult without_plan(const api::TrainingJob& job, const ReconcileResult& result);
+  std::optional<api::Plan> plan_for(const api::TrainingJob& job, Gang& gang, bool pods_exist,
                                     ReconcileResult& result);
   void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
+  void checkpoint_health(const WorkerProgress& rank0);
 
   kube::Client& client_;
   const ControllerOptions& options_;
@@ -374,10 +445,10 @@ ReconcileResult Controller::Pass::finished(const api::TrainingJob& job) {
 // The plan the job runs: the stored one, unless the spec generation changed, or the inventory
 // changed while no pods run (a (re)start). On a new plan the ConfigMap is written and `attempt`
 // moves on when pods of the old plan exist. std::nullopt: no plan now (status says why).
-std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
-                                                    std::optional<Object>& cm, int64_t& attempt,
-                                                    bool pods_exist, bool& replanned,
-                                                    ReconcileResult& result) {
+std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job, Gang& gang,
+                                                    bool pods_exist, ReconcileResult& result) {
+  std::optional<Object>& cm = gang.config_map;
+  int64_t& attempt = gang.attempt;
   const auto annotation = [&](const char* key) -> std::string {
     if (!cm) return "";
     return cm->at("metadata").value("annotations", Object::object()).value(key, "");
@@ -424,8 +495,10 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
   if (plan_changed && pods_exist) ++attempt;  // the running gang executes the old plan
-  const Object want = render_plan_config_map(object_, plan_changed ? plan : *stored, generation_,
-                                             inventory_hash, attempt);
+  Object want = render_plan_config_map(object_, plan_changed ? plan : *stored, generation_,
+                                       inventory_hash, attempt);
+  if (const std::string restarts = annotation(kRestartsAnnotation); !restarts.empty())
+    want["metadata"]["annotations"][kRestartsAnnotation] = restarts;
   if (!cm) {
     cm = client_.create(kube::kConfigMaps, ns_, want);
   } else {
@@ -435,7 +508,6 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
     cm = client_.update(kube::kConfigMaps, ns_, update);
   }
   if (!plan_changed) return stored;
-  replanned = true;
   status_.plan = summarize(plan);
   char message[256];
   std::snprintf(
@@ -483,225 +555,362 @@ void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& pl
   }
   if (p.last_checkpoint_step && *p.last_checkpoint_step > 0)
     status_.last_checkpoint_step = static_cast<int64_t>(*p.last_checkpoint_step);
+  checkpoint_health(p);
 }
 
+// CheckpointFailing, level-triggered from rank 0's counts: True while its latest saves fail (one
+// Warning event when it turns True: the count changes every interval, the news does not), False
+// once a save succeeds again. Training goes on meanwhile; a restart would resume from the last
+// checkpoint that was written.
+void Controller::Pass::checkpoint_health(const WorkerProgress& rank0) {
+  if (!rank0.checkpoint_consecutive_failures) return;  // no sample: nothing new
+  const double failing = *rank0.checkpoint_consecutive_failures;
+  if (failing > 0) {
+    std::string reasons;
+    for (const auto& [reason, count] : rank0.checkpoint_failures)
+      if (count > 0)
+        reasons += (reasons.empty() ? "" : ", ") + (reason.empty() ? "" : reason + " ") +
+                   std::to_string(static_cast<int64_t>(count));
+    const std::string message =
+        "the last " + std::to_string(static_cast<int64_t>(failing)) + " checkpoint save(s) failed" +
+        (reasons.empty() ? "" : " (so far: " + reasons + ")") +
+        "; training goes on and saves again at the next interval; a restart resumes from " +
+        (status_.last_checkpoint_step ? "step " + std::to_string(*status_.last_checkpoint_step)
+                                      : std::string("the start")) +
+        " (the worker's log says why: disk full, read-only, permissions)";
+    const bool news = !has_condition("CheckpointFailing", true);
+    set_condition("CheckpointFailing", true, "CheckpointWriteFailed", message);
+    if (news) event("Warning", "CheckpointFailing", message);
+  } else if (has_condition("CheckpointFailing", true)) {
+    const std::string message =
+        "checkpoints are written again" +
+        (status_.last_checkpoint_step
+             ? " (the last at step " + std::to_string(*status_.last_checkpoint_step) + ")"
+             : std::string());
+    set_condition("CheckpointFailing", false, "CheckpointWritten", message);
+    event("Normal", "CheckpointRecovered", message);
+  }
+}
+
+// One reconcile, as the list of its steps; each says in its comment what it decides.
 ReconcileResult Controller::Pass::run() {
+  api::TrainingJob job;
+  if (Outcome invalid = validate(job)) return *invalid;
+  if (finished_before()) return finished(job);
+  reopen_if_spec_fixed();
+  warn_if_checkpoints_are_ephemeral(job);
+
+  const api::RunPolicy& policy = job.spec.run_policy;
+  const std::vector<Object> pods = list_pods();
+  if (Outcome suspended = suspend(policy, pods)) return *suspended;
+  resume_if_suspended();
+  if (deadline_exceeded(policy)) return finished(job);
+
   ReconcileResult result;
-  // ---- the spec: decode and validate (the CRD schema catches most of this earlier) ----------
+  Gang gang = read_attempt(pods);
+  if (Outcome no_plan = plan(job, gang, result)) return *no_plan;
+  ensure_service();
+  ensure_checkpoint_claim(job, *gang.plan);
+  classify(gang, pods);
+  if (Outcome given_up = restart_or_fail(job, gang, result)) return *given_up;
+  if (all_succeeded(job, gang)) return finished(job);
+  create_missing(job, gang, result);
+  report_progress(job, gang, result);
+  requeue_at_deadline(policy, result);
+  write_status();
+  return result;
+}
+
+// Validate: decodes the spec into `job`; an invalid one fails the job (InvalidSpec) once per
+// generation. The CRD schema catches most of this earlier.
+Controller::Pass::Outcome Controller::Pass::validate(api::TrainingJob& job) {
   Object manifest = object_;
   manifest.erase("status");
-  api::TrainingJob job;
-  std::vector<FieldError> errors;
-  try {
-    job = api::decode_training_job(manifest);
-    errors = api::validate(job);
-  } catch (const ValidationError& e) {
-    errors = e.errors();
-  } catch (const FieldError& e) {
-    errors = {e};
-  }
+  const std::vector<FieldError> errors = api::check_training_job(manifest, job);
+  if (errors.empty()) return std::nullopt;
+  if (status_.phase == JobPhase::kFailed && condition_reason("Failed") == "InvalidSpec" &&
+      old_status_.observed_generation == generation_)
+    return ReconcileResult{};
+  std::string message;
+  for (const auto& e : errors) message += (message.empty() ? "" : "; ") + std::string(e.what());
+  status_.completion_time.clear();
+  set_condition("Planned", false, "InvalidSpec", message);
+  finish(JobPhase::kFailed, "InvalidSpec", message, api::CleanPodPolicy::kRunning);
+  write_status();
+  return ReconcileResult{};
+}
+
+// A job failed for its spec runs again once the spec is fixed (a new generation).
+bool Controller::Pass::failed_for_old_spec() const {
+  return status_.phase == JobPhase::kFailed && condition_reason("Failed") == "InvalidSpec" &&
+         old_status_.observed_generation != generation_;
+}
+
+// Finish: a Succeeded or Failed job stays so (only its pods are cleaned and its TTL runs).
+bool Controller::Pass::finished_before() const {
   const bool terminal = status_.phase == JobPhase::kSucceeded || status_.phase == JobPhase::kFailed;
-  // A job failed for its spec runs again once the spec is fixed (a new generation).
-  const bool failed_for_spec = status_.phase == JobPhase::kFailed &&
-                               condition_reason("Failed") == "InvalidSpec" &&
-                               old_status_.observed_generation != generation_;
-  if (!errors.empty()) {
-    if (status_.phase == JobPhase::kFailed && condition_reason("Failed") == "InvalidSpec" &&
-        old_status_.observed_generation == generation_)
-      return {};
-    std::string message;
-    for (const auto& e : errors) message += (message.empty() ? "" : "; ") + std::string(e.what());
-    status_.completion_time.clear();
-    set_condition("Planned", false, "InvalidSpec", message);
-    finish(JobPhase::kFailed, "InvalidSpec", message, api::CleanPodPolicy::kRunning);
-    write_status();
-    return {};
-  }
-  if (terminal && !failed_for_spec) return finished(job);
-  if (failed_for_spec) {
+  return terminal && !failed_for_old_spec();
+}
+
+// A new job is Pending; one failed for a spec since fixed starts again from Pending.
+void Controller::Pass::reopen_if_spec_fixed() {
+  if (failed_for_old_spec()) {
     status_.completion_time.clear();
     clear_condition("Failed", "SpecChanged");
     status_.phase.reset();
   }
   if (!status_.phase) set_phase(JobPhase::kPending);
+}
 
-  const auto& policy = job.spec.run_policy;
-  std::vector<Object> pods = list_pods();
+// Suspend: a suspended job runs nothing (its pods are deleted; plan and checkpoints stay).
+Controller::Pass::Outcome Controller::Pass::suspend(const api::RunPolicy& policy,
+                                                    const std::vector<Object>& pods) {
+  if (!policy.suspend) return std::nullopt;
+  for (const auto& pod : pods) delete_pod(pod);
+  set_phase(JobPhase::kSuspended);
+  set_condition("Suspended", true, "Suspended", "the job is suspended (runPolicy.suspend)");
+  set_condition("Running", false, "Suspended", "");
+  set_condition("PodsReady", false, "Suspended", "");
+  status_.workers.ready = 0;
+  status_.workers.succeeded = status_.workers.failed = 0;
+  write_status();
+  return ReconcileResult{};
+}
 
-  // ---- suspend: nothing runs ----------------------------------------------------------------
-  if (policy.suspend) {
-    for (const auto& pod : pods) delete_pod(pod);
-    set_phase(JobPhase::kSuspended);
-    set_condition("Suspended", true, "Suspended", "the job is suspended (runPolicy.suspend)");
-    set_condition("Running", false, "Suspended", "");
-    set_condition("PodsReady", false, "Suspended", "");
-    status_.workers.ready = 0;
-    status_.workers.succeeded = status_.workers.failed = 0;
-    write_status();
-    return {};
+// A resumed job starts again from Pending, its deadline counted from the resume.
+void Controller::Pass::resume_if_suspended() {
+  if (!has_condition("Suspended", true)) return;
+  set_condition("Suspended", false, "Resumed", "the job was resumed");
+  status_.start_time.clear();  // the deadline counts from the resume, as for batch/v1 Jobs
+  set_phase(JobPhase::kPending);
+}
+
+// Deadline: a job running longer than activeDeadlineSeconds fails (DeadlineExceeded).
+bool Controller::Pass::deadline_exceeded(const api::RunPolicy& policy) {
+  if (!policy.active_deadline_seconds || status_.start_time.empty()) return false;
+  const auto started = parse_rfc3339(status_.start_time).value_or(now_);
+  const auto deadline = started + std::chrono::seconds(*policy.active_deadline_seconds);
+  if (now_ < deadline) return false;
+  finish(JobPhase::kFailed, "DeadlineExceeded",
+         "the job ran longer than activeDeadlineSeconds (" +
+             std::to_string(*policy.active_deadline_seconds) + " s)",
+         policy.clean_pod_policy);
+  return true;
+}
+
+// The attempt and the restart count as the plan ConfigMap records them (0 before the first plan).
+Controller::Pass::Gang Controller::Pass::read_attempt(const std::vector<Object>& pods) {
+  Gang gang;
+  gang.config_map = get_config_map();
+  if (gang.config_map) {
+    const Object annotations =
+        gang.config_map->at("metadata").value("annotations", Object::object());
+    gang.attempt = to_int(annotations.value(kAttemptAnnotation, ""), 0);
+    status_.restarts =
+        std::max(status_.restarts, to_int(annotations.value(kRestartsAnnotation, ""), 0));
   }
-  if (has_condition("Suspended", true)) {
-    set_condition("Suspended", false, "Resumed", "the job was resumed");
-    status_.start_time.clear();  // the deadline counts from the resume, as for batch/v1 Jobs
-    set_phase(JobPhase::kPending);
-  }
-
-  // ---- activeDeadlineSeconds ----------------------------------------------------------------
-  if (policy.active_deadline_seconds && !status_.start_time.empty()) {
-    const auto started = parse_rfc3339(status_.start_time).value_or(now_);
-    const auto deadline = started + std::chrono::seconds(*policy.active_deadline_seconds);
-    if (now_ >= deadline) {
-      finish(JobPhase::kFailed, "DeadlineExceeded",
-             "the job ran longer than activeDeadlineSeconds (" +
-                 std::to_string(*policy.active_deadline_seconds) + " s)",
-             policy.clean_pod_policy);
-      return finished(job);
-    }
-  }
-
-  // ---- the plan -----------------------------------------------------------------------------
-  std::optional<Object> cm = get_config_map();
-  int64_t attempt = cm ? to_int(cm->at("metadata")
-                                    .value("annotations", Object::object())
-                                    .value(kAttemptAnnotation, ""),
-                                0)
-                       : 0;
-  const bool attempt_pods_exist = std::any_of(pods.begin(), pods.end(), [&](const Object& p) {
-    return to_int(label(p, kRestartAttemptLabel), -1) == attempt;
+  gang.attempt_pods_exist = std::any_of(pods.begin(), pods.end(), [&](const Object& p) {
+    return to_int(label(p, kRestartAttemptLabel), -1) == gang.attempt;
   });
-  if (status_.phase == JobPhase::kPending) set_phase(JobPhase::kPlanning);
-  bool replanned = false;
-  auto plan = plan_for(job, cm, attempt, attempt_pods_exist, replanned, result);
-  if (!plan) {
-    if (status_.phase == JobPhase::kFailed) return finished(job);
-    write_status();
-    return result;
-  }
-  if (!status_.plan) status_.plan = summarize(*plan);
-  ensure_service();
-  ensure_checkpoint_claim(job, *plan);
+  return gang;
+}
 
-  // ---- the gang: pods of older attempts go; then look at the current attempt ------------------
-  std::map<int64_t, Object> current;  // by node rank
+// Plan: the plan the gang runs (plan_for says when it is made anew); none ends the reconcile,
+// Pending (waiting for resources) or Failed (no feasible plan).
+Controller::Pass::Outcome Controller::Pass::plan(const api::TrainingJob& job, Gang& gang,
+                                                 ReconcileResult& result) {
+  if (status_.phase == JobPhase::kPending) set_phase(JobPhase::kPlanning);
+  gang.plan = plan_for(job, gang, gang.attempt_pods_exist, result);
+  if (!gang.plan) return without_plan(job, result);
+  if (!status_.plan) status_.plan = summarize(*gang.plan);
+  gang.desired = static_cast<int64_t>(gang.plan->placement.size());
+  return std::nullopt;
+}
+
+ReconcileResult Controller::Pass::without_plan(const api::TrainingJob& job,
+                                               const ReconcileResult& result) {
+  if (status_.phase == JobPhase::kFailed) return finished(job);
+  write_status();
+  return result;
+}
+
+// Classify the gang: pods of older attempts go; the attempt's pods are counted by phase and
+// the failure to act on is picked.
+void Controller::Pass::classify(Gang& gang, const std::vector<Object>& pods) {
   for (const auto& pod : pods) {
-    if (to_int(label(pod, kRestartAttemptLabel), -1) != attempt)
+    if (to_int(label(pod, kRestartAttemptLabel), -1) != gang.attempt)
       delete_pod(pod);
     else
-      current[to_int(label(pod, kNodeRankLabel), -1)] = pod;
+      gang.pods[to_int(label(pod, kNodeRankLabel), -1)] = pod;
   }
-  int64_t desired = static_cast<int64_t>(plan->placement.size());
-  status_.workers = {desired, 0, 0, 0};
-  const Object* failed = nullptr;
-  for (const auto& [rank, pod] : current) {
+  status_.workers = {gang.desired, 0, 0, 0};
+  for (const auto& [rank, pod] : gang.pods) {
     const std::string phase = phase_of(pod);
     if (phase == "Succeeded") ++status_.workers.succeeded;
     if (phase == "Failed") {
       ++status_.workers.failed;
-      if (!failed || evicted(*failed)) failed = &pod;  // report a real failure over an eviction
+      if (!gang.failed || evicted(*gang.failed)) gang.failed = pod;
     }
     if (phase == "Running" && condition_true(pod, "Ready")) ++status_.workers.ready;
   }
+}
 
-  // ---- failures: restart the whole gang, or give up -------------------------------------------
-  if (failed) {
-    const std::string pod_name = (*failed)["metadata"]["name"];
-    const bool was_evicted = evicted(*failed);
-    const auto code = exit_code(*failed);
-    const std::string what =
-        was_evicted ? "pod " + pod_name + " was evicted"
-                    : "pod " + pod_name + " failed" +
-                          (code ? " with exit code " + std::to_string(*code) : std::string());
-    // Exit codes 1-127 are the program's own verdict (bad data, a bug): permanent. 128+ are
-    // signals (OOM kill, node shutdown, preemption): retryable.
-    const bool retryable = was_evicted || !code || *code >= 128;
-    if (!retryable) {
-      finish(JobPhase::kFailed, "WorkerFailed", what + " (exit codes 1-127 are permanent)",
-             policy.clean_pod_policy);
-      return finished(job);
-    }
-    if (!was_evicted && status_.restarts >= policy.backoff_limit) {
-      finish(JobPhase::kFailed, "BackoffLimitExceeded",
-             what + "; the job was restarted " + std::to_string(status_.restarts) +
-                 " time(s), backoffLimit is " + std::to_string(policy.backoff_limit),
-             policy.clean_pod_policy);
-      return finished(job);
-    }
-    // The attempt moves first (in the ConfigMap): if we stop between the writes, the next
-    // reconcile sees only pods of an old attempt and replaces them, without counting twice.
-    ++attempt;
-    Object update = *cm;
-    update["metadata"]["annotations"][kAttemptAnnotation] = std::to_string(attempt);
-    cm = client_.update(kube::kConfigMaps, ns_, update);
-    if (!was_evicted) ++status_.restarts;
-    if (options_.metrics) options_.metrics->jobs_restarted_total.inc();
-    const std::string reason = was_evicted ? "Evicted" : "WorkerFailed";
-    const std::string message =
-        what + "; restarting the whole gang (attempt " + std::to_string(attempt) + ", restarts " +
-        std::to_string(status_.restarts) + " of " + std::to_string(policy.backoff_limit) + ")";
-    set_phase(JobPhase::kRestarting);
-    set_condition("Restarting", true, reason, message);
-    set_condition("Running", false, reason, "");
-    set_condition("PodsReady", false, reason, "");
-    event("Warning", "Restarting", message);
-    for (const auto& [rank, pod] : current) delete_pod(pod);
-    current.clear();
-    // The new gang runs on the cluster as it is now: plan again if the inventory changed.
-    plan = plan_for(job, cm, attempt, false, replanned, result);
-    if (!plan) {
-      if (status_.phase == JobPhase::kFailed) return finished(job);
-      write_status();
-      return result;
-    }
-    desired = static_cast<int64_t>(plan->placement.size());
-    status_.workers = {desired, 0, 0, 0};
-  }
-
-  // ---- success ------------------------------------------------------------------------------
-  if (desired > 0 && status_.workers.succeeded == desired) {
-    status_.progress.step = job.spec.training.steps;
-    status_.progress.eta_seconds = 0;
-    // Rank 0's final progress, from its termination message (its /metrics is gone).
-    if (current.count(0)) {
-      const Object& statuses = current[0]["status"].value("containerStatuses", Object::array());
-      if (!statuses.empty()) {
-        const std::string message =
-            statuses[0].value("state", Object::object())
-                .value("terminated", Object::object())
-                .value("message", "");
-        const WorkerProgress last = parse_worker_progress(message);
-        if (last.loss) status_.progress.loss = for_display(*last.loss);
-        if (last.tokens_per_second)
-          status_.progress.tokens_per_second = for_display(*last.tokens_per_second);
-      }
-    }
-    finish(JobPhase::kSucceeded, "Succeeded",
-           "all " + std::to_string(desired) + " worker(s) completed " +
-               std::to_string(job.spec.training.steps) + " steps",
+// Restart: a failed worker restarts the whole gang as a new attempt (re-planned if the
+// inventory changed), or fails the job when the failure is permanent or the backoff is spent.
+Controller::Pass::Outcome Controller::Pass::restart_or_fail(const api::TrainingJob& job, Gang& gang,
+                                                            ReconcileResult& result) {
+  if (!gang.failed) return std::nullopt;
+  const api::RunPolicy& policy = job.spec.run_policy;
+  const std::string pod_name = (*gang.failed)["metadata"]["name"];
+  const bool was_evicted = evicted(*gang.failed);
+  const auto code = exit_code(*gang.failed);
+  // Rank 0's last word on its checkpoints (whether it exited on its own or was stopped).
+  if (gang.pods.count(0))
+    checkpoint_health(parse_worker_progress(termination_message(gang.pods[0])));
+  const std::string what =
+      was_evicted ? "pod " + pod_name + " was evicted"
+                  : "pod " + pod_name + " failed" +
+                        (code ? " with exit code " + std::to_string(*code) : std::string());
+  // Exit codes 1-127 are the program's own verdict (bad data, a bug): permanent. 128+ are
+  // signals (OOM kill, node shutdown, preemption): retryable.
+  const bool retryable = was_evicted || !code || *code >= 128;
+  if (!retryable) {
+    finish(JobPhase::kFailed, "WorkerFailed", what + " (exit codes 1-127 are permanent)",
            policy.clean_pod_policy);
     return finished(job);
   }
+  if (!was_evicted && status_.restarts >= policy.backoff_limit) {
+    finish(JobPhase::kFailed, "BackoffLimitExceeded",
+           what + "; the job was restarted " + std::to_string(status_.restarts) +
+               " time(s), backoffLimit is " + std::to_string(policy.backoff_limit),
+           policy.clean_pod_policy);
+    return finished(job);
+  }
+  // The attempt moves first (in the ConfigMap, with the restart count): if we stop between
+  // the writes, the next reconcile sees only pods of an old attempt and replaces them, without
+  // counting twice, and takes the count from the ConfigMap.
+  ++gang.attempt;
+  if (!was_evicted) ++status_.restarts;
+  Object update = *gang.config_map;
+  update["metadata"]["annotations"][kAttemptAnnotation] = std::to_string(gang.attempt);
+  update["metadata"]["annotations"][kRestartsAnnotation] = std::to_string(status_.restarts);
+  gang.config_map = client_.update(kube::kConfigMaps, ns_, update);
+  if (options_.metrics) options_.metrics->jobs_restarted_total.inc();
+  const std::string reason = was_evicted ? "Evicted" : "WorkerFailed";
+  const std::string message = what + "; restarting the whole gang (attempt " +
+                              std::to_string(gang.attempt) + ", restarts " +
+                              std::to_string(status_.restarts) + " of " +
+                              std::to_string(policy.backoff_limit) + ")";
+  set_phase(JobPhase::kRestarting);
+  set_condition("Restarting", true, reason, message);
+  set_condition("Running", false, reason, "");
+  set_condition("PodsReady", false, reason, "");
+  event("Warning", "Restarting", message);
+  for (const auto& [rank, pod] : gang.pods) delete_pod(pod);
+  gang.pods.clear();
+  gang.failed.reset();
+  // The new gang runs on the cluster as it is now: plan again if the inventory changed.
+  gang.plan = plan_for(job, gang, false, result);
+  if (!gang.plan) return without_plan(job, result);
+  gang.desired = static_cast<int64_t>(gang.plan->placement.size());
+  status_.workers = {gang.desired, 0, 0, 0};
+  return std::nullopt;
+}
 
-  // ---- create the missing pods ----------------------------------------------------------------
-  bool created = false;
-  for (int64_t rank = 0; rank < desired; ++rank) {
-    if (current.count(rank)) continue;
+// Success: every worker of the attempt completed; the job takes rank 0's final progress.
+bool Controller::Pass::all_succeeded(const api::TrainingJob& job, Gang& gang) {
+  if (gang.desired == 0 || status_.workers.succeeded != gang.desired) return false;
+  status_.progress.step = job.spec.training.steps;
+  status_.progress.eta_seconds = 0;
+  // Rank 0's final progress, from its termination message (its /metrics is gone).
+  if (gang.pods.count(0)) {
+    const WorkerProgress last = parse_worker_progress(termination_message(gang.pods[0]));
+    if (last.loss) status_.progress.loss = for_display(*last.loss);
+    if (last.tokens_per_second)
+      status_.progress.tokens_per_second = for_display(*last.tokens_per_second);
+    checkpoint_health(last);
+  }
+  finish(JobPhase::kSucceeded, "Succeeded",
+         "all " + std::to_string(gang.desired) + " worker(s) completed " +
+             std::to_string(job.spec.training.steps) + " steps",
+         job.spec.run_policy.clean_pod_policy);
+  return true;
+}
+
+// Create what is missing: the attempt's absent pods, up to options_.max_concurrent_creates at
+// once (a gang of 1,000 nodes must not wait for 1,000 round trips in a row). The first error
+// stops further creates and is the reconcile's error, once those in flight have returned.
+void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
+                                      ReconcileResult& result) {
+  std::vector<int64_t> missing;
+  for (int64_t rank = 0; rank < gang.desired; ++rank)
+    if (!gang.pods.count(rank)) missing.push_back(rank);
+  if (missing.empty()) return;
+
+  struct Created {
+    std::optional<Object> pod;
+    bool name_taken = false;  // a pod of the old attempt still terminating holds the name
+  };
+  std::vector<Created> created(missing.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  const auto create_some = [&] {
+    for (size_t i = next++; i < missing.size() && !failed; i = next++) {
+      try {
+        created[i].pod = client_.create(kube::kPods, ns_,
+                                        render_worker_pod(object_, job, *gang.plan, missing[i],
+                                                          gang.attempt, options_.children));
+      } catch (const ApiError& e) {
+        if (e.already_exists()) {
+          created[i].name_taken = true;
+          continue;
+        }
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  // This thread creates too; the others are started only when there is more than one pod.
+  const size_t threads_wanted =
+      std::min(missing.size(), static_cast<size_t>(std::max(1, options_.max_concurrent_creates)));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads_wanted; ++t) {
     try {
-      current[rank] =
-          client_.create(kube::kPods, ns_,
-                         render_worker_pod(object_, job, *plan, rank, attempt, options_.children));
-      created = true;
-    } catch (const ApiError& e) {
-      // A pod of the old attempt still terminating holds the name: try again shortly.
-      if (!e.already_exists()) throw;
-      result.requeue_after = milliseconds(500);
+      helpers.emplace_back(create_some);
+    } catch (const std::system_error&) {
+      break;  // no more threads: fewer creates in flight, same result
     }
   }
-  if (created && status_.start_time.empty()) {
+  create_some();
+  for (auto& helper : helpers) helper.join();
+  if (first_error) std::rethrow_exception(first_error);
+
+  bool any_created = false;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (created[i].pod) {
+      gang.pods[missing[i]] = std::move(*created[i].pod);
+      any_created = true;
+    }
+    if (created[i].name_taken) result.requeue_after = milliseconds(500);  // try again shortly
+  }
+  if (any_created && status_.start_time.empty()) {
     status_.start_time = rfc3339(now_);
     if (options_.metrics && status_.restarts == 0) options_.metrics->jobs_created_total.inc();
   }
+}
 
-  // ---- phase and progress ---------------------------------------------------------------------
+// Report progress: Running with rank 0's progress once every worker is ready (looked at again
+// every progress_interval), else Starting (or still Restarting) with the count of ready ones.
+void Controller::Pass::report_progress(const api::TrainingJob& job, Gang& gang,
+                                       ReconcileResult& result) {
+  const int64_t desired = gang.desired;
   if (status_.workers.ready == desired && desired > 0) {
     if (status_.phase != JobPhase::kRunning && options_.metrics) {
       if (const auto created_at = parse_rfc3339(object_["metadata"].value("creationTimestamp", "")))
@@ -716,7 +925,7 @@ ReconcileResult Controller::Pass::run() {
                   "training step " + std::to_string(status_.progress.step) + " of " +
                       std::to_string(job.spec.training.steps));
     clear_condition("Restarting", "Recovered");
-    if (current.count(0)) progress(job, *plan, current[0]);
+    if (gang.pods.count(0)) progress(job, *gang.plan, gang.pods[0]);
     set_condition("Running", true, "Training",
                   "training step " + std::to_string(status_.progress.step) + " of " +
                       std::to_string(job.spec.training.steps));
@@ -728,19 +937,22 @@ ReconcileResult Controller::Pass::run() {
         "PodsReady", false, "WaitingForWorkers",
         std::to_string(status_.workers.ready) + "/" + std::to_string(desired) + " workers ready");
   }
-  // Look again when the deadline passes.
-  if (policy.active_deadline_seconds && !status_.start_time.empty()) {
-    const auto deadline = parse_rfc3339(status_.start_time).value_or(now_) +
-                          std::chrono::seconds(*policy.active_deadline_seconds);
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - now_);
-    if (!result.requeue_after || *result.requeue_after > left) result.requeue_after = left;
-  }
-  write_status();
-  return result;
+}
+
+// Look again when the deadline passes.
+void Controller::Pass::requeue_at_deadline(const api::RunPolicy& policy, ReconcileResult& result) {
+  if (!policy.active_deadline_seconds || status_.start_time.empty()) return;
+  const auto deadline = parse_rfc3339(status_.start_time).value_or(now_) +
+                        std::chrono::seconds(*policy.active_deadline_seconds);
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - now_);
+  if (!result.requeue_after || *result.requeue_after > left) result.requeue_after = left;
 }
 
 Controller::Controller(kube::Client& client, ControllerOptions options)
-    : client_(client), options_(std::move(options)) {}
+    : client_(client), options_(std::move(options)) {
+  // The error count from 0, as controller-runtime's (a rate of it then reads 0, not "no data").
+  if (options_.metrics) options_.metrics->reconcile_errors_total.with({options_.name});
+}
 
 ReconcileResult Controller::reconcile(const std::string& ns, const std::string& name) {
   const auto started = std::chrono::steady_clock::now();
@@ -756,7 +968,7 @@ ReconcileResult Controller::reconcile(const std::string& ns, const std::string& 
       job = client_.get(kube::kTrainingJobs, ns, name);
     } catch (const ApiError& e) {
       if (!e.not_found()) throw;
-      if (options_.metrics) options_.metrics->record_phase(ns + "/" + name, "");
+      if (options_.metrics) options_.metrics->record_job(ns, name, "", 0);
       observe("success");
       return {};  // deleted: its children go with it (ownerReferences)
     }
@@ -766,7 +978,7 @@ ReconcileResult Controller::reconcile(const std::string& ns, const std::string& 
     }
     Pass pass(client_, options_, std::move(job));
     const ReconcileResult result = pass.run();
-    if (options_.metrics) options_.metrics->record_phase(ns + "/" + name, pass.phase());
+    if (options_.metrics) options_.metrics->record_job(ns, name, pass.phase(), pass.restarts());
     observe(result.requeue_after ? "requeue_after" : "success");
     return result;
   } catch (...) {

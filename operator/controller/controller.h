@@ -34,6 +34,9 @@ struct ControllerOptions {
     return std::chrono::system_clock::now();
   };
   std::string name = "trainingjob";  // the `controller` label of the metrics
+  // Pod creates of one gang in flight at once (the client must be thread-safe: RestClient and
+  // local::Store are). 1 creates them one by one.
+  int max_concurrent_creates = 16;
 };
 
 struct ReconcileResult {

@@ -6,6 +6,12 @@ namespace kt::controller {
 
 using kube::Object;
 
+namespace {
+// The work queue's `name` and the metrics' `controller` label, as controller-runtime names both
+// after the controller.
+constexpr const char* kControllerName = "trainingjob";
+}  // namespace
+
 std::string owning_job_key(const Object& pod) {
   const Object meta = pod.value("metadata", Object::object());
   const std::string ns = meta.value("namespace", "");
@@ -16,19 +22,58 @@ std::string owning_job_key(const Object& pod) {
   return job.empty() ? "" : ns + "/" + job;
 }
 
-Manager::Manager(kube::Client& client, Controller& controller, ManagerOptions options)
-    : controller_(controller),
-      queue_("trainingjob", options.kube_metrics),
-      jobs_(client, kube::kTrainingJobs, options.ns, "", options.informer_timing),
-      pods_(client, kube::kPods, options.ns, kJobNameLabel, options.informer_timing),
+kube::CacheOptions operator_cache_options(const std::string& ns, kube::InformerTiming timing) {
+  kube::CacheOptions options;
+  options.timing = timing;
+  options.resources = {
+      {kube::kTrainingJobs, ns, "", {}, {}},
+      {kube::kPods, ns, "", {kJobNameLabel}, {"spec.nodeName"}},
+      {kube::kNodes, "", "", {}, {}},
+      {kube::kConfigMaps, ns, kJobNameLabel, {}, {}},
+      {kube::kServices, ns, kJobNameLabel, {}, {}},
+      {kube::kPersistentVolumeClaims, ns, kJobNameLabel, {}, {}},
+  };
+  return options;
+}
+
+Manager::Manager(kube::Cache& cache, Controller& controller, ManagerOptions options)
+    : cache_(cache),
+      controller_(controller),
+      controller_metrics_(options.controller_metrics),
+      queue_(kControllerName, options.kube_metrics),
       workers_(std::max(1, options.workers)) {
+  if (controller_metrics_) controller_metrics_->api_requests_per_reconcile.with({kControllerName});
+  watch_for_keys();
+}
+
+Manager::Manager(kube::Client& client, Controller& controller, ManagerOptions options)
+    : own_cache_(std::make_unique<kube::Cache>(
+          client, operator_cache_options(options.ns, options.informer_timing))),
+      cache_(*own_cache_),
+      controller_(controller),
+      controller_metrics_(nullptr),  // the controller does not read through own_cache_
+      queue_(kControllerName, options.kube_metrics),
+      workers_(std::max(1, options.workers)) {
+  watch_for_keys();
+}
+
+void Manager::watch_for_keys() {
+  kube::Informer* jobs = cache_.informer(kube::kTrainingJobs);
+  KT_CHECK(jobs, "Manager: the cache holds no TrainingJobs");
   // Handlers only enqueue keys (never touch objects): the reconciler reads the current state.
-  jobs_.add_handler(
+  jobs->add_handler(
       [this](kube::WatchEventType, const Object& job) { queue_.add(kube::object_key(job)); });
-  pods_.add_handler([this](kube::WatchEventType, const Object& pod) {
-    const std::string key = owning_job_key(pod);
-    if (!key.empty()) queue_.add(key);
-  });
+  // What a job owns (controller-runtime's Owns()): a change, or a child deleted by someone else,
+  // wakes its job.
+  for (const kube::Resource& owned :
+       {kube::kPods, kube::kConfigMaps, kube::kServices, kube::kPersistentVolumeClaims}) {
+    kube::Informer* informer = cache_.informer(owned);
+    if (!informer) continue;
+    informer->add_handler([this](kube::WatchEventType, const Object& child) {
+      const std::string key = owning_job_key(child);
+      if (!key.empty()) queue_.add(key);
+    });
+  }
 }
 
 Manager::~Manager() {
@@ -37,8 +82,7 @@ Manager::~Manager() {
 
 void Manager::start() {
   if (started_.exchange(true)) return;
-  jobs_.start();
-  pods_.start();
+  cache_.start();
   for (int i = 0; i < workers_; ++i) threads_.emplace_back([this] { work(); });
 }
 
@@ -47,12 +91,11 @@ void Manager::stop() {
   queue_.shut_down();
   for (auto& t : threads_) t.join();
   threads_.clear();
-  pods_.stop();
-  jobs_.stop();
+  cache_.stop();
 }
 
 bool Manager::has_synced() const {
-  return jobs_.has_synced() && pods_.has_synced();
+  return cache_.has_synced();
 }
 
 void Manager::enqueue(const std::string& ns, const std::string& name) {
@@ -64,17 +107,24 @@ void Manager::work() {
     const auto slash = key->find('/');
     const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);
     const std::string name = slash == std::string::npos ? *key : key->substr(slash + 1);
+    const std::int64_t requests_before = kube::CachingClient::api_requests_on_this_thread();
     try {
       const ReconcileResult result = controller_.reconcile(ns, name);
       queue_.forget(*key);
       if (result.requeue_after) queue_.add_after(*key, *result.requeue_after);
     } catch (const std::exception& e) {
-      // Conflicts are routine (someone wrote first); everything else is worth a line.
+      // Conflicts (someone wrote first, or we read a stale cache) and AlreadyExists (a create
+      // after a read that had not seen the object yet) are routine: the next reconcile reads
+      // again. Everything else is worth a line.
       const auto* api = dynamic_cast<const kube::ApiError*>(&e);
-      if (!api || !api->conflict())
+      if (!api || !(api->conflict() || api->already_exists()))
         std::fprintf(stderr, "kubetrain-operator: reconcile %s: %s\n", key->c_str(), e.what());
       queue_.add_rate_limited(*key);
     }
+    if (controller_metrics_)
+      controller_metrics_->api_requests_per_reconcile.with({kControllerName})
+          .observe(static_cast<double>(kube::CachingClient::api_requests_on_this_thread() -
+                                       requests_before));
     queue_.done(*key);
   }
 }

@@ -1,8 +1,16 @@
-// Drives the reconciler the controller-runtime way (DESIGN.md §8, CONVENTIONS.md): informers on
-// TrainingJobs and on the pods they own enqueue the owning job's "ns/name"; N workers take keys
-// from a rate-limited work queue (a key is never processed by two workers at once) and call
-// Controller::reconcile. Success forgets the key's failures and honours requeue_after; an error
-// goes back with add_rate_limited. The reconciler reads through the Client, never the cache.
+// Drives the reconciler the controller-runtime way (DESIGN.md §8, CONVENTIONS.md): the informers
+// of a kube::Cache on TrainingJobs and on what they own (pods, ConfigMaps, Services, PVCs)
+// enqueue the owning job's "ns/name"; N workers take keys from a rate-limited work queue (a key
+// is never processed by two workers at once) and call Controller::reconcile. Success forgets the
+// key's failures and honours requeue_after; an error goes back with add_rate_limited. The
+// reconciler reads through its Client: a kube::CachingClient over the same Cache, so that every
+// collection has one informer, which both enqueues and answers reads.
+//
+//   kube::Cache cache(rest, operator_cache_options(ns, timing));
+//   kube::CachingClient client(rest, cache);
+//   Controller controller(client, controller_options);
+//   Manager manager(cache, controller, manager_options);
+//   manager.start();  // starts the cache too
 #pragma once
 
 #include <atomic>
@@ -12,7 +20,8 @@
 #include <vector>
 
 #include "operator/controller/controller.h"
-#include "operator/kube/informer.h"
+#include "operator/controller/metrics.h"
+#include "operator/kube/cache.h"
 #include "operator/kube/metrics.h"
 #include "operator/kube/work_queue.h"
 
@@ -22,11 +31,23 @@ struct ManagerOptions {
   std::string ns;  // "" = all namespaces
   int workers = 2;
   kube::KubeMetrics* kube_metrics = nullptr;  // workqueue_* metrics; may be null
-  kube::InformerTiming informer_timing;
+  // kubetrain_operator_api_requests_per_reconcile (with a Cache the controller reads through);
+  // may be null.
+  ControllerMetrics* controller_metrics = nullptr;
+  kube::InformerTiming informer_timing;  // for the Manager's own Cache
 };
+
+// What the reconciler reads, cached: TrainingJobs, pods (indexed by job label and by node),
+// nodes, and the ConfigMaps, Services and PVCs carrying the job label, in `ns` ("" = all; nodes
+// are cluster-scoped). Pods are cached unfiltered: the inventory counts every pod on a node.
+kube::CacheOptions operator_cache_options(const std::string& ns, kube::InformerTiming timing = {});
 
 class Manager {
  public:
+  // Enqueues from `cache` (which must hold TrainingJobs), which start() starts and stop() stops.
+  Manager(kube::Cache& cache, Controller& controller, ManagerOptions options);
+  // With a Cache of its own over `client` (operator_cache_options(options.ns)); the controller
+  // reads through whatever Client it was given.
   Manager(kube::Client& client, Controller& controller, ManagerOptions options);
   ~Manager();  // stop()
   Manager(const Manager&) = delete;
@@ -39,12 +60,14 @@ class Manager {
   void enqueue(const std::string& ns, const std::string& name);
 
  private:
+  void watch_for_keys();
   void work();
 
+  std::unique_ptr<kube::Cache> own_cache_;  // null when the cache is the caller's
+  kube::Cache& cache_;
   Controller& controller_;
+  ControllerMetrics* const controller_metrics_;
   kube::WorkQueue queue_;
-  kube::Informer jobs_;
-  kube::Informer pods_;
   const int workers_;
   std::vector<std::thread> threads_;
   std::atomic<bool> started_{false};

@@ -1,5 +1,7 @@
 #include "operator/controller/metrics.h"
 
+#include "api/training_job.h"
+
 namespace kt::controller {
 
 using telemetry::exponential_buckets;
@@ -16,6 +18,10 @@ ControllerMetrics::ControllerMetrics(telemetry::Registry& registry)
                                                 "Length of time per reconciliation per controller.",
                                                 exponential_buckets(0.0005, 2, 16),
                                                 {"controller"})),
+      api_requests_per_reconcile(registry.histogram(
+          "kubetrain_operator_api_requests_per_reconcile",
+          "API requests (reads the informer cache did not answer, and writes) per reconcile.",
+          {0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512}, {"controller"})),
       jobs(registry.gauge("kubetrain_jobs", "TrainingJobs by phase.", {"phase"})),
       jobs_created_total(registry
                              .counter("kubetrain_jobs_created_total",
@@ -39,18 +45,43 @@ ControllerMetrics::ControllerMetrics(telemetry::Registry& registry)
               .histogram("kubetrain_job_time_to_running_seconds",
                          "Time from a TrainingJob's creation until all its workers ran.",
                          exponential_buckets(0.5, 2, 14))
-              .with({})) {}
+              .with({})),
+      trainingjob_status_phase(registry.gauge("kubetrain_trainingjob_status_phase",
+                                              "The TrainingJob's phase: 1 for the phase it is "
+                                              "in, 0 for the others.",
+                                              {"namespace", "trainingjob", "phase"})),
+      trainingjob_restarts(registry.gauge("kubetrain_trainingjob_restarts",
+                                          "Whole-gang restarts of the TrainingJob so far "
+                                          "(status.restarts).",
+                                          {"namespace", "trainingjob"})) {}
 
-void ControllerMetrics::record_phase(const std::string& job_key, const std::string& phase) {
+void ControllerMetrics::record_job(const std::string& ns, const std::string& name,
+                                   const std::string& phase, int64_t restarts) {
+  static constexpr api::JobPhase kPhases[] = {
+      api::JobPhase::kPending,    api::JobPhase::kPlanning,  api::JobPhase::kStarting,
+      api::JobPhase::kRunning,    api::JobPhase::kRestarting, api::JobPhase::kSucceeded,
+      api::JobPhase::kFailed,     api::JobPhase::kSuspended};
+  const std::string key = ns + "/" + name;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = phases_.find(job_key);
+  if (phase.empty()) {
+    for (const api::JobPhase p : kPhases)
+      trainingjob_status_phase.remove({ns, name, std::string(api::to_string(p))});
+    trainingjob_restarts.remove({ns, name});
+  } else {
+    for (const api::JobPhase p : kPhases) {
+      const std::string value(api::to_string(p));
+      trainingjob_status_phase.with({ns, name, value}).set(value == phase ? 1 : 0);
+    }
+    trainingjob_restarts.with({ns, name}).set(static_cast<double>(restarts));
+  }
+  auto it = phases_.find(key);
   if (it != phases_.end()) {
     if (it->second == phase) return;
     jobs.with({it->second}).dec();
     phases_.erase(it);
   }
   if (phase.empty()) return;
-  phases_[job_key] = phase;
+  phases_[key] = phase;
   jobs.with({phase}).inc();
 }
 

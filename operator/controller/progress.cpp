@@ -8,12 +8,13 @@ namespace kt::controller {
 
 namespace {
 
-// The value of the `rank` label (not of `node_rank`), if there is one.
-std::optional<std::string> rank_label(const std::string& labels) {
-  for (size_t at = labels.find("rank=\""); at != std::string::npos;
-       at = labels.find("rank=\"", at + 1)) {
+// The value of the label `key` (exactly: `rank`, not `node_rank`), if there is one.
+std::optional<std::string> label_value(const std::string& labels, const std::string& key) {
+  const std::string pattern = key + "=\"";
+  for (size_t at = labels.find(pattern); at != std::string::npos;
+       at = labels.find(pattern, at + 1)) {
     if (at != 0 && labels[at - 1] != ',') continue;
-    const size_t start = at + 6;
+    const size_t start = at + pattern.size();
     const size_t end = labels.find('"', start);
     if (end == std::string::npos) return std::nullopt;
     return labels.substr(start, end - start);
@@ -46,7 +47,7 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
       value_start = space;
     }
     // Rank 0 only: the pod's merged /metrics carries every local rank.
-    if (const auto rank = rank_label(labels); rank && *rank != "0") continue;
+    if (const auto rank = label_value(labels, "rank"); rank && *rank != "0") continue;
     const char* text = line.c_str() + value_start;
     char* end = nullptr;
     const double value = std::strtod(text, &end);
@@ -59,6 +60,10 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
       out.tokens_per_second = value;
     else if (name == "kubetrain_worker_last_checkpoint_step")
       out.last_checkpoint_step = value;
+    else if (name == "kubetrain_worker_checkpoint_consecutive_failures")
+      out.checkpoint_consecutive_failures = value;
+    else if (name == "kubetrain_worker_checkpoint_failures_total")
+      out.checkpoint_failures[label_value(labels, "reason").value_or("")] += value;
   }
   return out;
 }

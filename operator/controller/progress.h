@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -17,6 +18,11 @@ struct WorkerProgress {
   std::optional<double> loss;   // kubetrain_worker_loss
   std::optional<double> tokens_per_second;
   std::optional<double> last_checkpoint_step;
+  // Failed checkpoint saves: in a row up to now (0 once one succeeds again), and in all by the
+  // errno's name (kubetrain_worker_checkpoint_failures_total{reason}; "" when unlabelled, as in
+  // the termination message).
+  std::optional<double> checkpoint_consecutive_failures;
+  std::map<std::string, double> checkpoint_failures;
 };
 
 // Reads the samples with rank="0" (or without a rank label) of the worker metrics above.

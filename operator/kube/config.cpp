@@ -32,8 +32,8 @@ std::string read_text(const std::string& path, const std::string& what) {
 // A kubeconfig being read: the file name goes into every message.
 class Kubeconfig {
  public:
-  explicit Kubeconfig(std::string path) : path_(std::move(path)) {
-    doc_ = api::yaml_to_json(read_text(path_, "kubeconfig"), path_);
+  Kubeconfig(std::string path, const std::string& text) : path_(std::move(path)) {
+    doc_ = api::yaml_to_json(text, path_);
     if (!doc_.is_object()) throw Error(path_ + ": not a kubeconfig (expected a mapping)");
     dir_ = std::filesystem::path(path_).parent_path();
   }
@@ -44,7 +44,8 @@ class Kubeconfig {
     const Json* items = doc_.contains(list) ? &doc_[list] : nullptr;
     if (items && items->is_array()) {
       for (const Json& item : *items) {
-        if (item.is_object() && item.value("name", "") == name) {
+        // A name that is not a string (null, a number) names nothing.
+        if (item.is_object() && item.contains("name") && item["name"] == name) {
           if (!item.contains(field) || !item[field].is_object()) {
             throw Error(path_ + ": " + list + "[name=" + name + "]." + field + ": missing");
           }
@@ -121,7 +122,12 @@ std::string base64_decode(const std::string& text, const std::string& what) {
 }
 
 Config load_kubeconfig(const std::string& path, const std::string& context_name) {
-  const Kubeconfig file(path);
+  return parse_kubeconfig(read_text(path, "kubeconfig"), path, context_name);
+}
+
+Config parse_kubeconfig(const std::string& text, const std::string& path,
+                        const std::string& context_name) {
+  const Kubeconfig file(path, text);
   const Json& doc = file.doc();
   std::string name = context_name;
   if (name.empty()) name = file.string_field(doc, "current-context", "");

@@ -27,6 +27,10 @@ struct Config {
 // file's directory; *-data fields are base64 as in the file. Unsupported authentication (exec
 // plugins, auth providers, basic auth) is an error that says so.
 Config load_kubeconfig(const std::string& path, const std::string& context = "");
+// The same for the text of a kubeconfig read from `path` (named in errors, and the directory
+// that relative paths in it are resolved against).
+Config parse_kubeconfig(const std::string& text, const std::string& path,
+                        const std::string& context = "");
 
 // The pod's service account: KUBERNETES_SERVICE_HOST/PORT from `env` and the token, CA and
 // namespace files under `secrets_dir`.

@@ -67,11 +67,34 @@ bool Informer::has_synced() const {
   return synced_.load();
 }
 
+void Informer::add_index(const std::string& name, IndexFunc values) {
+  KT_CHECK(!thread_.joinable(), "Informer::add_index after start()");
+  indexes_[name] = Index{std::move(values), {}};
+}
+
+bool Informer::wait_for_sync(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(cache_mutex_);
+  return synced_cv_.wait_for(lock, timeout, [&] { return synced_.load(); });
+}
+
+std::string Informer::last_resource_version() const {
+  std::lock_guard lock(cache_mutex_);
+  return version_;
+}
+
 std::vector<Object> Informer::list() const {
+  return list("", nullptr);
+}
+
+std::vector<Object> Informer::list(const std::string& ns, const Predicate& keep) const {
   std::lock_guard lock(cache_mutex_);
   std::vector<Object> out;
-  out.reserve(cache_.size());
-  for (const auto& [key, object] : cache_) out.push_back(object);
+  // Keys are "ns/name": one namespace is one range of the map.
+  const std::string prefix = ns.empty() ? "" : ns + "/";
+  for (auto it = cache_.lower_bound(prefix);
+       it != cache_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    if (!keep || keep(it->second)) out.push_back(it->second);
+  }
   return out;
 }
 
@@ -80,6 +103,50 @@ std::optional<Object> Informer::get(const std::string& ns, const std::string& na
   auto it = cache_.find(ns.empty() ? name : ns + "/" + name);
   if (it == cache_.end()) return std::nullopt;
   return it->second;
+}
+
+std::vector<Object> Informer::by_index(const std::string& index, const std::string& value,
+                                       const std::string& ns, const Predicate& keep) const {
+  const auto found = indexes_.find(index);
+  KT_CHECK(found != indexes_.end(), "Informer::by_index: no index " + index);
+  std::lock_guard lock(cache_mutex_);
+  std::vector<Object> out;
+  const auto keys = found->second.keys.find(value);
+  if (keys == found->second.keys.end()) return out;
+  const std::string prefix = ns.empty() ? "" : ns + "/";
+  for (const std::string& key : keys->second) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    const auto it = cache_.find(key);
+    if (it != cache_.end() && (!keep || keep(it->second))) out.push_back(it->second);
+  }
+  return out;
+}
+
+void Informer::index_locked(const std::string& key, const Object* old_object,
+                            const Object* new_object) {
+  for (auto& [name, index] : indexes_) {
+    if (old_object) {
+      for (const std::string& value : index.values(*old_object)) {
+        auto it = index.keys.find(value);
+        if (it == index.keys.end()) continue;
+        it->second.erase(key);
+        if (it->second.empty()) index.keys.erase(it);
+      }
+    }
+    if (new_object)
+      for (const std::string& value : index.values(*new_object)) index.keys[value].insert(key);
+  }
+}
+
+void Informer::reindex_locked() {
+  for (auto& [name, index] : indexes_) index.keys.clear();
+  for (const auto& [key, object] : cache_) index_locked(key, nullptr, &object);
+}
+
+void Informer::set_version(const std::string& version) {
+  if (version.empty()) return;
+  std::lock_guard lock(cache_mutex_);
+  version_ = version;
 }
 
 bool Informer::sleep_unless_stopped(std::chrono::milliseconds duration) {
@@ -95,11 +162,17 @@ void Informer::apply(WatchEventType type, const Object& object) {
   const std::string key = object_key(object);
   {
     std::lock_guard lock(cache_mutex_);
+    const auto it = cache_.find(key);
+    const Object* old_object = it == cache_.end() ? nullptr : &it->second;
     if (type == WatchEventType::Deleted) {
-      cache_.erase(key);
+      index_locked(key, old_object, nullptr);
+      if (old_object) cache_.erase(it);
     } else {
+      index_locked(key, old_object, &object);
       cache_[key] = object;
     }
+    if (const std::string version = resource_version_of(object); !version.empty())
+      version_ = version;
   }
   emit(type, object);
 }
@@ -139,8 +212,11 @@ std::string Informer::list_and_sync() {
       }
     }
     cache_ = std::move(fresh);
+    reindex_locked();
+    if (!version.empty()) version_ = version;
+    synced_ = true;
   }
-  synced_ = true;
+  synced_cv_.notify_all();
   for (const auto& [type, object] : events) emit(type, object);
   return version;
 }
@@ -187,6 +263,7 @@ void Informer::watch_from(std::string& version) {
         throw Relist{"watch error event: " + event->object.dump()};
       case WatchEventType::Bookmark:
         version = resource_version_of(event->object);
+        set_version(version);
         break;
       default:
         version = resource_version_of(event->object);

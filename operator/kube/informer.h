@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,14 +46,36 @@ class Informer {
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
 
+  // The values an object is indexed under (none: not in the index).
+  using IndexFunc = std::function<std::vector<std::string>(const Object&)>;
+  using Predicate = std::function<bool(const Object&)>;
+
   // Before start(). Called for Added, Modified and Deleted (with the last known object).
   void add_handler(std::function<void(WatchEventType, const Object&)> handler);
+  // Before start(). A second index of the same name replaces the first.
+  void add_index(const std::string& name, IndexFunc values);
   void start();
   void stop();  // idempotent; returns after the informer's thread ended
   bool has_synced() const;
+  // Whether the first list arrived within `timeout` (has_synced() at the end).
+  bool wait_for_sync(std::chrono::milliseconds timeout) const;
+  // Copies, never references into the cache. `ns` "" for cluster-scoped resources, or for every
+  // namespace in list(); `keep` filters before copying (null keeps all).
   std::vector<Object> list() const;
-  // `ns` "" for cluster-scoped resources.
+  std::vector<Object> list(const std::string& ns, const Predicate& keep) const;
   std::optional<Object> get(const std::string& ns, const std::string& name) const;
+  // The objects indexed under `value` by index `index` (which must exist), in namespace `ns`
+  // ("" for all), that `keep` keeps.
+  std::vector<Object> by_index(const std::string& index, const std::string& value,
+                               const std::string& ns, const Predicate& keep) const;
+  bool has_index(const std::string& index) const { return indexes_.count(index) > 0; }
+  // The newest resourceVersion the informer has seen (list, event or bookmark), "" before the
+  // first list: client-go's LastSyncResourceVersion.
+  std::string last_resource_version() const;
+
+  const Resource& resource() const { return resource_; }
+  const std::string& ns() const { return namespace_; }
+  const std::string& label_selector() const { return label_selector_; }
 
   // Counters for tests and logs.
   int lists() const { return lists_.load(); }
@@ -63,6 +86,9 @@ class Informer {
   std::string list_and_sync();           // returns the list's resourceVersion
   void watch_from(std::string& version);  // until the watch ends; throws to request a relist
   void apply(WatchEventType type, const Object& object);
+  void set_version(const std::string& version);
+  void index_locked(const std::string& key, const Object* old_object, const Object* new_object);
+  void reindex_locked();
   void emit(WatchEventType type, const Object& object);
   bool sleep_unless_stopped(std::chrono::milliseconds duration);
 
@@ -73,8 +99,16 @@ class Informer {
   const InformerTiming timing_;
   std::vector<std::function<void(WatchEventType, const Object&)>> handlers_;
 
+  struct Index {
+    IndexFunc values;
+    std::map<std::string, std::set<std::string>> keys;  // value -> object keys
+  };
+
   mutable std::mutex cache_mutex_;
+  mutable std::condition_variable synced_cv_;  // with cache_mutex_
   std::map<std::string, Object> cache_;  // by "ns/name" (or "name")
+  std::map<std::string, Index> indexes_;  // by name; the set of names is fixed at start()
+  std::string version_;                   // last_resource_version()
   std::atomic<bool> synced_{false};
 
   std::mutex stop_mutex_;

@@ -16,6 +16,15 @@ std::string now_rfc3339();
 // nullopt for "" or text that is not "YYYY-MM-DDTHH:MM:SS…".
 std::optional<std::chrono::system_clock::time_point> parse_rfc3339(const std::string& text);
 
+// One line of a watch stream, {"type": "ADDED", "object": {...}}, as the REST client reads it.
+// Throws kt::Error naming what is wrong: not JSON (or nested deeper than api::parse_json allows),
+// an unknown type, an object that is not an object, or one without the metadata the informer
+// keys its cache by (metadata.name, and namespace and resourceVersion when present, strings; a
+// BOOKMARK carries only resourceVersion). An ERROR event's object is a metav1.Status.
+WatchEvent parse_watch_event(const std::string& line);
+// The frame parse_watch_event reads back: {"type": ..., "object": ...} on one line, no newline.
+std::string watch_event_line(const WatchEvent& event);
+
 // What a pod asks for of `resource` ("cpu" in cores, "memory" in bytes, "nvidia.com/gpu"): per
 // container its requests, or its limits when it has no request (the API server's defaulting),
 // summed over containers.

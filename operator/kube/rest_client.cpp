@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "api/error.h"
+#include "operator/kube/objects.h"
 
 namespace kt::kube {
 namespace {
@@ -74,15 +75,6 @@ class Query {
   std::string text_;
 };
 
-WatchEventType event_type(const std::string& type) {
-  if (type == "ADDED") return WatchEventType::Added;
-  if (type == "MODIFIED") return WatchEventType::Modified;
-  if (type == "DELETED") return WatchEventType::Deleted;
-  if (type == "BOOKMARK") return WatchEventType::Bookmark;
-  if (type == "ERROR") return WatchEventType::Error;
-  throw Error("unknown watch event type \"" + type + "\"");
-}
-
 // A watch read by its own thread into a queue, so that next() can wait with a timeout while
 // the HTTP read blocks. stop() cancels the HTTP request, which ends the read.
 class RestWatch : public Watch {
@@ -118,8 +110,7 @@ class RestWatch : public Watch {
     try {
       while (auto line = stream_->read_line()) {
         if (line->empty()) continue;
-        const Object frame = Object::parse(*line);
-        WatchEvent event{event_type(frame.at("type").get<std::string>()), frame.at("object")};
+        WatchEvent event = parse_watch_event(*line);
         std::lock_guard lock(mutex_);
         events_.push_back(std::move(event));
         arrived_.notify_all();
@@ -204,10 +195,27 @@ struct RestClient::Impl {
   BearerToken token;
   RestClientOptions options;
 
+  std::string host;  // "10.0.0.1:6443": the `host` label, as client-go's
+
   Impl(const Config& config, RestClientOptions opts)
       : http(HttpClientOptions{config.server, config.tls, opts.timeout}),
         token(config.token, config.token_file),
-        options(std::move(opts)) {}
+        options(std::move(opts)),
+        host(host_of(config.server)) {}
+
+  static std::string host_of(const std::string& server) {
+    const auto scheme = server.find("://");
+    const std::string rest = scheme == std::string::npos ? server : server.substr(scheme + 3);
+    return rest.substr(0, rest.find('/'));
+  }
+
+  void observe(const std::string& method, std::chrono::steady_clock::time_point started) {
+    if (options.metrics) {
+      options.metrics->rest_client_request_duration.with({method, host})
+          .observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                       .count());
+    }
+  }
 
   void count(int code, const std::string& method) {
     if (options.metrics) {
@@ -233,12 +241,15 @@ struct RestClient::Impl {
   Object call(HttpRequest r) {
     for (int attempt = 0;; ++attempt) {
       HttpResponse response;
+      const auto started = std::chrono::steady_clock::now();
       try {
         response = http.send(r);
       } catch (const Error&) {
+        observe(r.method, started);
         count(0, r.method);
         throw;
       }
+      observe(r.method, started);
       count(response.status, r.method);
       if (response.status >= 200 && response.status < 300) {
         if (response.body.empty()) return Object::object();
@@ -351,12 +362,15 @@ std::unique_ptr<Watch> RestClient::watch(const Resource& r, const std::string& n
   request.timeout = std::chrono::minutes((server_seconds + 30 + 59) / 60);
   CancelToken cancel;
   std::unique_ptr<HttpStream> stream;
+  const auto started = std::chrono::steady_clock::now();
   try {
     stream = impl_->http.open_stream(request, cancel);
   } catch (const Error&) {
+    impl_->observe("GET", started);
     impl_->count(0, "GET");
     throw;
   }
+  impl_->observe("GET", started);
   impl_->count(stream->status(), "GET");
   if (stream->status() != 200) {
     auto retry = stream->headers().find("retry-after");

@@ -8,6 +8,14 @@ namespace kt::kube {
 WorkQueue::WorkQueue(std::string name, KubeMetrics* metrics, RateLimits limits)
     : name_(std::move(name)), metrics_(metrics), limits_(limits),
       tokens_(limits.burst), tokens_at_(Clock::now()) {
+  // Every series of the queue from the start at 0, as client-go's, so that rates read 0, not
+  // "no data", before the first retry.
+  if (metrics_) {
+    metrics_->workqueue_adds.with({name_});
+    metrics_->workqueue_retries.with({name_});
+    metrics_->workqueue_queue_duration.with({name_});
+    metrics_->workqueue_work_duration.with({name_});
+  }
   update_depth_locked();
 }
 
@@ -22,6 +30,7 @@ void WorkQueue::add_locked(const std::string& key) {
   dirty_.insert(key);
   if (processing_.count(key)) return;  // queued again by done()
   queue_.push_back(key);
+  queued_at_[key] = Clock::now();
   update_depth_locked();
   changed_.notify_one();
 }
@@ -108,14 +117,30 @@ std::optional<std::string> WorkQueue::get() {
   processing_.insert(key);
   dirty_.erase(key);
   update_depth_locked();
+  const auto now = Clock::now();
+  if (const auto queued = queued_at_.find(key); queued != queued_at_.end()) {
+    if (metrics_)
+      metrics_->workqueue_queue_duration.with({name_}).observe(
+          std::chrono::duration<double>(now - queued->second).count());
+    queued_at_.erase(queued);
+  }
+  started_at_[key] = now;
   return key;
 }
 
 void WorkQueue::done(const std::string& key) {
   std::lock_guard lock(mutex_);
   processing_.erase(key);
+  const auto now = Clock::now();
+  if (const auto started = started_at_.find(key); started != started_at_.end()) {
+    if (metrics_)
+      metrics_->workqueue_work_duration.with({name_}).observe(
+          std::chrono::duration<double>(now - started->second).count());
+    started_at_.erase(started);
+  }
   if (dirty_.count(key) && !shutting_down_) {
     queue_.push_back(key);
+    queued_at_[key] = now;
     update_depth_locked();
     changed_.notify_one();
   }
@@ -125,6 +150,7 @@ void WorkQueue::shut_down() {
   std::lock_guard lock(mutex_);
   shutting_down_ = true;
   queue_.clear();
+  queued_at_.clear();
   delayed_.clear();
   update_depth_locked();
   changed_.notify_all();

@@ -13,7 +13,8 @@
 //
 // shut_down() wakes every get(); keys still queued or delayed are dropped (reconcilers are
 // level-triggered, so the next start converges anyway). Metrics: workqueue_depth,
-// workqueue_adds_total, workqueue_retries_total with label name=<name>.
+// workqueue_adds_total, workqueue_retries_total, workqueue_queue_duration_seconds (add to get)
+// and workqueue_work_duration_seconds (get to done), with label name=<name>.
 #pragma once
 
 #include <chrono>
@@ -75,6 +76,8 @@ class WorkQueue {
   std::set<std::string> processing_;  // handed out, not yet done()
   std::map<std::string, Clock::time_point> delayed_;  // key -> earliest ready time
   std::map<std::string, int> failures_;
+  std::map<std::string, Clock::time_point> queued_at_;   // in queue_ since (queue duration)
+  std::map<std::string, Clock::time_point> started_at_;  // handed out at (work duration)
   double tokens_;
   Clock::time_point tokens_at_;
   bool shutting_down_ = false;

@@ -10,11 +10,12 @@
 
 #include "operator/kube/objects.h"
 #include "operator/local/builtin_resources.h"
-#include "operator/local/store.h"
+#include "operator/kube/selectors.h"
 
 namespace kt::local {
 
 using kube::ApiError;
+using kube::matches_label_selector;
 using kube::now_rfc3339;
 using kube::Object;
 using kube::Resource;

@@ -1,3 +1,7 @@
+// The router of `kubetrain local serve` (http_api.h): each request's path to discovery
+// (discovery.h), the OpenAPI documents (openapi.h) or a resource handler (get, list, watch,
+// create, update, patch, apply, delete, pods/log), with authentication, RBAC, field validation
+// and the injected faults on the way; errors as metav1.Status.
 #include "operator/local/http_api.h"
 
 #include <cstdlib>
@@ -10,13 +14,15 @@
 
 #include "api/error.h"
 #include "api/yaml_json.h"
-#include "operator/local/builtin_resources.h"
 #include "operator/local/apply.h"
+#include "operator/local/builtin_resources.h"
+#include "operator/local/discovery.h"
 #include "operator/local/openapi.h"
 #include "operator/local/protobuf.h"
 #include "operator/local/rbac.h"
 #include "operator/local/schema.h"
 #include "operator/local/tables.h"
+#include "telemetry/metrics.h"
 
 namespace kt::local {
 namespace {
@@ -24,60 +30,6 @@ namespace {
 using kube::ApiError;
 using kube::Object;
 using kube::Resource;
-
-// kubectl's discovery asks for this; we report the Kubernetes minor whose API we follow.
-constexpr const char* kKubeMajor = "1";
-constexpr const char* kKubeMinor = "32";
-
-// A resource as discovery describes it.
-struct Served {
-  Resource resource;
-  std::string singular;
-  std::vector<std::string> short_names;
-  std::vector<std::string> categories;
-  bool status = false;
-  Object printer_columns = Object::array();  // CRD additionalPrinterColumns
-};
-
-std::vector<Served> builtin_served() {
-  std::vector<Served> out;
-  for (const BuiltinResource& b : builtin_resources())
-    out.push_back({b.resource, b.singular, b.short_names, b.categories, b.status});
-  return out;
-}
-
-// The resource a stored CRD defines (the storage version, as the Store serves it).
-std::optional<Served> served_from_crd(const Object& crd) {
-  const Object spec = crd.value("spec", Object::object());
-  const Object names = spec.value("names", Object::object());
-  Served s;
-  s.resource.group = spec.value("group", "");
-  s.resource.plural = names.value("plural", "");
-  s.resource.kind = names.value("kind", "");
-  s.resource.namespaced = spec.value("scope", "Namespaced") == "Namespaced";
-  s.singular = names.value("singular", "");
-  if (s.singular.empty()) {
-    s.singular = s.resource.kind;
-    for (char& c : s.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  }
-  for (const auto& n : names.value("shortNames", Object::array())) {
-    if (n.is_string()) s.short_names.push_back(n.get<std::string>());
-  }
-  for (const auto& n : names.value("categories", Object::array())) {
-    if (n.is_string()) s.categories.push_back(n.get<std::string>());
-  }
-  for (const auto& v : spec.value("versions", Object::array())) {
-    if (s.resource.version.empty() || v.value("storage", false)) {
-      s.resource.version = v.value("name", "");
-      s.status = v.contains("subresources") && v["subresources"].contains("status");
-      s.printer_columns = v.value("additionalPrinterColumns", Object::array());
-    }
-  }
-  if (s.resource.group.empty() || s.resource.plural.empty() || s.resource.version.empty()) {
-    return std::nullopt;
-  }
-  return s;
-}
 
 Object status_object(int code, const std::string& reason, const std::string& message) {
   return {{"kind", "Status"},       {"apiVersion", "v1"}, {"metadata", Object::object()},
@@ -135,36 +87,10 @@ bool truthy(const std::string& value) {
   return value == "1" || value == "true" || value == "True";
 }
 
-// A printer column's value: simple JSONPath (".status.phase", ".spec.items[0].name").
-Object json_path(const Object& object, const std::string& path) {
-  const Object* at = &object;
-  std::size_t i = 0;
-  while (i < path.size()) {
-    if (path[i] == '.') {
-      ++i;
-      continue;
-    }
-    if (path[i] == '[') {
-      const auto close = path.find(']', i);
-      if (close == std::string::npos) return nullptr;
-      try {
-        const std::size_t index = std::stoul(path.substr(i + 1, close - i - 1));
-        if (!at->is_array() || index >= at->size()) return nullptr;
-        at = &(*at)[index];
-      } catch (const std::exception&) {
-        return nullptr;  // filters ([?(@.type=="Ready")]) are not supported
-      }
-      i = close + 1;
-      continue;
-    }
-    auto end = path.find_first_of(".[", i);
-    if (end == std::string::npos) end = path.size();
-    const std::string key = path.substr(i, end - i);
-    if (!at->is_object() || !at->contains(key)) return nullptr;
-    at = &(*at)[key];
-    i = end;
-  }
-  return *at;
+// kubectl's Table form (tables.h) of objects of `served`.
+Object table_of(const ServedResource& served, const std::vector<Object>& items,
+                const std::string& resource_version) {
+  return table(served.resource, served.printer_columns, items, resource_version);
 }
 
 }  // namespace
@@ -173,22 +99,62 @@ struct ApiServer::Impl {
   kube::Client& backend;
   ApiServer& owner;
   HttpServer http;
-  mutable std::mutex faults_mutex;  // guards faults, extra, pod_logs and tokens
+  mutable std::mutex faults_mutex;  // guards faults, fault_rng, extra, pod_logs and tokens
   Faults faults;
-  std::vector<Served> extra;  // add_resource()
+  std::mt19937_64 fault_rng;  // the draws of faults.error_rate, seeded by faults.seed
+  std::vector<ServedResource> extra;  // add_resource()
   PodLogPath pod_logs;        // set_pod_logs()
   // ServiceAccount tokens issued by service_account_token(): token -> (namespace, name).
   std::map<std::string, std::pair<std::string, std::string>> tokens;
   std::atomic<int> drop_generation{0};
+  // GET /metrics: the API server's own request counter, so that a benchmark or a test can count
+  // the LISTs and GETs a client makes without instrumenting the client.
+  telemetry::Registry metrics;
+  telemetry::Family<telemetry::Counter>& requests_total = metrics.counter(
+      "apiserver_request_total",
+      "Counter of apiserver requests broken out for each verb, group, version, resource, "
+      "scope, component, and HTTP response code.",
+      {"verb", "group", "version", "resource", "subresource", "scope", "component", "code"});
 
   Impl(kube::Client& b, ApiServer& o, const std::string& address, int port)
       : backend(b), owner(o),
         http(address, port, [this](const HttpRequest& r, ResponseWriter& w) { handle(r, w); }) {}
 
+  // What apiserver_request_total counts a request as: the API server's RequestInfo, with its
+  // verbs in upper case (LIST, GET, WATCH, POST, PUT, PATCH, APPLY, DELETE); for a request that
+  // names no resource, the HTTP method and empty resource labels.
+  struct RequestInfo {
+    std::string verb, group, version, resource, subresource, scope;
+  };
+
+  // Remembers the status of the response, which apiserver_request_total is labelled with.
+  class StatusRecorder : public ResponseWriter {
+   public:
+    explicit StatusRecorder(ResponseWriter& inner) : inner_(inner) {}
+    int status() const { return status_; }
+    void send(int status, const std::string& content_type, const std::string& body,
+              const std::map<std::string, std::string>& headers) override {
+      status_ = status;
+      inner_.send(status, content_type, body, headers);
+    }
+    void begin_stream(int status, const std::string& content_type) override {
+      status_ = status;
+      inner_.begin_stream(status, content_type);
+    }
+    bool write(std::string_view chunk) override { return inner_.write(chunk); }
+    void end_stream() override { inner_.end_stream(); }
+    void abort() override { inner_.abort(); }
+    bool closed() override { return inner_.closed(); }
+
+   private:
+    ResponseWriter& inner_;
+    int status_ = 0;
+  };
+
   // ---- resources -----------------------------------------------------------------------------
 
-  std::vector<Served> served() {
-    std::vector<Served> all = builtin_served();
+  std::vector<ServedResource> served() {
+    std::vector<ServedResource> all = builtin_served();
     {
       std::lock_guard lock(faults_mutex);
       all.insert(all.end(), extra.begin(), extra.end());
@@ -203,9 +169,9 @@ struct ApiServer::Impl {
     return all;
   }
 
-  std::optional<Served> find(const std::string& group, const std::string& version,
+  std::optional<ServedResource> find(const std::string& group, const std::string& version,
                              const std::string& plural) {
-    for (Served& s : served()) {
+    for (ServedResource& s : served()) {
       if (s.resource.group == group && s.resource.version == version &&
           s.resource.plural == plural) {
         return s;
@@ -229,6 +195,27 @@ struct ApiServer::Impl {
     return faults.delay;
   }
 
+  // Faults::error_rate for one request: 0 (none), 500 or 429.
+  int random_error() {
+    std::lock_guard lock(faults_mutex);
+    if (faults.error_rate <= 0) return 0;
+    const double u = std::uniform_real_distribution<double>(0, 1)(fault_rng);
+    if (u >= faults.error_rate) return 0;
+    return u < faults.error_rate / 2 ? 500 : 429;
+  }
+
+  // Faults::error_rate for one watch: when it ends early (nullopt: it does not) and whether it is
+  // cut rather than ended.
+  std::optional<std::pair<std::chrono::steady_clock::time_point, bool>> random_watch_end() {
+    std::lock_guard lock(faults_mutex);
+    if (faults.error_rate <= 0) return std::nullopt;
+    const double seconds = std::exponential_distribution<double>(faults.error_rate)(fault_rng);
+    const bool cut = std::bernoulli_distribution(0.5)(fault_rng);
+    return std::make_pair(std::chrono::steady_clock::now() +
+                              std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)),
+                          cut);
+  }
+
   void handle_faults_endpoint(const HttpRequest& r, ResponseWriter& w) {
     if (r.method == "POST") {
       const Object body = r.body.empty() ? Object::object() : Object::parse(r.body);
@@ -240,6 +227,7 @@ struct ApiServer::Impl {
       faults.too_many_requests = body.value("tooManyRequests", faults.too_many_requests);
       faults.delay = std::chrono::milliseconds(
           body.value("delayMs", static_cast<long long>(faults.delay.count())));
+      faults.error_rate = body.value("errorRate", faults.error_rate);
     }
     std::lock_guard lock(faults_mutex);
     send_json(w, 200,
@@ -249,129 +237,23 @@ struct ApiServer::Impl {
                {"serverErrors", faults.server_errors},
                {"tooManyRequests", faults.too_many_requests},
                {"delayMs", faults.delay.count()},
+               {"errorRate", faults.error_rate},
                {"openWatches", owner.open_watches()}});
-  }
-
-  // ---- discovery -----------------------------------------------------------------------------
-
-  Object api_versions() const {
-    return {{"kind", "APIVersions"},
-            {"versions", {"v1"}},
-            {"serverAddressByClientCIDRs",
-             {{{"clientCIDR", "0.0.0.0/0"},
-               {"serverAddress", "127.0.0.1:" + std::to_string(http.port())}}}}};
-  }
-
-  Object api_group(const std::string& group, const std::vector<std::string>& versions) const {
-    Object entries = Object::array();
-    for (const auto& v : versions) entries.push_back({{"groupVersion", group + "/" + v}, {"version", v}});
-    return {{"kind", "APIGroup"},
-            {"apiVersion", "v1"},
-            {"name", group},
-            {"versions", entries},
-            {"preferredVersion", entries.at(0)}};
-  }
-
-  Object api_group_list() {
-    std::map<std::string, std::vector<std::string>> groups;  // group -> versions
-    for (const Served& s : served()) {
-      if (s.resource.group.empty()) continue;
-      auto& versions = groups[s.resource.group];
-      if (std::find(versions.begin(), versions.end(), s.resource.version) == versions.end()) {
-        versions.push_back(s.resource.version);
-      }
-    }
-    Object list = Object::array();
-    for (const auto& [group, versions] : groups) list.push_back(api_group(group, versions));
-    return {{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", list}};
-  }
-
-  std::optional<Object> api_resource_list(const std::string& group, const std::string& version) {
-    Object resources = Object::array();
-    const std::vector<std::string> verbs = {"create", "delete", "get",   "list",
-                                            "patch",  "update", "watch"};
-    for (const Served& s : served()) {
-      if (s.resource.group != group || s.resource.version != version) continue;
-      Object entry = {{"name", s.resource.plural},   {"singularName", s.singular},
-                      {"namespaced", s.resource.namespaced}, {"kind", s.resource.kind},
-                      {"verbs", verbs}};
-      if (!s.short_names.empty()) entry["shortNames"] = s.short_names;
-      if (!s.categories.empty()) entry["categories"] = s.categories;
-      resources.push_back(entry);
-      if (s.status) {
-        resources.push_back({{"name", s.resource.plural + "/status"}, {"singularName", ""},
-                             {"namespaced", s.resource.namespaced}, {"kind", s.resource.kind},
-                             {"verbs", {"get", "patch", "update"}}});
-      }
-    }
-    if (resources.empty()) return std::nullopt;
-    return Object{{"kind", "APIResourceList"},
-                  {"apiVersion", "v1"},
-                  {"groupVersion", group.empty() ? version : group + "/" + version},
-                  {"resources", resources}};
-  }
-
-  // ---- tables (kubectl get) ------------------------------------------------------------------
-
-  Object table(const Served& s, const std::vector<Object>& items, const std::string& version) {
-    // The columns: a CRD's additionalPrinterColumns, a built-in kind's printer, else Age.
-    std::vector<TableColumn> printer;
-    for (const Object& c : s.printer_columns) {
-      const std::string type = c.value("type", "string");
-      const std::string path = c.value("jsonPath", "");
-      printer.push_back({c.value("name", ""), type, c.value("description", ""),
-                         c.value("priority", 0), [type, path](const Object& item) {
-                           Object value = json_path(item, path);
-                           if (type == "date" && value.is_string()) {
-                             const long long age = seconds_since(value.get<std::string>());
-                             value = age >= 0 ? Object(human_duration(age)) : Object(nullptr);
-                           }
-                           return value;
-                         }});
-    }
-    if (s.printer_columns.empty()) {
-      printer = builtin_columns(s.resource);
-    } else {
-      bool has_age = false;
-      for (const TableColumn& c : printer) has_age = has_age || c.name == "Age";
-      if (!has_age) {
-        printer.push_back({"Age", "date", "CreationTimestamp", 0, [](const Object& item) {
-                             const long long age = seconds_since(
-                                 item["metadata"].value("creationTimestamp", ""));
-                             return age >= 0 ? Object(human_duration(age)) : Object("<unknown>");
-                           }});
-      }
-      printer.insert(printer.begin(),
-                     {"Name", "string", "Name must be unique within a namespace.", 0,
-                      [](const Object& item) { return item["metadata"].value("name", Object()); }});
-    }
-    Object columns = Object::array();
-    for (const TableColumn& c : printer) {
-      columns.push_back({{"name", c.name}, {"type", c.type},
-                         {"format", c.name == "Name" ? "name" : ""},
-                         {"description", c.description}, {"priority", c.priority}});
-    }
-    Object rows = Object::array();
-    for (const Object& item : items) {
-      Object cells = Object::array();
-      const Object meta = item.value("metadata", Object::object());
-      for (const TableColumn& c : printer) cells.push_back(c.cell(item));
-      rows.push_back({{"cells", cells},
-                      {"object",
-                       {{"kind", "PartialObjectMetadata"},
-                        {"apiVersion", "meta.k8s.io/v1"},
-                        {"metadata", meta}}}});
-    }
-    return {{"kind", "Table"},
-            {"apiVersion", "meta.k8s.io/v1"},
-            {"metadata", {{"resourceVersion", version}}},
-            {"columnDefinitions", columns},
-            {"rows", rows}};
   }
 
   // ---- requests ------------------------------------------------------------------------------
 
-  void handle(const HttpRequest& r, ResponseWriter& w) {
+  void handle(const HttpRequest& r, ResponseWriter& response) {
+    StatusRecorder w(response);
+    RequestInfo info{r.method, "", "", "", "", ""};
+    handle(r, w, info);
+    requests_total
+        .with({info.verb, info.group, info.version, info.resource, info.subresource, info.scope,
+               "apiserver", w.status() == 0 ? "0" : std::to_string(w.status())})
+        .inc();
+  }
+
+  void handle(const HttpRequest& r, ResponseWriter& w, RequestInfo& info) {
     // KUBETRAIN_LOCAL_LOG_REQUESTS=1: one line per request on stderr (what a client asked).
     static const bool log_requests = std::getenv("KUBETRAIN_LOCAL_LOG_REQUESTS") != nullptr;
     if (log_requests) {
@@ -380,7 +262,7 @@ struct ApiServer::Impl {
                    r.query.c_str(), accept == r.headers.end() ? "" : accept->second.c_str());
     }
     try {
-      route(r, w);
+      route(r, w, info);
     } catch (const ApiError& e) {
       std::map<std::string, std::string> headers;
       if (e.retry_after_seconds()) headers["Retry-After"] = std::to_string(*e.retry_after_seconds());
@@ -398,7 +280,7 @@ struct ApiServer::Impl {
     }
   }
 
-  void route(const HttpRequest& r, ResponseWriter& w) {
+  void route(const HttpRequest& r, ResponseWriter& w, RequestInfo& info) {
     std::string path = r.path;
     while (path.size() > 1 && path.back() == '/') path.pop_back();
     if (path == "/kubetrain/faults") return handle_faults_endpoint(r, w);
@@ -421,11 +303,10 @@ struct ApiServer::Impl {
       return w.send(200, "text/plain", "ok");
     }
     if (path == "/version") {
-      return send_json(w, 200,
-                       {{"major", kKubeMajor}, {"minor", kKubeMinor},
-                        {"gitVersion", std::string("v") + kKubeMajor + "." + kKubeMinor +
-                                           ".0-kubetrain-local"},
-                        {"platform", "linux/amd64"}});
+      return send_json(w, 200, version_info());
+    }
+    if (path == "/metrics" && r.method == "GET") {
+      return w.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics.expose());
     }
     if (path == "/openapi/v2") {
       // kubectl asks for gnostic's protobuf form (openapi_v2.Document); field 1 is `swagger`.
@@ -434,7 +315,7 @@ struct ApiServer::Impl {
         return w.send(200, "application/octet-stream",
                       std::string("\x0a\x03" "2.0", 5));
       }
-      return send_json(w, 200, openapi_v2());
+      return send_json(w, 200, openapi_v2_document());
     }
     if (path == "/openapi/v3" || path.rfind("/openapi/v3/", 0) == 0) {
       std::vector<Object> crds;
@@ -456,14 +337,14 @@ struct ApiServer::Impl {
     std::string group, version;
     std::vector<std::string> rest;
     if (parts[0] == "api") {
-      if (parts.size() == 1) return send_json(w, 200, api_versions());
+      if (parts.size() == 1) return send_json(w, 200, api_versions(http.port()));
       version = parts[1];
       rest.assign(parts.begin() + 2, parts.end());
     } else if (parts[0] == "apis") {
-      if (parts.size() == 1) return send_json(w, 200, api_group_list());
+      if (parts.size() == 1) return send_json(w, 200, api_group_list(served()));
       group = parts[1];
       if (parts.size() == 2) {
-        for (const Object& g : api_group_list()["groups"]) {
+        for (const Object& g : api_group_list(served())["groups"]) {
           if (g["name"] == group) return send_json(w, 200, g);
         }
         return not_found(w);
@@ -475,7 +356,7 @@ struct ApiServer::Impl {
     }
     if (rest.empty()) {
       if (r.method != "GET") return send_status(w, 405, "MethodNotAllowed", "method not allowed");
-      if (auto list = api_resource_list(group, version)) return send_json(w, 200, *list);
+      if (auto list = api_resource_list(served(), group, version)) return send_json(w, 200, *list);
       return not_found(w);
     }
     std::string ns;
@@ -484,10 +365,19 @@ struct ApiServer::Impl {
       rest.erase(rest.begin(), rest.begin() + 2);
     }
     if (rest.size() > 3) return not_found(w);
-    const std::optional<Served> served = find(group, version, rest[0]);
+    const std::optional<ServedResource> served = find(group, version, rest[0]);
     if (!served || (!served->resource.namespaced && !ns.empty())) return not_found(w);
     const std::string name = rest.size() >= 2 ? rest[1] : "";
     const std::string sub = rest.size() == 3 ? rest[2] : "";
+    info = {upper(verb_of(r, name)), group, version, served->resource.plural, sub,
+            !name.empty() ? "resource" : !ns.empty() ? "namespace" : "cluster"};
+    if (info.verb == "CREATE") info.verb = "POST";
+    if (info.verb == "UPDATE") info.verb = "PUT";
+    if (info.verb == "DELETECOLLECTION") info.verb = "DELETE";
+    if (const auto type = r.headers.find("content-type");
+        info.verb == "PATCH" && type != r.headers.end() &&
+        type->second.rfind("application/apply-patch", 0) == 0)
+      info.verb = "APPLY";
     if (user) {
       RequestAttributes attributes;
       attributes.verb = verb_of(r, name);
@@ -554,7 +444,7 @@ struct ApiServer::Impl {
       const std::string api_version = ref.value("apiVersion", "");
       const auto slash = api_version.find('/');
       const std::string group = slash == std::string::npos ? "" : api_version.substr(0, slash);
-      for (const Served& owner : served()) {
+      for (const ServedResource& owner : served()) {
         if (owner.resource.kind != ref.value("kind", "") || owner.resource.group != group) continue;
         RequestAttributes attributes;
         attributes.verb = "update";
@@ -575,6 +465,11 @@ struct ApiServer::Impl {
   static bool is_discovery(const std::string& path) {
     return path == "/api" || path == "/apis" || path == "/version" ||
            path.rfind("/openapi", 0) == 0;
+  }
+
+  static std::string upper(std::string text) {
+    for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return text;
   }
 
   static std::string lower(std::string text) {
@@ -599,7 +494,7 @@ struct ApiServer::Impl {
     send_status(w, 404, "NotFound", "the server could not find the requested resource");
   }
 
-  void serve_resource(const HttpRequest& r, ResponseWriter& w, const Served& served,
+  void serve_resource(const HttpRequest& r, ResponseWriter& w, const ServedResource& served,
                       const std::string& ns, const std::string& name, const std::string& sub) {
     const Resource& res = served.resource;
     if (auto d = delay(); d.count() > 0) std::this_thread::sleep_for(d);
@@ -608,6 +503,12 @@ struct ApiServer::Impl {
     }
     if (take(&Faults::too_many_requests)) {
       return send_status(w, 429, "TooManyRequests", "injected fault: too many requests",
+                         {{"Retry-After", "1"}});
+    }
+    if (const int code = random_error(); code == 500) {
+      return send_status(w, 500, "InternalError", "injected fault (random): internal error");
+    } else if (code == 429) {
+      return send_status(w, 429, "TooManyRequests", "injected fault (random): too many requests",
                          {{"Retry-After", "1"}});
     }
     if ((r.method == "PUT" || r.method == "PATCH") && take(&Faults::update_conflicts)) {
@@ -626,7 +527,12 @@ struct ApiServer::Impl {
       options.continue_token = r.param("continue");
       options.resource_version = r.param("resourceVersion");
       const kube::ObjectList list = backend.list(res, ns, options);
-      if (wants_table(r)) return send_json(w, 200, table(served, list.items, list.resource_version));
+      if (wants_table(r)) {
+        // kubectl get pages by 500 and asks for the next page by the Table's continue token.
+        Object table = table_of(served, list.items, list.resource_version);
+        if (!list.continue_token.empty()) table["metadata"]["continue"] = list.continue_token;
+        return send_json(w, 200, table);
+      }
       Object metadata = {{"resourceVersion", list.resource_version}};
       if (!list.continue_token.empty()) metadata["continue"] = list.continue_token;
       Object items = Object::array();
@@ -638,9 +544,8 @@ struct ApiServer::Impl {
     if (r.method == "GET") {
       const Object object = backend.get(res, ns, name);
       if (wants_table(r)) {
-        return send_json(w, 200,
-                         table(served, {object},
-                               object["metadata"].value("resourceVersion", "")));
+        return send_json(
+            w, 200, table_of(served, {object}, object["metadata"].value("resourceVersion", "")));
       }
       return send_json(w, 200, object);
     }
@@ -725,7 +630,8 @@ struct ApiServer::Impl {
   // is Warn) of a custom resource's body: unknown fields are refused with 400 (Strict) or named
   // in Warning headers (Warn); the Store prunes them either way. `body` may be a partial object
   // (a merge patch): only its unknown fields count here, the Store validates the result.
-  std::map<std::string, std::string> field_validation(const HttpRequest& r, const Served& served,
+  std::map<std::string, std::string> field_validation(const HttpRequest& r,
+                                                      const ServedResource& served,
                                                       const Object& body) {
     const std::string mode = r.has_param("fieldValidation") ? r.param("fieldValidation") : "Warn";
     if (mode != "Strict" && mode != "Warn" && mode != "Ignore") {
@@ -767,7 +673,7 @@ struct ApiServer::Impl {
 
   // Server-side apply (apply.h): Helm 4's and `kubectl apply --server-side`'s PATCH. Creates
   // the object when it is missing; a conflict with another manager is a 409 with its causes.
-  void serve_apply(const HttpRequest& r, ResponseWriter& w, const Served& served,
+  void serve_apply(const HttpRequest& r, ResponseWriter& w, const ServedResource& served,
                    const std::string& ns, const std::string& name, const std::string& sub) {
     const Resource& res = served.resource;
     const std::string manager = r.param("fieldManager");
@@ -875,7 +781,7 @@ struct ApiServer::Impl {
     }
   }
 
-  void serve_watch(const HttpRequest& r, ResponseWriter& w, const Served& served,
+  void serve_watch(const HttpRequest& r, ResponseWriter& w, const ServedResource& served,
                    const std::string& ns) {
     const Resource& res = served.resource;
     const bool as_table = wants_table(r);
@@ -913,7 +819,8 @@ struct ApiServer::Impl {
       const kube::ObjectList list = backend.list(res, ns, list_options);
       for (const Object& item : list.items) {
         const Object object =
-            as_table ? table(served, {item}, item["metadata"].value("resourceVersion", "")) : item;
+            as_table ? table_of(served, {item}, item["metadata"].value("resourceVersion", ""))
+                     : item;
         initial_events.push_back(Object{{"type", "ADDED"}, {"object", object}}.dump() + "\n");
       }
       const Object bookmark = {
@@ -945,8 +852,16 @@ struct ApiServer::Impl {
     // An empty watch still answers with headers at once; cpprest's client returns then.
     const auto limit = std::chrono::seconds(options.timeout_seconds > 0 ? options.timeout_seconds : 1800);
     const auto deadline = std::chrono::steady_clock::now() + limit;
+    const auto early_end = random_watch_end();
     for (;;) {
       if (w.closed()) break;
+      if (early_end && std::chrono::steady_clock::now() >= early_end->first) {
+        if (early_end->second)
+          w.abort();
+        else
+          w.end_stream();
+        break;
+      }
       if (drop_generation.load() != generation) {
         w.abort();
         break;
@@ -967,10 +882,10 @@ struct ApiServer::Impl {
       // kubectl get --watch asks for tables: each event carries a one-row Table.
       const bool tabulate = as_table && event->type != kube::WatchEventType::Bookmark &&
                             event->type != kube::WatchEventType::Error;
-      const Object object =
-          tabulate ? table(served, {event->object},
-                           event->object["metadata"].value("resourceVersion", ""))
-                   : event->object;
+      const Object object = tabulate
+                                ? table_of(served, {event->object},
+                                           event->object["metadata"].value("resourceVersion", ""))
+                                : event->object;
       const std::string line =
           Object{{"type", event_type_name(event->type)}, {"object", object}}.dump() + "\n";
       if (!w.write(line)) break;
@@ -1060,17 +975,6 @@ struct ApiServer::Impl {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
-
-  // ---- openapi -------------------------------------------------------------------------------
-
-  // A valid, nearly empty Swagger 2.0 document: kubectl's client-side validation finds no
-  // schema for a kind and accepts it (the Store validates what it stores).
-  Object openapi_v2() const {
-    return {{"swagger", "2.0"},
-            {"info", {{"title", "Kubernetes"}, {"version", std::string("v") + kKubeMajor + "." + kKubeMinor + ".0"}}},
-            {"paths", Object::object()},
-            {"definitions", Object::object()}};
-  }
 };
 
 ApiServer::ApiServer(kube::Client& backend, std::string address, int port)
@@ -1124,12 +1028,7 @@ void ApiServer::write_kubeconfig(const std::string& path) const {
 
 void ApiServer::add_resource(const kube::Resource& resource, bool status_subresource,
                              std::vector<std::string> short_names) {
-  Served served;
-  served.resource = resource;
-  served.singular = resource.kind;
-  for (char& c : served.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  served.short_names = std::move(short_names);
-  served.status = status_subresource;
+  ServedResource served = served_without_crd(resource, status_subresource, std::move(short_names));
   std::lock_guard lock(impl_->faults_mutex);
   impl_->extra.push_back(std::move(served));
 }
@@ -1163,6 +1062,7 @@ void ApiServer::set_pod_logs(PodLogPath path_of) {
 void ApiServer::set_faults(const Faults& faults) {
   std::lock_guard lock(impl_->faults_mutex);
   impl_->faults = faults;
+  impl_->fault_rng.seed(faults.seed);
 }
 
 Faults ApiServer::faults() const {

@@ -10,26 +10,31 @@
 // apply.h), DELETE with propagationPolicy; JSON or Kubernetes protobuf bodies (protobuf.h);
 // server-side field validation of custom resources (schema.h); errors as metav1.Status;
 // discovery (/api, /api/v1, /apis, /apis/<group>[/<version>], /version) with the CRDs in the
-// store; /openapi/v3 from the CRDs' schemas (openapi.h) and a minimal /openapi/v2; /healthz,
-// /readyz, /livez. Requests with a ServiceAccount token are authorized by RBAC (rbac.h).
+// store (discovery.h); /openapi/v3 from the CRDs' schemas and a minimal /openapi/v2 (openapi.h);
+// /healthz, /readyz, /livez. Requests with a ServiceAccount token are authorized by RBAC (rbac.h).
 //
 // Faults for tests, set through set_faults() or `POST /kubetrain/faults` with the same fields
-// as JSON ({"serverErrors": 2, "delayMs": 300}); `POST /kubetrain/drop-watches` cuts every open
-// watch connection.
+// as JSON ({"serverErrors": 2, "delayMs": 300, "errorRate": 0.05}); `POST /kubetrain/drop-watches`
+// cuts every open watch connection.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "http/server.h"
 #include "operator/kube/client.h"
-#include "operator/local/http_server.h"
 
 namespace kt::local {
+
+using http::HttpRequest;
+using http::HttpServer;
+using http::ResponseWriter;
 
 // Each count is consumed by the requests it hits, in arrival order.
 struct Faults {
@@ -39,6 +44,13 @@ struct Faults {
   int server_errors = 0;       // requests (watches included) answered 500
   int too_many_requests = 0;   // requests answered 429 with Retry-After: 1
   std::chrono::milliseconds delay{0};  // added before every resource request (not discovery)
+  // Random faults for chaos tests (`kubetrain local serve --inject-faults RATE`): each resource
+  // request is answered 500 or 429 (Retry-After: 1), half and half, with probability
+  // `error_rate`, and each watch ends early, after an exponentially distributed time with a mean
+  // of 1 / error_rate seconds (half of them cut without ending the response, as a dropped
+  // connection). `seed` seeds the draws.
+  double error_rate = 0;
+  uint64_t seed = 0;
 };
 
 // The file holding a pod's container output (the local pod runner's log), for pods/log.

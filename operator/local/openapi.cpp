@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "operator/local/discovery.h"
+
 namespace kt::local {
 namespace {
 
@@ -138,6 +140,13 @@ Object openapi_v3_index(const std::vector<Object>& crds) {
     paths[path] = {{"serverRelativeURL", "/openapi/v3/" + path + "?hash=" + hash_of(doc.dump())}};
   }
   return {{"paths", paths}};
+}
+
+Object openapi_v2_document() {
+  return {{"swagger", "2.0"},
+          {"info", {{"title", "Kubernetes"}, {"version", std::string("v") + kKubeMajor + "." + kKubeMinor + ".0"}}},
+          {"paths", Object::object()},
+          {"definitions", Object::object()}};
 }
 
 }  // namespace kt::local

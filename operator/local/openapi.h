@@ -1,7 +1,8 @@
-// The OpenAPI v3 documents `kubectl explain` reads (GET /openapi/v3, then one document per
-// group-version), built from the CRDs' structural schemas as kube-apiserver publishes them:
+// The OpenAPI documents. v3, what `kubectl explain` reads (GET /openapi/v3, then one document
+// per group-version), built from the CRDs' structural schemas as kube-apiserver publishes them:
 // one component schema per kind, named by the reversed group ("dev.kubetrain.v1alpha1.
-// TrainingJob"), tagged with x-kubernetes-group-version-kind.
+// TrainingJob"), tagged with x-kubernetes-group-version-kind. v2, what kubectl's client-side
+// validation reads: a valid document without schemas.
 #pragma once
 
 #include <string>
@@ -19,5 +20,9 @@ kube::Object openapi_v3_index(const std::vector<kube::Object>& crds);
 // CRD serves it.
 kube::Object openapi_v3_document(const std::vector<kube::Object>& crds, const std::string& group,
                                  const std::string& version);
+
+// GET /openapi/v2: a valid, nearly empty Swagger 2.0 document. kubectl's client-side validation
+// finds no schema for a kind and accepts it (the Store validates what it stores).
+kube::Object openapi_v2_document();
 
 }  // namespace kt::local

@@ -9,11 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
 #include <vector>
 
 #include "api/quantity.h"
@@ -30,9 +34,51 @@ using kube::now_rfc3339;
 
 namespace {
 
-// A port nobody listens on now (the kernel's choice for port 0). Another process could take it
-// before the pod binds it; on one machine that is rare and the pod then fails visibly.
+// The first port of the kernel's ephemeral range (ip_local_port_range; Linux's default 32768).
+int ephemeral_port_low() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  in >> low;
+  return low;
+}
+
+// Whether nobody uses `port` on any address now (no listener, no connection, no TIME_WAIT).
+bool port_is_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw kt::Error("cannot create a socket: " + std::string(std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A port nobody uses now, for a pod to bind (its MASTER_PORT, metrics and -bind-address ports).
+// Taken below the kernel's ephemeral range: the kernel's choice for port 0 comes from that range,
+// where it also puts the local end of every outgoing connection, and under load (the chaos test:
+// operators, kubectl, the ranks' rendezvous) such a port was taken before the pod bound it —
+// "Address already in use", exit 1, the job failed. Below the range only an explicit bind can
+// take it. A port handed out in the last minute is not handed out again (its pod may not have
+// bound it yet).
 int free_port() {
+  static std::mutex mutex;
+  static std::map<int, std::chrono::steady_clock::time_point> handed_out;
+  static std::mt19937 random(std::random_device{}());
+  std::lock_guard lock(mutex);
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(handed_out, [&](const auto& p) { return now - p.second > std::chrono::minutes(1); });
+  const int low = 10000, high = std::min(ephemeral_port_low(), 65536) - 1;
+  if (high - low >= 1000) {
+    for (int tries = 0; tries < 1000; ++tries) {
+      const int port = std::uniform_int_distribution<int>(low, high)(random);
+      if (handed_out.count(port) || !port_is_free(port)) continue;
+      handed_out[port] = now;
+      return port;
+    }
+  }
+  // No room below the range (an unusual ip_local_port_range): the kernel's choice.
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw kt::Error("cannot create a socket: " + std::string(std::strerror(errno)));
   sockaddr_in addr{};
@@ -45,6 +91,7 @@ int free_port() {
     throw kt::Error("cannot find a free port: " + std::string(std::strerror(errno)));
   }
   ::close(fd);
+  handed_out[ntohs(addr.sin_port)] = now;
   return ntohs(addr.sin_port);
 }
 
@@ -84,6 +131,25 @@ std::vector<pid_t> descendants(pid_t root) {
       out.push_back(c);
       stack.push_back(c);
     }
+  }
+  return out;
+}
+
+// The processes whose environment holds `entry` ("NAME=value"): those of one pod, even when they
+// left its process tree (setsid, double fork) before the runner looked at the tree.
+std::vector<pid_t> processes_with_env(const std::string& entry) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& dir : fs::directory_iterator("/proc", ec)) {
+    const std::string name = dir.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream in(dir.path() / "environ", std::ios::binary);
+    std::string variable;
+    while (std::getline(in, variable, '\0'))
+      if (variable == entry) {
+        out.push_back(std::stoi(name));
+        break;
+      }
   }
   return out;
 }
@@ -177,14 +243,17 @@ void PodRunner::patch_status(const std::string& ns, const std::string& name, con
 void PodRunner::sync() {
   std::lock_guard<std::mutex> sync_lock(sync_mutex_);
   const Object node = client_.get(kube::kNodes, "", options_.node_name);
-  const std::vector<Object> pods = client_.list(kube::kPods, "", {}).items;
+  bind_claims();
+  kube::ListOptions only_here;
+  if (!options_.bind_pods) only_here.field_selector = "spec.nodeName=" + options_.node_name;
+  const std::vector<Object> pods = client_.list(kube::kPods, "", only_here).items;
   std::set<std::string> live;
   for (const auto& pod : pods) {
     const std::string uid = pod["metadata"].value("uid", "");
     live.insert(uid);
     const std::string node_name = pod["spec"].value("nodeName", "");
     if (node_name.empty()) {
-      bind_if_fits(pod, node, pods);
+      if (options_.bind_pods) bind_if_fits(pod, node, pods);
       continue;
     }
     if (node_name != options_.node_name) continue;
@@ -201,7 +270,7 @@ void PodRunner::sync() {
       }
       try {
         launch(pod);
-      } catch (const kt::Error& e) {
+      } catch (const std::exception& e) {  // kt::Error, or a filesystem or JSON failure
         patch_status(pod["metadata"]["namespace"], pod["metadata"]["name"],
                      {{"phase", "Failed"},
                       {"reason", "CreateContainerError"},
@@ -221,11 +290,64 @@ void PodRunner::sync() {
   reap(live);
 }
 
+void PodRunner::bind_claims() {
+  const fs::path volumes = fs::path(options_.work_dir) / "volumes";
+  std::set<std::string> bound_dirs;
+  for (Object claim : client_.list(kube::kPersistentVolumeClaims, "", {}).items) {
+    const std::string ns = claim["metadata"]["namespace"], name = claim["metadata"]["name"];
+    const std::string volume = "pvc-" + claim["metadata"].value("uid", "");
+    bound_dirs.insert(volume);
+    const Object status = claim.value("status", Object::object());
+    if (status.value("phase", "") == "Bound") continue;
+    try {
+      fs::create_directories(volumes / volume);
+      claim["spec"]["volumeName"] = volume;
+      claim = client_.update(kube::kPersistentVolumeClaims, ns, claim);
+      const Object spec = claim["spec"];
+      Object capacity = Object::object();
+      if (spec.contains("resources") && spec["resources"].contains("requests") &&
+          spec["resources"]["requests"].contains("storage"))
+        capacity["storage"] = spec["resources"]["requests"]["storage"];
+      claim["status"] = {{"phase", "Bound"},
+                         {"accessModes", spec.value("accessModes", Object::array())},
+                         {"capacity", capacity}};
+      client_.update_status(kube::kPersistentVolumeClaims, ns, claim);
+    } catch (const ApiError& e) {
+      if (!e.not_found() && !e.conflict()) throw;  // gone, or changed: the next pass binds it
+    }
+  }
+  // Reclaim policy Delete: a deleted claim's data goes with it.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(volumes, ec)) {
+    const std::string dir = entry.path().filename().string();
+    if (dir.rfind("pvc-", 0) == 0 && !bound_dirs.count(dir)) fs::remove_all(entry.path(), ec);
+  }
+}
+
+std::string PodRunner::claim_dir(const std::string& ns, const std::string& claim,
+                                 std::string* why) const {
+  try {
+    const Object pvc = client_.get(kube::kPersistentVolumeClaims, ns, claim);
+    const std::string volume = pvc.value("spec", Object::object()).value("volumeName", "");
+    if (pvc.value("status", Object::object()).value("phase", "") == "Bound" && !volume.empty())
+      return (fs::path(options_.work_dir) / "volumes" / volume).string();
+    *why = "pod has unbound immediate PersistentVolumeClaims (\"" + claim + "\")";
+  } catch (const ApiError& e) {
+    if (!e.not_found()) throw;
+    *why = "persistentvolumeclaim \"" + claim + "\" not found";
+  }
+  return "";
+}
+
 void PodRunner::bind_if_fits(const Object& pod, const Object& node,
                              const std::vector<Object>& pods) {
   const std::string ns = pod["metadata"]["namespace"], name = pod["metadata"]["name"];
   const Object labels = node["metadata"].value("labels", Object::object());
   std::string why;
+  // The scheduler's VolumeBinding: every claim the pod names must exist and be bound.
+  for (const auto& v : pod["spec"].value("volumes", Object::array()))
+    if (v.contains("persistentVolumeClaim") && why.empty())
+      claim_dir(ns, v["persistentVolumeClaim"].value("claimName", ""), &why);
   const Object selector = pod["spec"].value("nodeSelector", Object::object());
   for (const auto& [k, v] : selector.items())
     if (labels.value(k, "") != v.get<std::string>())
@@ -328,8 +450,9 @@ void PodRunner::launch(const Object& pod) {
       local = v["hostPath"].value("path", "");
       fs::create_directories(local);
     } else if (v.contains("persistentVolumeClaim")) {
-      local = fs::path(options_.work_dir) / "volumes" /
-              ("pvc-" + v["persistentVolumeClaim"].value("claimName", vname));
+      std::string why;
+      local = claim_dir(ns, v["persistentVolumeClaim"].value("claimName", ""), &why);
+      if (local.empty()) throw kt::Error("volume \"" + vname + "\": " + why);
       fs::create_directories(local);
     } else {
       throw kt::Error("volume \"" + vname +
@@ -450,6 +573,9 @@ void PodRunner::launch(const Object& pod) {
   // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
   // The container's termination message file, as the kubelet provides it (read back on exit).
   env["KUBETRAIN_TERMINATION_MESSAGE_PATH"] = termination_message_path(ns, name);
+  // Inherited by every process the pod starts: found by it when the pod dies. Store uids repeat
+  // between control planes, so the node's work directory makes it unique on the machine.
+  env[kPodUidEnv] = options_.work_dir + "#" + uid;
   if (env.count("MASTER_ADDR") && !is_ip_literal(env["MASTER_ADDR"]))
     env["MASTER_ADDR"] = "127.0.0.1";
   if (env.count("MASTER_PORT")) {
@@ -543,8 +669,12 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
       Process& p = it->second;
       int wstatus = 0;
       if (::waitpid(p.pid, &wstatus, WNOHANG) == p.pid) {
-        // Leftover ranks of a killed pod would keep its ports and CPU.
+        // Leftover ranks of a killed pod would keep its ports and CPU: those seen in its tree,
+        // and those that left it too early to be seen (found by the pod's uid in their env).
         for (pid_t d : p.descendants) ::kill(d, SIGKILL);
+        for (pid_t d :
+             processes_with_env(std::string(kPodUidEnv) + "=" + options_.work_dir + "#" + it->first))
+          ::kill(d, SIGKILL);
         if (live_uids.count(it->first)) exited.emplace_back(p, wstatus);
         it = processes_.erase(it);
         continue;

@@ -7,8 +7,13 @@
 //    MASTER_PORT moved to a free port; a `--metrics-port N` argument moves to a free port too,
 //    recorded in the pod annotation kubetrain.dev/metrics-port;
 //  * volumes as directories: configMap (its keys written as files), emptyDir (per pod),
-//    hostPath (the path itself), persistentVolumeClaim (a per-claim directory that outlives
-//    pods); mount paths in arguments and env values are rewritten to those directories;
+//    hostPath (the path itself), persistentVolumeClaim (the directory its claim is bound to);
+//    mount paths in arguments and env values are rewritten to those directories;
+//  * PersistentVolumeClaims as a local-path provisioner binds them: each claim gets a directory
+//    <work_dir>/volumes/pvc-<claim uid> and is Bound to it (spec.volumeName, status.phase Bound,
+//    capacity = the request; size is not enforced); a pod naming a claim that does not exist
+//    stays Pending (PodScheduled False, as the scheduler's VolumeBinding says); a deleted claim's
+//    directory is removed (reclaim policy Delete), so a claim created again starts empty;
 //  * stdout and stderr appended to <work_dir>/pods/<ns>_<pod>/log.
 // Pod status follows the kubelet: Pending -> Running (podIP 127.0.0.1, Ready) -> Succeeded or
 // Failed, with containerStatuses[0].state.terminated.exitCode (128 + signal when killed). A
@@ -34,6 +39,8 @@ namespace kt::local {
 
 // On a pod: the host ports its container ports were moved to ("8080=41234,8081=41235").
 inline constexpr const char* kPortMapAnnotation = "kubetrain.dev/port-map";
+// In a pod's processes' environment: "<work_dir>#<pod uid>".
+inline constexpr const char* kPodUidEnv = "KUBETRAIN_LOCAL_POD_UID";
 
 struct PodRunnerOptions {
   std::string node_name;
@@ -43,6 +50,10 @@ struct PodRunnerOptions {
   // unset (tests of the bare runner).
   std::function<std::string(const std::string& ns, const std::string& service_account)>
       service_account_kubeconfig;
+  // Whether this runner binds unbound pods to its node (the one-node scheduler below). False
+  // when a scheduler.h Scheduler binds pods to this node and others (local serve with simulated
+  // nodes); the runner then lists only the pods bound to its node.
+  bool bind_pods = true;
   std::chrono::milliseconds poll_interval{100};
   // On stop(): how long processes get after SIGTERM before SIGKILL.
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(10)};
@@ -87,6 +98,10 @@ class PodRunner {
 
   void bind_if_fits(const kube::Object& pod, const kube::Object& node,
                     const std::vector<kube::Object>& pods);
+  // Binds every unbound claim to a directory and removes the directories of deleted claims.
+  void bind_claims();
+  // The directory a bound claim's volume lives in, or why the pod cannot use it yet.
+  std::string claim_dir(const std::string& ns, const std::string& claim, std::string* why) const;
   void launch(const kube::Object& pod);
   void reap(const std::set<std::string>& live_uids);
   void patch_status(const std::string& ns, const std::string& name, const kube::Object& status);

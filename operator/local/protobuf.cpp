@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 
+#include "api/utf8.h"
 
 namespace kt::local {
 namespace {
@@ -148,33 +149,9 @@ std::string base64(std::string_view in) {
   return out;
 }
 
-// A JSON string must be UTF-8; protobuf strings are, but a hostile body need not be. Well-formed
-// UTF-8 as RFC 3629 §4 defines it: no overlong forms, no surrogates, nothing past U+10FFFF.
+// A JSON string must be UTF-8; protobuf strings are, but a hostile body need not be.
 std::string checked_string(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t length = 0;
-    unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
-    if (c < 0x80) length = 1;
-    else if (c >= 0xC2 && c <= 0xDF) length = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-      length = 3;
-      if (c == 0xE0) low = 0xA0;
-      if (c == 0xED) high = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      length = 4;
-      if (c == 0xF0) low = 0x90;
-      if (c == 0xF4) high = 0x8F;
-    }
-    if (length == 0 || length > s.size() - i) throw malformed("a string is not UTF-8");
-    for (size_t k = 1; k < length; ++k) {
-      const auto next = static_cast<unsigned char>(s[i + k]);
-      const unsigned char lo = k == 1 ? low : 0x80, hi = k == 1 ? high : 0xBF;
-      if (next < lo || next > hi) throw malformed("a string is not UTF-8");
-    }
-    i += length;
-  }
+  if (api::invalid_utf8_offset(s) != std::string_view::npos) throw malformed("a string is not UTF-8");
   return std::string(s);
 }
 

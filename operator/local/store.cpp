@@ -1,21 +1,22 @@
 #include "operator/local/store.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <ctime>
 #include <random>
-#include <sstream>
 
 #include "operator/kube/objects.h"
 #include "operator/local/builtin_resources.h"
+#include "operator/local/builtin_schemas.h"
 #include "operator/local/schema.h"
+#include "operator/kube/selectors.h"
 
 namespace kt::local {
 
 using kube::ApiError;
+using kube::matches_field_selector;
+using kube::matches_label_selector;
 using kube::Object;
 using kube::Resource;
-using kube::WatchEvent;
 using kube::WatchEventType;
 
 namespace {
@@ -70,256 +71,22 @@ Object generation_view(const Object& obj, bool status_subresource) {
   return v;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string cur;
-  int depth = 0;  // commas inside "in (a,b)" do not split requirements
-  for (char c : s) {
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c == sep && depth == 0) {
-      parts.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  parts.push_back(cur);
-  return parts;
-}
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t");
-  return s.substr(b, e - b + 1);
-}
-
-ApiError bad_selector(const std::string& what, const std::string& selector) {
-  return ApiError(400, "BadRequest", "unable to parse " + what + " selector \"" + selector + "\"");
-}
-
-std::optional<std::string> label_of(const Object& obj, const std::string& key) {
-  const auto meta = obj.find("metadata");
-  if (meta == obj.end() || !meta->is_object()) return std::nullopt;
-  const auto labels = meta->find("labels");
-  if (labels == meta->end() || !labels->is_object()) return std::nullopt;
-  const auto it = labels->find(key);
-  if (it == labels->end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
-}
-
-}  // namespace
-
-bool matches_label_selector(const Object& obj, const std::string& selector) {
-  if (trim(selector).empty()) return true;
-  // Parse every requirement (a malformed one is an error even after a mismatch).
-  bool matches = true;
-  for (const std::string& raw : split(selector, ',')) {
-    const std::string req = trim(raw);
-    if (req.empty()) throw bad_selector("label", selector);
-    // Set-based: "key in (a,b)", "key notin (a)".
-    const auto paren = req.find('(');
-    if (paren != std::string::npos) {
-      if (req.back() != ')') throw bad_selector("label", selector);
-      std::istringstream head(req.substr(0, paren));
-      std::string key, op;
-      head >> key >> op;
-      if (key.empty() || (op != "in" && op != "notin")) throw bad_selector("label", selector);
-      std::vector<std::string> values;
-      for (const auto& v : split(req.substr(paren + 1, req.size() - paren - 2), ','))
-        values.push_back(trim(v));
-      const auto value = label_of(obj, key);
-      const bool in = value && std::find(values.begin(), values.end(), *value) != values.end();
-      if (op == "in" ? !in : in) matches = false;
-      continue;
-    }
-    // Equality-based: "k=v", "k==v", "k!=v"; existence: "k", "!k".
-    const auto ne = req.find("!=");
-    const auto eq = req.find('=');
-    if (ne != std::string::npos) {
-      const auto value = label_of(obj, trim(req.substr(0, ne)));
-      if (value && *value == trim(req.substr(ne + 2))) matches = false;
-    } else if (eq != std::string::npos) {
-      const size_t vstart = req.compare(eq, 2, "==") == 0 ? eq + 2 : eq + 1;
-      const std::string key = trim(req.substr(0, eq));
-      if (key.empty()) throw bad_selector("label", selector);
-      const auto value = label_of(obj, key);
-      if (!value || *value != trim(req.substr(vstart))) matches = false;
-    } else if (req[0] == '!') {
-      if (label_of(obj, trim(req.substr(1)))) matches = false;
-    } else {
-      if (req.find(' ') != std::string::npos) throw bad_selector("label", selector);
-      if (!label_of(obj, req)) matches = false;
-    }
-  }
-  return matches;
-}
-
-bool matches_field_selector(const Object& obj, const std::string& selector) {
-  if (trim(selector).empty()) return true;
-  for (const std::string& raw : split(selector, ',')) {
-    const std::string req = trim(raw);
-    const auto ne = req.find("!=");
-    const auto eq = req.find('=');
-    if (eq == std::string::npos) throw bad_selector("field", selector);
-    const bool negate = ne != std::string::npos;
-    const std::string field = trim(req.substr(0, negate ? ne : eq));
-    size_t vstart = negate ? ne + 2 : (req.compare(eq, 2, "==") == 0 ? eq + 2 : eq + 1);
-    const std::string want = trim(req.substr(vstart));
-    static const std::map<std::string, Object::json_pointer> kFields = {
-        {"metadata.name", Object::json_pointer("/metadata/name")},
-        {"metadata.namespace", Object::json_pointer("/metadata/namespace")},
-        {"spec.nodeName", Object::json_pointer("/spec/nodeName")},
-        {"status.phase", Object::json_pointer("/status/phase")},
-        // Events (kubectl describe asks for an object's events with these) and secrets.
-        {"involvedObject.kind", Object::json_pointer("/involvedObject/kind")},
-        {"involvedObject.namespace", Object::json_pointer("/involvedObject/namespace")},
-        {"involvedObject.name", Object::json_pointer("/involvedObject/name")},
-        {"involvedObject.uid", Object::json_pointer("/involvedObject/uid")},
-        {"involvedObject.apiVersion", Object::json_pointer("/involvedObject/apiVersion")},
-        {"involvedObject.resourceVersion",
-         Object::json_pointer("/involvedObject/resourceVersion")},
-        {"involvedObject.fieldPath", Object::json_pointer("/involvedObject/fieldPath")},
-        {"reason", Object::json_pointer("/reason")},
-        {"reportingComponent", Object::json_pointer("/reportingComponent")},
-        {"source", Object::json_pointer("/source/component")},
-        {"type", Object::json_pointer("/type")},
-    };
-    const auto it = kFields.find(field);
-    if (it == kFields.end())
-      throw ApiError(400, "BadRequest",
-                     "field label not supported: " + field +
-                         " (supported: metadata.name, metadata.namespace, spec.nodeName, "
-                         "status.phase, involvedObject.*, reason, type, source)");
-    std::string have;
-    if (obj.contains(it->second) && obj.at(it->second).is_string())
-      have = obj.at(it->second).get<std::string>();
-    if ((have == want) == negate) return false;
-  }
-  return true;
-}
-
-// ---- watches ---------------------------------------------------------------------------------
-
-struct Store::WatchState {
-  std::string kind_key;
-  Resource resource;
-  std::string ns;  // "" = all
-  std::string label_selector, field_selector;
-  bool allow_bookmarks = true;
-  std::chrono::milliseconds bookmark_interval;
-  std::chrono::steady_clock::time_point deadline;
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<WatchEvent> queue;
-  int64_t latest_version = 0;  // every event up to this version has been offered
-  std::chrono::steady_clock::time_point last_sent = std::chrono::steady_clock::now();
-  bool ended = false;
-
-  bool matches(const Object& obj) const {
-    if (!ns.empty() && obj["metadata"].value("namespace", "") != ns) return false;
-    return matches_label_selector(obj, label_selector) &&
-           matches_field_selector(obj, field_selector);
-  }
-
-  // Translates one store event for this watch (the API server's watch filter: an object that
-  // leaves the selector is DELETED for the watcher, one that enters it ADDED). Needs `mutex`.
-  void offer(int64_t version, WatchEventType type, const Object& obj, const Object& old_obj) {
-    latest_version = std::max(latest_version, version);
-    if (ended) return;
-    const bool now = matches(obj);
-    const bool before = type == WatchEventType::Modified && !old_obj.is_null() && matches(old_obj);
-    std::optional<WatchEventType> out;
-    if (type == WatchEventType::Modified) {
-      if (now && before)
-        out = WatchEventType::Modified;
-      else if (now)
-        out = WatchEventType::Added;
-      else if (before)
-        out = WatchEventType::Deleted;
-    } else if (now) {
-      out = type;
-    }
-    if (out) {
-      queue.push_back({*out, obj});
-      cv.notify_all();
-    }
-  }
-};
-
-namespace {
-
-class StoreWatch : public kube::Watch {
- public:
-  explicit StoreWatch(std::shared_ptr<Store::WatchState> state) : state_(std::move(state)) {}
-  ~StoreWatch() override { stop(); }
-
-  std::optional<WatchEvent> next(std::chrono::milliseconds timeout) override {
-    auto& s = *state_;
-    std::unique_lock<std::mutex> lock(s.mutex);
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto now = std::chrono::steady_clock::now();
-      if (s.ended) return std::nullopt;
-      if (!s.queue.empty()) {
-        WatchEvent event = std::move(s.queue.front());
-        s.queue.pop_front();
-        s.last_sent = now;
-        return event;
-      }
-      if (now >= s.deadline) {
-        s.ended = true;
-        return std::nullopt;
-      }
-      const auto bookmark_at = s.last_sent + s.bookmark_interval;
-      if (s.allow_bookmarks && now >= bookmark_at) {
-        s.last_sent = now;
-        Object bookmark = {{"apiVersion", s.resource.api_version()},
-                           {"kind", s.resource.kind},
-                           {"metadata", {{"resourceVersion", std::to_string(s.latest_version)}}}};
-        return WatchEvent{WatchEventType::Bookmark, std::move(bookmark)};
-      }
-      if (now >= until) return std::nullopt;
-      auto wake = std::min(until, s.deadline);
-      if (s.allow_bookmarks) wake = std::min(wake, bookmark_at);
-      s.cv.wait_until(lock, wake);
-    }
-  }
-
-  bool ended() const override {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->ended;
-  }
-
-  void stop() override {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->ended = true;
-    state_->queue.clear();
-    state_->cv.notify_all();
-  }
-
- private:
-  std::shared_ptr<Store::WatchState> state_;
-};
-
 }  // namespace
 
 // ---- the store -------------------------------------------------------------------------------
 
-Store::Store(StoreOptions options) : options_(options) {
-  for (const BuiltinResource& b : builtin_resources()) register_locked(b.resource, b.status);
+Store::Store(StoreOptions options) : options_(options), watches_(options.history_limit) {
+  for (const BuiltinResource& b : builtin_resources()) {
+    register_locked(b.resource, b.status);
+    Kind& kind = kinds_[kind_key(b.resource)];
+    kind.builtin = true;
+    if (const Object* schema = builtin_schema(b.resource)) kind.schema = *schema;
+  }
 }
 
 Store::~Store() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& weak : watches_)
-    if (auto w = weak.lock()) {
-      std::lock_guard<std::mutex> wl(w->mutex);
-      w->ended = true;
-      w->cv.notify_all();
-    }
+  watches_.end_all();
 }
 
 void Store::register_resource(const Resource& resource, bool status_subresource) {
@@ -361,22 +128,7 @@ Store::Kind& Store::kind_of(const Resource& r) {
 void Store::record(const Kind& kind, WatchEventType type, const Object& obj,
                    const Object& old_obj) {
   const int64_t version = std::stoll(obj["metadata"]["resourceVersion"].get<std::string>());
-  history_.push_back({version, kind_key(kind.resource), type, obj, old_obj});
-  while (history_.size() > options_.history_limit) {
-    history_floor_ = history_.front().rv;
-    history_.pop_front();
-  }
-  const std::string key = kind_key(kind.resource);
-  std::erase_if(watches_, [](const auto& w) { return w.expired(); });
-  for (auto& weak : watches_) {
-    auto w = weak.lock();
-    if (!w) continue;
-    std::lock_guard<std::mutex> wl(w->mutex);
-    if (w->kind_key == key)
-      w->offer(version, type, obj, old_obj);
-    else
-      w->latest_version = version;  // bookmarks may advance past other resources' events
-  }
+  watches_.publish(version, kind_key(kind.resource), type, obj, old_obj);
 }
 
 Object Store::get(const Resource& r, const std::string& ns, const std::string& name) {
@@ -582,12 +334,14 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
         next.contains("spec") && next["spec"].is_object() && !next["spec"].contains("clusterIP"))
       next["spec"]["clusterIP"] = old["spec"]["clusterIP"];  // immutable once allocated
     admit(kind, next, /*create=*/false);
-    if (generation_view(next, kind.status_subresource) !=
-        generation_view(old, kind.status_subresource))
-      meta["generation"] = old["metadata"].value("generation", 1) + 1;
   }
+  // The server sets these before comparing: a body whose kind or apiVersion differs from the
+  // stored one changes nothing, so it must not count as a new generation.
   next["apiVersion"] = r.api_version();
   next["kind"] = r.kind;
+  if (!status_only && generation_view(next, kind.status_subresource) !=
+                          generation_view(old, kind.status_subresource))
+    next["metadata"]["generation"] = old["metadata"].value("generation", 1) + 1;
   if (next == old) return old;  // a no-op write keeps its version, as the API server does
   next["metadata"]["resourceVersion"] = next_version();
   Object previous = old;
@@ -723,6 +477,17 @@ void Store::apply_schema(const Kind& kind, Object& o) {
   if (result.errors.empty()) return;
   const Resource& r = kind.resource;
   const std::string name = o["metadata"].value("name", "");
+  // A built-in kind is decoded into Go structs before it is validated: a value of the wrong type
+  // fails the decoding, a 400 ("cannot be handled as a Pod"), not a 422.
+  if (kind.builtin) {
+    std::string type_errors;
+    for (const FieldError& e : result.causes)
+      if (e.type == "FieldValueTypeInvalid") type_errors += (type_errors.empty() ? "" : ", ") + e.to_string();
+    if (!type_errors.empty())
+      throw ApiError(400, "BadRequest",
+                     r.kind + " in version \"" + r.version + "\" cannot be handled as a " + r.kind +
+                         ": " + type_errors);
+  }
   Object causes = Object::array();
   for (const FieldError& e : result.causes)
     causes.push_back({{"reason", e.type}, {"message", e.body}, {"field", e.field}});
@@ -737,46 +502,22 @@ std::unique_ptr<kube::Watch> Store::watch(const Resource& r, const std::string& 
   std::lock_guard<std::mutex> lock(mutex_);
   fault("watch", r, ns, "");
   Kind& kind = kind_of(r);
-  auto state = std::make_shared<WatchState>();
-  state->kind_key = kind_key(r);
-  state->resource = kind.resource;
-  state->ns = r.namespaced ? ns : "";
-  state->label_selector = opts.label_selector;
-  state->field_selector = opts.field_selector;
+  WatchSubscription subscription;
+  subscription.kind_key = kind_key(r);
+  subscription.resource = kind.resource;
+  subscription.ns = r.namespaced ? ns : "";
+  subscription.label_selector = opts.label_selector;
+  subscription.field_selector = opts.field_selector;
   matches_label_selector(Object::object(), opts.label_selector);  // throws 400 when malformed
   matches_field_selector(Object::object(), opts.field_selector);
-  state->allow_bookmarks = opts.allow_bookmarks;
-  state->bookmark_interval = options_.bookmark_interval;
+  subscription.allow_bookmarks = opts.allow_bookmarks;
+  subscription.bookmark_interval = options_.bookmark_interval;
   const int timeout =
       opts.timeout_seconds > 0 ? opts.timeout_seconds : options_.default_watch_timeout_seconds;
-  state->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
-  state->latest_version = version_;
-  {
-    std::lock_guard<std::mutex> wl(state->mutex);
-    if (opts.resource_version.empty() || opts.resource_version == "0") {
-      for (const auto& [_, obj] : kind.objects)
-        if (state->matches(obj)) state->queue.push_back({WatchEventType::Added, obj});
-    } else {
-      int64_t from = 0;
-      try {
-        size_t used = 0;
-        from = std::stoll(opts.resource_version, &used);
-        if (used != opts.resource_version.size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        throw ApiError(400, "BadRequest",
-                       "invalid resourceVersion \"" + opts.resource_version + "\"");
-      }
-      if (from < history_floor_)
-        throw ApiError(410, "Expired",
-                       "too old resource version: " + opts.resource_version + " (" +
-                           std::to_string(history_floor_ + 1) + ")");
-      for (const auto& entry : history_)
-        if (entry.rv > from && entry.kind_key == state->kind_key)
-          state->offer(entry.rv, entry.type, entry.object, entry.old_object);
-    }
-  }
-  watches_.push_back(state);
-  return std::make_unique<StoreWatch>(state);
+  subscription.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
+  if (opts.resource_version.empty() || opts.resource_version == "0")
+    return watches_.watch_from_list(subscription, version_, kind.objects);
+  return watches_.watch_from_version(subscription, version_, opts.resource_version);
 }
 
 }  // namespace kt::local

@@ -14,11 +14,11 @@
 //    status, update_status() changes only the status;
 //  * RFC 7386 merge patch of the object or of its status;
 //  * label selectors (=, ==, !=, in, notin, exists, !exists) and field selectors
-//    (metadata.name, metadata.namespace, spec.nodeName, status.phase; =, ==, !=);
+//    (metadata.name, metadata.namespace, spec.nodeName, status.phase; =, ==, !=; kube/selectors.h);
 //  * list pagination (limit / continue);
 //  * watch from a resourceVersion with a bounded history (older: ApiError 410 "Expired"), a
 //    synthetic ADDED per existing object when started from "" or "0", DELETED when a modified
-//    object leaves the selector, bookmarks when allowed, and the timeout;
+//    object leaves the selector, bookmarks when allowed, and the timeout (watch_hub.h);
 //  * deletion with ownerReference garbage collection: Background and Foreground delete the
 //    dependents (transitively), Orphan removes the owner's reference from them;
 //  * CRDs: creating a CustomResourceDefinition registers the resource it defines, and its
@@ -28,7 +28,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +37,7 @@
 #include <vector>
 
 #include "operator/kube/client.h"
+#include "operator/local/watch_hub.h"
 
 namespace kt::local {
 
@@ -85,21 +85,13 @@ class Store : public kube::Client {
   std::unique_ptr<kube::Watch> watch(const kube::Resource& r, const std::string& ns,
                                      const kube::WatchOptions& opts) override;
 
-  struct WatchState;  // one open watch's queue (store.cpp)
-
  private:
   struct Kind {
     kube::Resource resource;
     bool status_subresource = false;
     std::map<std::string, kube::Object> objects;  // key "ns/name" (cluster-scoped: "/name")
-    kube::Object schema;  // a CRD-defined kind's openAPIV3Schema (null: none)
-  };
-  struct HistoryEntry {
-    int64_t rv;
-    std::string kind_key;
-    kube::WatchEventType type;
-    kube::Object object;
-    kube::Object old_object;  // before a modification (null otherwise)
+    kube::Object schema;  // openAPIV3Schema: a CRD's, or builtin_schemas.h's (null: none)
+    bool builtin = false;
   };
 
   Kind& kind_of(const kube::Resource& r);  // throws NotFound; needs mutex_
@@ -121,15 +113,8 @@ class Store : public kube::Client {
   std::map<std::string, Kind> kinds_;  // by "group/plural"
   int64_t version_ = 0;
   int64_t uid_counter_ = 0;
-  std::deque<HistoryEntry> history_;
-  std::vector<std::weak_ptr<WatchState>> watches_;
-  int64_t history_floor_ = 0;  // the newest version dropped from history_
+  WatchHub watches_;  // the change history and the open watches
   FaultHook fault_;
 };
-
-// Selectors, exposed for tests and for the HTTP front end. Both throw ApiError 400 on a
-// malformed selector.
-bool matches_label_selector(const kube::Object& obj, const std::string& selector);
-bool matches_field_selector(const kube::Object& obj, const std::string& selector);
 
 }  // namespace kt::local

@@ -1,6 +1,9 @@
+// The Table responses of `kubectl get` (tables.h): the built-in kinds' printers and a CRD's
+// additionalPrinterColumns.
 #include "operator/local/tables.h"
 
 #include <ctime>
+#include <functional>
 
 #include "operator/local/builtin_resources.h"
 
@@ -8,6 +11,47 @@ namespace kt::local {
 namespace {
 
 using kube::Object;
+
+// One column of a Table and how a row gets its cell.
+struct TableColumn {
+  std::string name;         // "Ready"
+  std::string type;         // "string", "integer", "number", "date"
+  std::string description;
+  int priority = 0;         // 1: shown only with -o wide
+  std::function<kube::Object(const kube::Object&)> cell;  // the row's value
+};
+
+// Seconds since an RFC 3339 timestamp; -1 when it is not one.
+long long seconds_since(const std::string& timestamp) {
+  std::tm tm{};
+  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return -1;
+  const long long s = static_cast<long long>(std::time(nullptr) - timegm(&tm));
+  return s < 0 ? 0 : s;
+}
+
+// kubectl's short relative time of a duration (apimachinery duration.HumanDuration).
+std::string human_duration(long long seconds) {
+  if (seconds < 0) seconds = 0;
+  if (seconds < 120) return std::to_string(seconds) + "s";
+  const long long minutes = seconds / 60;
+  if (minutes < 10) {
+    const long long s = seconds % 60;
+    return std::to_string(minutes) + "m" + (s ? std::to_string(s) + "s" : "");
+  }
+  if (minutes < 180) return std::to_string(minutes) + "m";
+  const long long hours = minutes / 60;
+  if (hours < 8) {
+    const long long m = minutes % 60;
+    return std::to_string(hours) + "h" + (m ? std::to_string(m) + "m" : "");
+  }
+  if (hours < 48) return std::to_string(hours) + "h";
+  if (hours < 24 * 8) {
+    const long long h = hours % 24;
+    return std::to_string(hours / 24) + "d" + (h ? std::to_string(h) + "h" : "");
+  }
+  if (hours < 24 * 365 * 2) return std::to_string(hours / 24) + "d";
+  return std::to_string(hours / 24 / 365) + "y";
+}
 
 Object field(const Object& obj, const char* a, const char* b = nullptr, const char* c = nullptr) {
   const Object* at = &obj;
@@ -223,38 +267,8 @@ std::vector<TableColumn> created_at_columns() {
            }}};
 }
 
-}  // namespace
-
-long long seconds_since(const std::string& timestamp) {
-  std::tm tm{};
-  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return -1;
-  const long long s = static_cast<long long>(std::time(nullptr) - timegm(&tm));
-  return s < 0 ? 0 : s;
-}
-
-std::string human_duration(long long seconds) {
-  if (seconds < 0) seconds = 0;
-  if (seconds < 120) return std::to_string(seconds) + "s";
-  const long long minutes = seconds / 60;
-  if (minutes < 10) {
-    const long long s = seconds % 60;
-    return std::to_string(minutes) + "m" + (s ? std::to_string(s) + "s" : "");
-  }
-  if (minutes < 180) return std::to_string(minutes) + "m";
-  const long long hours = minutes / 60;
-  if (hours < 8) {
-    const long long m = minutes % 60;
-    return std::to_string(hours) + "h" + (m ? std::to_string(m) + "m" : "");
-  }
-  if (hours < 48) return std::to_string(hours) + "h";
-  if (hours < 24 * 8) {
-    const long long h = hours % 24;
-    return std::to_string(hours / 24) + "d" + (h ? std::to_string(h) + "h" : "");
-  }
-  if (hours < 24 * 365 * 2) return std::to_string(hours / 24) + "d";
-  return std::to_string(hours / 24 / 365) + "y";
-}
-
+// The columns of `r`'s built-in printer, Name included; Name and Age for a kind that has no
+// printer of its own.
 std::vector<TableColumn> builtin_columns(const kube::Resource& r) {
   if (r == kube::kPods) return named(pod_columns());
   if (r == kube::kNodes) return named(node_columns());
@@ -319,6 +333,89 @@ std::vector<TableColumn> builtin_columns(const kube::Resource& r) {
              }},
             {"Age", "string", "CreationTimestamp", 0, age}});
   return named({{"Age", "string", "CreationTimestamp", 0, age}});
+}
+
+// A printer column's value: simple JSONPath (".status.phase", ".spec.items[0].name").
+Object json_path(const Object& object, const std::string& path) {
+  const Object* at = &object;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '.') {
+      ++i;
+      continue;
+    }
+    if (path[i] == '[') {
+      const auto close = path.find(']', i);
+      if (close == std::string::npos) return nullptr;
+      try {
+        const std::size_t index = std::stoul(path.substr(i + 1, close - i - 1));
+        if (!at->is_array() || index >= at->size()) return nullptr;
+        at = &(*at)[index];
+      } catch (const std::exception&) {
+        return nullptr;  // filters ([?(@.type=="Ready")]) are not supported
+      }
+      i = close + 1;
+      continue;
+    }
+    auto end = path.find_first_of(".[", i);
+    if (end == std::string::npos) end = path.size();
+    const std::string key = path.substr(i, end - i);
+    if (!at->is_object() || !at->contains(key)) return nullptr;
+    at = &(*at)[key];
+    i = end;
+  }
+  return *at;
+}
+
+}  // namespace
+
+Object table(const kube::Resource& resource, const Object& printer_columns,
+             const std::vector<Object>& items, const std::string& resource_version) {
+  // The columns: a CRD's additionalPrinterColumns, a built-in kind's printer, else Age.
+  std::vector<TableColumn> printer;
+  for (const Object& c : printer_columns) {
+    const std::string type = c.value("type", "string");
+    const std::string path = c.value("jsonPath", "");
+    printer.push_back({c.value("name", ""), type, c.value("description", ""),
+                       c.value("priority", 0), [type, path](const Object& item) {
+                         Object value = json_path(item, path);
+                         if (type == "date" && value.is_string()) {
+                           const long long age = seconds_since(value.get<std::string>());
+                           value = age >= 0 ? Object(human_duration(age)) : Object(nullptr);
+                         }
+                         return value;
+                       }});
+  }
+  if (printer_columns.empty()) {
+    printer = builtin_columns(resource);
+  } else {
+    bool has_age = false;
+    for (const TableColumn& c : printer) has_age = has_age || c.name == "Age";
+    if (!has_age) printer.push_back({"Age", "date", "CreationTimestamp", 0, age});
+    printer = named(std::move(printer));
+  }
+  Object columns = Object::array();
+  for (const TableColumn& c : printer) {
+    columns.push_back({{"name", c.name}, {"type", c.type},
+                       {"format", c.name == "Name" ? "name" : ""},
+                       {"description", c.description}, {"priority", c.priority}});
+  }
+  Object rows = Object::array();
+  for (const Object& item : items) {
+    Object cells = Object::array();
+    const Object meta = item.value("metadata", Object::object());
+    for (const TableColumn& c : printer) cells.push_back(c.cell(item));
+    rows.push_back({{"cells", cells},
+                    {"object",
+                     {{"kind", "PartialObjectMetadata"},
+                      {"apiVersion", "meta.k8s.io/v1"},
+                      {"metadata", meta}}}});
+  }
+  return {{"kind", "Table"},
+          {"apiVersion", "meta.k8s.io/v1"},
+          {"metadata", {{"resourceVersion", resource_version}}},
+          {"columnDefinitions", columns},
+          {"rows", rows}};
 }
 
 }  // namespace kt::local

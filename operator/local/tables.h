@@ -1,10 +1,9 @@
-// The columns `kubectl get` prints for the built-in kinds, as a real API server's table
-// printers give them (k8s.io/kubernetes pkg/printers/internalversion): pods READY, STATUS,
+// The Table responses of `kubectl get`, with the columns a real API server's table printers
+// give the built-in kinds (k8s.io/kubernetes pkg/printers/internalversion): pods READY, STATUS,
 // RESTARTS, AGE (wide: IP, NODE); nodes STATUS, ROLES, AGE, VERSION; events LAST SEEN, TYPE,
 // REASON, OBJECT, MESSAGE; and so on. Kinds without printers get NAME and AGE.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,21 +11,12 @@
 
 namespace kt::local {
 
-struct TableColumn {
-  std::string name;         // "Ready"
-  std::string type;         // "string", "integer", "number", "date"
-  std::string description;
-  int priority = 0;         // 1: shown only with -o wide
-  std::function<kube::Object(const kube::Object&)> cell;  // the row's value
-};
-
-// The columns of `resource`'s built-in printer, Name included; Name and Age for a kind that has
-// no printer of its own.
-std::vector<TableColumn> builtin_columns(const kube::Resource& resource);
-
-// kubectl's short relative time of a duration (apimachinery duration.HumanDuration).
-std::string human_duration(long long seconds);
-// Seconds since an RFC 3339 timestamp; -1 when it is not one.
-long long seconds_since(const std::string& timestamp);
+// The Table (meta.k8s.io/v1) that `kubectl get` asks for (Accept: ...;as=Table) of `items`,
+// objects of `resource`: one row per item, with the item's metadata as a PartialObjectMetadata.
+// The columns are `printer_columns` (a CRD's additionalPrinterColumns, simple JSONPaths; filters
+// are not evaluated) with Name first and Age last, or, when there are none, the built-in
+// printer's.
+kube::Object table(const kube::Resource& resource, const kube::Object& printer_columns,
+                   const std::vector<kube::Object>& items, const std::string& resource_version);
 
 }  // namespace kt::local

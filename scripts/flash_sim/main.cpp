@@ -1,6 +1,6 @@
 // Runs the emulated flash-attention kernels (flash_sim_kernels.h, made by extract.py) at small
 // shapes against the float64 reference (kernels/reference.h) on the same bf16-rounded inputs,
-// with the tolerances of tests/gpu/gpu_tests.cpp: out 1e-2, lse 1e-4, dqkv 2e-2 (‖got − ref‖ /
+// with the tolerances of tests/gpu/kernel_tests.cpp: out 1e-2, lse 1e-4, dqkv 2e-2 (‖got − ref‖ /
 // ‖ref‖). Outputs start as NaN, so an unwritten element fails. Exit status: failed cases.
 #include <algorithm>
 #include <random>

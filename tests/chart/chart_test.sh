@@ -6,6 +6,7 @@
 # chart's CRD copy against crds/, the chart version against CMakeLists.txt).
 # Exit 77 (ctest: skipped) when helm is not installed (scripts/install-deps.sh installs it).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 cd "$(dirname "$0")/../.."
 HELM=${HELM:-helm}
 if ! command -v "$HELM" >/dev/null; then
@@ -17,7 +18,6 @@ python3 -c 'import yaml' 2>/dev/null || { echo "FAIL: python3 has no PyYAML (Deb
 CHART=charts/kubetrain
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 "$HELM" lint --strict "$CHART" > "$OUT/lint" 2>&1 || { cat "$OUT/lint"; fail "helm lint --strict"; }
 "$HELM" lint --strict "$CHART" --set watchNamespace=team-a,operator.replicas=3 \
@@ -45,7 +45,8 @@ render image --set operator.image.registry=registry.example.com:5000,operator.im
   --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9 \
   --set 'worker.image.pullSecrets={worker-cred}' \
   --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi
-MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true"
+MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,metrics.prometheusRule.enabled=true"
+            --set "metrics.prometheusRule.labels.release=prom"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")
 render monitoring "${MONITORING[@]}" --api-versions monitoring.coreos.com/v1
 render monitoring_namespaced "${MONITORING[@]}" --set watchNamespace=team-a \
@@ -78,14 +79,19 @@ health:
 EOF
 render placement -f "$OUT/placement.values.yaml"
 
-# Dashboards: a copy of the chart with two dashboard files (the chart itself has none yet).
+# Dashboards: the chart's own (dashboards/*.json), and a copy of the chart with two other files
+# instead, and one with none.
+render dashboards_real --set dashboards.enabled=true
 cp -r "$CHART" "$OUT/chart"
+rm -f "$OUT/chart/dashboards/"*.json
 echo '{"title": "Training", "panels": []}' > "$OUT/chart/dashboards/training.json"
 echo '{"title": "Operator health", "panels": [{"id": 1}]}' > "$OUT/chart/dashboards/Operator_Health.json"
 CHART="$OUT/chart" render dashboards --set dashboards.enabled=true,dashboards.label=my_dashboard \
   --set dashboards.labelValue=yes,dashboards.namespace=monitoring
 CHART="$OUT/chart" render dashboards_off
-render dashboards_none --set dashboards.enabled=true
+cp -r "$CHART" "$OUT/chart_none"
+rm -f "$OUT/chart_none/dashboards/"*.json
+CHART="$OUT/chart_none" render dashboards_none --set dashboards.enabled=true
 
 # The packaged chart carries files/ (the CRD) and renders the same objects.
 "$HELM" package "$CHART" -d "$OUT/package" > /dev/null || fail "helm package"

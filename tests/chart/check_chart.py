@@ -150,7 +150,8 @@ check(not sc.get("privileged"), "default: privileged")
 pod_labels = dep.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
 check(selects(dep.get("spec", {}).get("selector", {}).get("matchLabels"), pod_labels),
       "default: the Deployment's selector does not select its pods")
-for absent in ["PodDisruptionBudget", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor", "ConfigMap"]:
+for absent in ["PodDisruptionBudget", "Role", "RoleBinding", "ServiceMonitor", "PodMonitor", "ConfigMap",
+               "PrometheusRule"]:
     check(not objects(default, absent), f"default: unexpected {absent}")
 
 # ServiceAccount and who is bound.
@@ -355,7 +356,12 @@ check(pm.get("spec", {}).get("namespaceSelector") == {"any": True}, "monitoring:
 pmn = one(rendered("monitoring_namespaced"), "PodMonitor", case="monitoring_namespaced")
 check(pmn.get("spec", {}).get("namespaceSelector") == {"matchNames": ["team-a"]},
       "monitoring_namespaced: the PodMonitor does not look only in team-a")
+rule = one(mon, "PrometheusRule", FULLNAME, "monitoring")
+check(rule.get("metadata", {}).get("labels", {}).get("release") == "prom", "monitoring: prometheusRule.labels")
+check(rule.get("spec", {}).get("groups") == yaml.safe_load(read("dashboards/alerts.yaml"))["groups"],
+      "monitoring: the PrometheusRule's groups are not dashboards/alerts.yaml's")
 no_api = rendered("monitoring_no_api")
+check(not objects(no_api, "PrometheusRule"), "monitoring without monitoring.coreos.com/v1: a PrometheusRule")
 check(not objects(no_api, "ServiceMonitor") and not objects(no_api, "PodMonitor"),
       "monitoring without monitoring.coreos.com/v1: a ServiceMonitor or PodMonitor")
 
@@ -398,6 +404,15 @@ for cm in cms:
 check(by_file.get("training.json") == {"title": "Training", "panels": []}, "dashboards: training.json content")
 check(by_file.get("Operator_Health.json", {}).get("title") == "Operator health", "dashboards: Operator_Health.json")
 check(not objects(rendered("dashboards_off"), "ConfigMap"), "dashboards.enabled=false: ConfigMaps")
+# The chart's own dashboards, byte for byte those of dashboards/, labelled grafana_dashboard: "1".
+real = {}
+for cm in objects(rendered("dashboards_real"), "ConfigMap"):
+    check(cm["metadata"].get("labels", {}).get("grafana_dashboard") == "1",
+          f"dashboards_real: {cm['metadata']['name']} not labelled grafana_dashboard: \"1\"")
+    real.update(cm.get("data", {}))
+for name in ["trainingjob.json", "operator.json", "fleet.json"]:
+    check(name in real and json.loads(real[name]) == json.loads(read("dashboards/" + name)),
+          f"dashboards_real: {name} missing or not dashboards/{name}")
 check(not objects(rendered("dashboards_none"), "ConfigMap"), "no dashboard files: ConfigMaps")
 
 # ---- the packaged chart renders as the directory ------------------------------------------------

@@ -9,6 +9,7 @@
 #   → helm uninstall: the CRD and the TrainingJobs stay (helm.sh/resource-policy: keep).
 # Exit 77 (ctest: skipped) when helm or kubectl is missing (scripts/install-deps.sh installs helm).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 cd "$(dirname "$0")/../.."
 for tool in helm kubectl python3; do
@@ -21,15 +22,9 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
+fail_context() {
   echo "--- server log (tail)"; tail -20 "$OUT/serve.log"
   echo "--- operator logs (tail)"; tail -20 "$OUT"/work/pods/kubetrain-system_*/log 2>/dev/null || true
-  exit 1
-}
-wait_for() {  # wait_for SECONDS command...
-  local deadline=$((SECONDS + $1)); shift
-  until "$@"; do (( SECONDS < deadline )) || return 1; sleep 0.5; done
 }
 
 "$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
@@ -50,7 +45,7 @@ K get deploy kt-kubetrain -n "$NS" -o json --show-managed-fields | python3 -c '
 import json, sys
 managers = {(m["manager"], m["operation"]) for m in json.load(sys.stdin)["metadata"]["managedFields"]}
 assert ("helm", "Apply") in managers, managers' || fail "the Deployment was not server-side applied by helm"
-operator_pod() { K get pods -n "$NS" -l app.kubernetes.io/name=kubetrain --field-selector status.phase=Running -o name | head -1; }
+operator_pod() { K get pods -n "$NS" -l app.kubernetes.io/name=kubetrain --field-selector status.phase=Running -o name | awk 'NR == 1'; }
 operator_log() { cat "$OUT"/work/pods/kubetrain-system_kt-kubetrain-*/log 2>/dev/null; }
 grep -q "kubeconfig.*kubetrain-system_kt-kubetrain" <(operator_log) || fail "the operator pod did not get its ServiceAccount's kubeconfig"
 
@@ -107,7 +102,7 @@ each_rule_is_needed() {  # each_rule_is_needed clusterrole|role NAME [-n NS]
     job "rule-$kind-$i"
     refused() { grep -q "forbidden" "$(new_operator_log)" 2>/dev/null; }
     wait_for 90 refused || fail "without the rule [$rule] of $kind $name the operator was refused nothing"
-    echo "without [$rule] of $kind $name: $(grep "forbidden" "$(new_operator_log)" | head -1 | grep -o 'cannot [a-z]* resource "[^"]*"' | head -1)"
+    echo "without [$rule] of $kind $name: $(grep "forbidden" "$(new_operator_log)" | awk 'NR == 1' | grep -o 'cannot [a-z]* resource "[^"]*"' | awk 'NR == 1')"
     python3 -c "$strip_meta"'; print(json.dumps(r))' "$OUT/role.json" > "$OUT/with.json"
     K replace -f "$OUT/with.json" > /dev/null
     restart_operator
@@ -150,4 +145,29 @@ K get crd trainingjobs.kubetrain.dev > /dev/null || fail "helm uninstall deleted
 K get tj tiny > /dev/null || fail "helm uninstall deleted a TrainingJob"
 gone_deploy() { ! K get deploy kt-kubetrain -n "$NS" > /dev/null 2>&1; }
 wait_for 30 gone_deploy || fail "the operator Deployment is still there"
+# ---- no credential in any log, event or status ----
+# The ServiceAccount tokens the pods ran with (from the kubeconfigs the local node gave them)
+# must appear nowhere a user or a log collector reads: the pods' logs (operator and workers), the
+# server's log, helm's output, Events and TrainingJob status.
+K get events -A -o json > "$OUT/events.json"
+K get trainingjobs -A -o json > "$OUT/trainingjobs.json"
+python3 - "$OUT" <<'PY' || fail "a credential leaked"
+import glob, os, sys, yaml
+out = sys.argv[1]
+secrets = set()
+for path in glob.glob(out + "/work/pods/*/kubeconfig"):
+    for user in (yaml.safe_load(open(path)) or {}).get("users", []):
+        for key in ("token", "client-key-data", "client-certificate-data", "password"):
+            value = (user.get("user") or {}).get(key)
+            if value: secrets.add(value)
+assert secrets, "no pod got a ServiceAccount token: nothing was checked"
+places = [p for p in glob.glob(out + "/**", recursive=True)
+          if os.path.isfile(p) and not p.endswith("/kubeconfig") and "/volumes/" not in p]
+leaks = []
+for path in places:
+    text = open(path, "rb").read()
+    leaks += [(path, s[:8] + "...") for s in secrets if s.encode() in text]
+print(f"{len(secrets)} token(s) searched for in {len(places)} files (logs, events, status): {len(leaks)} found")
+assert not leaks, leaks
+PY
 echo "helm install/upgrade/uninstall against kubetrain local serve: ok"

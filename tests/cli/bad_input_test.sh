@@ -67,4 +67,26 @@ expect self-alias "an alias that contains itself" "$KT" validate "$DIR/alias.yam
 expect billion-laughs "values (after expanding aliases): refused" "$KT" validate "$DIR/laughs.yaml"
 python3 -c "print('{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"TrainingJob\",\"metadata\":{\"name\":\"j\"},\"spec\":{\"model\":{\"preset\":\"tiny\"},\"training\":{\"steps\":5},\"resources\":{\"affinity\":{\"a\":' + '['*100000 + ']'*100000 + '}}}}')" > "$DIR/deep.json"
 expect deep-json "deep.json: nested more than 100 levels deep" "$KT" validate "$DIR/deep.json"
+printf 'apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: j, labels: {team: caf\xe9}}\nspec: {model: {preset: tiny}, training: {steps: 5}}\n' > "$DIR/latin1.yaml"
+expect non-utf8 "latin1.yaml:3: not UTF-8" "$KT" validate -o json "$DIR/latin1.yaml"
+# Numbers that once overflowed or hung the planner (under a timeout: a hang fails, not stalls).
+job hugebatch '  model: {preset: tiny}
+  training: {steps: 10, globalBatchSize: 9223372036854775807}'
+expect huge-batch "spec.training.globalBatchSize: 9223372036854775807 exceeds the limit of 16777216" timeout 20 "$KT" plan "$DIR/hugebatch.yaml" --cluster $CL
+job hugelayers '  model: {layers: 1000000000000000000, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}
+  training: {steps: 10}'
+expect huge-layers "spec.model.layers: 1000000000000000000 exceeds the limit of 4096" "$KT" validate "$DIR/hugelayers.yaml"
+printf 'kind: Inventory\nnodes:\n- name: x\n  cpu: {cores: 1000000000000000000}\n  memory: 64Gi\n' > "$DIR/cores.yaml"
+expect huge-cores "cores.yaml: nodes[0].cpu.cores: 1000000000000000000 exceeds the limit of 65536" timeout 20 "$KT" plan "$DIR/ok.yaml" --cluster "$DIR/cores.yaml"
+# Every problem at once, one line each, each naming the file (as kubectl shows the API server's).
+job many '  model: {preset: tiny, layrs: 3}
+  training: {steps: ten, precision: fp8}
+  checkpoint: {keep: 0}'
+"$KT" validate "$DIR/many.yaml" > /dev/null 2> "$DIR/err"
+rc=$?
+if [[ $rc -ne 1 || $(grep -c "^kubetrain: $DIR/many.yaml: spec\." "$DIR/err") -ne 4 ]]; then
+  echo "FAIL all-at-once (rc $rc):"; cat "$DIR/err"; fail=1
+else
+  echo "ok   all-at-once: 4 problems, 4 lines"
+fi
 exit $fail

@@ -10,44 +10,31 @@ FAKE_RANK (default "ok"):
   wait              wait for SIGTERM (then exit 143, like a rank that checkpointed)
   stubborn:R        like fail:R:3, but the other ranks ignore SIGTERM
 """
-import http.server
 import os
 import signal
 import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import testlib  # noqa: E402  (tests/support/testlib.py)
+
 rank = int(os.environ["RANK"])
 mode = os.environ.get("FAKE_RANK", "ok").split(":")
 
 
-class Metrics(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path != "/metrics":
-            self.send_error(404)
-            return
-        body = (
-            "# HELP fake_steps_total Steps done.\n"
-            "# TYPE fake_steps_total counter\n"
-            f'fake_steps_total{{rank="{rank}"}} {10 + rank}\n'
-            "# HELP fake_step_seconds Step time.\n"
-            "# TYPE fake_step_seconds histogram\n"
-            f'fake_step_seconds_bucket{{rank="{rank}",le="1"}} 1\n'
-            f'fake_step_seconds_bucket{{rank="{rank}",le="+Inf"}} 1\n'
-            f'fake_step_seconds_sum{{rank="{rank}"}} 0.5\n'
-            f'fake_step_seconds_count{{rank="{rank}"}} 1\n'
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+METRICS = (
+    "# HELP fake_steps_total Steps done.\n"
+    "# TYPE fake_steps_total counter\n"
+    f'fake_steps_total{{rank="{rank}"}} {10 + rank}\n'
+    "# HELP fake_step_seconds Step time.\n"
+    "# TYPE fake_step_seconds histogram\n"
+    f'fake_step_seconds_bucket{{rank="{rank}",le="1"}} 1\n'
+    f'fake_step_seconds_bucket{{rank="{rank}",le="+Inf"}} 1\n'
+    f'fake_step_seconds_sum{{rank="{rank}"}} 0.5\n'
+    f'fake_step_seconds_count{{rank="{rank}"}} 1\n'
+)
+server = testlib.metrics_server(lambda: METRICS)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 print(f"metrics on http://127.0.0.1:{server.server_address[1]}/metrics", flush=True)
 env = " ".join(f"{k}={os.environ.get(k)}" for k in

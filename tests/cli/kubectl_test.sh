@@ -3,6 +3,7 @@
 # apply of the TrainingJob CRD and of a TrainingJob, get (table and JSON), watch, delete, and an
 # error status that kubectl reports as the API server's message.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 if ! command -v kubectl >/dev/null; then
   echo "kubectl not installed: skipped"
@@ -15,12 +16,11 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- server log"; cat "$OUT/serve.log"; exit 1; }
+fail_context() { echo "--- server log"; cat "$OUT/serve.log"; }
 
 "$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
 SERVER_PID=$!
-for _ in $(seq 100); do [[ -s "$OUT/kubeconfig" ]] && break; sleep 0.1; done
-[[ -s "$OUT/kubeconfig" ]] || fail "no kubeconfig written within 10 s"
+wait_for 10 test -s "$OUT/kubeconfig" || fail "no kubeconfig written within 10 s"
 K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
 
 CRD=crds/trainingjobs.kubetrain.dev.yaml
@@ -60,11 +60,11 @@ grep -q "offload" "$OUT/explain" && grep -q "gpuUpdateFraction" "$OUT/explain" |
 
 K apply -f examples/jobs/tiny.yaml | tee "$OUT/apply-tj"
 grep -q "trainingjob.kubetrain.dev/tiny created" "$OUT/apply-tj" || fail "TrainingJob not created"
-K apply -f examples/jobs/tiny.yaml | grep -q "trainingjob.kubetrain.dev/tiny unchanged" || fail "re-apply is not a no-op"
+K apply -f examples/jobs/tiny.yaml | grep "trainingjob.kubetrain.dev/tiny unchanged" >/dev/null || fail "re-apply is not a no-op"
 
 K get tj > "$OUT/get"
 cat "$OUT/get"
-head -1 "$OUT/get" | grep -q "^NAME" || fail "no table header"
+head -1 "$OUT/get" | grep "^NAME" >/dev/null || fail "no table header"
 grep -q "^tiny " "$OUT/get" || fail "tiny not listed"
 
 K get tj tiny -o json > "$OUT/tiny.json"
@@ -85,7 +85,7 @@ K get tj --watch --output-watch-events > "$OUT/watch" 2>&1 &
 WATCH_PID=$!
 for _ in $(seq 100); do grep -q "ADDED" "$OUT/watch" && break; sleep 0.1; done
 sed 's/steps: 200/steps: 300/' examples/jobs/tiny.yaml > "$OUT/tiny-300.yaml"
-K apply -f "$OUT/tiny-300.yaml" | grep -q "configured" || fail "apply of a change did not patch"
+K apply -f "$OUT/tiny-300.yaml" | grep "configured" >/dev/null || fail "apply of a change did not patch"
 [[ $(K get tj tiny -o jsonpath='{.spec.training.steps} {.metadata.generation}') == "300 2" ]] || fail "patch not applied"
 for _ in $(seq 100); do grep -q "MODIFIED" "$OUT/watch" && break; sleep 0.1; done
 kill "$WATCH_PID" 2>/dev/null || true
@@ -106,7 +106,7 @@ grep -q 'trainingjobs.kubetrain.dev "missing" not found' "$OUT/err" || { cat "$O
 
 # The same control plane as `kubetrain run`: this machine is a Node, and a Pod bound to it runs
 # as a local process.
-K get nodes -o name | grep -q "^node/" || fail "no local node"
+K get nodes -o name | grep "^node/" >/dev/null || fail "no local node"
 cat > "$OUT/pod.yaml" <<'YAML'
 apiVersion: v1
 kind: Pod
@@ -119,7 +119,7 @@ spec:
     image: busybox
     command: ["sh", "-c", "echo hello from a local pod"]
 YAML
-K apply -f "$OUT/pod.yaml" | grep -q "pod/hello created" || fail "pod not created"
+K apply -f "$OUT/pod.yaml" | grep "pod/hello created" >/dev/null || fail "pod not created"
 for _ in $(seq 200); do
   [[ $(K get pod hello -o jsonpath='{.status.phase}') == Succeeded ]] && break
   sleep 0.1
@@ -143,7 +143,7 @@ K get ns > "$OUT/ns.txt" || fail "kubectl get ns"
 grep -q "^default *Active" "$OUT/ns.txt" || fail "kubectl get ns: $(cat "$OUT/ns.txt")"
 
 # A port in use is a one-line error and exit code 1.
-PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | head -1 | sed 's/.*://')
+PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/serve.log" | awk 'NR == 1' | sed 's/.*://')
 set +e
 "$KT" local serve --api-only --port "$PORT" > "$OUT/second.log" 2>&1
 RC=$?
@@ -151,6 +151,6 @@ set -e
 [[ $RC -eq 1 ]] || fail "a second server on port $PORT exited $RC"
 grep -q "cannot listen on 127.0.0.1:$PORT" "$OUT/second.log" || { cat "$OUT/second.log"; fail "no port-in-use message"; }
 
-K delete tj tiny | grep -q 'trainingjob.kubetrain.dev "tiny" deleted' || fail "delete"
-K get tj 2>&1 | grep -q "No resources found" || fail "tiny still listed after delete"
+K delete tj tiny | grep 'trainingjob.kubetrain.dev "tiny" deleted' >/dev/null || fail "delete"
+K get tj 2>&1 | grep "No resources found" >/dev/null || fail "tiny still listed after delete"
 echo "kubectl against kubetrain local serve: ok"

@@ -6,12 +6,13 @@
 # SIGTERM forwarded.
 # Usage: launch_test.sh KUBETRAIN KUBETRAIN_WORKER   (from the source root)
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 WORKER=$2
 DIR=$(mktemp -d)
 PID=
 trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
-fail() { echo "FAIL: $*"; [[ -f $DIR/out ]] && tail -n 30 "$DIR/out" "$DIR/err"; exit 1; }
+fail_context() { [[ -f $DIR/out ]] && tail -n 30 "$DIR/out" "$DIR/err"; }
 export KUBETRAIN_LAUNCH_CHILD=$PWD/tests/cli/fake_rank.py
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT NODE_RANK
 
@@ -26,13 +27,19 @@ spec:
 YAML
 "$KT" plan "$DIR/job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/plan1.json" ||
   fail "planning"
-# Two nodes of two ranks each (tp 2 × dp 2): launch only reads the layout. Without planHash the
-# hand edit is accepted.
+# Two nodes of two ranks each (tp 2 × dp 2): launch only reads the layout. The hand edit gets its
+# planHash recomputed (api/plan.cpp compute_plan_hash: FNV-1a 64 of the executed part); a plan
+# without one is refused.
 python3 - "$DIR/plan1.json" "$DIR/plan.json" <<'PY' || fail "editing the plan"
 import json, sys
 plan = json.load(open(sys.argv[1]))
 plan.update(nodes=2, procsPerNode=2, tp=2, dp=2, world=4)
-del plan["planHash"]
+part = {k: v for k, v in plan.items()
+        if k not in ("predicted", "alternatives", "explanation", "planHash")}
+h = 0xcbf29ce484222325
+for b in json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
+    h = ((h ^ b) * 0x100000001b3) % 2**64
+plan["planHash"] = "%016x" % h
 json.dump(plan, open(sys.argv[2], "w"))
 PY
 
@@ -79,11 +86,6 @@ grep -q "still running after 10 s; killing them" "$DIR/err" || fail "no SIGKILL 
 echo "ok: stubborn ranks are killed after the grace period (${took}s)"
 
 # 5. Merged /metrics and /healthz while the ranks run, then SIGTERM is forwarded: 143.
-get() {  # get URL: the body, or nothing
-  python3 -c 'import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end="")
-except Exception as e: sys.exit(1)' "$1"
-}
 FAKE_RANK=wait "$WORKER" launch --plan "$DIR/plan.json" --metrics-port 0 \
   --metrics-address 127.0.0.1 > "$DIR/out" 2> "$DIR/err" &
 PID=$!

@@ -3,13 +3,13 @@
 # with a falling loss and one /metrics that shows both ranks (promtool-clean); killing one rank
 # makes launch fail within the timeout, naming the rank.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 WORKER=$2
 DIR=$(mktemp -d)
 PID=
 trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
-fail() { echo "FAIL: $*"; tail -20 "$DIR/log" "$DIR/log2" 2>/dev/null; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fail_context() { tail -20 "$DIR/log" "$DIR/log2" 2>/dev/null; }
 
 cat > "$DIR/job.yaml" <<'YAML'
 apiVersion: kubetrain.dev/v1alpha1
@@ -27,13 +27,12 @@ MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/plan.json" --metrics-port
   > "$DIR/log" 2>&1 &
 PID=$!
 for _ in $(seq 100); do
-  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$METRICS/metrics', timeout=5).read().decode())" \
-    > "$DIR/metrics" 2>/dev/null || true
+  get "http://127.0.0.1:$METRICS/metrics" > "$DIR/metrics" 2>/dev/null || true
   grep -q 'kubetrain_worker_steps_total{.*rank="1".*} [1-9]' "$DIR/metrics" && break
   sleep 0.2
 done
 for r in 0 1; do
-  grep -q "^kubetrain_worker_steps_total{job=\"tiny-tp2\",namespace=\"default\",rank=\"$r\"" "$DIR/metrics" ||
+  grep -q "^kubetrain_worker_steps_total{trainingjob=\"tiny-tp2\",namespace=\"default\",rank=\"$r\"" "$DIR/metrics" ||
     fail "rank $r missing from the launcher's /metrics: $(head -c 400 "$DIR/metrics")"
 done
 grep -q '^kubetrain_worker_comm_seconds_total{.*group="tp"}' "$DIR/metrics" || fail "no tp comm metric"

@@ -6,6 +6,7 @@
 # /readyz answer. Then two operators with --leader-elect: exactly one reconciles; SIGKILL it and
 # the other takes the Lease over once it expires and reconciles a new job.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 OPERATOR=$2
 if ! command -v kubectl >/dev/null; then
@@ -20,22 +21,9 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$OUT"/*.log; do echo "--- $f"; tail -30 "$f"; done
-  exit 1
-}
-get() {  # get URL: the body, or nothing
-  python3 -c 'import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end="")
-except Exception as e: sys.exit(1)' "$1"
-}
+fail_context() { for f in "$OUT"/*.log; do echo "--- $f"; tail -30 "$f"; done; }
 # The port an operator logged for "serving metrics" / "serving health probes".
-port_of() { grep "msg=\"$2\"" "$1" | sed -n 's/.*address=[0-9.]*:\([0-9]*\).*/\1/p' | head -1; }
-wait_for() {  # wait_for SECONDS COMMAND...: until the command succeeds
-  local deadline=$((SECONDS + $1)); shift
-  until "$@" >/dev/null 2>&1; do (( SECONDS < deadline )) || return 1; sleep 0.5; done
-}
+port_of() { grep "msg=\"$2\"" "$1" | sed -n 's/.*address=[0-9.]*:\([0-9]*\).*/\1/p' | awk 'NR == 1'; }
 
 "$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
 PIDS+=($!)
@@ -57,7 +45,7 @@ succeeded() { [[ "$(phase "$1")" == Succeeded ]]; }
 # ---- one operator, one job ----
 start_operator op
 OP_PID=$LAST_PID
-"$OPERATOR" --help | grep -q -- "--leader-elect" || fail "--help lists no --leader-elect"
+"$OPERATOR" --help | grep -- "--leader-elect" >/dev/null || fail "--help lists no --leader-elect"
 K apply -f examples/jobs/tiny.yaml > /dev/null || fail "apply tiny"
 running() { [[ "$(K get pod tiny-worker-0 -o jsonpath='{.status.phase}' 2>/dev/null)" == Running ]]; }
 wait_for 120 running || fail "the worker pod did not run"
@@ -96,7 +84,7 @@ if K logs tiny-worker-0 --previous 2> "$OUT/prev.txt"; then fail "kubectl logs -
 grep -q 'previous terminated container "worker" in pod "tiny-worker-0" not found' "$OUT/prev.txt" ||
   fail "kubectl logs --previous: $(cat "$OUT/prev.txt")"
 K describe tj tiny > "$OUT/describe.txt"
-grep -A3 "^Events:" "$OUT/describe.txt" | grep -q "PlanChosen" || fail "kubectl describe tj: $(cat "$OUT/describe.txt")"
+grep -A3 "^Events:" "$OUT/describe.txt" | grep "PlanChosen" >/dev/null || fail "kubectl describe tj: $(cat "$OUT/describe.txt")"
 # -f follows the log until the pod ends.
 timeout 300 kubectl --kubeconfig "$OUT/kubeconfig" logs -f tiny-worker-0 > "$OUT/follow.txt" || fail "kubectl logs -f did not end with the pod"
 grep -q "step *200/200" "$OUT/follow.txt" || fail "kubectl logs -f: $(tail -3 "$OUT/follow.txt")"
@@ -136,10 +124,20 @@ A_PID=$LAST_PID
 start_operator b "${LEASE[@]}"
 B_PID=$LAST_PID
 wait_for 30 grep -q 'became the leader' "$OUT/a.log" "$OUT/b.log" || fail "nobody became the leader"
-sleep 3  # a second leader would have shown by now (retry period 2 s)
+if grep -q 'became the leader' "$OUT/a.log"; then LEADER=a LPID=$A_PID OTHER=b; else LEADER=b LPID=$B_PID OTHER=a; fi
+# A standby's only requests are its tries for the lease (a GET each retry period). Two more
+# answered GETs than now: the second began after the first, which was answered after the leader
+# had the lease, so the standby has seen it held at least once; then count the leaders.
+lease_gets() {  # lease_gets NAME: the answered GETs NAME's operator has counted
+  get "http://127.0.0.1:$(port_of "$OUT/$1.log" "serving metrics")/metrics" |
+    sed -n 's/^rest_client_requests_total{code="200",method="GET"} \([0-9]*\).*/\1/p'
+}
+gets_before=$(lease_gets "$OTHER")
+tried_twice() { local now; now=$(lease_gets "$OTHER"); (( ${now:-0} >= ${gets_before:-0} + 2 )); }
+wait_for 30 tried_twice || fail "$OTHER did not try for the lease: $(lease_gets "$OTHER") GETs, $gets_before before"
+echo "standby $OTHER: $(lease_gets "$OTHER") lease reads, $gets_before when $LEADER led"
 leaders=$(grep -l 'became the leader' "$OUT/a.log" "$OUT/b.log" | wc -l)
 [[ $leaders -eq 1 ]] || fail "$leaders leaders"
-if grep -q 'became the leader' "$OUT/a.log"; then LEADER=a LPID=$A_PID OTHER=b; else LEADER=b LPID=$B_PID OTHER=a; fi
 sed 's/name: tiny/name: tiny-two/' examples/jobs/tiny.yaml | K apply -f - > /dev/null
 wait_for 300 succeeded tiny-two || fail "tiny-two did not succeed under the leader"
 other_metrics=$(port_of "$OUT/$OTHER.log" "serving metrics")

@@ -2,14 +2,16 @@
 # kubetrain-worker as a pod runs it: trains the tiny preset from a planner-made Plan, prints a
 # falling loss, serves /metrics (checked by promtool) and /healthz while it runs, checkpoints
 # and exits 143 on SIGTERM, resumes from the checkpoint, exports llm.c's format, and refuses a
-# plan it cannot execute.
+# plan it cannot execute or that was edited by hand; a full checkpoint disk is reported while
+# training goes on, and a second writer to a checkpoint directory is refused.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 WORKER=$2
 DIR=$(mktemp -d)
 PID=
 trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
-fail() { echo "FAIL: $*"; [[ -f $DIR/log ]] && tail -20 "$DIR/log"; exit 1; }
+fail_context() { [[ -f $DIR/log ]] && tail -20 "$DIR/log"; }
 
 cat > "$DIR/job.yaml" <<'YAML'
 apiVersion: kubetrain.dev/v1alpha1
@@ -24,27 +26,17 @@ YAML
 "$KT" plan "$DIR/job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/plan.json" ||
   fail "planning"
 
-get() {  # get URL: the body, or nothing
-  python3 -c 'import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end="")
-except Exception as e: sys.exit(1)' "$1"
-}
-
 "$WORKER" train --plan "$DIR/plan.json" --checkpoint-dir "$DIR/ckpt" --metrics-port 0 \
   --metrics-address 127.0.0.1 --log-every 10 > "$DIR/log" 2>&1 &
 PID=$!
-for _ in $(seq 100); do
-  PORT=$(sed -n 's|^metrics on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$DIR/log")
-  [[ -n $PORT ]] && break
-  sleep 0.1
-done
+PORT=$(announced_port "$DIR/log")
 [[ -n ${PORT:-} ]] || fail "no metrics port announced"
 for _ in $(seq 100); do  # wait until a few steps are counted
   get "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" || true
   grep -q "^kubetrain_worker_steps_total{.*} [1-9][0-9][0-9]" "$DIR/metrics" && break
   sleep 0.2
 done
-grep -q '^kubetrain_worker_steps_total{job="tiny-cli",namespace="default",rank="0",node_rank="0"} [1-9][0-9]' "$DIR/metrics" ||
+grep -q '^kubetrain_worker_steps_total{trainingjob="tiny-cli",namespace="default",rank="0",node_rank="0"} [1-9][0-9]' "$DIR/metrics" ||
   fail "steps_total not exposed: $(head -c 600 "$DIR/metrics")"
 grep -q '^kubetrain_worker_loss{' "$DIR/metrics" || fail "no loss gauge"
 grep -q '^kubetrain_worker_memory_bytes{.*kind="params"' "$DIR/metrics" || fail "no memory gauge"
@@ -81,7 +73,9 @@ params=$(python3 -c "import json; print(json.load(open('$DIR/plan2.json'))['mode
 # Import: a fresh run starts from the exported llm.c weights (and is stopped right away).
 "$WORKER" train --plan "$DIR/plan.json" --init-from-llmc "$DIR/model.bin" --log-every 1 > "$DIR/log3" 2>&1 &
 PID=$!
-for _ in $(seq 50); do grep -q '^step ' "$DIR/log3" && break; sleep 0.1; done
+# Until its first step (a deadline, not a guess: a loaded machine takes longer to start).
+for _ in $(seq 600); do grep -q '^step ' "$DIR/log3" && break; sleep 0.1; done
+grep -q '^step ' "$DIR/log3" || fail "the llm.c-initialised run made no step in 60 s: $(tail -3 "$DIR/log3")"
 kill -TERM $PID; wait $PID; rc=$?; PID=
 grep -q "initialised from llm.c model" "$DIR/log3" || fail "llm.c import: $(head -5 "$DIR/log3")"
 first_imported=$(grep -m1 '^step ' "$DIR/log3" | sed 's/.*| loss \([0-9.]*\) .*/\1/')
@@ -117,4 +111,110 @@ sed 's/gpusPerNode: 1/gpusPerNode: 2}\n  parallelism: {tensorParallel: 2/' "$DIR
 rc=$?
 [[ $rc -eq 1 ]] && grep -q "the plan has 2 rank(s) but WORLD_SIZE is 1 (start the ranks with kubetrain-worker launch)" "$DIR/err" ||
   fail "tp=2 without launch not explained (rc $rc): $(cat "$DIR/err")"
-echo "worker ok: stopped at step $stopped, loss $first -> $last, resumed and finished, llm.c export ok"
+
+# A hand-edited plan (issue 15): without its planHash, or with values the planner never emits (the
+# hash recomputed so that only the values are wrong), is refused with exit code 1 and the field,
+# never by a signal (exit codes 128+ are retried by the operator).
+edit_plan() {  # edit_plan OUT rehash|keep PATH=JSON... : plan.json edited
+  python3 - "$DIR/plan.json" "$@" <<'PY'
+import json, sys
+src, out, rehash, edits = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+plan = json.load(open(src))
+for edit in edits:
+    path, value = edit.split("=", 1)
+    *parents, last = path.split(".")
+    node = plan
+    for key in parents: node = node[key]
+    if value == "DELETE": del node[last]
+    else: node[last] = json.loads(value)
+if rehash == "rehash":  # api/plan.cpp compute_plan_hash: FNV-1a 64 of the executed part
+    part = {k: v for k, v in plan.items()
+            if k not in ("predicted", "alternatives", "explanation", "planHash")}
+    h = 0xcbf29ce484222325
+    for b in json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
+        h = ((h ^ b) * 0x100000001b3) % 2**64
+    plan["planHash"] = "%016x" % h
+json.dump(plan, open(out, "w"))
+PY
+}
+edit_plan "$DIR/same.json" rehash || fail "edit_plan"
+cmp -s <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["planHash"])' "$DIR/same.json") \
+  <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["planHash"])' "$DIR/plan.json") ||
+  fail "the test's plan hash differs from the planner's"
+refused() {  # refused WORDS EDIT...: train and launch exit 1 saying WORDS
+  edit_plan "$DIR/bad.json" "${@:2}" || fail "edit_plan $*"
+  for cmd in train launch; do
+    "$WORKER" $cmd --plan "$DIR/bad.json" > "$DIR/out" 2> "$DIR/err"
+    rc=$?
+    [[ $rc -eq 1 ]] && grep -qF "$DIR/bad.json: $1" "$DIR/err" ||
+      fail "$cmd: ${*:2} not refused with '$1' (rc $rc): $(head -c 400 "$DIR/err")"
+  done
+}
+refused "plan.planHash: required" keep planHash=DELETE
+refused "plan.planHash: " keep offload.cpuThreads=100000
+refused "plan.offload.cpuThreads: 100000 is not in [1, 4096]" rehash offload.cpuThreads=100000
+refused "plan.model.heads: 128 does not divide hidden 64" rehash model.heads=128
+refused "plan.model.seqLen: 1000000000 exceeds the limit" rehash model.seqLen=1000000000
+refused "plan.model: " rehash model.seqLen=1000000
+refused "plan.tp: 3 does not divide the model's heads 4" rehash tp=3 world=3
+
+# A non-UTF-8 byte in `latest` falls back like any other bad pointer (it aborted before).
+printf 'step-\xff\xfe\n' > "$DIR/ckpt/latest"
+"$WORKER" train --plan "$DIR/plan2.json" --checkpoint-dir "$DIR/ckpt" > "$DIR/out" 2> "$DIR/err" ||
+  fail "a garbage latest pointer: $(tail -3 "$DIR/err")"
+grep -q "latest is corrupt" "$DIR/err" || fail "no fallback message: $(head -3 "$DIR/err")"
+grep -q "^done: $((stopped + 20)) steps" "$DIR/out" || fail "did not resume from the newest step"
+
+# The checkpoint disk fills up (latest.tmp is /dev/full: ENOSPC for root too, no mount needed):
+# training goes on, the failure is logged and counted, the next interval saves again once there is
+# space; a second writer is refused; SIGTERM with a failed save still exits 143 (retryable).
+mkdir "$DIR/full" && ln -s /dev/full "$DIR/full/latest.tmp"
+"$WORKER" train --plan "$DIR/plan.json" --checkpoint-dir "$DIR/full" --metrics-port 0 \
+  --metrics-address 127.0.0.1 --log-every 0 > "$DIR/log" 2>&1 &
+PID=$!
+for _ in $(seq 600); do grep -q "^checkpoint at step 50 failed (ENOSPC" "$DIR/log" && break; sleep 0.1; done
+grep -q "^checkpoint at step 50 failed (ENOSPC, 1 so far; training goes on" "$DIR/log" ||
+  fail "no failure line for a full disk"
+PORT=$(announced_port "$DIR/log")
+get "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" || fail "no metrics after a failed save"
+grep -q '^kubetrain_worker_checkpoint_failures_total{.*reason="ENOSPC"} [1-9]' "$DIR/metrics" ||
+  fail "no failures counter: $(grep checkpoint "$DIR/metrics")"
+grep -q '^kubetrain_worker_checkpoint_consecutive_failures{.*} [1-9]' "$DIR/metrics" ||
+  fail "no consecutive failures gauge: $(grep checkpoint "$DIR/metrics")"
+promtool check metrics < "$DIR/metrics" || fail "promtool check metrics rejected the failure metrics"
+KUBETRAIN_CHECKPOINT_LOCK_WAIT_SECONDS=0 "$WORKER" train --plan "$DIR/plan.json" \
+  --checkpoint-dir "$DIR/full" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+[[ $rc -eq 1 ]] && grep -q "checkpoint directory $DIR/full is in use by another writer (held by \"pid $PID on " "$DIR/err" ||
+  fail "a second writer was not refused (rc $rc): $(cat "$DIR/err")"
+rm "$DIR/full/latest.tmp"  # space again
+for _ in $(seq 600); do grep -q "^checkpoint $DIR/full/step-" "$DIR/log" && break; sleep 0.1; done
+grep -q "^checkpoint $DIR/full/step-" "$DIR/log" || fail "no save after the disk had space again"
+for _ in $(seq 50); do
+  get "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" || true
+  grep -q '^kubetrain_worker_checkpoint_consecutive_failures{.*} 0$' "$DIR/metrics" && break
+  sleep 0.1
+done
+grep -q '^kubetrain_worker_checkpoint_consecutive_failures{.*} 0$' "$DIR/metrics" ||
+  fail "consecutive failures not reset by a good save: $(grep checkpoint "$DIR/metrics")"
+# Full again, then SIGTERM. The link is made while the worker is stopped and not between writing
+# and renaming a latest.tmp of its own.
+for _ in $(seq 100); do
+  kill -STOP $PID
+  [[ ! -e $DIR/full/latest.tmp && ! -L $DIR/full/latest.tmp ]] && ln -s /dev/full "$DIR/full/latest.tmp" && break
+  kill -CONT $PID
+  sleep 0.05
+done
+[[ -L $DIR/full/latest.tmp ]] || fail "could not fill the disk again"
+kill -TERM $PID
+kill -CONT $PID
+wait $PID
+rc=$?
+PID=
+[[ $rc -eq 143 ]] || fail "SIGTERM with a full disk: exit code $rc (want 143, retryable)"
+grep -q "stopped by signal after step [0-9]* (its checkpoint failed" "$DIR/log" ||
+  fail "the stop line does not say the checkpoint failed: $(tail -3 "$DIR/log")"
+good=$(cat "$DIR/full/latest")
+[[ -f "$DIR/full/$good/metadata.json" ]] || fail "latest does not name a complete checkpoint"
+
+echo "worker ok: stopped at step $stopped, loss $first -> $last, resumed and finished, llm.c export ok, bad plans refused, checkpoint failures reported"

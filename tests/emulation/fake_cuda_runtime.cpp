@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/emulation/stream_order.h"
+#include "worker/host_access.h"
 
 namespace kt::emulation {
 namespace {
@@ -254,6 +255,12 @@ size_t stream_order_races() {
 }
 
 }  // namespace kt::emulation
+
+// The worker's hook for its host accesses (worker/host_access.h), which it declares and the
+// emulation supplies, so no worker header depends on tests/.
+void kt::worker::emulated_host_access(const char* what, const void* ptr, size_t bytes, bool write) {
+  kt::emulation::host_access(what, {ptr, bytes, write});
+}
 
 namespace {
 namespace em = kt::emulation;

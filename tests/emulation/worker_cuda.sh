@@ -8,6 +8,7 @@
 # collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 CPU_WORKER=$2
 WORKER=$3
@@ -15,8 +16,6 @@ export KUBETRAIN_NCCL_LIBRARY=${4:-}
 export OMP_NUM_THREADS=2
 DIR=$(mktemp -d)
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$DIR"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 cat > "$DIR/h200x2.yaml" <<'YAML'
 apiVersion: kubetrain.dev/v1alpha1
@@ -115,16 +114,10 @@ plan long $h200
   --metrics-address 127.0.0.1 --log-every 1 > "$DIR/long.log" 2>&1 &
 PID=$!
 trap '[[ -n ${PID:-} ]] && kill $PID 2>/dev/null; [[ -n ${KEEP:-} ]] || rm -rf "$DIR"' EXIT
-for _ in $(seq 100); do
-  PORT=$(sed -n 's|^metrics on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$DIR/long.log")
-  [[ -n $PORT ]] && break
-  sleep 0.1
-done
+PORT=$(announced_port "$DIR/long.log")
 [[ -n ${PORT:-} ]] || fail "no metrics port announced: $(head -3 "$DIR/long.log")"
 for _ in $(seq 150); do
-  python3 -c 'import sys, urllib.request
-sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
-    "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" 2>/dev/null || true
+  get "http://127.0.0.1:$PORT/metrics" > "$DIR/metrics" 2>/dev/null || true
   grep -q '^kubetrain_worker_steps_total{.*} [3-9]' "$DIR/metrics" && break
   sleep 0.2
 done

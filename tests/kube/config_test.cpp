@@ -149,6 +149,21 @@ contexts: [{name: c, context: {cluster: k, user: u}}]
   expect_error(write("garbage", "[1, 2\n"), {"garbage"});
 }
 
+// Found by fuzz/kubeconfig_fuzz.cpp: an entry whose name was null (or a number) threw
+// nlohmann's type_error instead of naming nothing.
+TEST_F(KubeconfigTest, EntryNamedByANonString_NamesNothing) {
+  const std::string path = write("config", R"(current-context: a
+contexts:
+- name: null
+- name: 7
+- name: a
+  context: {cluster: a}
+clusters:
+- {name: ~, cluster: {server: "https://other"}}
+)");
+  expect_error(path, {path, "clusters: no entry named \"a\""});
+}
+
 TEST_F(KubeconfigTest, InClusterReadsTheServiceAccountFiles) {
   write("token", "t0ken\n");
   write("ca.crt", "-----BEGIN CERTIFICATE-----\n");

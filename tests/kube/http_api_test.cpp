@@ -102,6 +102,31 @@ TEST(LocalServeApi, TablesCarryPrinterColumnsForKubectl) {
   EXPECT_EQ(table["rows"][0]["object"]["metadata"]["name"], "w");
 }
 
+// kubectl get asks for pages of 500 rows and follows the Table's continue token.
+TEST(LocalServeApi, TablePages_CarryTheContinueToken) {
+  LocalServer local;
+  Raw raw(local);
+  for (const char* name : {"a", "b", "c"})
+    raw.call("POST", "/api/v1/namespaces/default/configmaps",
+             std::string(R"({"metadata":{"name":")") + name + R"("}})");
+  const std::vector<std::pair<std::string, std::string>> table = {
+      {"Accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}};
+  const Object first = Object::parse(
+      raw.call("GET", "/api/v1/namespaces/default/configmaps?limit=2", "", "", table).body);
+  ASSERT_EQ(first["rows"].size(), 2u);
+  std::string token;
+  for (char c : first["metadata"].value("continue", std::string()))
+    token += c == '|' ? "%7C" : c == '/' ? "%2F" : std::string(1, c);
+  ASSERT_FALSE(token.empty());
+  const Object second = Object::parse(
+      raw.call("GET", "/api/v1/namespaces/default/configmaps?limit=2&continue=" + token, "", "",
+               table)
+          .body);
+  ASSERT_EQ(second["rows"].size(), 1u);
+  EXPECT_EQ(second["rows"][0]["cells"][0], "c");
+  EXPECT_FALSE(second["metadata"].contains("continue"));
+}
+
 TEST(LocalServeApi, ErrorsAreStatusObjects) {
   LocalServer local;
   Raw raw(local);
@@ -156,4 +181,62 @@ TEST(LocalServeApi, StrategicMergePatchIsAppliedAsAMergePatchWithoutDirectives) 
   const Object cm = Object::parse(r.body);
   EXPECT_EQ(cm["metadata"]["labels"], Object({{"x", "1"}, {"y", "2"}}));
   EXPECT_EQ(cm["data"], Object({{"k", "v"}}));
+}
+
+TEST(LocalServeApi, BuiltinBodiesOfTheWrongShape_AreRefusedAtTheDoor) {
+  LocalServer local;
+  Raw raw(local);
+  // `containers` as a map was once stored, and the pod runner then failed on it ten times a
+  // second for ever. kube-apiserver's typed decoding answers 400.
+  const HttpResponse map_containers = raw.call(
+      "POST", "/api/v1/namespaces/default/pods",
+      R"({"metadata":{"name":"p"},"spec":{"containers":{"name":"main","image":"x"}}})");
+  EXPECT_EQ(map_containers.status, 400) << map_containers.body;
+  const Object status = Object::parse(map_containers.body);
+  EXPECT_EQ(status["reason"], "BadRequest");
+  EXPECT_NE(status["message"].get<std::string>().find(
+                "Pod in version \"v1\" cannot be handled as a Pod: spec.containers: Invalid value: "
+                "\"object\": spec.containers in body must be of type array"),
+            std::string::npos)
+      << map_containers.body;
+  EXPECT_EQ(raw.call("GET", "/api/v1/namespaces/default/pods/p").status, 404);
+  // Validation that the API server does after decoding: 422 with the field.
+  const HttpResponse no_containers =
+      raw.call("POST", "/api/v1/namespaces/default/pods", R"({"metadata":{"name":"p"},"spec":{}})");
+  EXPECT_EQ(no_containers.status, 422) << no_containers.body;
+  EXPECT_NE(no_containers.body.find("spec.containers: Required value"), std::string::npos)
+      << no_containers.body;
+  // Paths that would leave the pod's directory on the node's disk.
+  const HttpResponse escape = raw.call(
+      "POST", "/api/v1/namespaces/default/pods",
+      R"({"metadata":{"name":"p"},"spec":{"containers":[{"name":"main","image":"x"}],
+          "volumes":[{"name":"cfg","configMap":{"name":"c","items":[{"key":"k","path":"../../../etc/x"}]}},
+                     {"name":"../up","emptyDir":{}},
+                     {"name":"d","persistentVolumeClaim":{"claimName":"../../root"}}]}})");
+  EXPECT_EQ(escape.status, 422) << escape.body;
+  for (const char* field : {"spec.volumes[0].configMap.items[0].path", "spec.volumes[1].name",
+                            "spec.volumes[2].persistentVolumeClaim.claimName"})
+    EXPECT_NE(escape.body.find(field), std::string::npos) << field << " in " << escape.body;
+  // Other kinds the control plane reads: a ConfigMap's data, a Role's verbs, a Lease's duration.
+  EXPECT_EQ(raw.call("POST", "/api/v1/namespaces/default/configmaps",
+                     R"({"metadata":{"name":"c"},"data":{"k":{"nested":1}}})")
+                .status,
+            400);
+  EXPECT_EQ(raw.call("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+                     R"({"metadata":{"name":"r"},"rules":[{"verbs":"get"}]})")
+                .status,
+            400);
+  EXPECT_EQ(raw.call("POST", "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+                     R"({"metadata":{"name":"l"},"spec":{"leaseDurationSeconds":"long"}})")
+                .status,
+            400);
+  // A well-formed pod with fields these schemas do not type is stored whole.
+  const HttpResponse good = raw.call(
+      "POST", "/api/v1/namespaces/default/pods",
+      R"({"metadata":{"name":"p"},"spec":{"containers":[{"name":"main","image":"x","stdin":true,
+          "ports":[{"containerPort":8080}]}],"dnsPolicy":"ClusterFirst"}})");
+  ASSERT_EQ(good.status, 201) << good.body;
+  const Object stored = Object::parse(good.body);
+  EXPECT_EQ(stored["spec"]["dnsPolicy"], "ClusterFirst");
+  EXPECT_EQ(stored["spec"]["containers"][0]["stdin"], true);
 }

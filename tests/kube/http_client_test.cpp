@@ -19,6 +19,7 @@
 
 #include "api/error.h"
 #include "tests/kube/local_server.h"
+#include "tests/support/eventually.h"
 
 extern char** environ;
 
@@ -91,7 +92,7 @@ class TlsServer : public ::testing::Test {
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
     ASSERT_EQ(posix_spawnp(&server_pid_, "openssl", &actions, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&actions);
-    ASSERT_TRUE(kt::kube::testing::eventually([&] { return accepts_connections(port_); }, 10s));
+    ASSERT_TRUE(kt::test::eventually([&] { return accepts_connections(port_); }, 10s));
   }
 
   void TearDown() override {

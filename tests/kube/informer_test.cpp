@@ -8,12 +8,13 @@
 #include <set>
 
 #include "tests/kube/local_server.h"
+#include "tests/support/eventually.h"
 
 using namespace std::chrono_literals;
 using namespace kt::kube;
 using kt::kube::testing::config_map;
-using kt::kube::testing::eventually;
 using kt::kube::testing::LocalServer;
+using kt::test::eventually;
 
 namespace {
 
@@ -137,7 +138,8 @@ TEST(Informer, RelistsOnGoneAndOnErrorEventsAndEmitsMissedDeletions) {
   // the informer's back; then the history is "compacted" (the next watch gets 410).
   local.server.set_faults({.watch_gone = 1, .server_errors = 1000});
   local.server.drop_watches();
-  std::this_thread::sleep_for(300ms);
+  // The changes below are made once the informer has been refused at least once.
+  ASSERT_TRUE(eventually([&] { return local.server.faults().server_errors < 1000; }));
   local.store.remove(kConfigMaps, "default", "cm0");
   local.store.remove(kConfigMaps, "default", "cm1");
   local.store.merge_patch(kConfigMaps, "default", "cm2", {{"data", {{"key", "new"}}}});
@@ -202,7 +204,8 @@ TEST(Informer, StopReturnsPromptlyWhileBackingOff) {
   InformerTiming slow;  // the production 0.8 s → 30 s backoff
   Informer informer(*client, kConfigMaps, "default", "", slow);
   informer.start();
-  std::this_thread::sleep_for(1500ms);  // in its second backoff
+  // Two requests refused: it is in its second backoff.
+  ASSERT_TRUE(eventually([&] { return local.server.faults().server_errors <= 1'000'000 - 2; }));
   const auto before = std::chrono::steady_clock::now();
   informer.stop();
   EXPECT_LT(std::chrono::steady_clock::now() - before, 3s);

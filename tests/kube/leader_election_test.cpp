@@ -8,11 +8,12 @@
 #include <atomic>
 
 #include "tests/kube/local_server.h"
+#include "tests/support/eventually.h"
 
 using namespace std::chrono_literals;
 using namespace kt::kube;
-using kt::kube::testing::eventually;
 using kt::kube::testing::LocalServer;
+using kt::test::eventually;
 
 namespace {
 
@@ -34,6 +35,12 @@ LeaderElectionConfig candidate(const std::string& identity, std::atomic<int>& st
 
 std::string holder(Client& store) {
   return store.get(kLeases, "kubetrain-system", "kubetrain-operator")["spec"].value("holderIdentity", "");
+}
+
+// The lease's spec.renewTime: it changes with every successful renewal.
+std::string renew_time(Client& store) {
+  const Object lease = store.get(kLeases, "kubetrain-system", "kubetrain-operator");
+  return lease["spec"].value("renewTime", "");
 }
 
 }  // namespace
@@ -88,15 +95,20 @@ TEST(LeaderElection, ExactlyOneOfTwoLeadsAndTheOtherTakesOverWhenItStops) {
 
 TEST(LeaderElection, AVanishedLeaderIsReplacedOnlyAfterTheLeaseExpires) {
   LocalServer local;
+  kt::telemetry::Registry registry_b;
+  KubeMetrics metrics_b(registry_b);  // counts b's requests: its tries for the lease
   auto client_a = local.client();
-  auto client_b = local.client();
+  auto client_b = local.client({.metrics = &metrics_b});
   std::atomic<int> a_starts{0}, a_stops{0}, b_starts{0}, b_stops{0};
   LeaderElector a(*client_a, candidate("a", a_starts, a_stops, /*release_on_stop=*/false));
   a.start();
   ASSERT_TRUE(eventually([&] { return a.is_leader(); }, 10s));
   LeaderElector b(*client_b, candidate("b", b_starts, b_stops));
   b.start();
-  std::this_thread::sleep_for(1s);
+  // b has read the lease that a holds three times (a GET per try), so its first two tries are
+  // over, and it has not taken the lease.
+  const auto& lease_reads_by_b = metrics_b.rest_client_requests.with({"200", "GET"});
+  ASSERT_TRUE(eventually([&] { return lease_reads_by_b.value() >= 3; }, 10s));
   ASSERT_FALSE(b.is_leader());
 
   const auto vanished_at = std::chrono::steady_clock::now();
@@ -120,7 +132,10 @@ TEST(LeaderElection, ALeaderThatCannotRenewStepsDown) {
   ASSERT_TRUE(eventually([&] { return a.is_leader(); }, 10s));
   // One conflicting write is absorbed by the next renewal...
   local.server.set_faults({.update_conflicts = 1});
-  std::this_thread::sleep_for(1500ms);
+  ASSERT_TRUE(eventually([&] { return local.server.faults().update_conflicts == 0; }, 10s));
+  const std::string renewed_before = renew_time(local.store);
+  ASSERT_TRUE(eventually([&] { return renew_time(local.store) != renewed_before; }, 10s))
+      << "no renewal after the conflict";
   EXPECT_TRUE(a.is_leader());
   EXPECT_EQ(stops, 0);
   // ...but an API server that fails every request for longer than the renew deadline costs

@@ -2,10 +2,7 @@
 // `kubetrain local serve`'s ApiServer, and a RestClient pointed at it.
 #pragma once
 
-#include <chrono>
-#include <functional>
 #include <memory>
-#include <thread>
 
 #include "operator/kube/rest_client.h"
 #include "operator/local/http_api.h"
@@ -41,17 +38,6 @@ inline Object config_map(const std::string& name, const std::string& value = "v"
           {"kind", "ConfigMap"},
           {"metadata", {{"name", name}, {"namespace", ns}, {"labels", {{"app", "kt"}}}}},
           {"data", {{"key", value}}}};
-}
-
-// Polls `condition` every 20 ms until it holds or `timeout` passes; returns its last value.
-inline bool eventually(const std::function<bool()>& condition,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return condition();
 }
 
 }  // namespace kt::kube::testing

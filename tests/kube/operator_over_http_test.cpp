@@ -7,22 +7,14 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
 #include "tests/kube/local_server.h"
+#include "tests/support/eventually.h"
+#include "tests/support/training_job.h"
 
 using namespace std::chrono_literals;
 using namespace kt::kube;
-using kt::kube::testing::eventually;
 using kt::kube::testing::LocalServer;
-
-namespace {
-
-Object job_object(const std::string& name) {
-  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec", {{"model", {{"preset", "tiny"}}}, {"training", {{"steps", 10}}}}}};
-}
-
-}  // namespace
+using kt::test::eventually;
+using kt::test::tiny_job_object;
 
 TEST(OperatorOverHttp, ATrainingJobRunsToSucceededThroughFaults) {
   LocalServer local;
@@ -46,7 +38,7 @@ TEST(OperatorOverHttp, ATrainingJobRunsToSucceededThroughFaults) {
   local.server.set_faults({.watch_gone = 2, .update_conflicts = 3, .server_errors = 5,
                            .delay = 20ms});
   local.server.drop_watches();
-  local.store.create(kTrainingJobs, "default", job_object("h"));  // as kubectl would
+  local.store.create(kTrainingJobs, "default", tiny_job_object("h"));  // as kubectl would
 
   auto pod_exists = [&] {
     try {

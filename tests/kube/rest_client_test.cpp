@@ -8,6 +8,7 @@
 
 #include "api/error.h"
 #include "tests/kube/local_server.h"
+#include "tests/support/eventually.h"
 
 using namespace std::chrono_literals;
 using namespace kt::kube;
@@ -331,7 +332,7 @@ TEST(RestClientWatch, ADroppedConnectionEndsTheWatch) {
   WatchOptions options;
   options.resource_version = client->list(kConfigMaps, "default", {}).resource_version;
   auto watch = client->watch(kConfigMaps, "default", options);
-  ASSERT_TRUE(kt::kube::testing::eventually([&] { return local.server.open_watches() == 1; }));
+  ASSERT_TRUE(kt::test::eventually([&] { return local.server.open_watches() == 1; }));
   local.server.drop_watches();
   const auto before = std::chrono::steady_clock::now();
   while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
@@ -355,9 +356,75 @@ TEST(LocalServeFaults, AreSetThroughTheControlEndpointAndDropWatches) {
   WatchOptions options;
   options.resource_version = client->list(kPods, "default", {}).resource_version;
   auto watch = client->watch(kPods, "default", options);
-  ASSERT_TRUE(kt::kube::testing::eventually([&] { return local.server.open_watches() == 1; }));
+  ASSERT_TRUE(kt::test::eventually([&] { return local.server.open_watches() == 1; }));
   EXPECT_EQ(http.send({.method = "POST", .target = "/kubetrain/drop-watches"}).status, 200);
   const auto before = std::chrono::steady_clock::now();
   while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
   EXPECT_TRUE(watch->ended());
+}
+
+// `kubetrain local serve --inject-faults RATE`: about RATE of the resource requests fail, as 500
+// and 429 (with Retry-After) Status objects in equal parts; discovery is never hit; watches end
+// early, on average after 1/RATE seconds; a rate of 0 injects nothing.
+TEST(LocalServeFaults, RandomFaultsHitAFractionOfRequestsAndEndWatches) {
+  LocalServer local;
+  HttpClient http({.base_url = local.server.url()});
+  local.server.set_faults({.error_rate = 0.2, .seed = 7});
+  int server_errors = 0, too_many = 0, ok = 0;
+  constexpr int kRequests = 1000;
+  for (int i = 0; i < kRequests; ++i) {
+    const HttpResponse r = http.send({.method = "GET", .target = "/api/v1/namespaces/default/configmaps"});
+    if (r.status == 200) {
+      ++ok;
+      continue;
+    }
+    const Object status = Object::parse(r.body);
+    EXPECT_EQ(status["kind"], "Status");
+    EXPECT_EQ(status["code"], r.status);
+    if (r.status == 500) {
+      EXPECT_EQ(status["reason"], "InternalError");
+      ++server_errors;
+    } else {
+      ASSERT_EQ(r.status, 429);
+      EXPECT_EQ(status["reason"], "TooManyRequests");
+      EXPECT_EQ(r.header("retry-after").value_or(""), "1");
+      ++too_many;
+    }
+  }
+  // Binomial(1000, 0.1) each: mean 100, standard deviation 9.5; these bounds are 5 of them.
+  EXPECT_GT(server_errors, 52);
+  EXPECT_LT(server_errors, 148);
+  EXPECT_GT(too_many, 52);
+  EXPECT_LT(too_many, 148);
+  EXPECT_EQ(ok + server_errors + too_many, kRequests);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(http.send({.method = "GET", .target = "/api/v1"}).status, 200);
+
+  // Mean watch life 1 / 0.8 = 1.25 s: each watch ends well within 20 s, some with the end of
+  // the chunked body, some cut (a transport error).
+  local.server.set_faults({.error_rate = 0.8, .seed = 7});
+  int ended = 0, cut = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::unique_ptr<HttpStream> watch;
+    for (int tries = 0; !watch && tries < 200; ++tries) {  // the watch request itself may fail
+      auto stream = http.open_stream(
+          {.method = "GET", .target = "/api/v1/namespaces/default/configmaps?watch=1"}, CancelToken());
+      if (stream->status() == 200) watch = std::move(stream);
+    }
+    ASSERT_TRUE(watch);
+    const auto before = std::chrono::steady_clock::now();
+    try {
+      while (watch->read_line()) {
+      }
+      ++ended;
+    } catch (const kt::Error&) {
+      ++cut;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - before, 20s) << "watch " << i;
+  }
+  EXPECT_GT(ended, 0);
+  EXPECT_GT(cut, 0);
+
+  local.server.set_faults({});
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(http.send({.method = "GET", .target = "/api/v1/namespaces/default/configmaps"}).status, 200);
 }

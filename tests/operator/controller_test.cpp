@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <set>
+
 #include "api/plan.h"
 #include "api/quantity.h"
 #include "operator/local/store.h"
@@ -284,6 +288,48 @@ TEST_F(ControllerTest, Checkpoints_JobsOwnVolumeOrEmptyDirMode_MakeNoClaim) {
                   .contains("emptyDir"));
 }
 
+TEST_F(ControllerTest, EmptyDirCheckpoints_AreAllowed_WithAWarningConditionAndOneEvent) {
+  Object j = tiny_job("job");
+  j["spec"]["checkpoint"]["volume"] = {{"emptyDir", Object::object()}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  reconcile();
+  EXPECT_EQ(condition("EphemeralCheckpoints")["status"], "True");
+  EXPECT_EQ(condition("EphemeralCheckpoints")["reason"], "EmptyDirVolume");
+  EXPECT_NE(condition("EphemeralCheckpoints")["message"].get<std::string>().find("from step 0"),
+            std::string::npos);
+  const auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "EphemeralCheckpoints"), 1)
+      << "one Warning when the condition turns True, not one per reconcile";
+  EXPECT_FALSE(pods().empty()) << "the job still runs";
+  // The spec fixed to a persistent volume: the condition clears.
+  Object fixed = job();
+  fixed["spec"]["checkpoint"]["volume"] = {{"persistentVolumeClaim", {{"claimName", "mine"}}}};
+  store.update(kTrainingJobs, "default", fixed);
+  reconcile();
+  EXPECT_EQ(condition("EphemeralCheckpoints")["status"], "False");
+  // The operator in emptyDir mode warns about jobs that name no volume as well; a job with the
+  // default PVC gets no such condition.
+  options.children.checkpoint_pvc = false;
+  store.create(kTrainingJobs, "default", tiny_job("scratch"));
+  reconcile("scratch");
+  EXPECT_EQ(condition("EphemeralCheckpoints", "scratch")["status"], "True");
+  options.children.checkpoint_pvc = true;
+  store.create(kTrainingJobs, "default", tiny_job("kept"));
+  reconcile("kept");
+  EXPECT_TRUE(condition("EphemeralCheckpoints", "kept").is_null());
+}
+
+TEST_F(ControllerTest, CheckpointClaim_Retain_HasNoOwner_SoItOutlivesTheJob) {
+  Object j = tiny_job("job");
+  j["spec"]["checkpoint"]["claimRetentionPolicy"] = "Retain";
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  const Object claim = store.get(kube::kPersistentVolumeClaims, "default", "job-checkpoints");
+  EXPECT_FALSE(claim["metadata"].contains("ownerReferences"));
+  EXPECT_EQ(claim["metadata"]["labels"]["kubetrain.dev/job-name"], "job");
+}
+
 TEST_F(ControllerTest, WorkerPod_JobOverridesWin_ExceptTheGpus) {
   Object j = tiny_job("job");
   j["spec"]["resources"]["resources"] = {{"requests", {{"cpu", "1500m"}}},
@@ -350,11 +396,11 @@ TEST_F(ControllerTest, RunningPods_MakeTheJobRunning_WithProgressFromRankZero) {
   set_pod_running("job-worker-0");
   metrics_text =
       "# TYPE kubetrain_worker_steps_total counter\n"
-      "kubetrain_worker_steps_total{job=\"job\",rank=\"1\"} 99\n"
-      "kubetrain_worker_steps_total{job=\"job\",rank=\"0\"} 40\n"
-      "kubetrain_worker_loss{job=\"job\",rank=\"0\"} 3.25\n"
-      "kubetrain_worker_tokens_per_second{job=\"job\",rank=\"0\"} 512\n"
-      "kubetrain_worker_last_checkpoint_step{job=\"job\",rank=\"0\"} 20\n";
+      "kubetrain_worker_steps_total{trainingjob=\"job\",rank=\"1\"} 99\n"
+      "kubetrain_worker_steps_total{trainingjob=\"job\",rank=\"0\"} 40\n"
+      "kubetrain_worker_loss{trainingjob=\"job\",rank=\"0\"} 3.25\n"
+      "kubetrain_worker_tokens_per_second{trainingjob=\"job\",rank=\"0\"} 512\n"
+      "kubetrain_worker_last_checkpoint_step{trainingjob=\"job\",rank=\"0\"} 20\n";
   const auto result = reconcile();
   EXPECT_EQ(fetched_host, "10.0.0.7");
   EXPECT_EQ(fetched_port, 9090);
@@ -588,6 +634,81 @@ TEST_F(ControllerTest, Succeeded_TakesTheFinalProgressFromTheTerminationMessage)
   EXPECT_EQ(status("done")["progress"]["tokensPerSecond"], 31250);
 }
 
+// A full or read-only checkpoint disk does not stop training (worker/trainer.cpp): rank 0's
+// metrics count the failed saves, and the job says so until a save succeeds again.
+TEST_F(ControllerTest, FailingCheckpoints_SetCheckpointFailingWithOneWarning_UntilOneSucceeds) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  const std::string labels =
+      "{trainingjob=\"job\",namespace=\"default\",rank=\"0\",node_rank=\"0\"";
+  metrics_text = "kubetrain_worker_steps_total" + labels + "} 40\n" +
+                 "kubetrain_worker_last_checkpoint_step" + labels + "} 20\n" +
+                 "kubetrain_worker_checkpoint_consecutive_failures" + labels + "} 0\n";
+  reconcile();
+  EXPECT_TRUE(condition("CheckpointFailing").is_null()) << "no news is no condition";
+  for (int failures = 1; failures <= 2; ++failures) {
+    metrics_text =
+        "kubetrain_worker_steps_total" + labels + "} " + std::to_string(40 + 10 * failures) + "\n" +
+        "kubetrain_worker_last_checkpoint_step" + labels + "} 20\n" +
+        "kubetrain_worker_checkpoint_failures_total" + labels + ",reason=\"ENOSPC\"} " +
+        std::to_string(failures) + "\n" + "kubetrain_worker_checkpoint_consecutive_failures" +
+        labels + "} " + std::to_string(failures) + "\n" +
+        // another rank's count is not the job's word
+        "kubetrain_worker_checkpoint_consecutive_failures{rank=\"1\"} 7\n";
+    reconcile();
+    const Object c = condition("CheckpointFailing");
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["status"], "True");
+    EXPECT_EQ(c["reason"], "CheckpointWriteFailed");
+    const std::string message = c["message"];
+    EXPECT_NE(message.find("the last " + std::to_string(failures) + " checkpoint save(s) failed"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("ENOSPC " + std::to_string(failures)), std::string::npos) << message;
+    EXPECT_NE(message.find("resumes from step 20"), std::string::npos) << message;
+  }
+  EXPECT_EQ(status()["phase"], "Running") << "training goes on";
+  auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "CheckpointFailing"), 1)
+      << "one Warning when the condition turns True, not one per poll";
+  // A later save succeeds: the condition clears.
+  metrics_text = "kubetrain_worker_last_checkpoint_step" + labels + "} 70\n" +
+                 "kubetrain_worker_checkpoint_failures_total" + labels + ",reason=\"ENOSPC\"} 2\n" +
+                 "kubetrain_worker_checkpoint_consecutive_failures" + labels + "} 0\n";
+  reconcile();
+  EXPECT_EQ(condition("CheckpointFailing")["status"], "False");
+  EXPECT_EQ(condition("CheckpointFailing")["reason"], "CheckpointWritten");
+  EXPECT_EQ(status()["lastCheckpointStep"], 70);
+  reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "CheckpointRecovered"), 1);
+}
+
+// SIGTERM while the disk is full: the worker still exits 143 (retryable) and says in its
+// termination message that its last save failed; the restart is not held against the job's spec.
+TEST_F(ControllerTest, StoppedWithAFailedFinalSave_RestartsAndReportsCheckpointFailing) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  const Object terminated = {{"exitCode", 143},
+                             {"reason", "Error"},
+                             {"message",
+                              "kubetrain_worker_steps_total 31\n"
+                              "kubetrain_worker_checkpoint_failures_total 1\n"
+                              "kubetrain_worker_checkpoint_consecutive_failures 1\n"}};
+  set_pod_status(
+      "job-worker-0",
+      {{"phase", "Failed"},
+       {"containerStatuses",
+        Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Restarting");
+  EXPECT_EQ(condition("CheckpointFailing")["status"], "True");
+  EXPECT_NE(condition("CheckpointFailing")["message"].get<std::string>().find("resumes from"),
+            std::string::npos);
+}
+
 TEST_F(ControllerTest, CleanPodPolicy_DecidesWhichPodsStayAfterTheEnd) {
   for (const char* policy : {"All", "Running", "None"}) {
     const std::string name = std::string("job-") + (policy[0] == 'A'   ? "a"
@@ -717,6 +838,41 @@ TEST_F(ControllerTest, ControllerRestartMidReconcile_NoDuplicatePodsNoLostStatus
   EXPECT_LE(status()["restarts"].get<int>(), 1);  // never counted twice
 }
 
+// Found by the chaos test (tests/chaos): with API faults a job restarted twice showed
+// restarts 1. The status write after a gang restart failed; the next reconcile saw only the old
+// attempt's pod, replaced it and never counted the restart, so backoffLimit could be passed.
+TEST_F(ControllerTest, RestartCount_SurvivesALostStatusWriteAfterTheAttemptMoved) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));  // backoffLimit 2
+  reconcile();
+  for (int restart = 1; restart <= 2; ++restart) {
+    set_pod_running("job-worker-0");
+    reconcile();
+    set_pod_exited("job-worker-0", 137);
+    bool once = true;  // the restart's status write is lost (500; or the operator died there)
+    store.set_fault([&](const std::string& verb, const kube::Resource& r, const std::string&,
+                        const std::string&) -> std::optional<kube::ApiError> {
+      if (verb == "update_status" && r == kTrainingJobs && once) {
+        once = false;
+        return kube::ApiError(500, "InternalError", "injected");
+      }
+      return std::nullopt;
+    });
+    EXPECT_THROW(reconcile(), kube::ApiError);
+    store.set_fault(nullptr);
+    reconcile();
+    ASSERT_EQ(pods().size(), 1u);
+    EXPECT_EQ(attempt_of(pods()[0]), std::to_string(restart));
+    EXPECT_EQ(status()["restarts"], restart);
+  }
+  set_pod_running("job-worker-0");
+  reconcile();
+  set_pod_exited("job-worker-0", 137);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Failed")["reason"], "BackoffLimitExceeded");
+  EXPECT_EQ(status()["restarts"], 2);
+}
+
 TEST_F(ControllerTest, ConcurrentStatusWrite_IsAConflict_AndTheNextReconcileConverges) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   bool once = true;
@@ -732,6 +888,88 @@ TEST_F(ControllerTest, ConcurrentStatusWrite_IsAConflict_AndTheNextReconcileConv
   reconcile();
   EXPECT_EQ(pods().size(), 1u);
   EXPECT_EQ(status()["phase"], "Starting");
+}
+
+// A kube::Client over the Store that counts pod creates in flight. Each create waits (up to 5 s)
+// until a second one is in flight, so that creation one by one shows as a maximum of 1 rather
+// than depending on timing (after one such wait runs out, the others do not wait).
+class CreatesInFlight : public kube::Client {
+ public:
+  explicit CreatesInFlight(kube::Client& inner) : inner_(inner) {}
+  int max_in_flight() const { return max_in_flight_; }
+
+  Object create(const kube::Resource& r, const std::string& ns, const Object& obj) override {
+    if (r.plural != "pods") return inner_.create(r, ns, obj);
+    {
+      std::unique_lock lock(mutex_);
+      max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
+      changed_.notify_all();
+      if (!changed_.wait_for(lock, std::chrono::seconds(5),
+                             [&] { return max_in_flight_ > 1 || waited_out_; }))
+        waited_out_ = true;
+    }
+    Object created = inner_.create(r, ns, obj);
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    return created;
+  }
+  Object get(const kube::Resource& r, const std::string& ns, const std::string& name) override {
+    return inner_.get(r, ns, name);
+  }
+  kube::ObjectList list(const kube::Resource& r, const std::string& ns,
+                        const kube::ListOptions& opts) override {
+    return inner_.list(r, ns, opts);
+  }
+  Object update(const kube::Resource& r, const std::string& ns, const Object& obj) override {
+    return inner_.update(r, ns, obj);
+  }
+  Object update_status(const kube::Resource& r, const std::string& ns, const Object& obj) override {
+    return inner_.update_status(r, ns, obj);
+  }
+  Object merge_patch(const kube::Resource& r, const std::string& ns, const std::string& name,
+                     const Object& patch, bool status_subresource) override {
+    return inner_.merge_patch(r, ns, name, patch, status_subresource);
+  }
+  void remove(const kube::Resource& r, const std::string& ns, const std::string& name,
+              kube::Propagation propagation) override {
+    inner_.remove(r, ns, name, propagation);
+  }
+  std::unique_ptr<kube::Watch> watch(const kube::Resource& r, const std::string& ns,
+                                     const kube::WatchOptions& opts) override {
+    return inner_.watch(r, ns, opts);
+  }
+
+ private:
+  kube::Client& inner_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int in_flight_ = 0;
+  int max_in_flight_ = 0;
+  bool waited_out_ = false;
+};
+
+TEST_F(ControllerTest, LargeGang_PodsAreCreatedInParallel_EachExactlyOnce) {
+  for (int n = 1; n < 64; ++n) add_node(cpu_node("node-" + std::to_string(n), 4));
+  Object j = tiny_job("big");
+  j["spec"]["training"]["globalBatchSize"] = 256;
+  j["spec"]["parallelism"]["dataParallel"] = 64;
+  store.create(kTrainingJobs, "default", j);
+  CreatesInFlight counting(store);
+  options.max_concurrent_creates = 16;
+  Controller(counting, options).reconcile("default", "big");
+
+  std::set<std::string> names;
+  for (const auto& pod : pods()) names.insert(pod["metadata"]["name"].get<std::string>());
+  ASSERT_EQ(pods().size(), 64u) << status("big").dump();
+  EXPECT_EQ(names.size(), 64u);
+  for (int rank = 0; rank < 64; ++rank)
+    EXPECT_TRUE(names.count("big-worker-" + std::to_string(rank))) << rank;
+  EXPECT_GT(counting.max_in_flight(), 1);
+  EXPECT_LE(counting.max_in_flight(), 16);
+  EXPECT_EQ(status("big")["workers"]["desired"], 64);
+  // The next reconcile finds them all and creates none.
+  Controller(counting, options).reconcile("default", "big");
+  EXPECT_EQ(pods().size(), 64u);
 }
 
 TEST_F(ControllerTest, Metrics_CountReconcilesAndOutcomes) {
@@ -750,13 +988,44 @@ TEST_F(ControllerTest, Metrics_CountReconcilesAndOutcomes) {
   EXPECT_NE(text.find("kubetrain_planner_duration_seconds_count 1"), std::string::npos);
   EXPECT_NE(text.find("kubetrain_jobs{phase=\"Succeeded\"} 1"), std::string::npos);
   EXPECT_NE(text.find("kubetrain_jobs{phase=\"Starting\"} 0"), std::string::npos);
+  // The job's own series, kube-state-metrics style: 1 for its phase, 0 for the others.
+  EXPECT_NE(text.find("kubetrain_trainingjob_status_phase{namespace=\"default\",trainingjob="
+                      "\"job\",phase=\"Succeeded\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kubetrain_trainingjob_status_phase{namespace=\"default\",trainingjob="
+                      "\"job\",phase=\"Running\"} 0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kubetrain_trainingjob_restarts{namespace=\"default\",trainingjob="
+                      "\"job\"} 0\n"),
+            std::string::npos)
+      << text;
+  // Deleted: its series end.
+  store.remove(kTrainingJobs, "default", "job");
+  reconcile();
+  const std::string after = registry.expose();
+  EXPECT_EQ(after.find("trainingjob=\"job\""), std::string::npos) << after;
+  EXPECT_NE(after.find("kubetrain_jobs{phase=\"Succeeded\"} 0"), std::string::npos) << after;
+}
+
+TEST(ParseWorkerProgress, ReadsCheckpointFailuresByReason) {
+  const auto p = parse_worker_progress(
+      "kubetrain_worker_checkpoint_failures_total{rank=\"0\",reason=\"ENOSPC\"} 3\n"
+      "kubetrain_worker_checkpoint_failures_total{rank=\"0\",reason=\"EROFS\"} 1\n"
+      "kubetrain_worker_checkpoint_failures_total{rank=\"1\",reason=\"EIO\"} 5\n"
+      "kubetrain_worker_checkpoint_consecutive_failures{rank=\"0\"} 2\n");
+  ASSERT_TRUE(p.checkpoint_consecutive_failures);
+  EXPECT_DOUBLE_EQ(*p.checkpoint_consecutive_failures, 2);
+  const std::map<std::string, double> want = {{"ENOSPC", 3}, {"EROFS", 1}};
+  EXPECT_EQ(p.checkpoint_failures, want);
 }
 
 TEST(ParseWorkerProgress, ReadsRankZeroOnly) {
   const auto p = parse_worker_progress(
       "# HELP kubetrain_worker_loss x\n"
       "kubetrain_worker_loss{rank=\"10\"} 9\n"
-      "kubetrain_worker_loss{job=\"a\",rank=\"0\",node_rank=\"0\"} 2.5\n"
+      "kubetrain_worker_loss{trainingjob=\"a\",rank=\"0\",node_rank=\"0\"} 2.5\n"
       "kubetrain_worker_steps_total 7\n");
   ASSERT_TRUE(p.loss);
   EXPECT_DOUBLE_EQ(*p.loss, 2.5);

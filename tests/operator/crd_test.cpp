@@ -9,20 +9,16 @@
 #include "api/training_job.h"
 #include "api/yaml_json.h"
 #include "operator/local/store.h"
+#include "tests/support/crd.h"
 
 namespace kt {
 namespace {
 
 using api::Json;
-
-const Json& crd() {
-  static const Json doc =
-      api::load_document(std::string(KT_SOURCE_DIR) + "/crds/trainingjobs.kubetrain.dev.yaml");
-  return doc;
-}
+using test::training_job_crd;
 
 const Json& root_schema() {
-  return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+  return training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
 }
 
 // Every field of `value` has a schema (recursing until a pass-through subtree). Collects the
@@ -193,9 +189,39 @@ TEST(TrainingJobCrd, Defaults_AreTheDecoders) {
   check_defaults(root_schema()["properties"]["spec"], decoded, "spec");
 }
 
+TEST(TrainingJobCrd, Maximums_AreTheValidatorsLimits) {
+  // The API server refuses what validate() would (kubectl apply fails at the door, not the
+  // operator later), with the same numbers.
+  const Json& spec = root_schema()["properties"]["spec"]["properties"];
+  using ML = api::ModelLimits;
+  using JL = api::JobLimits;
+  const std::vector<std::pair<std::string, int64_t>> limits = {
+      {"/model/properties/layers", ML::kLayers},
+      {"/model/properties/hidden", ML::kHidden},
+      {"/model/properties/heads", ML::kHeads},
+      {"/model/properties/ffnHidden", ML::kFfnHidden},
+      {"/model/properties/vocab", ML::kVocab},
+      {"/model/properties/seqLen", ML::kSeqLen},
+      {"/training/properties/steps", JL::kSteps},
+      {"/training/properties/globalBatchSize", JL::kGlobalBatchSize},
+      {"/training/properties/microBatchSize", JL::kGlobalBatchSize},
+      {"/resources/properties/maxNodes", JL::kNodes},
+      {"/resources/properties/gpusPerNode", JL::kGpusPerNode},
+      {"/parallelism/properties/tensorParallel", JL::kParallel},
+      {"/parallelism/properties/dataParallel", JL::kParallel},
+      {"/checkpoint/properties/keep", JL::kCheckpointKeep},
+      {"/runPolicy/properties/backoffLimit", JL::kBackoffLimit},
+  };
+  for (const auto& [pointer, limit] : limits) {
+    const Json& field = spec.at(Json::json_pointer(pointer));
+    ASSERT_TRUE(field.contains("maximum")) << pointer;
+    EXPECT_EQ(field["maximum"].get<int64_t>(), limit) << pointer;
+  }
+}
+
 TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
   std::vector<std::string> columns;
-  for (const auto& c : crd()["spec"]["versions"][0]["additionalPrinterColumns"]) {
+  for (const auto& c : training_job_crd()["spec"]["versions"][0]["additionalPrinterColumns"]) {
     columns.push_back(c["name"]);
     const std::string path = c["jsonPath"];  // ".status.plan.tp"
     if (path == ".metadata.creationTimestamp") continue;
@@ -212,13 +238,13 @@ TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
   const std::vector<std::string> design = {"Phase", "Nodes", "TP",    "DP",       "Offload",
                                            "Step",  "Loss",  "Tok/s", "Restarts", "Age"};
   EXPECT_EQ(columns, design);
-  EXPECT_EQ(crd()["spec"]["names"]["shortNames"], Json::array({"tj"}));
-  EXPECT_EQ(crd()["spec"]["names"]["categories"], Json::array({"all"}));
+  EXPECT_EQ(training_job_crd()["spec"]["names"]["shortNames"], Json::array({"tj"}));
+  EXPECT_EQ(training_job_crd()["spec"]["names"]["categories"], Json::array({"all"}));
 }
 
 TEST(TrainingJobCrd, TheLocalStoreServesTheResourceItDefines) {
   local::Store store;
-  store.create(kube::kCustomResourceDefinitions, "", crd());
+  store.create(kube::kCustomResourceDefinitions, "", training_job_crd());
   kube::Object job = store.create(
       kube::kTrainingJobs, "default",
       {{"metadata", {{"name", "j"}}},
@@ -230,7 +256,7 @@ TEST(TrainingJobCrd, TheLocalStoreServesTheResourceItDefines) {
 
 TEST(TrainingJobCrd, TheLocalStoreAppliesItsSchema_DefaultsPrunesAndRefusesWithFieldPaths) {
   local::Store store;
-  store.create(kube::kCustomResourceDefinitions, "", crd());
+  store.create(kube::kCustomResourceDefinitions, "", training_job_crd());
   const kube::Object job = store.create(
       kube::kTrainingJobs, "default",
       {{"metadata", {{"name", "j"}}},

@@ -3,24 +3,16 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <thread>
-
 #include "operator/local/store.h"
+#include "tests/support/eventually.h"
+#include "tests/support/training_job.h"
 
 namespace kt::controller {
 namespace {
 
 using kube::Object;
-
-bool eventually(const std::function<bool()>& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
+using test::eventually;
+using test::tiny_job_object;
 
 TEST(OwningJobKey, PrefersTheControllerReference_ThenTheLabel) {
   const Object owned = {{"metadata",
@@ -33,13 +25,6 @@ TEST(OwningJobKey, PrefersTheControllerReference_ThenTheLabel) {
       {"metadata", {{"namespace", "ns"}, {"labels", {{"kubetrain.dev/job-name", "j"}}}}}};
   EXPECT_EQ(owning_job_key(labelled), "ns/j");
   EXPECT_EQ(owning_job_key({{"metadata", {{"namespace", "ns"}}}}), "");
-}
-
-Object job_object(const std::string& name) {
-  return {{"apiVersion", "kubetrain.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec", {{"model", {{"preset", "tiny"}}}, {"training", {{"steps", 10}}}}}};
 }
 
 TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
@@ -59,7 +44,7 @@ TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
   manager.start();
   ASSERT_TRUE(eventually([&] { return manager.has_synced(); }));
 
-  store.create(kube::kTrainingJobs, "default", job_object("m"));
+  store.create(kube::kTrainingJobs, "default", tiny_job_object("m"));
   auto pod_exists = [&] {
     try {
       store.get(kube::kPods, "default", "m-worker-0");
@@ -95,7 +80,7 @@ TEST(Manager, JobsThatExistedBeforeTheStart_AreReconciledFromTheFirstList) {
                    {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
   node["status"] = {{"allocatable", {{"cpu", "2"}, {"memory", "8Gi"}}}};
   store.update_status(kube::kNodes, "", node);
-  store.create(kube::kTrainingJobs, "default", job_object("early"));
+  store.create(kube::kTrainingJobs, "default", tiny_job_object("early"));
   Controller controller(store, {});
   ManagerOptions manager_options;
   manager_options.ns = "default";

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "api/quantity.h"
 #include "operator/local/local_node.h"
 #include "operator/local/store.h"
+#include "tests/support/eventually.h"
 
 namespace kt::local {
 namespace {
@@ -20,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using kube::kPods;
 using kube::Object;
+using test::eventually;
 
 TEST(LocalNode, GfdProductName_ReplacesSpaces) {
   EXPECT_EQ(gfd_product_name(" NVIDIA H100 80GB HBM3 "), "NVIDIA-H100-80GB-HBM3");
@@ -102,16 +105,21 @@ class PodRunnerTest : public ::testing::Test {
 
   // Syncs until the pod reaches `phase` (or 10 s pass); returns the pod.
   Object wait_for_phase(const std::string& name, const std::string& phase) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     Object pod;
-    while (std::chrono::steady_clock::now() < deadline) {
-      runner->sync();
-      pod = store.get(kPods, "default", name);
-      if (pod.contains("status") && pod["status"].value("phase", "") == phase) return pod;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ADD_FAILURE() << name << " never reached " << phase << ": " << pod.dump();
+    const bool reached = eventually(
+        [&] {
+          runner->sync();
+          pod = store.get(kPods, "default", name);
+          return pod.contains("status") && pod["status"].value("phase", "") == phase;
+        },
+        std::chrono::seconds(10));
+    if (!reached) ADD_FAILURE() << name << " never reached " << phase << ": " << pod.dump();
     return pod;
+  }
+
+  // Waits until `path` exists (or 10 s pass).
+  static bool wait_for_file(const std::string& path) {
+    return eventually([&] { return fs::exists(path); }, std::chrono::seconds(10));
   }
 
   std::string read(const std::string& path) {
@@ -166,19 +174,24 @@ TEST_F(PodRunnerTest, RunningPod_IsReady_AndDeletingItKillsTheProcess) {
   EXPECT_TRUE(ready);
   EXPECT_EQ(runner->running(), 1u);
   store.remove(kPods, "default", "sleeper");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (runner->running() > 0 && std::chrono::steady_clock::now() < deadline) {
-    runner->sync();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  eventually(
+      [&] {
+        runner->sync();
+        return runner->running() == 0;
+      },
+      std::chrono::seconds(5));
   EXPECT_EQ(runner->running(), 0u);
 }
 
 TEST_F(PodRunnerTest, ProcessIgnoringSigterm_IsKilledAfterTheGracePeriod) {
+  // The script touches `trapped` once SIGTERM is ignored; deleting the pod before that would
+  // let SIGTERM end it at once.
+  const std::string trapped = runner->pod_dir("default", "stubborn") + "/trapped";
   store.create(kPods, "default",
-               shell_pod("stubborn", "trap '' TERM; while true; do sleep 0.05; done"));
+               shell_pod("stubborn",
+                         "trap '' TERM; : > '" + trapped + "'; while true; do sleep 0.05; done"));
   wait_for_phase("stubborn", "Running");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the trap is set
+  ASSERT_TRUE(wait_for_file(trapped)) << "the script never set its trap";
   store.remove(kPods, "default", "stubborn");
   const auto t0 = std::chrono::steady_clock::now();
   while (runner->running() > 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
@@ -191,17 +204,18 @@ TEST_F(PodRunnerTest, ProcessIgnoringSigterm_IsKilledAfterTheGracePeriod) {
 }
 
 TEST_F(PodRunnerTest, ProcessesOrphanedWhenThePodDies_AreKilledToo) {
-  // Like the worker's ranks: a child in its own session outlives its parent's death.
+  // Like the worker's ranks: a child in its own session outlives its parent's death. The pod
+  // kills itself only once that child is running, so the exit code 137 shows it was there.
   const std::string marker = std::to_string(80000 + ::getpid() % 10000);
+  const std::string find_child = "pgrep -f '^sleep " + marker + "$' > /dev/null";
   store.create(kPods, "default",
-               shell_pod("orphans", "setsid sleep " + marker + " & sleep 0.5; kill -KILL $$"));
-  wait_for_phase("orphans", "Failed");
-  auto still_running = [&] {
-    return std::system(("pgrep -f '^sleep " + marker + "$' > /dev/null").c_str()) == 0;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (still_running() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+               shell_pod("orphans", "setsid sleep " + marker + " & until " + find_child +
+                                        "; do sleep 0.01; done; kill -KILL $$"));
+  const Object pod = wait_for_phase("orphans", "Failed");
+  EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137);
+  auto still_running = [&] { return std::system(find_child.c_str()) == 0; };
+  eventually([&] { return !still_running(); }, std::chrono::seconds(3),
+             std::chrono::milliseconds(50));
   EXPECT_FALSE(still_running());
 }
 
@@ -242,6 +256,30 @@ TEST_F(PodRunnerTest, KubetrainWorkerCommand_RunsThisBuildsBinary_WithAFreeMetri
             std::string::npos);
 }
 
+// Found by the chaos test: a port the kernel chose for bind(0) is in its ephemeral range, where
+// outgoing connections also take their local ports, and one took a worker's port before it bound
+// it (exit 1, the job failed). The ports handed to pods lie below that range, each once.
+TEST_F(PodRunnerTest, RemappedPorts_AreBelowTheEphemeralRange_AndDistinct) {
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  std::set<std::string> ports;
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = "w" + std::to_string(i);
+    Object pod = shell_pod(name, "");
+    pod["spec"]["containers"][0]["command"] = {"kubetrain-worker"};
+    pod["spec"]["containers"][0]["args"] = {"launch", "--metrics-port", "9090"};
+    pod["spec"]["containers"][0]["env"] = {{{"name", "MASTER_PORT"}, {"value", "29500"}}};
+    store.create(kPods, "default", pod);  // worker_binary is /bin/echo here
+    const Object done = wait_for_phase(name, "Succeeded");
+    for (const char* key : {"kubetrain.dev/metrics-port", "kubetrain.dev/master-port"}) {
+      const std::string port = done["metadata"]["annotations"][key];
+      EXPECT_LT(std::stoi(port), ephemeral_low) << key;
+      EXPECT_GE(std::stoi(port), 1024) << key;
+      EXPECT_TRUE(ports.insert(port).second) << key << " " << port << " handed out twice";
+    }
+  }
+}
+
 TEST_F(PodRunnerTest, PodThatDoesNotFit_StaysPendingAndUnschedulable) {
   Object gpu_pod = shell_pod("gpu", "true");
   gpu_pod["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpu", "1"}}}};
@@ -260,6 +298,48 @@ TEST_F(PodRunnerTest, PodThatDoesNotFit_StaysPendingAndUnschedulable) {
   EXPECT_EQ(runner->running(), 0u);
 }
 
+TEST_F(PodRunnerTest, Claims_AreBoundToDirectories_ThatOutliveThePods_AndGoWithTheClaim) {
+  store.create(kube::kPersistentVolumeClaims, "default",
+               {{"metadata", {{"name", "ckpt"}}},
+                {"spec",
+                 {{"accessModes", {"ReadWriteOnce"}},
+                  {"resources", {{"requests", {{"storage", "1Gi"}}}}}}}});
+  // A pod naming a claim that does not exist is not scheduled, and says why.
+  Object waiting = shell_pod("waiting", "true");
+  waiting["spec"]["volumes"] = {{{"name", "data"}, {"persistentVolumeClaim", {{"claimName", "absent"}}}}};
+  store.create(kPods, "default", waiting);
+  auto writer = [&](const std::string& name, const std::string& script) {
+    Object pod = shell_pod(name, "");
+    // The mount path as an argument of its own: the runner rewrites it to the claim's directory.
+    pod["spec"]["containers"][0]["command"] = {"/bin/sh", "-c", script, "sh", "/ckpt"};
+    pod["spec"]["containers"][0]["volumeMounts"] = {{{"name", "data"}, {"mountPath", "/ckpt"}}};
+    pod["spec"]["volumes"] = {{{"name", "data"}, {"persistentVolumeClaim", {{"claimName", "ckpt"}}}}};
+    store.create(kPods, "default", pod);
+    return wait_for_phase(name, "Succeeded");
+  };
+  writer("first", "echo 308 > \"$1/latest\"");
+  const Object claim = store.get(kube::kPersistentVolumeClaims, "default", "ckpt");
+  EXPECT_EQ(claim["status"]["phase"], "Bound");
+  EXPECT_EQ(claim["status"]["capacity"]["storage"], "1Gi");
+  const std::string volume = claim["spec"]["volumeName"];
+  EXPECT_EQ(volume, "pvc-" + claim["metadata"]["uid"].get<std::string>());
+  // The next pod (a restarted gang) reads what the first one wrote.
+  writer("second", "echo \"read $(cat \"$1/latest\")\"");
+  EXPECT_NE(read(runner->log_path("default", "second")).find("read 308\n"), std::string::npos);
+  const Object pending = store.get(kPods, "default", "waiting");
+  EXPECT_FALSE(pending["spec"].contains("nodeName"));
+  EXPECT_NE(pending["status"]["conditions"][0]["message"].get<std::string>().find(
+                "persistentvolumeclaim \"absent\" not found"),
+            std::string::npos)
+      << pending.dump();
+  // Reclaim policy Delete: the claim goes, its directory too.
+  const fs::path data = dir / "volumes" / volume;
+  EXPECT_TRUE(fs::exists(data / "latest"));
+  store.remove(kube::kPersistentVolumeClaims, "default", "ckpt");
+  runner->sync();
+  EXPECT_FALSE(fs::exists(data));
+}
+
 TEST_F(PodRunnerTest, MissingConfigMap_FailsThePodWithTheReason) {
   Object pod = shell_pod("nocm", "true");
   pod["spec"]["volumes"] = {{{"name", "v"}, {"configMap", {{"name", "absent"}}}}};
@@ -273,9 +353,7 @@ TEST_F(PodRunnerTest, Stop_TerminatesEveryProcess) {
   runner->start();
   store.create(kPods, "default", shell_pod("a", "sleep 60"));
   store.create(kPods, "default", shell_pod("b", "sleep 60"));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (runner->running() < 2 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  eventually([&] { return runner->running() >= 2; }, std::chrono::seconds(5));
   ASSERT_EQ(runner->running(), 2u);
   runner->stop();
   EXPECT_EQ(runner->running(), 0u);

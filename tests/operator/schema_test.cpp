@@ -11,21 +11,17 @@
 #include <vector>
 
 #include "api/yaml_json.h"
+#include "tests/support/crd.h"
 
 namespace kt::local {
 namespace {
 
 using Json = nlohmann::json;
 using Strings = std::vector<std::string>;
-
-const Json& crd() {
-  static const Json doc =
-      api::load_document(std::string(KT_SOURCE_DIR) + "/crds/trainingjobs.kubetrain.dev.yaml");
-  return doc;
-}
+using test::training_job_crd;
 
 const Json& job_schema() {
-  static const Json* schema = find_version_schema(crd(), "v1alpha1");
+  static const Json* schema = find_version_schema(training_job_crd(), "v1alpha1");
   return *schema;
 }
 
@@ -55,9 +51,9 @@ Strings errors_for_x(const Json& x_schema, const Json& x) {
 // ---- The real CRD --------------------------------------------------------------------------
 
 TEST(Schema, FindsTheVersionsSchema_AndNothingForAnUnknownVersion) {
-  ASSERT_NE(find_version_schema(crd(), "v1alpha1"), nullptr);
-  EXPECT_EQ(find_version_schema(crd(), "v1alpha1")->value("type", ""), "object");
-  EXPECT_EQ(find_version_schema(crd(), "v1"), nullptr);
+  ASSERT_NE(find_version_schema(training_job_crd(), "v1alpha1"), nullptr);
+  EXPECT_EQ(find_version_schema(training_job_crd(), "v1alpha1")->value("type", ""), "object");
+  EXPECT_EQ(find_version_schema(training_job_crd(), "v1"), nullptr);
   EXPECT_EQ(find_version_schema(Json::object(), "v1alpha1"), nullptr);
 }
 

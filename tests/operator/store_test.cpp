@@ -6,10 +6,14 @@
 #include <set>
 #include <thread>
 
+#include "operator/kube/selectors.h"
+
 namespace kt::local {
 namespace {
 
 using kube::ApiError;
+using kube::matches_field_selector;
+using kube::matches_label_selector;
 using kube::kConfigMaps;
 using kube::kPods;
 using kube::kTrainingJobs;
@@ -134,6 +138,12 @@ TEST(Store, Generation_ChangesWithSpec_NotWithMetadataOrStatus) {
   p = store.update(kPods, "default", p);
   EXPECT_EQ(p["metadata"]["generation"], 2);
   EXPECT_NE(p["metadata"]["uid"], "forged");
+  // Nor change its kind: a body with another kind changes nothing, also not the generation
+  // (found by the merge_patch fuzzer: the same patch applied twice counted two generations).
+  p["kind"] = {{"a", "b"}};
+  p = store.update(kPods, "default", p);
+  EXPECT_EQ(p["kind"], "Pod");
+  EXPECT_EQ(p["metadata"]["generation"], 2);
 }
 
 TEST(Store, StatusSubresource_UpdateIgnoresStatus_UpdateStatusChangesOnlyStatus) {
@@ -212,6 +222,18 @@ TEST(Store, FieldSelectors_OnTheSupportedFields) {
     EXPECT_FALSE(matches_field_selector(o, no)) << no;
   EXPECT_TRUE(matches_field_selector(pod("b"), "spec.nodeName="));  // unbound pods
   EXPECT_THROW(matches_field_selector(o, "spec.other=x"), ApiError);
+}
+
+// Found by fuzz/selectors_fuzz.cpp: a bad requirement after one that did not match was never
+// parsed, so whether a selector was refused depended on the object (and a watch, checked
+// against an empty object, accepted "spec.nodeName=n1,bogus=x").
+TEST(Store, FieldSelectors_AreRefusedWhateverTheObject) {
+  EXPECT_THROW(matches_field_selector(pod("a"), "metadata.name=b,bogus=x"), ApiError);
+  EXPECT_THROW(matches_field_selector(Object::object(), "spec.nodeName=n1,bogus=x"), ApiError);
+  Store store;
+  kube::WatchOptions opts;
+  opts.field_selector = "spec.nodeName=n1,bogus=x";
+  EXPECT_THROW(store.watch(kPods, "", opts), ApiError);
 }
 
 TEST(Store, List_FiltersByNamespaceAndSelectors) {

@@ -1,6 +1,6 @@
-// Checkpoints (worker/checkpoint.h) and the safetensors format (worker/safetensors.h): round trips,
-// retention, crash and corruption handling, and the files' layout checked against the formats'
-// specifications with parsers written here.
+// Checkpoints (worker/checkpoint.h), the safetensors format (worker/safetensors.h) and llm.c model
+// files (worker/llmc_file.h): round trips, retention, crash and corruption handling, and the
+// files' layout checked against the formats' specifications with parsers written here.
 #include "worker/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -8,16 +8,24 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "api/error.h"
+#include "worker/llmc_file.h"
 #include "worker/safetensors.h"
 
 namespace kt::worker {
@@ -340,6 +348,27 @@ TEST_F(CheckpointTest, LatestNamingAMissingDirectory_FallsBack) {
       << err;
 }
 
+// `latest` holds whatever a damaged disk or a careless edit left: bytes that are not UTF-8, NULs,
+// binary noise. Each falls back to the newest step directory, like any other bad pointer.
+TEST_F(CheckpointTest, LatestWithBytesThatAreNotUtf8_FallsBackLikeOtherCorruption) {
+  save_random(10);
+  const auto newest = save_random(20);
+  for (const std::string& garbage :
+       {std::string("step-0000\xff\xfe\n"), std::string("\xc0\x80", 2),
+        std::string("step-\0\x01\x80\x9f", 9), std::string(64, '\xff')}) {
+    write_file(root_ + "/latest", garbage);
+    TestModel loaded(model_specs());
+    ::testing::internal::CaptureStderr();
+    std::optional<CheckpointMeta> got;
+    EXPECT_NO_THROW(got = load_latest_checkpoint(root_, loaded.tensors));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->step, 20);
+    EXPECT_TRUE(loaded.bit_identical(*newest));
+    EXPECT_NE(err.find(root_ + "/latest is corrupt (it holds \""), std::string::npos) << err;
+  }
+}
+
 TEST_F(CheckpointTest, TamperedMetadata_IsCorrupt) {
   save_random(10);
   save_random(20);
@@ -522,6 +551,124 @@ TEST_F(CheckpointTest, StepNewerThanLatest_IsIgnoredAndRemovedByTheNextSave) {
 
   save_random(15);
   EXPECT_EQ(entries(root_), (std::set<std::string>{"latest", "step-00000010", "step-00000015"}));
+}
+
+// ---- failed writes, a second writer ------------------------------------------------------------
+
+// A full disk: `latest.tmp` is /dev/full (every write fails with ENOSPC, also for root, with no
+// mount needed), so the small commit fails after the shard was written.
+TEST_F(CheckpointTest, DiskFull_ThrowsEnospc_KeepsTheCommittedCheckpoint_AndTheNextSaveWorks) {
+  const auto committed = save_random(10);
+  fs::create_symlink("/dev/full", root_ + "/latest.tmp");
+  TestModel model(model_specs());
+  model.randomize(rng_);
+  try {
+    save_checkpoint(root_, make_meta(20, rng_), model.tensors, 3);
+    FAIL() << "a save onto a full disk succeeded";
+  } catch (const CheckpointIoError& e) {
+    EXPECT_EQ(e.err(), ENOSPC) << e.what();
+    EXPECT_NE(std::string(e.what()).find(root_ + "/latest.tmp"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(root_ + "/latest"), "step-00000010\n");
+  EXPECT_FALSE(fs::exists(step_dir(20))) << "an uncommitted step directory holds space";
+  TestModel loaded(model_specs());
+  const auto got = load_latest_checkpoint(root_, loaded.tensors);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 10);
+  EXPECT_TRUE(loaded.bit_identical(*committed));
+  fs::remove(root_ + "/latest.tmp");  // space again
+  save_checkpoint(root_, make_meta(30, rng_), model.tensors, 3);
+  EXPECT_EQ(read_file(root_ + "/latest"), "step-00000030\n");
+}
+
+TEST_F(CheckpointTest, SecondWriter_IsRefusedByTheLock_NamingTheHolder_UntilItIsReleased) {
+  {
+    const CheckpointLock first = CheckpointLock::acquire(root_, std::chrono::milliseconds(0));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string message =
+        error_of([&] { CheckpointLock::acquire(root_, std::chrono::milliseconds(300)); });
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300))
+        << "it waits for a holder that may be exiting";
+    EXPECT_NE(message.find("checkpoint directory " + root_ + " is in use by another writer"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("pid " + std::to_string(::getpid()) + " on "), std::string::npos)
+        << message;
+  }
+  EXPECT_NO_THROW(CheckpointLock::acquire(root_, std::chrono::milliseconds(0)));
+  EXPECT_TRUE(entries(root_).count(".lock"));
+  save_random(10);  // the lock file is no checkpoint, and no leftover to remove
+  EXPECT_TRUE(entries(root_).count(".lock"));
+}
+
+TEST_F(CheckpointTest, LockWhereNoDirectoryCanBe_IsAnIoError) {
+  write_file(dir_ + "/a-file", "x");
+  try {
+    CheckpointLock::acquire(dir_ + "/a-file", std::chrono::milliseconds(0));
+    FAIL() << "locked a file as a directory";
+  } catch (const CheckpointIoError& e) {
+    EXPECT_NE(e.err(), 0) << e.what();
+  }
+}
+
+// A barrier over `ranks` threads that gives up after 10 s (so that a rank left waiting fails the
+// test instead of hanging it).
+class TimedBarrier {
+ public:
+  explicit TimedBarrier(int ranks) : ranks_(ranks) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(mutex_);
+    const int generation = generation_;
+    if (++arrived_ == ranks_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != generation; }))
+      throw Error("barrier timed out: a rank never arrived");
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int ranks_, arrived_ = 0, generation_ = 0;
+};
+
+// Two TP shards; rank 1 cannot write its part. No rank waits forever, every rank throws (so all
+// agree the checkpoint does not exist), and the committed one is untouched.
+TEST_F(CheckpointTest, ShardedSave_OneRankFails_EveryRankThrows_NoneHangs) {
+  const auto committed = save_random(10);
+  TimedBarrier barrier(2);
+  std::atomic<int> failed{0};
+  TestModel shard0(model_specs()), shard1(model_specs());
+  shard1.tensors.adam_m[1].shape = {2, 12, 5};  // this rank's write fails
+  std::string errors[2];
+  auto rank = [&](int r) {
+    ShardedSave save;
+    save.shard_index = r;
+    save.shard_count = 2;
+    save.leader = r == 0;
+    save.barrier = [&] { barrier.arrive_and_wait(); };
+    save.all_ok = [&](bool ok) {
+      if (!ok) ++failed;
+      barrier.arrive_and_wait();
+      const bool all = failed.load() == 0;
+      barrier.arrive_and_wait();  // everyone has read the count
+      return all;
+    };
+    errors[r] = error_of([&] {
+      save_checkpoint(root_, make_meta(20, rng_), (r == 0 ? shard0 : shard1).tensors, 3, save);
+    });
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  EXPECT_NE(errors[1].find("does not mirror"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank-00001.safetensors is missing"), std::string::npos) << errors[0];
+  EXPECT_EQ(read_file(root_ + "/latest"), "step-00000010\n");
+  EXPECT_EQ(entries(root_), (std::set<std::string>{"latest", "step-00000010"}))
+      << "the failed save's temporary directory is gone";
 }
 
 // ---- bad arguments ------------------------------------------------------------------------------

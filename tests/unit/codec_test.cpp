@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "api/error.h"
 #include "api/plan.h"
 #include "api/quantity.h"
@@ -103,6 +105,20 @@ TEST(HostileYaml, HugeNumbers_AreErrorsOrStrings) {
   EXPECT_TRUE(ok["b"].is_number_float());
 }
 
+TEST(HostileYaml, NonUtf8Bytes_AreAnErrorWithTheLine_NotAnAbortInDump) {
+  try {
+    api::yaml_to_json("metadata:\n  labels: {team: caf\xe9}\n", "job.yaml");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "job.yaml:2: not UTF-8 (byte 30)");
+  }
+  // Overlong and surrogate forms are not UTF-8 either; multi-byte text is.
+  EXPECT_THROW(api::yaml_to_json("a: \xc0\x80\n"), Error);
+  EXPECT_THROW(api::yaml_to_json("a: \xed\xa0\x80\n"), Error);
+  EXPECT_EQ(api::yaml_to_json("a: \xc3\xa9t\xc3\xa9 \xf0\x9f\x9a\x80\n")["a"].dump(),
+            "\"\xc3\xa9t\xc3\xa9 \xf0\x9f\x9a\x80\"");
+}
+
 TEST(Quantity, ParsesKubernetesSuffixes) {
   EXPECT_DOUBLE_EQ(*api::parse_quantity("60Gi"), 60.0 * (1ull << 30));
   EXPECT_DOUBLE_EQ(*api::parse_quantity("80G"), 80e9);
@@ -197,6 +213,74 @@ TEST(Validation, NamesTheFieldAndTheValue) {
             "spec.data.path: required when source is tokens");
 }
 
+// Every problem of a manifest, "path: problem", in the order check_training_job reports them.
+std::vector<std::string> all_errors(const std::string& manifest_yaml) {
+  api::TrainingJob job;
+  std::vector<std::string> out;
+  for (const auto& e : api::check_training_job(api::yaml_to_json(manifest_yaml, "job.yaml"), job))
+    out.push_back(e.what());
+  return out;
+}
+
+TEST(Validation, ReportsEveryProblemAtOnce_StructuralAndSemantic) {
+  const auto errors = all_errors(
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: Bad_Name}\n"
+      "spec:\n  model: {preset: tiny, layrs: 3}\n"
+      "  training: {steps: ten, globalBatchSize: 8, microBatchSize: 3, precision: fp8}\n"
+      "  parallelism: {tensorParallel: 3, overlap: maybe}\n"
+      "  checkpoint: {keep: 0}\n");
+  const std::vector<std::string> expected = {
+      "spec.model.layrs: unknown field (did you mean \"layers\"?)",
+      "spec.training.steps: must be an integer, got \"ten\"",
+      "spec.training.precision: unknown value \"fp8\" (one of: auto, bf16, fp32)",
+      "spec.parallelism.overlap: must be on, off or auto, got \"maybe\"",
+  };
+  ASSERT_GE(errors.size(), expected.size() + 4) << ::testing::PrintToString(errors);
+  for (const auto& e : expected)
+    EXPECT_NE(std::find(errors.begin(), errors.end(), e), errors.end()) << e;
+  // The semantic problems of the other fields come in the same report.
+  auto has_prefix = [&](const std::string& prefix) {
+    return std::any_of(errors.begin(), errors.end(),
+                       [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
+  };
+  EXPECT_TRUE(has_prefix("metadata.name: \"Bad_Name\""));
+  EXPECT_TRUE(has_prefix("spec.training.microBatchSize: 3 does not divide globalBatchSize 8"));
+  EXPECT_TRUE(has_prefix("spec.parallelism.tensorParallel: 3 does not divide heads 4"));
+  EXPECT_TRUE(has_prefix("spec.checkpoint.keep: 0 must be >= 1"));
+  // ... but a field already reported as malformed is not reported again as missing.
+  EXPECT_FALSE(has_prefix("spec.training.steps: required"));
+}
+
+TEST(Validation, AValidManifestHasNoProblems) {
+  EXPECT_TRUE(all_errors("apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
+                         "metadata: {name: j}\nspec: {model: {preset: tiny}, training: {steps: 3}}\n")
+                  .empty());
+}
+
+TEST(Validation, HugeDimsAndBatches_AreFieldErrorsNotOverflow) {
+  // layers 1e18 once validated with a negative parameter count; a globalBatchSize of 2^63-1 made
+  // the planner's divisor search run for ever.
+  EXPECT_EQ(first_error("  model: {layers: 1000000000000000000, hidden: 768, heads: 12, vocab: 50257, "
+                        "seqLen: 1024}\n  training: {steps: 10}\n"),
+            "spec.model.layers: 1000000000000000000 exceeds the limit of 4096");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n"
+                        "  training: {steps: 10, globalBatchSize: 9223372036854775807}\n"),
+            "spec.training.globalBatchSize: 9223372036854775807 exceeds the limit of 16777216");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10000000000}\n"),
+            "spec.training.steps: 10000000000 exceeds the limit of 1000000000");
+  // Every dim within its limit, the product not: one error for the model, no int64 overflow.
+  const std::string big = first_error(
+      "  model: {layers: 4096, hidden: 262144, heads: 16384, vocab: 50257, seqLen: 1024, "
+      "ffnHidden: 1048576}\n  training: {steps: 10}\n");
+  EXPECT_EQ(big.rfind("spec.model: the model would have ", 0), 0u) << big;
+  EXPECT_NE(big.find("above the limit of 1e+15"), std::string::npos) << big;
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  resources: {maxNodes: 1000000}\n"),
+            "spec.resources.maxNodes: 1000000 exceeds the limit of 65536");
+  // The limits admit the largest preset.
+  EXPECT_EQ(first_error("  model: {preset: gpt-7b}\n  training: {steps: 10}\n"), "");
+}
+
 TEST(Validation, WrongKindOrVersionIsRejected) {
   EXPECT_THROW(test::job_from_yaml("apiVersion: v1\nkind: TrainingJob\nspec: {}\n"), FieldError);
   EXPECT_THROW(test::job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: Pod\n"), FieldError);
@@ -214,6 +298,25 @@ TEST(Plan, JsonRoundTripPreservesTheHash) {
   EXPECT_EQ(decoded.config.dp, plan.config.dp);
   EXPECT_EQ(decoded.model, plan.model);
   EXPECT_EQ(decoded.world, plan.config.tp * plan.config.dp);
+  // The prediction travels too (the worker exports it and records it next to what it measures).
+  EXPECT_GT(plan.predicted.step_seconds, 0);
+  EXPECT_EQ(decoded.predicted.step_seconds, plan.predicted.step_seconds);
+  EXPECT_EQ(decoded.predicted.tokens_per_second, plan.predicted.tokens_per_second);
+  EXPECT_EQ(decoded.predicted.mfu, plan.predicted.mfu);
+  EXPECT_EQ(decoded.predicted.time.compute, plan.predicted.time.compute);
+  EXPECT_EQ(decoded.predicted.time.dp_comm_total, plan.predicted.time.dp_comm_total);
+  EXPECT_EQ(decoded.predicted.time.optimizer_gpu, plan.predicted.time.optimizer_gpu);
+}
+
+TEST(Plan, APredictionThatIsNotANumberDecodesAsZero) {
+  auto job = test::gpt_job("{preset: gpt2-124m}");
+  Json encoded = api::to_json(planner::best_plan(job, test::cluster("h100x32")));
+  encoded["predicted"]["stepSeconds"] = "fast";
+  encoded["predicted"]["breakdownSeconds"] = 7;
+  const api::Plan decoded = api::decode_plan(encoded);
+  EXPECT_EQ(decoded.predicted.step_seconds, 0);
+  EXPECT_EQ(decoded.predicted.time.compute, 0);
+  EXPECT_GT(decoded.predicted.tokens_per_second, 0);
 }
 
 TEST(Plan, TamperedPlanIsRefused) {
@@ -229,6 +332,28 @@ TEST(Plan, TamperedPlanIsRefused) {
   encoded = api::to_json(planner::best_plan(job, test::cluster("h200-single")));
   encoded["tp"] = 2;  // tp × dp no longer equals world
   EXPECT_THROW(api::decode_plan(encoded), FieldError);
+}
+
+// Found by fuzz/plan_fuzz.cpp: dims of 10^16 made the parameter count overflow int64 (undefined
+// behaviour) while decoding; huge node or tp/dp counts did the same in nodes × procsPerNode and
+// tp × dp. They are refused with the field now, within the limits a TrainingJob has.
+TEST(Plan, HugeDimsAndCounts_AreFieldErrors) {
+  auto job = test::gpt_job("{preset: gpt2-124m}");
+  const Json plan = api::to_json(planner::best_plan(job, test::cluster("h200-single")));
+  auto path_of = [&](const char* pointer, int64_t value) {
+    Json edited = plan;
+    edited[Json::json_pointer(pointer)] = value;
+    try {
+      api::decode_plan(edited);
+      return std::string("(decoded)");
+    } catch (const FieldError& e) {
+      return e.path();
+    }
+  };
+  EXPECT_EQ(path_of("/model/hidden", 24000000000000000), "plan.model.hidden");
+  EXPECT_EQ(path_of("/model/layers", 6000000000000000), "plan.model.layers");
+  EXPECT_EQ(path_of("/nodes", INT64_MAX), "plan.nodes");
+  EXPECT_EQ(path_of("/tp", 4611686018427387904), "plan.tp");
 }
 
 }  // namespace

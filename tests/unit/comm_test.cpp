@@ -160,11 +160,12 @@ TEST(TcpStore, GetBlocksUntilAnotherClientSetsTheKey) {
   worker::TcpStoreServer server(0, "127.0.0.1");
   worker::TcpStore reader("127.0.0.1", server.port(), std::chrono::seconds(5));
   worker::TcpStore writer("127.0.0.1", server.port(), std::chrono::seconds(5));
+  // `start` before the writer's thread: its 200 ms sleep then lies wholly inside `waited`.
+  const auto start = Clock::now();
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     writer.set("job/key", {'\0', 'x', '\xff'});  // values are bytes, NUL included
   });
-  const auto start = Clock::now();
   const auto value = reader.get("job/key");
   const double waited = seconds_since(start);
   later.join();
@@ -413,11 +414,20 @@ TEST(GlooCommunicator, AllgatherReduceScatterBroadcastAndBarrier) {
       require(data == theirs, "broadcast from " + std::to_string(root));
     }
 
-    // Barrier: nobody leaves before the slowest rank (rank 2, 300 ms late) arrives.
+    // Barrier: nobody leaves before the slowest rank (rank 2, 300 ms late) arrives. Each rank
+    // compares when it left with when rank 2 arrived, which rank 2 broadcasts afterwards
+    // (steady_clock is CLOCK_MONOTONIC, one clock for all processes), in 16-bit parts that a
+    // float holds exactly.
     if (rank == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const auto start = Clock::now();
+    const int64_t arrived = Clock::now().time_since_epoch().count();
     comm.barrier();
-    if (rank == 0) require(seconds_since(start) > 0.2, "barrier did not wait for rank 2");
+    const int64_t left = Clock::now().time_since_epoch().count();
+    std::vector<float> parts(4);
+    for (int i = 0; i < 4; ++i) parts[i] = static_cast<float>((arrived >> (16 * i)) & 0xffff);
+    comm.broadcast(parts.data(), parts.size(), world - 1);
+    int64_t last_arrived = 0;
+    for (int i = 0; i < 4; ++i) last_arrived |= static_cast<int64_t>(parts[i]) << (16 * i);
+    require(left >= last_arrived, "left the barrier before rank 2 arrived");
   });
   expect_all_ok(results);
 }

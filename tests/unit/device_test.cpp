@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
+#include <future>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -58,19 +58,27 @@ TEST(Stream, RethrowsATaskFailureAtSynchronize) {
 
 TEST(Stream, EventsOrderWorkAcrossStreams) {
   Stream producer("producer"), consumer("consumer");
-  std::atomic<int> value{0};
-  int seen = -1;
-  producer.enqueue([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The producer's task is held until the test opens `gate`, so its event cannot be ready, and
+  // the consumer, waiting on it, cannot run its task, while the test looks.
+  std::promise<void> gate;
+  const std::shared_future<void> opened = gate.get_future().share();
+  std::atomic<int> value{0}, seen{-1};
+  producer.enqueue([&value, opened] {
+    opened.wait();
     value = 42;
   });
   const auto produced = producer.record();
-  EXPECT_FALSE(produced.ready());
   consumer.wait(produced);
-  consumer.enqueue([&] { seen = value; });
+  consumer.enqueue([&] { seen = value.load(); });
+  const auto consumed = consumer.record();
+  EXPECT_FALSE(produced.ready());
+  EXPECT_FALSE(consumed.ready());
+  EXPECT_EQ(seen, -1);
+  gate.set_value();
   consumer.synchronize();
   EXPECT_EQ(seen, 42);
   EXPECT_TRUE(produced.ready());
+  EXPECT_TRUE(consumed.ready());
   worker::Event never_recorded;
   EXPECT_TRUE(never_recorded.ready());
 }

@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "api/model.h"
+#include "tests/support/random.h"
 
 namespace kt {
 namespace {
 
+using test::random_tokens;
 using worker::Gpt;
 using worker::GptConfig;
 
@@ -19,13 +21,6 @@ GptConfig tiny_config() {
   // Small enough for finite differences in float32, with every part present: 2 layers, 2
   // heads, an ffn that is not 4C, a padded vocabulary.
   return {8, 11, 16, 2, 2, 8, 12};
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, int32_t vocab) {
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> out(n);
-  for (auto& t : out) t = dist(rng);
-  return out;
 }
 
 TEST(Gpt, ParameterLayoutIsLlmcs) {

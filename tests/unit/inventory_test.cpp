@@ -63,6 +63,44 @@ TEST(Inventory, EmptyClusterIsAnError) {
   EXPECT_THROW(test::inventory_from_yaml("kind: Deployment\n"), Error);
 }
 
+// The path of the FieldError an inventory document raises ("" when it decodes).
+std::string error_path(const std::string& yaml) {
+  try {
+    test::inventory_from_yaml(yaml);
+    return "";
+  } catch (const FieldError& e) {
+    return e.path() + ": " + e.problem();
+  }
+}
+
+TEST(Inventory, HugeCounts_AreFieldErrors_NotEndlessPlannerLoops) {
+  // 10^18 cores once became the planner's per-node process search (one candidate per core).
+  EXPECT_EQ(error_path("kind: Inventory\nnodes:\n- name: x\n  cpu: {cores: 1000000000000000000}\n"
+                       "  memory: 64Gi\n"),
+            "nodes[0].cpu.cores: 1000000000000000000 exceeds the limit of 65536");
+  EXPECT_EQ(error_path("kind: Inventory\nnodes:\n- name: x\n  gpu: {product: H200, count: 100000}\n"
+                       "  cpu: {cores: 8}\n  memory: 64Gi\n"),
+            "nodes[0].gpu.count: 100000 exceeds the limit of 1024");
+  EXPECT_EQ(error_path("kind: Inventory\nnodes:\n- name: x\n  replicas: 1000000000\n  cpu: {cores: 8}\n"
+                       "  memory: 64Gi\n"),
+            "nodes[0].replicas: 1000000000 must be between 1 and 65536");
+  EXPECT_EQ(error_path("kind: Inventory\nnodes:\n- {name: x, replicas: 40000, cpu: {cores: 8}, memory: 64Gi}\n"
+                       "- {name: y, replicas: 40000, cpu: {cores: 8}, memory: 64Gi}\n"),
+            "nodes[1].replicas: the inventory would hold more than 65536 nodes");
+  // kubectl's node list: allocatable quantities are doubles, checked before the integer cast.
+  EXPECT_EQ(error_path("kind: List\napiVersion: v1\nitems:\n- metadata: {name: n}\n"
+                       "  status: {allocatable: {cpu: \"1e300\", memory: 64Gi}}\n"),
+            "items[0].status.allocatable.cpu: 1e+300 must be between 0 and 65536");
+}
+
+// Found by fuzz/inventory_fuzz.cpp: a `kind` that was not a string threw nlohmann's type_error
+// out of the decoder (an abort in `kubetrain plan --cluster`).
+TEST(Inventory, KindThatIsNotAString_IsAFieldError) {
+  EXPECT_EQ(error_path("kind: {name: gpu-a}\nnodes: []\n"), "kind: must be a string, got a map");
+  EXPECT_EQ(error_path("kind: List\nitems:\n- {kind: 7, metadata: {name: n}}\n"),
+            "items[0].kind: must be Node");
+}
+
 TEST(Inventory, BadAnnotationNamesTheKey) {
   try {
     test::inventory_from_yaml(

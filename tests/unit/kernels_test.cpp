@@ -11,6 +11,8 @@
 #include "kernels/bf16.h"
 #include "kernels/ops.h"
 #include "kernels/reference.h"
+#include "tests/support/random.h"
+#include "tests/support/rel_error.h"
 
 namespace kt {
 namespace {
@@ -26,30 +28,13 @@ class Kernels : public ::testing::Test {
   Kernels() : seed_(std::random_device{}()), rng_(seed_) {}
   void SetUp() override { RecordProperty("seed", std::to_string(seed_)); }
 
-  F random(size_t n, float scale = 1.0f) {
-    std::normal_distribution<float> dist(0.0f, scale);
-    F out(n);
-    for (auto& x : out) x = dist(rng_);
-    return out;
-  }
+  F random(size_t n, float scale = 1.0f) { return test::random_normal(rng_, n, scale); }
   std::vector<int32_t> tokens(size_t n, int32_t vocab) {
-    std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-    std::vector<int32_t> out(n);
-    for (auto& x : out) x = dist(rng_);
-    return out;
+    return test::random_tokens(rng_, n, vocab);
   }
   static D widen(const F& x) { return D(x.begin(), x.end()); }
-  // Norm-wise relative error of a float result against the float64 reference.
-  static double error(const F& got, const D& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      num += (got[i] - want[i]) * (got[i] - want[i]);
-      den += want[i] * want[i];
-    }
-    return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-  }
   void expect_close(const F& got, const D& want, const char* what, double tol = 1e-5) {
-    EXPECT_LT(error(got, want), tol) << what << " (seed " << seed_ << ")";
+    EXPECT_LT(test::rel_error(got, want), tol) << what << " (seed " << seed_ << ")";
   }
   unsigned seed_;
   std::mt19937 rng_;

@@ -57,7 +57,7 @@ TEST(MergeExpositions, OneHelpAndTypePerFamilyWithEveryRanksSamples) {
   EXPECT_EQ(count_of(merged, "# TYPE kubetrain_worker_step_seconds histogram\n"), 1);
   for (int rank = 0; rank < 3; ++rank) {
     const std::string r = "rank=\"" + std::to_string(rank) + "\"";
-    EXPECT_NE(merged.find("kubetrain_worker_steps_total{job=\"gpt\",namespace=\"ml\"," + r +
+    EXPECT_NE(merged.find("kubetrain_worker_steps_total{trainingjob=\"gpt\",namespace=\"ml\"," + r +
                           ",node_rank=\"0\"} " + std::to_string(10 + rank)),
               std::string::npos)
         << merged;

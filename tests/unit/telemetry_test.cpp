@@ -382,6 +382,50 @@ TEST(TelemetryHttp, BadAddressIsAnError) {
   EXPECT_THROW(server.start(), Error);
 }
 
+// Sends `raw` as it is and returns the status of the reply (0: none).
+int raw_request_status(int port, const std::string& raw) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int status = 0;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    (void)::send(fd, raw.data(), raw.size(), MSG_NOSIGNAL);
+    // The whole status line, which may come in more than one segment.
+    std::string reply;
+    char buffer[256];
+    while (reply.find("\r\n") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      reply.append(buffer, static_cast<std::size_t>(n));
+    }
+    std::sscanf(reply.c_str(), "HTTP/1.1 %d", &status);
+  }
+  ::close(fd);
+  return status;
+}
+
+TEST(TelemetryHttp, MalformedAndOverlongRequestsGet4xxAndTheServerLivesOn) {
+  Registry registry({});
+  HttpServer server("127.0.0.1", 0);
+  serve_metrics(server, registry);
+  server.start();
+  const int port = server.port();
+  EXPECT_EQ(raw_request_status(port, "GARBAGE\r\n\r\n"), 400);
+  EXPECT_EQ(raw_request_status(port, "GET /metrics HTTP/1.1\r\nNo colon here\r\n\r\n"), 400);
+  EXPECT_EQ(raw_request_status(port, "GET /metrics HTTP/1.1\r\nContent-Length: x\r\n\r\n"), 400);
+  EXPECT_EQ(raw_request_status(port, "GET /" + std::string(10'000, 'm') + " HTTP/1.1\r\n\r\n"), 414);
+  EXPECT_EQ(raw_request_status(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(70'000, 'x') +
+                                         "\r\n\r\n"),
+            431);
+  EXPECT_EQ(raw_request_status(port, "POST /metrics HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n"),
+            413);
+  EXPECT_EQ(http_get(port, "/healthz").status, 200);
+}
+
 // ---- the worker's metrics through promtool --------------------------------------------------
 
 // The full path of `program` on PATH, or "".
@@ -416,32 +460,94 @@ std::string worker_exposition() {
   metrics.optimizer_seconds.with({"cpu"}).inc(0.3);
   metrics.optimizer_seconds.with({"cuda:0"}).inc(0.01);
   metrics.predicted_step_seconds.set(1.05);
+  metrics.predicted_tokens_per_second.set(250000);
+  metrics.predicted_phase_seconds.with({"compute"}).set(0.8);
+  metrics.predicted_phase_seconds.with({"tp_comm_exposed"}).set(0.05);
+  metrics.plan_info
+      .with({"2", "4", "1", "selective", "optimizer", "true", "bf16", "cuda", "sha256:ab12"})
+      .set(1);
   metrics.checkpoint_seconds.set(4.5);
   metrics.last_checkpoint_step.set(10);
+  metrics.last_checkpoint_time.set(1764640000);
+  metrics.step.set(110);
+  metrics.target_steps.set(5000);
+  metrics.loss_floor.with({}).set(1.75);
+  metrics.phase_seconds.with({"compute"}).inc(0.7);
+  metrics.phase_seconds.with({"transfer_exposed"}).inc(0.02);
   return registry.expose();
 }
 
 TEST(WorkerMetrics, ExposesEveryDesignMetricWithTheWorkerLabels) {
   const std::string text = worker_exposition();
-  const std::string labels = "job=\"gpt-small\",namespace=\"default\",rank=\"3\",node_rank=\"1\"";
-  for (const char* sample :
-       {"kubetrain_worker_steps_total{", "kubetrain_worker_step_seconds_bucket{",
-        "kubetrain_worker_step_seconds_sum{", "kubetrain_worker_step_seconds_count{",
-        "kubetrain_worker_tokens_total{", "kubetrain_worker_tokens_per_second{",
-        "kubetrain_worker_loss{", "kubetrain_worker_mfu_ratio{", "kubetrain_worker_memory_bytes{",
-        "kubetrain_worker_transfer_bytes_total{", "kubetrain_worker_comm_seconds_total{",
-        "kubetrain_worker_comm_exposed_seconds_total{", "kubetrain_worker_optimizer_seconds_total{",
-        "kubetrain_worker_predicted_step_seconds{", "kubetrain_worker_checkpoint_seconds{",
-        "kubetrain_worker_last_checkpoint_step{"}) {
+  const std::string labels =
+      "trainingjob=\"gpt-small\",namespace=\"default\",rank=\"3\",node_rank=\"1\"";
+  for (const char* sample : {"kubetrain_worker_steps_total{",
+                             "kubetrain_worker_step_seconds_bucket{",
+                             "kubetrain_worker_step_seconds_sum{",
+                             "kubetrain_worker_step_seconds_count{",
+                             "kubetrain_worker_tokens_total{",
+                             "kubetrain_worker_tokens_per_second{",
+                             "kubetrain_worker_loss{",
+                             "kubetrain_worker_mfu_ratio{",
+                             "kubetrain_worker_memory_bytes{",
+                             "kubetrain_worker_transfer_bytes_total{",
+                             "kubetrain_worker_comm_seconds_total{",
+                             "kubetrain_worker_comm_exposed_seconds_total{",
+                             "kubetrain_worker_optimizer_seconds_total{",
+                             "kubetrain_worker_predicted_step_seconds{",
+                             "kubetrain_worker_checkpoint_seconds{",
+                             "kubetrain_worker_last_checkpoint_step{",
+                             "kubetrain_worker_predicted_tokens_per_second{",
+                             "kubetrain_worker_predicted_phase_seconds{",
+                             "kubetrain_worker_plan_info{",
+                             "kubetrain_worker_last_checkpoint_timestamp_seconds{",
+                             "kubetrain_worker_step{",
+                             "kubetrain_worker_target_steps{",
+                             "kubetrain_worker_loss_floor{",
+                             "kubetrain_worker_phase_seconds_total{"}) {
     EXPECT_NE(text.find(std::string(sample) + labels), std::string::npos) << sample;
   }
   EXPECT_NE(text.find("kubetrain_worker_memory_bytes{" + labels +
                       ",device=\"cuda:0\",kind=\"params\"} 248000000\n"),
             std::string::npos)
       << text;
+  EXPECT_NE(
+      text.find(
+          "kubetrain_worker_plan_info{" + labels +
+          ",tp=\"2\",dp=\"4\",nodes=\"1\",recompute=\"selective\",offload=\"optimizer\","
+          "overlap=\"true\",precision=\"bf16\",device=\"cuda\",plan_hash=\"sha256:ab12\"} 1\n"),
+      std::string::npos)
+      << text;
   EXPECT_NE(text.find("kubetrain_worker_step_seconds_bucket{" + labels + ",le=\"1.28\"} 3\n"),
             std::string::npos)
       << text;
+}
+
+TEST(WorkerMetrics, TheLossFloorIsAbsentUntilKnown) {
+  Registry registry(worker_labels("j", "default", 0, 0));
+  WorkerMetrics metrics(registry);
+  EXPECT_EQ(registry.expose().find("kubetrain_worker_loss_floor{"), std::string::npos)
+      << "token data has no known floor: no sample rather than a 0 that looks like one";
+  metrics.loss_floor.with({}).set(2.0);
+  EXPECT_NE(registry.expose().find("kubetrain_worker_loss_floor{trainingjob=\"j\",namespace=\"default\","
+                                   "rank=\"0\",node_rank=\"0\"} 2\n"),
+            std::string::npos)
+      << registry.expose();
+}
+
+TEST(Exposition, ARemovedChildEndsItsSeries_OthersStay) {
+  Registry registry;
+  auto& phase = registry.gauge("job_phase", "Phase.", {"job", "phase"});
+  phase.with({"a", "Running"}).set(1);
+  phase.with({"b", "Running"}).set(1);
+  phase.remove({"a", "Running"});
+  phase.remove({"zzz", "Running"});  // none such: nothing happens
+  const std::string text = registry.expose();
+  EXPECT_EQ(text.find("job=\"a\""), std::string::npos) << text;
+  EXPECT_NE(text.find("job_phase{job=\"b\",phase=\"Running\"} 1\n"), std::string::npos) << text;
+  phase.with({"a", "Running"}).set(0);  // a later child of the same name starts afresh
+  EXPECT_NE(registry.expose().find("job_phase{job=\"a\",phase=\"Running\"} 0\n"),
+            std::string::npos);
 }
 
 TEST(WorkerMetrics, PassesPromtoolCheckMetrics) {

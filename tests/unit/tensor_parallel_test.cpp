@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/rel_error.h"
 #include "thread_comm.h"
 #include "worker/gpt.h"
 
@@ -35,15 +36,6 @@ std::vector<float> slice_of(const TensorView& full, const TensorView& view) {
     if (d < 0) break;
   }
   return out;
-}
-
-double relative_error(const std::vector<float>& got, const float* want, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += std::pow(double(got[i]) - want[i], 2);
-    den += std::pow(double(want[i]), 2);
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
 void check_tensor_parallel(int t, int sub_batches = 1,
@@ -83,15 +75,15 @@ void check_tensor_parallel(int t, int sub_batches = 1,
                                     : std::vector<float>(whole_params[i].data,
                                                          whole_params[i].data + params[i].numel());
         const std::vector<float> got_p(params[i].data, params[i].data + params[i].numel());
-        if (got_p != want_p) failures[r] += std::string(" param ") + worker::kParamNames[i];
+        if (got_p != want_p) failures[r] += std::string(" param ") + worker::kParams[i].name;
         const auto want_g = sharded ? slice_of(whole_grads[i], grads[i])
                                     : std::vector<float>(whole_grads[i].data,
                                                          whole_grads[i].data + grads[i].numel());
         const std::vector<float> got_g(grads[i].data, grads[i].data + grads[i].numel());
-        const double err = relative_error(got_g, want_g.data(), want_g.size());
+        const double err = test::rel_error(got_g, want_g);
         if (err > 1e-5)
           failures[r] +=
-              std::string(" grad ") + worker::kParamNames[i] + " (" + std::to_string(err) + ")";
+              std::string(" grad ") + worker::kParams[i].name + " (" + std::to_string(err) + ")";
       }
       const auto stats = comm->stats();
       // Per sub-batch: 4 per layer (6 with full recompute) + embedding + LM head, and the

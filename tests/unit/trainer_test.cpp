@@ -16,6 +16,7 @@
 #include "worker/cuda_device.h"
 #include "worker/gradient_reducer.h"
 #endif
+#include "worker/checkpoint.h"
 #include "worker/data.h"
 
 namespace kt {
@@ -89,6 +90,132 @@ TEST(Trainer, ResumeContinuesWithIdenticalLosses) {
   }
   fs::remove_all(straight.checkpoint_dir);
   fs::remove_all(interrupted.checkpoint_dir);
+}
+
+// A full disk during training (latest.tmp is /dev/full: writes fail with ENOSPC, also for root):
+// the failure is reported with its errno, training goes on, and the next interval saves again.
+TEST(Trainer, FailedCheckpointWrite_IsReported_TrainingGoesOn_AndTheNextIntervalSavesAgain) {
+  const api::Plan plan = tiny_plan(15, "  checkpoint: {intervalSteps: 5, keep: 2}\n");
+  worker::TrainOptions options;
+  options.log_every = 0;
+  options.checkpoint_dir = temp_dir("disk-full");
+  fs::create_directories(options.checkpoint_dir);
+  const std::string full = options.checkpoint_dir + "/latest.tmp";
+  fs::create_symlink("/dev/full", full);
+  std::vector<std::pair<int64_t, std::string>> failures;
+  std::vector<int64_t> saved;
+  options.on_checkpoint_failure = [&](int64_t step, const std::string& reason,
+                                      const std::string& message) {
+    failures.emplace_back(step, reason);
+    EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+    fs::remove(full);  // space again before the next interval
+  };
+  options.on_checkpoint = [&](int64_t step, double) { saved.push_back(step); };
+  std::vector<std::string> lines;
+  const auto result =
+      worker::train(plan, options, [&](const std::string& line) { lines.push_back(line); });
+  EXPECT_EQ(result.steps_done, 15);
+  EXPECT_EQ(failures, (std::vector<std::pair<int64_t, std::string>>{{5, "ENOSPC"}}));
+  EXPECT_EQ(saved, (std::vector<int64_t>{10, 15}));
+  EXPECT_EQ(result.checkpoint_failures, 1);
+  EXPECT_EQ(result.checkpoint_error, "") << "the last save succeeded";
+  bool logged = false;
+  for (const auto& line : lines) logged |= line.find("checkpoint at step 5 failed (ENOSPC") == 0;
+  EXPECT_TRUE(logged);
+
+  // Stopped (SIGTERM) while the disk is full: interrupted as usual (the worker exits 143), the
+  // failure recorded.
+  fs::remove_all(options.checkpoint_dir);
+  fs::create_directories(options.checkpoint_dir);
+  fs::create_symlink("/dev/full", full);
+  options.on_checkpoint_failure = nullptr;
+  options.on_step = [](const worker::StepReport& r) {
+    if (r.step == 3) worker::request_stop();
+  };
+  const auto stopped = worker::train(plan, options, quiet);
+  EXPECT_TRUE(stopped.interrupted);
+  EXPECT_EQ(stopped.steps_done, 3);
+  EXPECT_NE(stopped.checkpoint_error.find("No space left on device"), std::string::npos);
+  fs::remove_all(options.checkpoint_dir);
+}
+
+TEST(Trainer, SecondWriterToACheckpointDirectory_IsRefused) {
+  const api::Plan plan = tiny_plan(5, "  checkpoint: {intervalSteps: 5, keep: 2}\n");
+  worker::TrainOptions options;
+  options.log_every = 0;
+  options.checkpoint_dir = temp_dir("locked");
+  options.checkpoint_lock_wait = std::chrono::milliseconds(0);
+  {
+    const auto other =
+        worker::CheckpointLock::acquire(options.checkpoint_dir, std::chrono::milliseconds(0));
+    try {
+      worker::train(plan, options, quiet);
+      FAIL() << "trained into a directory another writer holds";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another writer"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(worker::train(plan, options, quiet).steps_done, 5) << "free once the holder is gone";
+  fs::remove_all(options.checkpoint_dir);
+}
+
+// A plan edited by hand (with its hash recomputed) is checked as strictly as the planner checks
+// a job: each value it would never emit is a field error naming the plan's field.
+TEST(Trainer, RefusesPlanValuesThePlannerNeverEmits_NamingTheField) {
+  auto expect_field = [](const api::Plan& plan, const std::string& path, const std::string& words) {
+    try {
+      worker::check_plan_values(plan);
+      FAIL() << "expected " << path << ": " << words;
+    } catch (const FieldError& e) {
+      EXPECT_EQ(e.path(), path) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const api::Plan good = tiny_plan(10);
+  EXPECT_NO_THROW(worker::check_plan_values(good));
+  api::Plan p = good;
+  p.cpu_threads = 100000;
+  expect_field(p, "plan.offload.cpuThreads", "100000 is not in [1, 4096]");
+  p = good;
+  p.model.heads = 128;  // hidden 64
+  expect_field(p, "plan.model.heads", "128 does not divide hidden 64");
+  p = good;
+  p.model.seq_len = 1000000000;
+  expect_field(p, "plan.model.seqLen", "1000000000 exceeds the limit");
+  p = good;
+  p.config.micro_batch = int64_t{1} << 40;
+  expect_field(p, "plan.batch.micro", "is not in [1, 16777216]");
+  p = good;
+  p.config.tp = 3;
+  p.config.dp = 1;
+  p.world = 3;
+  expect_field(p, "plan.tp", "3 does not divide the model's heads 4");
+  p = good;
+  p.training.learning_rate = std::nan("");
+  expect_field(p, "plan.training.learningRate", "finite");
+  p = good;
+  p.checkpoint.keep = 0;
+  expect_field(p, "plan.checkpoint.keep", "must be >= 1");
+  p = good;
+  p.model.seq_len = int64_t{1} << 20;       // both at their limits: B·NH·T² attention scores of
+  p.config.micro_batch = int64_t{1} << 24;  // 2^71 bytes
+  expect_field(p, "plan.model", "beyond what any machine addresses");
+
+  // Within every bound, but more than this machine's memory: refused before an allocation
+  // could be an OOM kill (on the CPU, whose device memory this is).
+  p = good;
+  p.model.seq_len = 1000000;
+  try {
+    worker::check_executable(p);
+    FAIL() << "a plan of petabytes was accepted";
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.path(), "plan.model");
+    EXPECT_NE(std::string(e.what()).find("seqLen 1000000 and batch.micro"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than this machine's"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Trainer, RefusesPlansItCannotExecute) {

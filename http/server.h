@@ -1,11 +1,20 @@
-// A small HTTP/1.1 server for `kubetrain local serve`: every method, request bodies, keep-alive,
-// and streamed (chunked) responses for watches, on plain sockets with a thread per connection.
+// kubetrain's one HTTP/1.1 server, for `kubetrain local serve` (the Kubernetes API) and, through
+// telemetry/http_server.h, for the worker's, launcher's and operator's /metrics and probes:
+// every method, request bodies, keep-alive, and streamed (chunked) responses for watches, on
+// plain sockets with a thread per connection.
 //
-// Why not telemetry's cpprest adapter: the Kubernetes API needs what cpprest's listener cannot
-// give — it shares cpprest's process-wide thread pool (sized to 2 by telemetry), so a slow
-// handler (fault injection) or a blocked one stalls every other request and any cpprest client
-// in the process; it gives no sign that a client hung up, so a server-side watch would run
-// forever; and it cannot drop a connection mid-response, which is the "dropped watch" fault.
+// Why our own and not cpprest's listener or cpp-httplib (docs/RELIABILITY.md "HTTP servers" has
+// the measurements): a thread per connection, so long-lived watches and slow handlers never
+// starve other requests (cpp-httplib 0.11's fixed pool of 8 does); a hang-up is noticed while a
+// watch is quiet (closed()), and a connection can be dropped mid-response (abort(), the
+// "dropped watch" fault).
+//
+// Bounded: request line 8 KiB (414), head 64 KiB (431), body 16 MiB (413), 512 connections
+// (503); a head must arrive within 30 s of its first byte, each read of a body within 30 s, and
+// each response or stream chunk must be taken by the client within 30 s (a stalled reader is
+// dropped); a kept-alive connection idles at most 90 s. A
+// malformed request gets 400 (505 for another HTTP version, 501 for a transfer coding other than
+// chunked) and the connection is closed.
 //
 //   HttpServer server("127.0.0.1", 0, [](const HttpRequest& r, ResponseWriter& w) {
 //     w.send(200, "application/json", "{}");
@@ -23,12 +32,12 @@
 #include <thread>
 #include <vector>
 
-namespace kt::local {
+namespace kt::http {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // percent-decoded
-  std::string query;   // raw, without '?'
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // percent-decoded
+  std::string query;                           // raw, without '?'
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
 
@@ -88,4 +97,4 @@ class HttpServer {
 
 std::string percent_decode(std::string_view text);
 
-}  // namespace kt::local
+}  // namespace kt::http

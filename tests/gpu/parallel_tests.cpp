@@ -1,0 +1,499 @@
+// The CUDA model on several ranks, each a thread of this process with its own CudaDevice and
+// model on the test's GPU: data parallelism (worker/gradient_reducer.h), tensor parallelism
+// (the stream collectives) and both together, over an in-process host group and, where two ranks
+// can use it, NCCL; and the NCCL reducer's plumbing on one rank.
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tests/gpu/gpu_tests.h"
+#include "tests/gpu/test_support.h"
+#include "worker/gradient_reducer.h"
+#ifdef KUBETRAIN_WITH_NCCL
+#include "worker/comm_nccl.h"
+#endif
+
+namespace kt::gpu_test {
+namespace {
+
+// A group of ranks that are threads of this process: each collective meets at a barrier, then
+// every rank reads the others' buffers (sums in rank order, so every rank gets the same bits).
+// Stands in for Gloo, which the GPU-only build does not have; the host reducer sees only the
+// Communicator interface.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), buffers_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  class Rank : public worker::Communicator {
+   public:
+    Rank(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return group_.size_; }
+    const std::string& name() const override { return name_; }
+    std::shared_ptr<worker::CommWork> allreduce_async(float* data, size_t count,
+                                                      worker::ReduceOp op) override {
+      group_.publish(rank_, data);
+      std::vector<float> out(count);
+      for (size_t i = 0; i < count; ++i) {
+        float acc = group_.buffers_[0][i];
+        for (int r = 1; r < group_.size_; ++r) {
+          const float x = group_.buffers_[static_cast<size_t>(r)][i];
+          acc = op == worker::ReduceOp::kSum ? acc + x : std::max(acc, x);
+        }
+        out[i] = acc;
+      }
+      group_.arrive();  // everyone has read every buffer
+      std::copy(out.begin(), out.end(), data);
+      ++stats_.allreduces;
+      stats_.bytes += static_cast<int64_t>(count * 4);
+      return std::make_shared<Done>();
+    }
+    void allgather(const float* in, float* out, size_t count) override {
+      group_.publish(rank_, const_cast<float*>(in));
+      for (int r = 0; r < group_.size_; ++r)
+        std::copy(group_.buffers_[static_cast<size_t>(r)],
+                  group_.buffers_[static_cast<size_t>(r)] + count, out + r * count);
+      group_.arrive();
+    }
+    void reduce_scatter(const float*, float*, size_t) override {
+      throw Error("ThreadGroup: reduce_scatter is not used by these tests");
+    }
+    void broadcast(float* data, size_t count, int root) override {
+      group_.publish(rank_, data);
+      std::vector<float> value(group_.buffers_[static_cast<size_t>(root)],
+                               group_.buffers_[static_cast<size_t>(root)] + count);
+      group_.arrive();
+      std::copy(value.begin(), value.end(), data);
+    }
+    void barrier() override { group_.arrive(); }
+    worker::CommStats stats() const override { return stats_; }
+
+   private:
+    struct Done : worker::CommWork {
+      void wait() override {}
+    };
+    ThreadGroup& group_;
+    int rank_;
+    std::string name_ = "dp";
+    worker::CommStats stats_;
+  };
+
+ private:
+  void publish(int rank, float* data) {
+    buffers_[static_cast<size_t>(rank)] = data;
+    arrive();
+  }
+  void arrive() {  // a reusable barrier; throws once a rank has failed (no one waits forever)
+    std::unique_lock lock(mutex_);
+    if (aborted_) throw Error("ThreadGroup: another rank failed");
+    const int64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+    } else {
+      changed_.wait(lock, [&] { return generation_ != generation || aborted_; });
+      if (aborted_) throw Error("ThreadGroup: another rank failed");
+    }
+  }
+
+ public:
+  void abort() {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  bool aborted_ = false;
+  int size_;
+  std::vector<float*> buffers_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
+// Runs `n` ranks of an in-process group on threads, each with its own CudaDevice on the test's
+// GPU: rank_run(r, device, comm) trains rank r. The first exception of any rank lands in `error`.
+std::vector<DpRun> run_ranks(
+    int n, const std::function<DpRun(int, CudaDevice&, worker::Communicator&)>& rank_run,
+    std::string* error) {
+  ThreadGroup group(n);
+  std::vector<DpRun> ranks(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CudaDevice device((g_device->ordinal() + r) % CudaDevice::device_count());
+        ThreadGroup::Rank comm(group, r);
+        ranks[r] = rank_run(r, device, comm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        group.abort();  // the other ranks' next collective fails instead of waiting forever
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  for (const std::string& e : errors)  // the failure itself, not the others' aborts
+    if (!e.empty() && (error->empty() || error->find("another rank failed") != std::string::npos))
+      *error = e;
+  return ranks;
+}
+
+// The collectives the multi-rank tests run over: the host (Gloo's role, here an in-process group)
+// always; NCCL where two ranks can use it — under emulation (tests/emulation/fake_nccl.cpp), or
+// on a machine with 2+ GPUs and libnccl (NCCL refuses two ranks on one GPU).
+std::vector<std::string> rank_backends() {
+  std::vector<std::string> backends{"host"};
+#ifdef KUBETRAIN_WITH_NCCL
+  std::string why;
+  const bool loads = worker::nccl_available(&why);
+#ifdef KT_CUDA_EMULATED
+  const bool two_gpus = true;  // the emulated NCCL joins ranks that share the emulated GPU
+#else
+  const bool two_gpus = CudaDevice::device_count() >= 2;
+  if (loads && !two_gpus) why = "needs 2 GPUs, this machine has 1";
+#endif
+  if (loads && two_gpus) backends.emplace_back("nccl");
+  static bool said = false;  // once per run, not once per test
+  if (!said && !why.empty())
+    std::printf("NOT RUN  the NCCL variants of the 2-rank tests: %s\n", why.c_str());
+  said = true;
+#endif
+  return backends;
+}
+
+// `serialize_on`: NCCL's sums on that stream (as the trainer does when TP is on NCCL too).
+std::unique_ptr<worker::GradientReducer> make_reducer(
+    const std::string& backend, worker::Communicator& comm, CudaDevice& device,
+    [[maybe_unused]] worker::CudaStream* serialize_on = nullptr) {
+#ifdef KUBETRAIN_WITH_NCCL
+  if (backend == "nccl")
+    return worker::make_nccl_gradient_reducer(comm, device.ordinal(), serialize_on);
+#endif
+  return worker::make_host_gradient_reducer(comm, device);
+}
+
+std::unique_ptr<worker::StreamCollectives> make_stream_collectives(const std::string& backend,
+                                                                   worker::Communicator& comm,
+                                                                   CudaDevice& device) {
+#ifdef KUBETRAIN_WITH_NCCL
+  if (backend == "nccl") return worker::make_nccl_stream_collectives(comm, device.ordinal());
+#endif
+  return worker::make_host_stream_collectives(comm, device);
+}
+
+// Two data-parallel ranks on one GPU (threads, each with its own CudaDevice and model), summing
+// through the host reducer, each on half of every batch with loss scale 1/2, against one rank on
+// the whole batch: step-1 gradients within 2e-2 (bf16 activations: cuBLASLt may pick other
+// kernels for the other shape, so roundings differ as between two bf16 runs; a missing sum is off
+// by 1/2, a missing 1/dp by 2×), the 3 losses within 5e-3 — and the two replicas bit-identical (a
+// replica that drifted would train a different model). With gpuUnits 1 too (the offloaded units'
+// copies must take the sums).
+void test_cuda_gpt_data_parallel() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3, dp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
+  const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
+                                  [&](int64_t s) { return batches[s]; });
+  CudaGptOptions recompute_options;
+  recompute_options.recompute = api::Recompute::kFull;
+  const DpRun whole_recompute = train_steps(*g_device, c, dp * B, T, recompute_options, 1.0f,
+                                            steps, [&](int64_t s) { return batches[s]; });
+  // Everything on the device; offload: optimizer at gpuUnits 1; window offload (gpuUnits 1, one
+  // slot, recompute full: the sums taken in the slot).
+  for (const std::string& backend : rank_backends()) {
+    for (int64_t device_units : {int64_t{-1}, int64_t{1}, int64_t{0}}) {
+      const bool window = device_units == 0;
+      const std::string tag = " [" + backend + "]" +
+                              (device_units < 0 ? ""
+                               : window         ? " (window 1)"
+                                                : " (gpuUnits 1)");
+      const DpRun& one = window ? whole_recompute : whole;
+      std::string error;
+      const auto ranks = run_ranks(
+          static_cast<int>(dp),
+          [&](int r, CudaDevice& device, worker::Communicator& comm) {
+            auto reducer = make_reducer(backend, comm, device);
+            CudaGptOptions options;
+            options.reducer = reducer.get();
+            options.device_units = window ? 1 : device_units;
+            options.window = window ? 1 : 0;
+            if (window) options.recompute = api::Recompute::kFull;
+            options.cpu_threads = 1;
+            return train_steps(device, c, B, T, options, 1.0f / dp, steps, [&](int64_t s) {
+              const auto& [tok, tgt] = batches[s];
+              const int64_t n = B * T;
+              return std::make_pair(
+                  std::vector<int32_t>(tok.begin() + r * n, tok.begin() + (r + 1) * n),
+                  std::vector<int32_t>(tgt.begin() + r * n, tgt.begin() + (r + 1) * n));
+            });
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, "data parallel" + tag + ": " + error);
+        continue;
+      }
+      expect_close(ranks[0].grads1, widen(one.grads1), 2e-2,
+                   "data parallel 2 ranks: step-1 summed gradients vs one rank" + tag);
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        const double mean = (ranks[0].losses[s] + ranks[1].losses[s]) / 2;
+        worst = std::max(worst, std::abs(mean - one.losses[s]) / one.losses[s]);
+      }
+      const bool identical =
+          ranks[0].weights == ranks[1].weights && ranks[0].grads1 == ranks[1].grads1;
+      check(worst < 5e-3, "data parallel" + tag + ": mean loss differs from one rank's by " +
+                              std::to_string(worst));
+      check(identical, "data parallel" + tag + ": the two replicas' gradients or weights differ");
+      if (worst < 5e-3 && identical)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
+                    ("data parallel, 2 ranks" + tag).c_str(), worst);
+    }
+  }
+}
+
+// Two TP ranks' runs against `whole`, TP 1 on the same batches: their step-1 gradients, put
+// together in the whole model's layout, within 3e-2 of it; the replicated tensors' gradients and
+// final weights bit-identical on both ranks. True when both identities hold.
+bool check_tp_ranks(const GptConfig& c, const DpRun& rank0, const DpRun& rank1, const DpRun& whole,
+                    const std::string& tag) {
+  const int tp = 2;
+  F assembled(whole.grads1.size(), std::nanf(""));
+  F grads[2] = {rank0.grads1, rank1.grads1};  // (views are over mutable data)
+  bool replicated_same = true;
+  for (int r = 0; r < tp; ++r) {
+    const auto views = worker::gpt_rank_views(c, tp, r, grads[r].data());
+    const auto other = worker::gpt_rank_views(c, tp, 1 - r, grads[1 - r].data());
+    const auto whole_views = worker::gpt_whole_views(c, assembled.data());
+    for (int i = 0; i < worker::kNumParamTensors; ++i) {
+      if (views[i].logical_shape.empty()) {
+        std::copy(views[i].data, views[i].data + views[i].numel(), whole_views[i].data);
+        replicated_same = replicated_same && std::equal(views[i].data,
+                                                        views[i].data + views[i].numel(),
+                                                        other[i].data);
+      } else {
+        worker::gpt_paste_slice(views[i], whole_views[i].data);
+      }
+    }
+  }
+  expect_close(assembled, widen(whole.grads1), 3e-2, tag + ": step-1 gradients vs TP 1");
+  check(replicated_same, tag + ": replicated tensors' gradients differ between the ranks");
+  F weights[2] = {rank0.weights, rank1.weights};
+  bool weights_same = true;
+  const auto w0 = worker::gpt_rank_views(c, tp, 0, weights[0].data());
+  const auto w1 = worker::gpt_rank_views(c, tp, 1, weights[1].data());
+  for (int i = 0; i < worker::kNumParamTensors; ++i)
+    if (w0[i].logical_shape.empty())
+      weights_same =
+          weights_same && std::equal(w0[i].data, w0[i].data + w0[i].numel(), w1[i].data);
+  check(weights_same, tag + ": replicated weights differ between the ranks after 3 steps");
+  return replicated_same && weights_same;
+}
+
+// Tensor parallelism on one GPU: 2 TP ranks (threads, each its own CudaDevice and model, the
+// all-reduces through the host collectives over an in-process group) against TP 1 on the same
+// batches: losses within 5e-3 and step-1 gradients (the ranks' slices put together) within 3e-2
+// (partial products are rounded to bf16 before their sum, so activations round differently than
+// at TP 1); the replicated tensors' gradients and final weights bit-identical on both ranks (they
+// are computed from the same summed activations). Also with recompute full and offload gpuUnits 1,
+// and with the Oases schedule (2 sub-batches: each lane's all-reduces behind events on the TP
+// stream while the other lane computes), alone and with commAware recompute.
+void test_cuda_gpt_tensor_parallel() {
+  const GptConfig c = kSmallGpt;  // NH 2: one head per rank; Vp 96: 48 rows each, V 91
+  const int64_t B = 2, T = 32, steps = 3, tp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(B * T, c.vocab));
+  auto batch_of = [&](int64_t s) { return batches[s]; };
+  const DpRun whole = train_steps(*g_device, c, B, T, CudaGptOptions{}, 1.0f, steps, batch_of);
+  struct Variant {
+    const char* tag;
+    int64_t device_units;
+    api::Recompute recompute;
+    int sub_batches;
+    int64_t window = 0;
+  };
+  for (const std::string& backend : rank_backends()) {
+    for (const Variant v :
+         {Variant{"", -1, api::Recompute::kNone, 1},
+          Variant{" (recompute full, gpuUnits 1)", 1, api::Recompute::kFull, 1},
+          Variant{" (Oases: 2 sub-batches)", -1, api::Recompute::kNone, 2},
+          Variant{" (2 sub-batches, commAware)", -1, api::Recompute::kCommAware, 2},
+          Variant{" (2 sub-batches, full, window 1)", 1, api::Recompute::kFull, 2,
+                  1}}) {
+      const std::string tag = "tensor parallel, 2 ranks [" + backend + "]" + v.tag;
+      std::string error;
+      auto ranks = run_ranks(
+          static_cast<int>(tp),
+          [&](int, CudaDevice& device, worker::Communicator& comm) {
+            auto collectives = make_stream_collectives(backend, comm, device);
+            CudaGptOptions options;
+            options.tp = collectives.get();
+            options.device_units = v.device_units;
+            options.recompute = v.recompute;
+            options.sub_batches = v.sub_batches;
+            options.window = v.window;
+            options.cpu_threads = 1;
+            return train_steps(device, c, B, T, options, 1.0f, steps, batch_of, &comm);
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s)
+        worst = std::max(worst, std::abs(ranks[0].losses[s] - whole.losses[s]) / whole.losses[s]);
+      check(worst < 5e-3, tag + ": losses differ from TP 1 by " + std::to_string(worst));
+      check(ranks[0].losses == ranks[1].losses, tag + ": the ranks' losses differ");
+      const bool same = check_tp_ranks(c, ranks[0], ranks[1], whole, tag);
+      if (worst < 5e-3 && same)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03)\n", tag.c_str(), worst);
+    }
+  }
+}
+
+// Data and tensor parallelism together, as the trainer runs a DP 2 × TP 2 plan: 4 ranks, TP groups
+// {0,1} {2,3} and DP groups {0,2} {1,3}, each DP replica on half of the batch, against DP 1 × TP 1
+// on the whole batch. With NCCL, the gradient sums go on the TP communication stream as the
+// trainer issues them (serialize_on), behind the TP all-reduces in issue order. Mean losses within
+// 5e-3; each TP pair as in the TP test; the two DP replicas of each TP rank bit-identical.
+void test_cuda_gpt_data_and_tensor_parallel() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3, dp = 2, tp = 2;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
+  const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
+                                  [&](int64_t s) { return batches[s]; });
+  for (const std::string& backend : rank_backends()) {
+    for (const int sub_batches : {1, 2}) {
+      const std::string tag = "DP 2 x TP 2 [" + backend + "]" +
+                              (sub_batches == 2 ? " (Oases: 2 sub-batches, gpuUnits 1)" : "");
+      std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups;
+      for (int g = 0; g < 2; ++g) {
+        tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
+        dp_groups.push_back(std::make_unique<ThreadGroup>(dp));
+      }
+      std::string error;
+      const auto ranks = run_ranks(
+          static_cast<int>(dp * tp),
+          [&](int r, CudaDevice& device, worker::Communicator&) {
+            const int tp_rank = r % 2, dp_rank = r / 2;
+            try {
+              ThreadGroup::Rank tp_comm(*tp_groups[dp_rank], tp_rank);
+              ThreadGroup::Rank dp_comm(*dp_groups[tp_rank], dp_rank);
+              auto collectives = make_stream_collectives(backend, tp_comm, device);
+              auto reducer =
+                  make_reducer(backend, dp_comm, device,
+                               &device.stream(worker::StreamRole::kTensorParallelComm));
+              CudaGptOptions options;
+              options.tp = collectives.get();
+              options.reducer = reducer.get();
+              options.sub_batches = sub_batches;
+              options.device_units = sub_batches == 2 ? 1 : -1;
+              options.cpu_threads = 1;
+              return train_steps(
+                  device, c, B, T, options, 1.0f / dp, steps,
+                  [&](int64_t s) {
+                    const auto& [tok, tgt] = batches[s];
+                    const int64_t n = B * T;
+                    return std::make_pair(
+                        std::vector<int32_t>(tok.begin() + dp_rank * n,
+                                             tok.begin() + (dp_rank + 1) * n),
+                        std::vector<int32_t>(tgt.begin() + dp_rank * n,
+                                             tgt.begin() + (dp_rank + 1) * n));
+                  },
+                  &tp_comm);
+            } catch (...) {  // the subgroups' other members must not wait forever either
+              for (auto& g : tp_groups) g->abort();
+              for (auto& g : dp_groups) g->abort();
+              throw;
+            }
+          },
+          &error);
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst = 0;
+      for (int64_t s = 0; s < steps; ++s) {
+        const double mean = (ranks[0].losses[s] + ranks[2].losses[s]) / 2;
+        worst = std::max(worst, std::abs(mean - whole.losses[s]) / whole.losses[s]);
+      }
+      check(worst < 5e-3, tag + ": mean loss differs from DP 1 x TP 1 by " + std::to_string(worst));
+      const bool same = check_tp_ranks(c, ranks[0], ranks[1], whole, tag);
+      const bool replicas = ranks[0].weights == ranks[2].weights &&
+                            ranks[1].weights == ranks[3].weights &&
+                            ranks[0].grads1 == ranks[2].grads1 && ranks[1].grads1 == ranks[3].grads1;
+      check(replicas, tag + ": the DP replicas' gradients or weights differ");
+      if (worst < 5e-3 && same && replicas)
+        std::printf("ok    %-44s losses worst rel diff %.1e (tol 5e-03), replicas bit-identical\n",
+                    tag.c_str(), worst);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<NamedTest> parallel_tests() {
+  return {{"gpt data parallel", test_cuda_gpt_data_parallel},
+          {"gpt tensor parallel", test_cuda_gpt_tensor_parallel},
+          {"gpt data and tensor parallel", test_cuda_gpt_data_and_tensor_parallel}};
+}
+
+// The NCCL reducer's plumbing on one GPU (NCCL refuses two ranks on one device, so the sum itself
+// and its ordering need 2+ GPUs): libnccl loads, the id travels over the bootstrap group, the
+// grouped all-reduces and the stream joins run, and a group of one — whose all-reduce is the
+// identity, so this cannot see an ordering bug — trains as without a reducer.
+void test_nccl_reducer_single_rank() {
+#ifdef KUBETRAIN_WITH_NCCL
+  std::string why;
+  if (!worker::nccl_available(&why)) {
+    check(false, "NCCL reducer: " + why);
+    return;
+  }
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(B * T, c.vocab));
+  for (int64_t device_units : {int64_t{-1}, int64_t{1}}) {
+    const std::string tag = device_units < 0 ? "" : " (gpuUnits 1)";
+    CudaGptOptions options;
+    options.device_units = device_units;
+    const DpRun plain = train_steps(*g_device, c, B, T, options, 1.0f, steps,
+                                    [&](int64_t s) { return batches[s]; });
+    ThreadGroup group(1);
+    ThreadGroup::Rank bootstrap(group, 0);
+    auto reducer = worker::make_nccl_gradient_reducer(bootstrap, g_device->ordinal());
+    options.reducer = reducer.get();
+    const DpRun nccl = train_steps(*g_device, c, B, T, options, 1.0f, steps,
+                                   [&](int64_t s) { return batches[s]; });
+    // Not bitwise: wte's backward adds with atomics (order not fixed) in both runs.
+    expect_close(nccl.grads1, widen(plain.grads1), 1e-5,
+                 "NCCL reducer, one rank: step-1 gradients vs no reducer" + tag);
+    double worst = 0;
+    for (int64_t s = 0; s < steps; ++s)
+      worst = std::max(worst, std::abs(nccl.losses[s] - plain.losses[s]) / plain.losses[s]);
+    check(worst < 1e-5, "NCCL reducer, one rank" + tag + ": losses differ from no reducer by " +
+                            std::to_string(worst));
+    expect_close(nccl.weights, widen(plain.weights), 1e-3,
+                 "NCCL reducer, one rank: step-3 weights vs no reducer" + tag);
+    check(reducer->stats().allreduces > 0, "NCCL reducer" + tag + ": issued no all-reduce");
+  }
+#else
+  check(false, "NCCL reducer: gpu_tests was built without nccl.h");
+#endif
+}
+
+}  // namespace kt::gpu_test

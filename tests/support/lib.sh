@@ -1,0 +1,42 @@
+# What the shell tests share. Each sources it first thing after its `set` line:
+#   source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
+
+# fail MESSAGE...: prints "FAIL: MESSAGE", then whatever the test's own `fail_context` function
+# shows (its logs), and exits 1.
+fail() {
+  echo "FAIL: $*"
+  if declare -F fail_context > /dev/null; then fail_context; fi
+  exit 1
+}
+
+# free_port: a TCP port on 127.0.0.1 that was free a moment ago.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# get URL: the body on stdout; exit status 1 when it cannot be fetched.
+get() {
+  python3 -c 'import sys, urllib.request
+try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode(), end="")
+except Exception as e: sys.exit(1)' "$1"
+}
+
+# wait_for SECONDS COMMAND...: runs COMMAND (its output discarded) every 0.5 s until it succeeds;
+# status 1 when SECONDS pass first.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" > /dev/null 2>&1; do (( SECONDS < deadline )) || return 1; sleep 0.5; done
+}
+
+# announced_port LOG: the port of the "metrics on http://127.0.0.1:PORT/metrics" line that
+# kubetrain-worker writes to LOG, waiting up to 10 s for it; nothing (status 1) if none comes.
+announced_port() {
+  local port _
+  for _ in $(seq 100); do
+    port=$(sed -n 's|^metrics on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$1")
+    [[ -n $port ]] && { echo "$port"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
