@@ -241,8 +241,14 @@ for f in sorted(os.listdir(os.path.join(ROOT, "operator/controller"))):
             need(res, verb, ns_arg)
 for verb, res, ns_arg in CALL.findall(read("operator/kube/leader_election.cpp")):
     need(res, verb, ns_arg, lease_file=True)
+# The informer caches: operator_cache_options() lists {kube::kRESOURCE, NS, ...} entries, each
+# an informer that lists and watches that collection (NS "" = every namespace).
 manager = read("operator/controller/manager.cpp")
-for res, ns_arg in re.findall(r'\(\s*client\s*,\s*(?:kube::)?(k\w+)\s*,\s*([^,)]*)', manager):
+cache_options = re.search(r'operator_cache_options\([^)]*\)\s*\{(.*?)\n\}', manager, re.S)
+check(cache_options, "operator/controller/manager.cpp: no operator_cache_options() found")
+cached = re.findall(r'\{\s*(?:kube::)?(k\w+)\s*,\s*([^,}]*)', cache_options.group(1) if cache_options else "")
+check(cached, "operator/controller/manager.cpp: operator_cache_options() caches nothing")
+for res, ns_arg in cached:
     need(res, "list", ns_arg)
     need(res, "watch", ns_arg)
 if "blockOwnerDeletion" in read("operator/controller/children.cpp"):
