@@ -57,6 +57,15 @@ struct Names<ClaimRetention> {
       {{ClaimRetention::kDelete, "Delete"}, {ClaimRetention::kRetain, "Retain"}}};
 };
 
+template <>
+struct Names<GangScheduler> {
+  static constexpr std::array<std::pair<GangScheduler, std::string_view>, 4> kTable{
+      {{GangScheduler::kNone, "None"},
+       {GangScheduler::kCoscheduling, "Coscheduling"},
+       {GangScheduler::kVolcano, "Volcano"},
+       {GangScheduler::kKueue, "Kueue"}}};
+};
+
 template <class E>
 std::string_view name_of(E v) {
   for (const auto& [value, name] : Names<E>::kTable)
@@ -98,6 +107,7 @@ KT_ENUM(DataSource)
 KT_ENUM(CleanPodPolicy)
 KT_ENUM(UpdateDevice)
 KT_ENUM(ClaimRetention)
+KT_ENUM(GangScheduler)
 #undef KT_ENUM
 
 }  // namespace kt::api

@@ -17,6 +17,9 @@ enum class UpdateDevice { kGpu, kCpu };
 // What becomes of the checkpoint PVC the operator made when its job is deleted (as StatefulSet's
 // persistentVolumeClaimRetentionPolicy.whenDeleted).
 enum class ClaimRetention { kDelete, kRetain };
+// Who admits a job's gang all at once (spec.runPolicy.schedulingPolicy.gangScheduler):
+// scheduler-plugins' coscheduling or Volcano through a PodGroup, or Kueue's plain pod groups.
+enum class GangScheduler { kNone, kCoscheduling, kVolcano, kKueue };
 
 std::string_view to_string(Precision v);
 std::string_view to_string(DeviceKind v);
@@ -26,6 +29,7 @@ std::string_view to_string(DataSource v);
 std::string_view to_string(CleanPodPolicy v);
 std::string_view to_string(UpdateDevice v);
 std::string_view to_string(ClaimRetention v);
+std::string_view to_string(GangScheduler v);
 
 // Parse the manifest spelling; nullopt when unknown. `choices` lists the spellings for messages.
 template <class E>

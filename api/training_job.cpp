@@ -125,6 +125,15 @@ CheckpointSpec decode_checkpoint(ObjectReader r) {
   return c;
 }
 
+SchedulingPolicy decode_scheduling_policy(ObjectReader r) {
+  SchedulingPolicy p;
+  p.gang_scheduler = read_enum<GangScheduler>(r, "gangScheduler", false);
+  p.queue = r.string("queue").value_or("");
+  p.schedule_timeout_seconds = r.integer("scheduleTimeoutSeconds");
+  r.finish();
+  return p;
+}
+
 RunPolicy decode_run_policy(ObjectReader r) {
   RunPolicy p;
   p.backoff_limit = r.integer("backoffLimit").value_or(p.backoff_limit);
@@ -133,6 +142,7 @@ RunPolicy decode_run_policy(ObjectReader r) {
   p.suspend = r.boolean("suspend").value_or(false);
   p.clean_pod_policy =
       read_enum<CleanPodPolicy>(r, "cleanPodPolicy", false).value_or(CleanPodPolicy::kRunning);
+  p.scheduling = decode_scheduling_policy(r.object("schedulingPolicy"));
   r.finish();
   return p;
 }
@@ -227,6 +237,12 @@ bool covered(const std::vector<FieldError>& reported, const std::string& path) {
 
 TrainingJob decode_training_job(const Json& manifest) {
   return decode_training_job(manifest, nullptr);
+}
+
+std::string queue_name(const TrainingJob& job) {
+  if (!job.spec.run_policy.scheduling.queue.empty()) return job.spec.run_policy.scheduling.queue;
+  const auto label = job.metadata.labels.find(kKueueQueueLabel);
+  return label == job.metadata.labels.end() ? "" : label->second;
 }
 
 std::vector<FieldError> check_training_job(const Json& manifest, TrainingJob& job) {
@@ -432,6 +448,25 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   if (rp.ttl_seconds_after_finished && *rp.ttl_seconds_after_finished < 0)
     errors.emplace_back("spec.runPolicy.ttlSecondsAfterFinished",
                         std::to_string(*rp.ttl_seconds_after_finished) + " must be >= 0");
+  const SchedulingPolicy& sp = rp.scheduling;
+  check_positive(errors, "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds",
+                 sp.schedule_timeout_seconds);
+  check_at_most(errors, "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds",
+                sp.schedule_timeout_seconds, JL::kBackoffLimit);
+  // A Volcano queue and a Kueue LocalQueue are object names (DNS-1123 subdomains).
+  static const std::regex kDns1123Subdomain(
+      "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+  if (!sp.queue.empty() &&
+      (sp.queue.size() > 253 || !std::regex_match(sp.queue, kDns1123Subdomain)))
+    errors.emplace_back("spec.runPolicy.schedulingPolicy.queue",
+                        "\"" + sp.queue.substr(0, 64) +
+                            "\" is not a valid queue name (a DNS-1123 subdomain: lower-case "
+                            "letters, digits, '-' and '.', at most 253 characters)");
+  if (sp.gang_scheduler == GangScheduler::kKueue && queue_name(job).empty())
+    errors.emplace_back("spec.runPolicy.schedulingPolicy.queue",
+                        std::string("required with gangScheduler Kueue (the LocalQueue to submit "
+                                    "to), or the label ") +
+                            kKueueQueueLabel + " on the TrainingJob");
   return errors;
 }
 
@@ -524,6 +559,13 @@ Json to_json(const TrainingJobSpec& s) {
                                    {"cleanPodPolicy", std::string(to_string(rp.clean_pod_policy))}};
   put(run, "activeDeadlineSeconds", rp.active_deadline_seconds);
   put(run, "ttlSecondsAfterFinished", rp.ttl_seconds_after_finished);
+  const SchedulingPolicy& sp = rp.scheduling;
+  if (sp.gang_scheduler || !sp.queue.empty() || sp.schedule_timeout_seconds) {
+    Json& sched = run["schedulingPolicy"] = Json::object();
+    if (sp.gang_scheduler) sched["gangScheduler"] = std::string(to_string(*sp.gang_scheduler));
+    if (!sp.queue.empty()) sched["queue"] = sp.queue;
+    put(sched, "scheduleTimeoutSeconds", sp.schedule_timeout_seconds);
+  }
   return spec;
 }
 

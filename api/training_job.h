@@ -101,12 +101,20 @@ struct CheckpointSpec {
   ClaimRetention claim_retention = ClaimRetention::kDelete;
 };
 
+// How the gang is admitted (Kubeflow's runPolicy.schedulingPolicy, plus the scheduler).
+struct SchedulingPolicy {
+  std::optional<GangScheduler> gang_scheduler;  // unset: the operator's --gang-scheduler
+  std::string queue;  // Volcano queue or Kueue LocalQueue ("" : the job's kueue.x-k8s.io/queue-name)
+  std::optional<int64_t> schedule_timeout_seconds;  // coscheduling's PodGroup; unset: 60
+};
+
 struct RunPolicy {
   int64_t backoff_limit = 3;
   std::optional<int64_t> active_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;
   bool suspend = false;
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
+  SchedulingPolicy scheduling;
 };
 
 struct TrainingJobSpec {
@@ -183,6 +191,11 @@ struct TrainingJob {
   TrainingJobSpec spec;
   TrainingJobStatus status;
 };
+
+// Kueue's label naming the LocalQueue a workload is submitted to.
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
+// The queue of the gang: spec.runPolicy.schedulingPolicy.queue, else the job's Kueue label.
+std::string queue_name(const TrainingJob& job);
 
 // Decodes a manifest (already parsed from YAML or JSON). Structural problems (wrong type, unknown
 // field, bad enum value) throw FieldError with the path; call validate() for semantic checks.

@@ -117,6 +117,16 @@ int main(int argc, char** argv) {
                  "size of those PVCs, e.g. 100Gi (default: keep+1 checkpoints of the model + 25%)");
   app.add_option("--worker-image-pull-secret", worker_pull_secrets,
                  "a Secret in the job's namespace to pull worker images with (repeatable)");
+  std::string gang_scheduler = "None", gang_scheduler_name;
+  app.add_option("--gang-scheduler", gang_scheduler,
+                 "gang scheduling of a job whose spec.runPolicy.schedulingPolicy names none: "
+                 "None, Coscheduling (scheduler-plugins PodGroup), Volcano (Volcano PodGroup) or "
+                 "Kueue (plain pod groups)")
+      ->check(CLI::IsMember({"None", "Coscheduling", "Volcano", "Kueue"}))
+      ->capture_default_str();
+  app.add_option("--gang-scheduler-name", gang_scheduler_name,
+                 "schedulerName of gang-scheduled worker pods (default: the cluster's default "
+                 "scheduler for Coscheduling, volcano for Volcano)");
   CLI11_PARSE(app, argc, argv);
 
   // The stop signals go to sigwait below only.
@@ -145,6 +155,9 @@ int main(int argc, char** argv) {
     controller_options.children.image_pull_secrets = worker_pull_secrets;
     controller_options.children.checkpoint_pvc = checkpoint_volume == "pvc";
     controller_options.children.checkpoint_storage_class = checkpoint_storage_class;
+    controller_options.children.gang_scheduler =
+        *kt::api::parse_enum<kt::api::GangScheduler>(gang_scheduler);
+    controller_options.children.gang_scheduler_name = gang_scheduler_name;
     if (!checkpoint_size.empty() && !kt::api::parse_quantity(checkpoint_size)) {
       throw kt::Error("--checkpoint-volume-size: \"" + checkpoint_size + "\" is not a quantity (e.g. 100Gi)");
     }

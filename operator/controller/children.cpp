@@ -119,6 +119,45 @@ Object render_checkpoint_claim(const Object& owner, const api::Plan& plan,
           {"spec", spec}};
 }
 
+api::GangScheduler gang_scheduler(const api::TrainingJob& job, const ChildOptions& options) {
+  return job.spec.run_policy.scheduling.gang_scheduler.value_or(options.gang_scheduler);
+}
+
+const kube::Resource* pod_group_resource(api::GangScheduler scheduler) {
+  if (scheduler == api::GangScheduler::kCoscheduling) return &kube::kCoschedulingPodGroups;
+  if (scheduler == api::GangScheduler::kVolcano) return &kube::kVolcanoPodGroups;
+  return nullptr;
+}
+
+Object render_pod_group(const Object& owner, const api::TrainingJob& job, const api::Plan& plan,
+                        const ChildOptions& options) {
+  const api::GangScheduler scheduler = gang_scheduler(job, options);
+  const kube::Resource* resource = pod_group_resource(scheduler);
+  if (!resource) throw kt::Error("render_pod_group: the gang scheduler has no PodGroup");
+  const api::SchedulingPolicy& policy = job.spec.run_policy.scheduling;
+  Object spec = {{"minMember", plan.config.nodes}};
+  if (scheduler == api::GangScheduler::kCoscheduling) {
+    spec["scheduleTimeoutSeconds"] =
+        policy.schedule_timeout_seconds.value_or(kDefaultScheduleTimeoutSeconds);
+  } else {
+    // Volcano admits the group when minMember pods fit, and reserves minResources for it.
+    const WorkerPodResources need = worker_pod_resources(plan);
+    Object min_resources = {{"cpu", std::to_string(need.cpu_millis * plan.config.nodes) + "m"},
+                            {"memory", mebibytes(need.memory_bytes * plan.config.nodes)}};
+    if (need.gpus > 0) min_resources["nvidia.com/gpu"] = std::to_string(need.gpus * plan.config.nodes);
+    spec["minResources"] = min_resources;
+    if (!policy.queue.empty()) spec["queue"] = policy.queue;
+  }
+  return {{"apiVersion", resource->api_version()},
+          {"kind", "PodGroup"},
+          {"metadata", child_metadata(owner, owner["metadata"]["name"])},
+          {"spec", spec}};
+}
+
+std::string kueue_pod_group_name(const std::string& job, int64_t attempt) {
+  return job + "-a" + std::to_string(attempt);
+}
+
 std::string plan_config_map_name(const std::string& job) {
   return job + "-plan";
 }
@@ -285,6 +324,27 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
     Object secrets = Object::array();
     for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
     pod_spec["imagePullSecrets"] = secrets;
+  }
+  switch (gang_scheduler(job, options)) {
+    case api::GangScheduler::kNone:
+      break;
+    case api::GangScheduler::kCoscheduling:
+      meta["labels"][kube::kCoschedulingPodGroupLabel] = name;
+      if (!options.gang_scheduler_name.empty())
+        pod_spec["schedulerName"] = options.gang_scheduler_name;
+      break;
+    case api::GangScheduler::kVolcano:
+      meta["annotations"][kube::kVolcanoGroupAnnotation] = name;
+      pod_spec["schedulerName"] =
+          options.gang_scheduler_name.empty() ? "volcano" : options.gang_scheduler_name;
+      break;
+    case api::GangScheduler::kKueue:
+      // Kueue's pod webhook gates these pods (kueue.x-k8s.io/admission) until the whole group
+      // is admitted; the controller waits for gated pods as for any Pending one.
+      meta["labels"][api::kKueueQueueLabel] = api::queue_name(job);
+      meta["labels"][kube::kKueuePodGroupLabel] = kueue_pod_group_name(name, attempt);
+      meta["annotations"][kube::kKueuePodGroupTotalCountAnnotation] = std::to_string(plan.config.nodes);
+      break;
   }
   if (!spec.resources.tolerations.is_null()) pod_spec["tolerations"] = spec.resources.tolerations;
   if (!spec.resources.affinity.is_null()) pod_spec["affinity"] = spec.resources.affinity;

@@ -28,6 +28,13 @@ inline constexpr const char* kAttemptAnnotation = "kubetrain.dev/restart-attempt
 // port (the local pod runner does: every local pod shares 127.0.0.1).
 inline constexpr const char* kMetricsPortAnnotation = "kubetrain.dev/metrics-port";
 
+// Gang scheduling (docs/OPERATIONS.md, "Gang scheduling"). Coscheduling: a PodGroup
+// scheduling.x-k8s.io/v1alpha1 `<job>` and kube::kCoschedulingPodGroupLabel on the pods;
+// Volcano: a PodGroup scheduling.volcano.sh/v1beta1 `<job>`, kube::kVolcanoGroupAnnotation and
+// schedulerName volcano; Kueue's plain pod groups: the queue label, a group name per restart
+// attempt and the group's pod count.
+inline constexpr int64_t kDefaultScheduleTimeoutSeconds = 60;
+
 inline constexpr const char* kPlanMountDir = "/etc/kubetrain";
 inline constexpr const char* kPlanPath = "/etc/kubetrain/plan.json";
 // Kubernetes' default terminationMessagePath: rank 0's final progress (Prometheus text).
@@ -60,7 +67,23 @@ struct ChildOptions {
   bool checkpoint_pvc = true;
   std::string checkpoint_storage_class;  // "" = the cluster's default StorageClass
   std::string checkpoint_size;           // "" = from the model (checkpoint_volume_bytes)
+  // The gang scheduler of a job whose spec.runPolicy.schedulingPolicy names none.
+  api::GangScheduler gang_scheduler = api::GangScheduler::kNone;
+  // The worker pods' schedulerName under Coscheduling ("": the cluster's default scheduler,
+  // where the plugin runs in the default profile) and Volcano ("": "volcano").
+  std::string gang_scheduler_name;
 };
+
+// The job's gang scheduler: its spec's, else the operator's default.
+api::GangScheduler gang_scheduler(const api::TrainingJob& job, const ChildOptions& options);
+// The PodGroup collection of a scheduler that has one (Coscheduling, Volcano), else nullptr.
+const kube::Resource* pod_group_resource(api::GangScheduler scheduler);
+// The PodGroup `<job>` for Coscheduling or Volcano: every worker pod of the plan (minMember),
+// admitted all at once or not at all.
+kube::Object render_pod_group(const kube::Object& owner, const api::TrainingJob& job,
+                              const api::Plan& plan, const ChildOptions& options);
+// Kueue's pod group of one restart attempt ("<job>-a<attempt>"): a new gang is a new workload.
+std::string kueue_pod_group_name(const std::string& job, int64_t attempt);
 
 // Bytes a job's checkpoint volume needs: `keep` checkpoints and one being written, each of
 // 16 bytes per parameter (fp32 weights, Adam m and v, and the bf16/fp32 copy), plus 25 %;

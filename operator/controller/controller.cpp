@@ -409,6 +409,7 @@ class Controller::Pass {
   Outcome restart_or_fail(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
   bool all_succeeded(const api::TrainingJob& job, Gang& gang);
   void create_missing(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  bool ensure_pod_group(const api::TrainingJob& job, const Gang& gang, ReconcileResult& result);
   void report_progress(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
   void requeue_at_deadline(const api::RunPolicy& policy, ReconcileResult& result);
 
@@ -626,7 +627,15 @@ ReconcileResult Controller::Pass::run() {
 Controller::Pass::Outcome Controller::Pass::validate(api::TrainingJob& job) {
   Object manifest = object_;
   manifest.erase("status");
-  const std::vector<FieldError> errors = api::check_training_job(manifest, job);
+  std::vector<FieldError> errors = api::check_training_job(manifest, job);
+  // The spec may leave the gang scheduler to the operator, whose default may be Kueue.
+  if (errors.empty() && gang_scheduler(job, options_.children) == api::GangScheduler::kKueue &&
+      api::queue_name(job).empty())
+    errors.emplace_back("spec.runPolicy.schedulingPolicy.queue",
+                        std::string("required: this operator gang-schedules with Kueue "
+                                    "(--gang-scheduler), so the job needs a LocalQueue here or "
+                                    "the label ") +
+                            api::kKueueQueueLabel);
   if (errors.empty()) return std::nullopt;
   if (status_.phase == JobPhase::kFailed && condition_reason("Failed") == "InvalidSpec" &&
       old_status_.observed_generation == generation_)
@@ -846,6 +855,7 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   for (int64_t rank = 0; rank < gang.desired; ++rank)
     if (!gang.pods.count(rank)) missing.push_back(rank);
   if (missing.empty()) return;
+  if (!ensure_pod_group(job, gang, result)) return;
 
   struct Created {
     std::optional<Object> pod;
@@ -906,6 +916,49 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   }
 }
 
+// Gang scheduling: the gang's PodGroup exists, sized to this plan, before its pods are made
+// (looked at only when pods are missing, so a steady state costs no request). False when the
+// cluster does not serve the PodGroup API: no pod is made (a gang half-scheduled by a scheduler
+// that ignores the group is what gang scheduling is for); said in an event and a condition.
+bool Controller::Pass::ensure_pod_group(const api::TrainingJob& job, const Gang& gang,
+                                        ReconcileResult& result) {
+  const api::GangScheduler scheduler = gang_scheduler(job, options_.children);
+  const kube::Resource* resource = pod_group_resource(scheduler);
+  if (!resource) return true;
+  const Object want = render_pod_group(object_, job, *gang.plan, options_.children);
+  try {
+    client_.create(*resource, ns_, want);
+  } catch (const ApiError& e) {
+    if (e.already_exists()) {
+      // Ours from an earlier attempt: a re-plan may have changed the gang's size.
+      Object have = client_.get(*resource, ns_, name_);
+      const Object spec = have.value("spec", Object::object());
+      bool same = true;
+      for (const auto& [key, value] : want["spec"].items())
+        same = same && spec.contains(key) && spec[key] == value;
+      if (!same) {
+        for (const auto& [key, value] : want["spec"].items()) have["spec"][key] = value;
+        client_.update(*resource, ns_, have);
+      }
+    } else if (e.code() == 404) {
+      const std::string message =
+          "gangScheduler " + std::string(api::to_string(scheduler)) + " needs the PodGroup API " +
+          resource->api_version() + " (" +
+          (scheduler == api::GangScheduler::kVolcano ? "Volcano" : "scheduler-plugins") +
+          "), which this cluster does not serve: no worker pod is created until it does";
+      if (!has_condition("GangScheduling", false)) event("Warning", "PodGroupUnavailable", message);
+      set_condition("GangScheduling", false, "PodGroupUnavailable", message);
+      result.requeue_after = std::chrono::seconds(30);
+      return false;
+    } else {
+      throw;
+    }
+  }
+  set_condition("GangScheduling", true, std::string(api::to_string(scheduler)),
+                "PodGroup " + name_ + " (minMember " + std::to_string(gang.desired) + ")");
+  return true;
+}
+
 // Report progress: Running with rank 0's progress once every worker is ready (looked at again
 // every progress_interval), else Starting (or still Restarting) with the count of ready ones.
 void Controller::Pass::report_progress(const api::TrainingJob& job, Gang& gang,
@@ -933,9 +986,27 @@ void Controller::Pass::report_progress(const api::TrainingJob& job, Gang& gang,
     if (!result.requeue_after || *result.requeue_after > interval) result.requeue_after = interval;
   } else {
     if (status_.phase != JobPhase::kRestarting) set_phase(JobPhase::kStarting);
-    set_condition(
-        "PodsReady", false, "WaitingForWorkers",
-        std::to_string(status_.workers.ready) + "/" + std::to_string(desired) + " workers ready");
+    // Gated pods (Kueue's admission gate, or anyone's) are waited for like any Pending pod,
+    // never counted as failures; the condition says who holds them.
+    int64_t gated = 0;
+    std::set<std::string> gates;
+    for (const auto& [rank, pod] : gang.pods)
+      if (pod.contains("spec") && pod["spec"].contains("schedulingGates") &&
+          pod["spec"]["schedulingGates"].is_array() && !pod["spec"]["schedulingGates"].empty()) {
+        ++gated;
+        for (const auto& g : pod["spec"]["schedulingGates"])
+          if (g.is_object()) gates.insert(g.value("name", ""));
+      }
+    std::string message =
+        std::to_string(status_.workers.ready) + "/" + std::to_string(desired) + " workers ready";
+    if (gated > 0) {
+      std::string names;
+      for (const auto& g : gates) names += (names.empty() ? "" : ", ") + g;
+      message += "; " + std::to_string(gated) + " waiting for admission (scheduling gates: " +
+                 names + ")";
+    }
+    set_condition("PodsReady", false, gated > 0 ? "WaitingForAdmission" : "WaitingForWorkers",
+                  message);
   }
 }
 

@@ -49,6 +49,17 @@ extern const Resource kNodes;
 extern const Resource kEvents;
 extern const Resource kPersistentVolumeClaims;
 extern const Resource kLeases;  // coordination.k8s.io/v1
+// Gang scheduling's PodGroups: scheduler-plugins' coscheduling and Volcano's.
+extern const Resource kCoschedulingPodGroups;  // scheduling.x-k8s.io/v1alpha1
+extern const Resource kVolcanoPodGroups;       // scheduling.volcano.sh/v1beta1
+// A pod's gang, as each gang scheduler reads it: coscheduling's label and Volcano's annotation
+// name a PodGroup (whose spec.minMember sizes the gang); Kueue's plain pod groups name the group
+// in a label and size it in an annotation.
+inline constexpr const char* kCoschedulingPodGroupLabel = "scheduling.x-k8s.io/pod-group";
+inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
+inline constexpr const char* kKueuePodGroupLabel = "kueue.x-k8s.io/pod-group-name";
+inline constexpr const char* kKueuePodGroupTotalCountAnnotation =
+    "kueue.x-k8s.io/pod-group-total-count";
 extern const Resource kTrainingJobs;  // kubetrain.dev/v1alpha1
 extern const Resource kCustomResourceDefinitions;  // apiextensions.k8s.io/v1
 

@@ -267,6 +267,33 @@ void Scheduler::on_pod(WatchEventType type, const Object& pod) {
       if (c.value("type", "") == "PodScheduled" && c.value("status", "") == "False")
         reported = c.value("message", "");
   state.reported = reported;
+  state.gated = spec.contains("schedulingGates") && spec["schedulingGates"].is_array() &&
+                !spec["schedulingGates"].empty();
+  const Object& meta = pod["metadata"];
+  const Object labels = meta.value("labels", Object::object());
+  const Object annotations = meta.value("annotations", Object::object());
+  const auto text = [](const Object& map, const char* key) {
+    return map.is_object() && map.contains(key) && map[key].is_string() ? map[key].get<std::string>()
+                                                                       : std::string();
+  };
+  if (const std::string g = text(labels, kube::kCoschedulingPodGroupLabel); !g.empty()) {
+    state.group_resource = &kube::kCoschedulingPodGroups;
+    state.group_name = g;
+  } else if (const std::string v = text(annotations, kube::kVolcanoGroupAnnotation); !v.empty()) {
+    state.group_resource = &kube::kVolcanoPodGroups;
+    state.group_name = v;
+  } else if (const std::string k = text(labels, kube::kKueuePodGroupLabel); !k.empty()) {
+    state.group_name = k;
+    try {
+      state.min_member =
+          std::stoll(text(annotations, kube::kKueuePodGroupTotalCountAnnotation));
+    } catch (const std::exception&) {
+      state.min_member = 0;  // no count: the group is never complete (Kueue rejects such pods)
+    }
+  }
+  if (!state.group_name.empty())
+    state.group = (state.group_resource ? state.group_resource->group : std::string("kueue")) +
+                  "/" + state.ns + "/" + state.group_name;
   count(state, +1);
   pods_[key] = std::move(state);
 }
@@ -285,15 +312,15 @@ std::string Scheduler::unbound_claim(const PodState& pod) {
   return "";
 }
 
-void Scheduler::report_unschedulable(PodState& pod, const std::string& message) {
+void Scheduler::report_unschedulable(PodState& pod, const std::string& message,
+                                     const std::string& reason) {
   if (pod.reported == message) return;  // said once; it stays Pending until something changes
   try {
     client_.merge_patch(
         kube::kPods, pod.ns, pod.name,
         {{"status",
           {{"phase", "Pending"},
-           {"conditions",
-            Object::array({condition("PodScheduled", false, "Unschedulable", message)})}}}},
+           {"conditions", Object::array({condition("PodScheduled", false, reason, message)})}}}},
         true);
     pod.reported = message;
   } catch (const ApiError& e) {
@@ -301,44 +328,123 @@ void Scheduler::report_unschedulable(PodState& pod, const std::string& message) 
   }
 }
 
+const SchedulableNode* Scheduler::first_fit(const PodState& pod,
+                                            std::map<std::string, int>& nodes_by_reason) {
+  static const Resources kNothing;
+  for (const auto& [order, node] : nodes_) {
+    const auto used = requested_.find(node.name);
+    const std::vector<std::string> reasons =
+        unfit_reasons(pod.needs, node, used == requested_.end() ? kNothing : used->second);
+    if (reasons.empty()) return &node;
+    for (const auto& r : reasons) ++nodes_by_reason[r];
+  }
+  return nullptr;
+}
+
+bool Scheduler::bind(PodState& pod, const SchedulableNode& node) {
+  // The binding: kube-scheduler's write of spec.nodeName (through pods/binding there).
+  try {
+    client_.merge_patch(kube::kPods, pod.ns, pod.name, {{"spec", {{"nodeName", node.name}}}});
+  } catch (const ApiError& e) {
+    if (!e.not_found()) throw;
+    return false;
+  }
+  pod.node = node.name;
+  count(pod, +1);  // assumed at once: the next pod of this pass sees the room it took
+  return true;
+}
+
+void Scheduler::schedule_gang(const std::vector<PodState*>& pending) {
+  PodState& first = *pending.front();
+  const std::string group = first.group_name;
+  const std::string nodes_available = "0/" + std::to_string(nodes_.size()) + " nodes are available";
+  int64_t min_member = first.min_member;
+  if (first.group_resource) {
+    try {
+      const Object pg = client_.get(*first.group_resource, first.ns, group);
+      min_member = pg.value("spec", Object::object()).value("minMember", int64_t{1});
+    } catch (const ApiError& e) {
+      if (!e.not_found()) throw;
+      for (PodState* pod : pending)
+        report_unschedulable(*pod, nodes_available + ": PodGroup " + first.ns + "/" + group + " (" +
+                                       first.group_resource->api_version() + ") not found.");
+      return;
+    }
+  }
+  int64_t bound = 0;
+  for (const auto& [key, pod] : pods_)
+    if (pod.group == first.group && pod.active && !pod.node.empty()) ++bound;
+  const int64_t members = bound + static_cast<int64_t>(pending.size());
+  if (members < min_member) {
+    for (PodState* pod : pending)
+      report_unschedulable(*pod, nodes_available + ": pod group " + first.ns + "/" + group +
+                                     " has " + std::to_string(members) + " of its minMember " +
+                                     std::to_string(min_member) + " pods.");
+    return;
+  }
+  // Place every pending member in turn, each assumed as it is placed; if too few fit, undo
+  // them all: a gang never half-starts.
+  std::vector<std::pair<PodState*, const SchedulableNode*>> placed;
+  std::map<std::string, int> nodes_by_reason;
+  for (PodState* pod : pending) {
+    std::map<std::string, int> reasons;
+    const SchedulableNode* node = first_fit(*pod, reasons);
+    if (!node) {
+      if (nodes_by_reason.empty()) nodes_by_reason = reasons;
+      continue;
+    }
+    pod->node = node->name;
+    count(*pod, +1);
+    placed.emplace_back(pod, node);
+  }
+  for (auto& [pod, node] : placed) {
+    count(*pod, -1);
+    pod->node.clear();
+  }
+  if (bound + static_cast<int64_t>(placed.size()) < min_member) {
+    const std::string why =
+        unschedulable_message(nodes_.size(), nodes_by_reason).substr(nodes_available.size());
+    for (PodState* pod : pending)
+      report_unschedulable(*pod, nodes_available + (why == "." ? "" : why.substr(0, why.size() - 1)) +
+                                     "; pod group " + first.ns + "/" + group + ": " +
+                                     std::to_string(bound + static_cast<int64_t>(placed.size())) +
+                                     " of its minMember " + std::to_string(min_member) +
+                                     " pods fit, so none is bound.");
+    return;
+  }
+  for (auto& [pod, node] : placed) bind(*pod, *node);
+}
+
 void Scheduler::schedule_pending() {
   std::lock_guard lock(mutex_);
   if (!changed_) return;
   changed_ = false;
+  std::map<std::string, std::vector<PodState*>> gangs;  // pending members by group
   for (auto& [key, pod] : pods_) {
     if (!pod.node.empty() || !pod.active) continue;
+    if (pod.gated) {
+      report_unschedulable(pod, "Scheduling is blocked due to non-empty scheduling gates",
+                           "SchedulingGated");
+      continue;
+    }
     if (const std::string why = unbound_claim(pod); !why.empty()) {
       report_unschedulable(
           pod, "0/" + std::to_string(nodes_.size()) + " nodes are available: " + why + ".");
       continue;
     }
-    std::map<std::string, int> nodes_by_reason;
-    const SchedulableNode* chosen = nullptr;
-    static const Resources kNothing;
-    for (const auto& [order, node] : nodes_) {
-      const auto used = requested_.find(node.name);
-      const std::vector<std::string> reasons =
-          unfit_reasons(pod.needs, node, used == requested_.end() ? kNothing : used->second);
-      if (reasons.empty()) {
-        chosen = &node;
-        break;
-      }
-      for (const auto& r : reasons) ++nodes_by_reason[r];
+    if (!pod.group.empty()) {
+      gangs[pod.group].push_back(&pod);
+      continue;
     }
+    std::map<std::string, int> nodes_by_reason;
+    const SchedulableNode* chosen = first_fit(pod, nodes_by_reason);
     if (!chosen) {
       report_unschedulable(pod, unschedulable_message(nodes_.size(), nodes_by_reason));
       continue;
     }
-    // The binding: kube-scheduler's write of spec.nodeName (through pods/binding there).
-    try {
-      client_.merge_patch(kube::kPods, pod.ns, pod.name, {{"spec", {{"nodeName", chosen->name}}}});
-    } catch (const ApiError& e) {
-      if (!e.not_found()) throw;
-      continue;
-    }
-    pod.node = chosen->name;
-    count(pod, +1);  // assumed at once: the next pod of this pass sees the room it took
+    bind(pod, *chosen);
   }
+  for (const auto& [group, pending] : gangs) schedule_gang(pending);
 }
 
 }  // namespace kt::local

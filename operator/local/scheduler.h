@@ -14,6 +14,16 @@
 // "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient
 // nvidia.com/gpu." (without its "preemption: ..." tail: nothing is preempted here).
 //
+// Gangs (DESIGN.md §8, docs/OPERATIONS.md "Gang scheduling"): the pods of one group — a
+// coscheduling PodGroup (label scheduling.x-k8s.io/pod-group), a Volcano PodGroup (annotation
+// scheduling.k8s.io/group-name) or a Kueue plain pod group (label kueue.x-k8s.io/pod-group-name,
+// annotation kueue.x-k8s.io/pod-group-total-count) — are bound all at once or not at all: only
+// when the group's minMember pods (the PodGroup's spec.minMember, or Kueue's total count) exist
+// and fit together; otherwise every pending member stays Pending and says why. This one scheduler
+// stands in for all of them, whatever the pods' schedulerName. A pod with schedulingGates is not
+// scheduled until they are removed (PodScheduled=False, reason SchedulingGated), as in
+// kube-scheduler.
+//
 // It reads Nodes and Pods through informers (no LIST per pass, so 10,000 nodes cost one scan
 // per pending pod and change) and keeps per node the requests of its pods; a binding counts at
 // once (kube-scheduler's "assume"), before its watch event arrives.
@@ -21,6 +31,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -96,13 +107,26 @@ class Scheduler {
     PodNeeds needs;
     std::vector<std::string> claims;  // persistentVolumeClaim names of its volumes
     std::string reported;             // the Unschedulable message on it now
+    bool gated = false;               // non-empty spec.schedulingGates
+    // Its gang: "<kind>/<ns>/<name>" ("" none); the PodGroup API it names (nullptr for Kueue,
+    // whose size is min_member, from the pod).
+    std::string group;
+    const kube::Resource* group_resource = nullptr;
+    std::string group_name;
+    int64_t min_member = 0;
   };
 
   void on_node(kube::WatchEventType type, const kube::Object& node);
   void on_pod(kube::WatchEventType type, const kube::Object& pod);
   void count(const PodState& pod, double sign);    // adds or removes its requests; needs mutex_
   std::string unbound_claim(const PodState& pod);  // why its claims keep it Pending, or ""
-  void report_unschedulable(PodState& pod, const std::string& message);
+  void report_unschedulable(PodState& pod, const std::string& message,
+                            const std::string& reason = "Unschedulable");
+  // The first node (in order) that `pod` fits, or nullptr with the reasons counted per node.
+  const SchedulableNode* first_fit(const PodState& pod, std::map<std::string, int>& nodes_by_reason);
+  bool bind(PodState& pod, const SchedulableNode& node);  // false: the pod is gone
+  // The pending members of one gang, all at once or none; needs mutex_.
+  void schedule_gang(const std::vector<PodState*>& pending);
 
   kube::Client& client_;
   const SchedulerOptions options_;

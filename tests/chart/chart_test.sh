@@ -44,7 +44,8 @@ render image --set operator.image.registry=registry.example.com:5000,operator.im
   --set 'operator.image.pullSecrets={regcred,other}' \
   --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9 \
   --set 'worker.image.pullSecrets={worker-cred}' \
-  --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi
+  --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi \
+  --set worker.gangScheduling.scheduler=Volcano,worker.gangScheduling.schedulerName=volcano-gpu
 MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,metrics.prometheusRule.enabled=true"
             --set "metrics.prometheusRule.labels.release=prom"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")
@@ -119,5 +120,6 @@ refuse "watchNamespace" --set watchNamespace=Team_A
 refuse "metrics[./]serviceMonitor[./]interval" --set metrics.serviceMonitor.interval=often
 refuse "worker[./]checkpointStorage[./]volume" --set worker.checkpointStorage.volume=hostPath
 refuse "worker[./]checkpointStorage[./]size" --set worker.checkpointStorage.size=lots
+refuse "worker[./]gangScheduling[./]scheduler" --set worker.gangScheduling.scheduler=yunikorn
 
 python3 tests/chart/check_chart.py "$OUT" .

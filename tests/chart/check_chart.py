@@ -126,7 +126,8 @@ check(c.get("image") == f"ghcr.io/kubetrain/kubetrain-operator:{APP}", f"default
 check(c.get("imagePullPolicy") == "IfNotPresent", "default: imagePullPolicy")
 check(sorted(c.get("args", [])) == sorted([
     "--workers=2", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-    f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}", "--default-checkpoint-volume=pvc"]),
+    f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}", "--default-checkpoint-volume=pvc",
+    "--gang-scheduler=None"]),
     f"default: args {c.get('args')}")
 check("imagePullSecrets" not in spec, "default: imagePullSecrets without pullSecrets")
 check(c.get("resources") == values["operator"]["resources"], "default: resources are not values.yaml's")
@@ -239,6 +240,16 @@ for f in sorted(os.listdir(os.path.join(ROOT, "operator/controller"))):
     if f.endswith(".cpp"):
         for verb, res, ns_arg in CALL.findall(read("operator/controller/" + f)):
             need(res, verb, ns_arg)
+# Calls on the gang's PodGroup, client_.VERB(*resource, NS, …): resource is one of what
+# children.cpp's pod_group_resource() returns.
+pod_group_fn = re.search(r'pod_group_resource\([^)]*\)\s*\{(.*?)\n\}', read("operator/controller/children.cpp"), re.S)
+check(pod_group_fn, "operator/controller/children.cpp: no pod_group_resource() found")
+pod_groups = re.findall(r'return &(?:kube::)?(k\w+);', pod_group_fn.group(1) if pod_group_fn else "")
+check(pod_groups, "operator/controller/children.cpp: pod_group_resource() returns no Resource")
+RESOURCE_CALL = re.compile(r'client_\.(' + "|".join(VERBS) + r')\(\s*\*resource\s*,\s*([^,)]*)')
+for verb, ns_arg in RESOURCE_CALL.findall(read("operator/controller/controller.cpp")):
+    for res in pod_groups:
+        need(res, verb, ns_arg)
 for verb, res, ns_arg in CALL.findall(read("operator/kube/leader_election.cpp")):
     need(res, verb, ns_arg, lease_file=True)
 # The informer caches: operator_cache_options() lists {kube::kRESOURCE, NS, ...} entries, each
@@ -333,7 +344,8 @@ check("--worker-image=ml/worker:9.9" in ci.get("args", []), f"image: worker imag
 check("--worker-image-pull-secret=worker-cred" in ci.get("args", []),
       f"image: worker pull secret in {ci.get('args')}")
 for want in ["--default-checkpoint-volume=pvc", "--checkpoint-storage-class=fast",
-             "--checkpoint-volume-size=200Gi"]:
+             "--checkpoint-volume-size=200Gi", "--gang-scheduler=Volcano",
+             "--gang-scheduler-name=volcano-gpu"]:
     check(want in ci.get("args", []), f"image: {want} not in {ci.get('args')}")
 
 # ---- monitoring: only when asked for and the cluster has monitoring.coreos.com/v1 -------------

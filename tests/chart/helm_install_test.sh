@@ -49,12 +49,16 @@ operator_pod() { K get pods -n "$NS" -l app.kubernetes.io/name=kubetrain --field
 operator_log() { cat "$OUT"/work/pods/kubetrain-system_kt-kubetrain-*/log 2>/dev/null; }
 grep -q "kubeconfig.*kubetrain-system_kt-kubetrain" <(operator_log) || fail "the operator pod did not get its ServiceAccount's kubeconfig"
 
+# Gang scheduling's PodGroup API (scheduler-plugins coscheduling), which every job below uses:
+# the operator's podgroups rule is exercised too.
+K apply -f tests/fixtures/podgroup-crds.yaml > /dev/null
 job() {  # job NAME: a short tiny run that is deleted when done, so that every verb is used
   sed -e "s/name: tiny/name: $1/" -e 's/steps: 200/steps: 20/' examples/jobs/tiny.yaml > "$OUT/$1.yaml"
   cat >> "$OUT/$1.yaml" <<'YAML'
   runPolicy:
     cleanPodPolicy: All
     ttlSecondsAfterFinished: 0
+    schedulingPolicy: {gangScheduler: Coscheduling}
 YAML
   K apply -f "$OUT/$1.yaml" > /dev/null
 }

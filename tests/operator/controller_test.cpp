@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -970,6 +971,138 @@ TEST_F(ControllerTest, LargeGang_PodsAreCreatedInParallel_EachExactlyOnce) {
   // The next reconcile finds them all and creates none.
   Controller(counting, options).reconcile("default", "big");
   EXPECT_EQ(pods().size(), 64u);
+}
+
+// ---- gang scheduling ----
+
+Object two_node_job(const std::string& name, Object scheduling_policy) {
+  Object j = tiny_job(name);
+  j["spec"]["parallelism"]["dataParallel"] = 2;
+  if (!scheduling_policy.is_null()) j["spec"]["runPolicy"]["schedulingPolicy"] = scheduling_policy;
+  return j;
+}
+
+TEST_F(ControllerTest, Coscheduling_PodGroupSizedToTheGang_MadeBeforeItsLabelledPods) {
+  add_node(cpu_node("node-b", 4));
+  store.register_resource(kube::kCoschedulingPodGroups, true);
+  store.create(kTrainingJobs, "default",
+               two_node_job("job", {{"gangScheduler", "Coscheduling"},
+                                    {"scheduleTimeoutSeconds", 120}}));
+  reconcile();
+  const Object pg = store.get(kube::kCoschedulingPodGroups, "default", "job");
+  EXPECT_EQ(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ(pg["spec"]["minMember"], 2);
+  EXPECT_EQ(pg["spec"]["scheduleTimeoutSeconds"], 120);
+  EXPECT_EQ(pg["metadata"]["ownerReferences"][0]["uid"], job()["metadata"]["uid"]);
+  ASSERT_EQ(pods().size(), 2u);
+  for (const auto& pod : pods()) {
+    EXPECT_EQ(pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "job");
+    EXPECT_FALSE(pod["spec"].contains("schedulerName"));  // the default scheduler's plugin
+  }
+  EXPECT_EQ(condition("GangScheduling")["status"], "True");
+  // Someone shrank it: the next pods' creation puts the gang's size back.
+  Object shrunk = pg;
+  shrunk["spec"]["minMember"] = 1;
+  store.update(kube::kCoschedulingPodGroups, "default", shrunk);
+  store.remove(kPods, "default", "job-worker-1");
+  reconcile();
+  EXPECT_EQ(store.get(kube::kCoschedulingPodGroups, "default", "job")["spec"]["minMember"], 2);
+}
+
+TEST_F(ControllerTest, Volcano_ByTheOperatorsDefault_PodGroupWithQueueAndSchedulerName) {
+  add_node(cpu_node("node-b", 4));
+  store.register_resource(kube::kVolcanoPodGroups, true);
+  options.children.gang_scheduler = api::GangScheduler::kVolcano;
+  store.create(kTrainingJobs, "default", two_node_job("job", {{"queue", "research"}}));
+  reconcile();
+  const Object pg = store.get(kube::kVolcanoPodGroups, "default", "job");
+  EXPECT_EQ(pg["spec"]["minMember"], 2);
+  EXPECT_EQ(pg["spec"]["queue"], "research");
+  EXPECT_TRUE(pg["spec"]["minResources"].contains("cpu"));
+  ASSERT_EQ(pods().size(), 2u);
+  for (const auto& pod : pods()) {
+    EXPECT_EQ(pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "job");
+    EXPECT_EQ(pod["spec"]["schedulerName"], "volcano");
+  }
+}
+
+TEST_F(ControllerTest, PodGroupApiMissing_NoPodIsCreated_AndTheJobSaysWhy) {
+  add_node(cpu_node("node-b", 4));  // no PodGroup resource registered: the API is not served
+  store.create(kTrainingJobs, "default", two_node_job("job", {{"gangScheduler", "Coscheduling"}}));
+  const ReconcileResult r = reconcile();
+  EXPECT_TRUE(pods().empty());
+  EXPECT_EQ(condition("GangScheduling")["status"], "False");
+  EXPECT_EQ(condition("GangScheduling")["reason"], "PodGroupUnavailable");
+  EXPECT_NE(condition("GangScheduling")["message"].get<std::string>().find(
+                "scheduling.x-k8s.io/v1alpha1"),
+            std::string::npos);
+  ASSERT_TRUE(r.requeue_after);
+  reconcile();  // said once
+  const auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "PodGroupUnavailable"), 1);
+  // The scheduler is installed: the gang is made.
+  store.register_resource(kube::kCoschedulingPodGroups, true);
+  reconcile();
+  EXPECT_EQ(pods().size(), 2u);
+  EXPECT_EQ(condition("GangScheduling")["status"], "True");
+}
+
+TEST_F(ControllerTest, Kueue_PodsCarryQueueGroupPerAttemptAndCount_GatedPodsAreWaitedFor) {
+  add_node(cpu_node("node-b", 4));
+  Object j = two_node_job("job", {{"gangScheduler", "Kueue"}});
+  j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-a";
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  ASSERT_EQ(pods().size(), 2u);
+  for (const auto& pod : pods()) {
+    EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "team-a");
+    EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "job-a0");
+    EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "2");
+  }
+  // Kueue's webhook gated them; they wait, Pending, for admission: no restart, no failure.
+  for (const char* name : {"job-worker-0", "job-worker-1"}) {
+    Object p = store.get(kPods, "default", name);
+    p["spec"]["schedulingGates"] = {{{"name", "kueue.x-k8s.io/admission"}}};
+    store.update(kPods, "default", p);
+  }
+  now += std::chrono::hours(1);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Starting");
+  EXPECT_EQ(status().value("restarts", 0), 0);
+  EXPECT_EQ(condition("PodsReady")["reason"], "WaitingForAdmission");
+  EXPECT_EQ(condition("PodsReady")["message"],
+            "0/2 workers ready; 2 waiting for admission (scheduling gates: "
+            "kueue.x-k8s.io/admission)");
+  EXPECT_EQ(pods().size(), 2u);
+  // A restart makes a new pod group: a new Kueue workload.
+  set_pod_evicted("job-worker-1");
+  reconcile();
+  reconcile();
+  int second_attempt = 0;
+  for (const auto& pod : pods())
+    if (attempt_of(pod) == "1") {
+      ++second_attempt;
+      EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "job-a1");
+    }
+  EXPECT_EQ(second_attempt, 2) << status().dump();
+}
+
+TEST_F(ControllerTest, Kueue_WithoutAQueue_IsAnInvalidSpecNamingTheField) {
+  store.create(kTrainingJobs, "default", two_node_job("job", {{"gangScheduler", "Kueue"}}));
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Failed")["reason"], "InvalidSpec");
+  EXPECT_NE(condition("Failed")["message"].get<std::string>().find(
+                "spec.runPolicy.schedulingPolicy.queue"),
+            std::string::npos);
+  EXPECT_TRUE(pods().empty());
+  // The operator's default is Kueue and the job names no queue: the same, in the operator's words.
+  options.children.gang_scheduler = api::GangScheduler::kKueue;
+  store.create(kTrainingJobs, "default", tiny_job("other"));
+  reconcile("other");
+  EXPECT_EQ(status("other")["phase"], "Failed");
+  EXPECT_NE(condition("Failed", "other")["message"].get<std::string>().find("--gang-scheduler"),
+            std::string::npos);
 }
 
 TEST_F(ControllerTest, Metrics_CountReconcilesAndOutcomes) {

@@ -72,6 +72,7 @@ api::TrainingJobSpec full_spec() {
   s.checkpoint.volume = {{"emptyDir", Json::object()}};
   s.run_policy.active_deadline_seconds = 60;
   s.run_policy.ttl_seconds_after_finished = 60;
+  s.run_policy.scheduling = {api::GangScheduler::kVolcano, "research", 120};
   return s;
 }
 
@@ -159,6 +160,10 @@ TEST(TrainingJobCrd, Enums_AreTheApis) {
       enum_of(spec + "/runPolicy/properties/cleanPodPolicy"),
       names({api::CleanPodPolicy::kAll, api::CleanPodPolicy::kRunning, api::CleanPodPolicy::kNone},
             false));
+  EXPECT_EQ(enum_of(spec + "/runPolicy/properties/schedulingPolicy/properties/gangScheduler"),
+            names({api::GangScheduler::kNone, api::GangScheduler::kCoscheduling,
+                   api::GangScheduler::kVolcano, api::GangScheduler::kKueue},
+                  false));
   std::set<std::string> presets;
   for (const auto& p : api::model_presets()) presets.insert(p.name);
   EXPECT_EQ(enum_of(spec + "/model/properties/preset"), presets);

@@ -361,6 +361,122 @@ TEST_F(SimulatedCluster, RunDuration_SucceedsThePodAfterItRanThatLong) {
   EXPECT_GE(std::chrono::steady_clock::now() - running, milliseconds(150));
 }
 
+// ---- gangs: all or nothing ----
+
+Object pod_group(const kube::Resource& resource, const std::string& name, int64_t min_member) {
+  return {{"apiVersion", resource.api_version()},
+          {"kind", "PodGroup"},
+          {"metadata", {{"name", name}, {"namespace", "default"}}},
+          {"spec", {{"minMember", min_member}}}};
+}
+Object in_group(Object p, const std::string& group) {
+  p["metadata"]["labels"][kube::kCoschedulingPodGroupLabel] = group;
+  return p;
+}
+int bound_count(Store& store, const std::vector<std::string>& names) {
+  int n = 0;
+  for (const auto& name : names) n += node_of(store, name).empty() ? 0 : 1;
+  return n;
+}
+
+struct SimulatedGangs : SimulatedCluster {
+  void SetUp() override {
+    store.register_resource(kube::kCoschedulingPodGroups, true);
+    store.register_resource(kube::kVolcanoPodGroups, true);
+  }
+};
+
+TEST_F(SimulatedGangs, GangThatDoesNotFit_NeverHalfStarts_AndStartsOnceItFits) {
+  start(milliseconds(0));
+  // Another job's pod holds one of the three 8-GPU nodes: two of the gang's three would fit.
+  store.create(kPods, "default", pod("blocker", 8));
+  ASSERT_TRUE(within(milliseconds(10000), [&] { return !node_of(store, "blocker").empty(); }));
+  store.create(kube::kCoschedulingPodGroups, "default",
+               pod_group(kube::kCoschedulingPodGroups, "gang", 3));
+  const std::vector<std::string> gang = {"g0", "g1", "g2"};
+  for (const auto& name : gang) store.create(kPods, "default", in_group(pod(name, 8), "gang"));
+  ASSERT_TRUE(within(milliseconds(10000), [&] {
+    for (const auto& name : gang)
+      if (pending_message(store, name).empty()) return false;
+    return true;
+  }));
+  EXPECT_EQ(bound_count(store, gang), 0);
+  EXPECT_EQ(pending_message(store, "g0"),
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu; pod group default/gang: 2 of "
+            "its minMember 3 pods fit, so none is bound.");
+  // Still none after more passes (a half-start would show up as one bound pod).
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(bound_count(store, gang), 0);
+  // The node is freed: the whole gang is bound, each member on its own node.
+  store.remove(kPods, "default", "blocker");
+  ASSERT_TRUE(within(milliseconds(10000), [&] { return bound_count(store, gang) == 3; }));
+  std::set<std::string> nodes;
+  for (const auto& name : gang) nodes.insert(node_of(store, name));
+  EXPECT_EQ(nodes.size(), 3u);
+}
+
+TEST_F(SimulatedGangs, GangWaitsForAllItsMembers_VolcanoAnnotationToo) {
+  start(milliseconds(0));
+  store.create(kube::kVolcanoPodGroups, "default", pod_group(kube::kVolcanoPodGroups, "v", 3));
+  const auto volcano_pod = [](const std::string& name) {
+    Object p = pod(name, 1, {{"schedulerName", "volcano"}});
+    p["metadata"]["annotations"][kube::kVolcanoGroupAnnotation] = "v";
+    return p;
+  };
+  store.create(kPods, "default", volcano_pod("v0"));
+  store.create(kPods, "default", volcano_pod("v1"));
+  ASSERT_TRUE(within(milliseconds(10000), [&] {
+    return pending_message(store, "v1") ==
+           "0/3 nodes are available: pod group default/v has 2 of its minMember 3 pods.";
+  }));
+  EXPECT_EQ(bound_count(store, {"v0", "v1"}), 0);
+  store.create(kPods, "default", volcano_pod("v2"));
+  EXPECT_TRUE(
+      within(milliseconds(10000), [&] { return bound_count(store, {"v0", "v1", "v2"}) == 3; }));
+}
+
+TEST_F(SimulatedGangs, MissingPodGroup_KeepsItsPodsPendingAndSaysSo) {
+  start(milliseconds(0));
+  store.create(kPods, "default", in_group(pod("orphan", 1), "nowhere"));
+  EXPECT_TRUE(within(milliseconds(10000), [&] {
+    return pending_message(store, "orphan") ==
+           "0/3 nodes are available: PodGroup default/nowhere (scheduling.x-k8s.io/v1alpha1) not "
+           "found.";
+  }));
+  EXPECT_EQ(node_of(store, "orphan"), "");
+}
+
+TEST_F(SimulatedGangs, KueueGroup_GatedPodsWait_AndTheGroupStartsWhenUngated) {
+  start(milliseconds(0));
+  const auto kueue_pod = [](const std::string& name, bool gated) {
+    Object p = pod(name, 4, gated ? Object{{"schedulingGates",
+                                            {{{"name", "kueue.x-k8s.io/admission"}}}}}
+                                  : Object::object());
+    p["metadata"]["labels"][kube::kKueuePodGroupLabel] = "job-a0";
+    p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team";
+    p["metadata"]["annotations"][kube::kKueuePodGroupTotalCountAnnotation] = "2";
+    return p;
+  };
+  store.create(kPods, "default", kueue_pod("k0", false));
+  store.create(kPods, "default", kueue_pod("k1", true));
+  const auto gated_reason = [&] {
+    const Object p = store.get(kPods, "default", "k1");
+    if (!p.contains("status")) return std::string();
+    for (const auto& c : p["status"].value("conditions", Object::array()))
+      if (c["type"] == "PodScheduled" && c["status"] == "False") return c.value("reason", "");
+    return std::string();
+  };
+  ASSERT_TRUE(within(milliseconds(10000), [&] {
+    return gated_reason() == "SchedulingGated" &&
+           pending_message(store, "k0") ==
+               "0/3 nodes are available: pod group default/job-a0 has 1 of its minMember 2 pods.";
+  }));
+  EXPECT_EQ(bound_count(store, {"k0", "k1"}), 0);
+  // Kueue admits the workload: it removes the gate.
+  store.merge_patch(kPods, "default", "k1", {{"spec", {{"schedulingGates", nullptr}}}});
+  EXPECT_TRUE(within(milliseconds(10000), [&] { return bound_count(store, {"k0", "k1"}) == 2; }));
+}
+
 TEST(SimulatedNodesScale, TenThousandNodesRegisterAndOnePodIsPlacedOnTheLastFreeOne) {
   Store store;
   SimulatedNodeOptions nodes;

@@ -257,6 +257,36 @@ TEST(Validation, AValidManifestHasNoProblems) {
                   .empty());
 }
 
+TEST(Validation, SchedulingPolicy_EachProblemNamesItsField) {
+  const std::string head =
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: j}\n"
+      "spec:\n  model: {preset: tiny}\n  training: {steps: 3}\n";
+  EXPECT_EQ(all_errors(head + "  runPolicy: {schedulingPolicy: {gangScheduler: Yunikorn}}\n"),
+            std::vector<std::string>{"spec.runPolicy.schedulingPolicy.gangScheduler: unknown value "
+                                     "\"Yunikorn\" (one of: None, Coscheduling, Volcano, Kueue)"});
+  EXPECT_EQ(all_errors(head + "  runPolicy: {schedulingPolicy: {scheduleTimeoutSeconds: 0}}\n"),
+            std::vector<std::string>{
+                "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: 0 must be > 0"});
+  EXPECT_EQ(all_errors(head + "  runPolicy: {schedulingPolicy: {queue: Team_A}}\n"),
+            std::vector<std::string>{
+                "spec.runPolicy.schedulingPolicy.queue: \"Team_A\" is not a valid queue name (a "
+                "DNS-1123 subdomain: lower-case letters, digits, '-' and '.', at most 253 "
+                "characters)"});
+  const auto kueue = all_errors(head + "  runPolicy: {schedulingPolicy: {gangScheduler: Kueue}}\n");
+  ASSERT_EQ(kueue.size(), 1u);
+  EXPECT_EQ(kueue[0].rfind("spec.runPolicy.schedulingPolicy.queue: required with gangScheduler Kueue", 0), 0u)
+      << kueue[0];
+  // The job's Kueue label names the queue as well.
+  EXPECT_TRUE(all_errors("apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\n"
+                         "metadata: {name: j, labels: {kueue.x-k8s.io/queue-name: team-a}}\n"
+                         "spec:\n  model: {preset: tiny}\n  training: {steps: 3}\n"
+                         "  runPolicy: {schedulingPolicy: {gangScheduler: Kueue}}\n")
+                  .empty());
+  EXPECT_TRUE(all_errors(head + "  runPolicy: {schedulingPolicy: {gangScheduler: Volcano, queue: "
+                                "research.gpu, scheduleTimeoutSeconds: 30}}\n")
+                  .empty());
+}
+
 TEST(Validation, HugeDimsAndBatches_AreFieldErrorsNotOverflow) {
   // layers 1e18 once validated with a negative parameter count; a globalBatchSize of 2^63-1 made
   // the planner's divisor search run for ever.

@@ -102,4 +102,7 @@ and operator/kube make; tests/chart/chart_test.sh compares them with the code. *
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [get, create, update]
 {{- end }}
