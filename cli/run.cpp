@@ -61,9 +61,14 @@ class ProgressView {
   explicit ProgressView(int64_t steps) : steps_(steps), tty_(::isatty(STDERR_FILENO) == 1) {}
 
   void update(const api::ProgressStatus& p) {
-    if (p.step == last_step_ && p.loss == last_loss_) return;
+    // The loss kept as a value and a flag, not an optional: GCC 12 -O2 takes the comparison of
+    // two optionals for a read of an uninitialized double (-Wmaybe-uninitialized).
+    const bool has_loss = p.loss.has_value();
+    const double loss_value = p.loss.value_or(0.0);
+    if (p.step == last_step_ && has_loss == has_last_loss_ && loss_value == last_loss_) return;
     last_step_ = p.step;
-    last_loss_ = p.loss;
+    has_last_loss_ = has_loss;
+    last_loss_ = loss_value;
     char line[256];
     const std::string loss = p.loss ? api::fmt("%.4f", *p.loss) : "-";
     const std::string eta = p.eta_seconds ? duration_text(*p.eta_seconds) : "?";
@@ -97,7 +102,8 @@ class ProgressView {
   const bool tty_;
   bool drawn_ = false;
   int64_t last_step_ = -1;
-  std::optional<double> last_loss_;
+  bool has_last_loss_ = false;
+  double last_loss_ = 0.0;
 };
 
 // What the rank-0 worker wrote: the first and last loss and the "done" line.

@@ -132,9 +132,11 @@ api::PlanSummary summarize(const api::Plan& plan) {
 // One reconcile: the job as read, the status being built, and the writes that converge.
 class Controller::Pass {
  public:
-  Pass(kube::Client& client, const ControllerOptions& options, Object job_object)
+  Pass(kube::Client& client, const ControllerOptions& options, std::mutex& placement_mutex,
+       Object job_object)
       : client_(client),
         options_(options),
+        placement_mutex_(placement_mutex),
         object_(std::move(job_object)),
         ns_(object_["metadata"].value("namespace", "default")),
         name_(object_["metadata"]["name"]),
@@ -357,7 +359,11 @@ class Controller::Pass {
       if (phase == "Succeeded" || phase == "Failed") continue;
       if (label(pod, kJobNameLabel) == name_ && pod["metadata"].value("namespace", "") == ns_)
         continue;
-      const std::string node = pod["spec"].value("nodeName", "");
+      // A pod not yet bound counts on the node its nodeSelector pins it to (another job's plan
+      // placed it there), so that a plan made before the scheduler binds it leaves that room.
+      std::string node = pod["spec"].value("nodeName", "");
+      if (node.empty())
+        node = pod["spec"].value("nodeSelector", Object::object()).value("kubernetes.io/hostname", "");
       if (node.empty()) continue;
       used_gpus[node] += kube::pod_gpu_request(pod);
       used_cpus[node] += kube::pod_request(pod, "cpu");
@@ -422,6 +428,8 @@ class Controller::Pass {
 
   kube::Client& client_;
   const ControllerOptions& options_;
+  std::mutex& placement_mutex_;
+  std::unique_lock<std::mutex> placing_;  // placement_mutex_, from a new plan to its pods
   Object object_;
   const std::string ns_, name_;
   const int64_t generation_;
@@ -462,11 +470,15 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
       stored.reset();  // unreadable: plan again
     }
   }
+  const bool same_generation = to_int(annotation(kGenerationAnnotation), -1) == generation_;
+  // A gang that exists keeps its plan: no inventory read (10,000 nodes and every pod) for it.
+  if (stored && same_generation && pods_exist) return stored;
+  // New placements are made one at a time, each seeing the pods of the one before.
+  placing_ = std::unique_lock(placement_mutex_);
   api::Inventory allocatable;
   auto [inv, inventory_hash] = inventory(&allocatable);
-  const bool same_generation = to_int(annotation(kGenerationAnnotation), -1) == generation_;
   const bool same_inventory = annotation(kInventoryHashAnnotation) == inventory_hash;
-  if (stored && same_generation && (pods_exist || same_inventory)) return stored;
+  if (stored && same_generation && same_inventory) return stored;
 
   const auto started = std::chrono::steady_clock::now();
   api::Plan plan;
@@ -910,6 +922,7 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
     }
     if (created[i].name_taken) result.requeue_after = milliseconds(500);  // try again shortly
   }
+  if (placing_.owns_lock()) placing_.unlock();  // the next job's inventory sees these pods
   if (any_created && status_.start_time.empty()) {
     status_.start_time = rfc3339(now_);
     if (options_.metrics && status_.restarts == 0) options_.metrics->jobs_created_total.inc();
@@ -1047,7 +1060,7 @@ ReconcileResult Controller::reconcile(const std::string& ns, const std::string& 
       observe("success");
       return {};
     }
-    Pass pass(client_, options_, std::move(job));
+    Pass pass(client_, options_, *placement_mutex_, std::move(job));
     const ReconcileResult result = pass.run();
     if (options_.metrics) options_.metrics->record_job(ns, name, pass.phase(), pass.restarts());
     observe(result.requeue_after ? "requeue_after" : "success");

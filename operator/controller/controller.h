@@ -13,6 +13,8 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -57,6 +59,9 @@ class Controller {
 
   kube::Client& client_;
   ControllerOptions options_;
+  // Held by a reconcile from reading the inventory for a new plan until that plan's pods exist:
+  // two jobs placed at once would both take the same free GPUs (shared: Controller stays movable).
+  std::shared_ptr<std::mutex> placement_mutex_ = std::make_shared<std::mutex>();
 };
 
 }  // namespace kt::controller

@@ -83,6 +83,31 @@ TEST(LocalServeApi, DiscoveryListsCoreGroupsAndCrdResources) {
       << "a cluster-scoped resource has no namespaced path";
 }
 
+// GET /metrics: apiserver_request_total counts each request by the API server's verb (a GET of a
+// collection is a LIST), resource, scope and response code.
+TEST(LocalServeApi, Metrics_CountRequestsByVerbResourceAndCode) {
+  LocalServer local;
+  Raw raw(local);
+  ASSERT_EQ(raw.call("GET", "/api/v1/namespaces/default/pods").status, 200);
+  ASSERT_EQ(raw.call("GET", "/api/v1/namespaces/default/pods").status, 200);
+  ASSERT_EQ(raw.call("GET", "/api/v1/namespaces/default/pods/nope").status, 404);
+  ASSERT_EQ(raw.call("GET", "/api/v1/nodes").status, 200);
+  const HttpResponse r = raw.call("GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  const auto has = [&](const std::string& line) {
+    return r.body.find(line + "\n") != std::string::npos;
+  };
+  EXPECT_TRUE(has("apiserver_request_total{verb=\"LIST\",group=\"\",version=\"v1\",resource=\"pods\","
+                  "subresource=\"\",scope=\"namespace\",component=\"apiserver\",code=\"200\"} 2"))
+      << r.body;
+  EXPECT_TRUE(has("apiserver_request_total{verb=\"GET\",group=\"\",version=\"v1\",resource=\"pods\","
+                  "subresource=\"\",scope=\"resource\",component=\"apiserver\",code=\"404\"} 1"))
+      << r.body;
+  EXPECT_TRUE(has("apiserver_request_total{verb=\"LIST\",group=\"\",version=\"v1\",resource=\"nodes\","
+                  "subresource=\"\",scope=\"cluster\",component=\"apiserver\",code=\"200\"} 1"))
+      << r.body;
+}
+
 TEST(LocalServeApi, TablesCarryPrinterColumnsForKubectl) {
   LocalServer local;
   Raw raw(local);

@@ -973,6 +973,39 @@ TEST_F(ControllerTest, LargeGang_PodsAreCreatedInParallel_EachExactlyOnce) {
   EXPECT_EQ(pods().size(), 64u);
 }
 
+// Two jobs planned one after the other, before the scheduler bound the first's pod: the second
+// sees the GPUs the first's pod is pinned to as taken and goes to the other node.
+TEST_F(ControllerTest, JobsPlannedBeforeTheFirstIsBound_DoNotShareANodesGpus) {
+  store.remove(kube::kNodes, "", "node-a");
+  for (const char* name : {"gpu-a", "gpu-b"}) {
+    Object node = cpu_node(name, 64);
+    node["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3";
+    node["metadata"]["labels"]["nvidia.com/gpu.memory"] = "81559";
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "8";
+    node["status"]["capacity"]["nvidia.com/gpu"] = "8";
+    node["status"]["allocatable"]["memory"] = node["status"]["capacity"]["memory"] = "512Gi";
+    add_node(node);
+  }
+  const auto gpu_job = [](const std::string& name) {
+    Object j = tiny_job(name);
+    j["spec"]["resources"] = {{"maxNodes", 1}, {"gpusPerNode", 8}};
+    j["spec"]["training"]["globalBatchSize"] = 64;
+    j["spec"]["parallelism"]["dataParallel"] = 8;
+    return j;
+  };
+  store.create(kTrainingJobs, "default", gpu_job("first"));
+  store.create(kTrainingJobs, "default", gpu_job("second"));
+  reconcile("first");
+  reconcile("second");
+  std::set<std::string> hosts;
+  for (const auto& pod : pods()) {
+    EXPECT_FALSE(pod["spec"].contains("nodeName"));  // nobody bound them
+    hosts.insert(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"].get<std::string>());
+  }
+  ASSERT_EQ(pods().size(), 2u) << status("second").dump();
+  EXPECT_EQ(hosts, (std::set<std::string>{"gpu-a", "gpu-b"}));
+}
+
 // ---- gang scheduling ----
 
 Object two_node_job(const std::string& name, Object scheduling_policy) {
