@@ -218,7 +218,9 @@ class Cluster {
       die("TrainingJobs are not served");
     operator_ = spawn({(bin_ / "kubetrain-operator").string(), "--kubeconfig", kubeconfig,
                        "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "0",
-                       "--workers", std::to_string(options.workers)},
+                       "--workers", std::to_string(options.workers),
+                       // --api-only: nobody binds PVCs, and the checkpoints are not measured here.
+                       "--default-checkpoint-volume", "emptyDir"},
                       (dir_ / "operator.log").string());
     if (!wait_until(30, [&] {
           const std::string log = read_file((dir_ / "operator.log").string());
