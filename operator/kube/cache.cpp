@@ -208,8 +208,10 @@ ObjectList CachingClient::list(const Resource& r, const std::string& ns, const L
   };
   ObjectList out;
   out.resource_version = informer->last_resource_version();
-  // The narrowest read: one name, else an index, else the namespace.
-  if (const auto name = required_field_value(fields, "metadata.name")) {
+  // The narrowest read: one name (one key only within a namespace: across all of them the name
+  // may be in several), else an index, else the namespace.
+  const auto name = required_field_value(fields, "metadata.name");
+  if (name && (!r.namespaced || !object_ns.empty())) {
     if (auto object = informer->get(object_ns, *name); object && keep(*object))
       out.items.push_back(std::move(*object));
   } else {
