@@ -52,10 +52,12 @@ void check_node(const Node& node, const std::string& path) {
   if (node.cpu_cores <= 0)
     throw FieldError(path + ".cpu.cores", std::to_string(node.cpu_cores) + " must be > 0");
   if (node.cpu_cores > kMaxCpuCores)
-    throw FieldError(path + ".cpu.cores", std::to_string(node.cpu_cores) + " exceeds the limit of " +
-                                              std::to_string(kMaxCpuCores));
+    throw FieldError(
+        path + ".cpu.cores",
+        std::to_string(node.cpu_cores) + " exceeds the limit of " + std::to_string(kMaxCpuCores));
   if (node.gpu_count > kMaxGpusPerNode)
-    throw FieldError(path + ".gpu.count", std::to_string(node.gpu_count) + " exceeds the limit of " +
+    throw FieldError(path + ".gpu.count", std::to_string(node.gpu_count) +
+                                              " exceeds the limit of " +
                                               std::to_string(kMaxGpusPerNode));
   if (!(node.memory_bytes > 0)) throw FieldError(path + ".memory", "must be > 0");
   if (!(node.memory_bytes <= kMaxMemoryBytes))
@@ -147,77 +149,79 @@ Inventory decode_inventory(const Json& doc) {
   return inv;
 }
 
+Node decode_kubectl_node(const Json& item, const std::string& path) {
+  if (!item.is_object() || (item.contains("kind") && item["kind"] != "Node"))
+    throw FieldError(path + ".kind", "must be Node");
+  static const Json kNull;
+  auto member = [&](const char* key) -> const Json& {
+    auto it = item.find(key);
+    return it == item.end() ? kNull : *it;
+  };
+  ObjectReader meta(member("metadata"), path + ".metadata");
+  Node node;
+  node.name = meta.string("name").value_or("");
+  if (node.name.empty()) throw FieldError(path + ".metadata.name", "required");
+  node.labels = meta.string_map("labels");
+  node.annotations = meta.string_map("annotations");
+  meta.allow_unknown();
+
+  ObjectReader status(member("status"), path + ".status");
+  ObjectReader alloc = status.object("allocatable");
+  alloc.allow_unknown();
+  auto quantity = [&](const std::string& key) -> double {
+    auto text = alloc.has(key) ? alloc.raw(key) : Json();
+    if (text.is_null()) return 0;
+    if (text.is_number()) return text.get<double>();
+    if (text.is_string()) {
+      if (auto q = parse_quantity(text.get<std::string>())) return *q;
+    }
+    throw FieldError(alloc.path_of(key), "must be a quantity, got " + describe_json(text));
+  };
+  node.gpu_count =
+      bounded_count(quantity("nvidia.com/gpu"), kMaxGpusPerNode, alloc.path_of("nvidia.com/gpu"));
+  node.free_gpus = node.gpu_count;
+  node.cpu_cores = bounded_count(quantity("cpu"), kMaxCpuCores, alloc.path_of("cpu"));
+  node.memory_bytes = quantity("memory");
+  status.allow_unknown();
+  ObjectReader spec(member("spec"), path + ".spec");
+  node.schedulable = !spec.boolean("unschedulable").value_or(false);
+  spec.allow_unknown();
+
+  const std::string label_path = path + ".metadata.labels.";
+  double gpu_memory = 0;
+  if (node.gpu_count > 0) {
+    auto product = node.labels.find("nvidia.com/gpu.product");
+    if (product == node.labels.end())
+      throw FieldError(label_path + "nvidia.com/gpu.product",
+                       "required on a node with nvidia.com/gpu allocatable (GPU Feature "
+                       "Discovery sets it)");
+    node.gpu_product = product->second;
+    auto mem = node.labels.find("nvidia.com/gpu.memory");  // MiB
+    if (mem != node.labels.end()) {
+      char* end = nullptr;
+      const double mib = std::strtod(mem->second.c_str(), &end);
+      if (end == mem->second.c_str() || *end != '\0' || mib <= 0)
+        throw FieldError(label_path + "nvidia.com/gpu.memory",
+                         "must be MiB as a number, got \"" + mem->second + "\"");
+      gpu_memory = mib * kMiB;
+    }
+  }
+  if (node.cpu_cores <= 0)
+    throw FieldError(path + ".status.allocatable.cpu", "must be at least 1 core");
+  if (!(node.memory_bytes > 0 && node.memory_bytes <= kMaxMemoryBytes))
+    throw FieldError(path + ".status.allocatable.memory", "must be > 0 and at most 1Ei");
+  resolve_hardware(node, path + ".metadata", label_path + "nvidia.com/gpu.product", gpu_memory);
+  return node;
+}
+
 Inventory decode_kubectl_nodes(const Json& doc) {
   Inventory inv;
   inv.name = "kubectl";
   const Json* items = doc.contains("items") ? &doc["items"] : nullptr;
   if (!items || !items->is_array()) throw FieldError("items", "must be a list of Nodes");
-  for (size_t i = 0; i < items->size(); ++i) {
-    const std::string path = "items[" + std::to_string(i) + "]";
-    const Json& item = (*items)[i];
-    if (!item.is_object() || (item.contains("kind") && item["kind"] != "Node"))
-      throw FieldError(path + ".kind", "must be Node");
-    static const Json kNull;
-    auto member = [&](const char* key) -> const Json& {
-      auto it = item.find(key);
-      return it == item.end() ? kNull : *it;
-    };
-    ObjectReader meta(member("metadata"), path + ".metadata");
-    Node node;
-    node.name = meta.string("name").value_or("");
-    if (node.name.empty()) throw FieldError(path + ".metadata.name", "required");
-    node.labels = meta.string_map("labels");
-    node.annotations = meta.string_map("annotations");
-    meta.allow_unknown();
-
-    ObjectReader status(member("status"), path + ".status");
-    ObjectReader alloc = status.object("allocatable");
-    alloc.allow_unknown();
-    auto quantity = [&](const std::string& key) -> double {
-      auto text = alloc.has(key) ? alloc.raw(key) : Json();
-      if (text.is_null()) return 0;
-      if (text.is_number()) return text.get<double>();
-      if (text.is_string()) {
-        if (auto q = parse_quantity(text.get<std::string>())) return *q;
-      }
-      throw FieldError(alloc.path_of(key), "must be a quantity, got " + describe_json(text));
-    };
-    node.gpu_count = bounded_count(quantity("nvidia.com/gpu"), kMaxGpusPerNode,
-                                   alloc.path_of("nvidia.com/gpu"));
-    node.free_gpus = node.gpu_count;
-    node.cpu_cores = bounded_count(quantity("cpu"), kMaxCpuCores, alloc.path_of("cpu"));
-    node.memory_bytes = quantity("memory");
-    status.allow_unknown();
-    ObjectReader spec(member("spec"), path + ".spec");
-    node.schedulable = !spec.boolean("unschedulable").value_or(false);
-    spec.allow_unknown();
-
-    const std::string label_path = path + ".metadata.labels.";
-    double gpu_memory = 0;
-    if (node.gpu_count > 0) {
-      auto product = node.labels.find("nvidia.com/gpu.product");
-      if (product == node.labels.end())
-        throw FieldError(label_path + "nvidia.com/gpu.product",
-                         "required on a node with nvidia.com/gpu allocatable (GPU Feature "
-                         "Discovery sets it)");
-      node.gpu_product = product->second;
-      auto mem = node.labels.find("nvidia.com/gpu.memory");  // MiB
-      if (mem != node.labels.end()) {
-        char* end = nullptr;
-        const double mib = std::strtod(mem->second.c_str(), &end);
-        if (end == mem->second.c_str() || *end != '\0' || mib <= 0)
-          throw FieldError(label_path + "nvidia.com/gpu.memory",
-                           "must be MiB as a number, got \"" + mem->second + "\"");
-        gpu_memory = mib * kMiB;
-      }
-    }
-    if (node.cpu_cores <= 0)
-      throw FieldError(path + ".status.allocatable.cpu", "must be at least 1 core");
-    if (!(node.memory_bytes > 0 && node.memory_bytes <= kMaxMemoryBytes))
-      throw FieldError(path + ".status.allocatable.memory", "must be > 0 and at most 1Ei");
-    resolve_hardware(node, path + ".metadata", label_path + "nvidia.com/gpu.product", gpu_memory);
-    inv.nodes.push_back(std::move(node));
-  }
+  inv.nodes.reserve(items->size());
+  for (size_t i = 0; i < items->size(); ++i)
+    inv.nodes.push_back(decode_kubectl_node((*items)[i], "items[" + std::to_string(i) + "]"));
   return inv;
 }
 

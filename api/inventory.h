@@ -43,6 +43,8 @@ struct Inventory {
 // "items[0].metadata.labels.nvidia.com/gpu.product".
 Inventory decode_inventory(const Json& doc);
 Inventory decode_kubectl_nodes(const Json& doc);
+// One Node object of the Kubernetes API (an item of the above), `path` naming it in errors.
+Node decode_kubectl_node(const Json& node, const std::string& path);
 // Detects the format by `kind`; throws Error ("<path>: <field>: <problem>" for a bad field).
 // An empty cluster is an error.
 Inventory load_inventory(const std::string& path);

@@ -169,6 +169,13 @@ int main(int argc, char** argv) {
     // informers are the cache's.
     kt::kube::Cache cache(client, kt::controller::operator_cache_options(watch_namespace));
     kt::kube::CachingClient cached_client(client, cache);
+    // Plans read the nodes and their free GPUs from the informers' events (inventory.h). With
+    // one watched namespace the pod cache sees only it, so plans list every pod instead.
+    std::unique_ptr<kt::controller::InventoryTracker> inventory;
+    if (watch_namespace.empty()) {
+      inventory = std::make_unique<kt::controller::InventoryTracker>(cache);
+      controller_options.inventory = inventory.get();
+    }
     kt::controller::Controller controller(cached_client, controller_options);
     kt::controller::ManagerOptions manager_options;
     manager_options.ns = watch_namespace;

@@ -172,23 +172,29 @@ struct Searcher {
         }
         if (space.megatron_tp && !tps.empty()) tps = {tps.back()};
         if (tps.empty()) {
-          note("no tensor-parallel degree" +
-               (space.tp.empty() ? std::string() : " in {" + list(space.tp) + "}") +
-               " divides the " + std::to_string(g) + " ranks per node, the " +
-               std::to_string(m.heads) + " heads, ffnHidden " + std::to_string(m.ffn_hidden) +
-               " and the padded vocabulary " + std::to_string(m.padded_vocab()));
+          note([&] {
+            return "no tensor-parallel degree" +
+                   (space.tp.empty() ? std::string() : " in {" + list(space.tp) + "}") +
+                   " divides the " + std::to_string(g) + " ranks per node, the " +
+                   std::to_string(m.heads) + " heads, ffnHidden " + std::to_string(m.ffn_hidden) +
+                   " and the padded vocabulary " + std::to_string(m.padded_vocab());
+          });
           continue;
         }
         for (int64_t t : tps) {
           const int64_t d = world / t;
           if (!space.dp.empty() && !contains(space.dp, d)) {
-            note("dataParallel " + list(space.dp) + " needs " + std::to_string(space.dp[0] * t) +
-                 " ranks at TP " + std::to_string(t));
+            note([&] {
+              return "dataParallel " + list(space.dp) + " needs " +
+                     std::to_string(space.dp[0] * t) + " ranks at TP " + std::to_string(t);
+            });
             continue;
           }
           if (problem.global_batch % d) {
-            note("globalBatchSize " + std::to_string(problem.global_batch) +
-                 " is not divisible by the data-parallel degree " + std::to_string(d));
+            note([&] {
+              return "globalBatchSize " + std::to_string(problem.global_batch) +
+                     " is not divisible by the data-parallel degree " + std::to_string(d);
+            });
             continue;
           }
           ParallelConfig c;
@@ -202,8 +208,10 @@ struct Searcher {
           }
           const int64_t per_rank = problem.global_batch / d;
           if (!space.micro_batch.empty() && per_rank % space.micro_batch[0])
-            note("microBatchSize " + list(space.micro_batch) + " does not divide the " +
-                 std::to_string(per_rank) + " sequences per data-parallel rank");
+            note([&] {
+              return "microBatchSize " + list(space.micro_batch) + " does not divide the " +
+                     std::to_string(per_rank) + " sequences per data-parallel rank";
+            });
           for (int64_t b : divisors(per_rank)) {
             if (!space.micro_batch.empty() && !contains(space.micro_batch, b)) continue;
             c.micro_batch = b;
@@ -229,8 +237,11 @@ struct Searcher {
     }
   }
 
-  void note(const std::string& reason) {
-    if (result.empty_reason.empty()) result.empty_reason = reason;
+  // Why the space may be empty: the first reason met is kept. Lazy (`reason` is called only for
+  // the first): most of 10,000 node counts are refused, and building every string dominated.
+  template <typename Reason>
+  void note(const Reason& reason) {
+    if (result.empty_reason.empty()) result.empty_reason = reason();
   }
 
   static std::string list(const std::vector<int64_t>& v) {

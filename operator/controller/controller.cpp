@@ -97,18 +97,6 @@ bool evicted(const Object& pod) {
          condition_true(pod, "DisruptionTarget");
 }
 
-// FNV-1a 64, as the plan hash (api/plan.cpp) uses.
-std::string fnv_hex(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
 api::PlanSummary summarize(const api::Plan& plan) {
   api::PlanSummary s;
   s.nodes = plan.config.nodes;
@@ -341,50 +329,14 @@ class Controller::Pass {
     }
   }
 
-  // The nodes as the planner sees them: GPUs requested by other jobs' running pods are not free.
-  // Returns the inventory and its fingerprint (what a re-plan would depend on).
-  // `allocatable`, when given, receives the nodes with nothing deducted (what would be free
-  // once the other pods are gone).
-  std::pair<api::Inventory, std::string> inventory(api::Inventory* allocatable = nullptr) {
-    Object nodes = {{"apiVersion", "v1"},
-                    {"kind", "List"},
-                    {"items", client_.list(kube::kNodes, "", {}).items}};
-    api::Inventory inv = api::decode_kubectl_nodes(nodes);
-    if (allocatable) *allocatable = inv;
-    // What other pods (the operator's own, daemons, other jobs) request on each node is not
-    // free for this job: the worker pods request what the plan uses, and must fit beside them.
-    std::map<std::string, double> used_gpus, used_cpus, used_memory;
-    for (const auto& pod : client_.list(kube::kPods, "", {}).items) {
-      const std::string phase = phase_of(pod);
-      if (phase == "Succeeded" || phase == "Failed") continue;
-      if (label(pod, kJobNameLabel) == name_ && pod["metadata"].value("namespace", "") == ns_)
-        continue;
-      // A pod not yet bound counts on the node its nodeSelector pins it to (another job's plan
-      // placed it there), so that a plan made before the scheduler binds it leaves that room.
-      std::string node = pod["spec"].value("nodeName", "");
-      if (node.empty())
-        node = pod["spec"].value("nodeSelector", Object::object()).value("kubernetes.io/hostname", "");
-      if (node.empty()) continue;
-      used_gpus[node] += kube::pod_gpu_request(pod);
-      used_cpus[node] += kube::pod_request(pod, "cpu");
-      used_memory[node] += kube::pod_request(pod, "memory");
+  // Calls `fn` with the nodes as the planner sees them (inventory.h): from the tracker the
+  // informers keep when there is one and it has synced, else from a LIST of every node and pod.
+  void with_inventory(const std::function<void(const PlannerInventory&)>& fn) {
+    if (options_.inventory && options_.inventory->has_synced()) {
+      options_.inventory->with_inventory(ns_, name_, fn);
+    } else {
+      with_listed_inventory(client_, ns_, name_, fn);
     }
-    std::string fingerprint;
-    for (auto& node : inv.nodes) {
-      node.free_gpus = std::max<int64_t>(
-          0, node.gpu_count - static_cast<int64_t>(std::ceil(used_gpus[node.name])));
-      node.cpu_cores = std::max<int64_t>(
-          1, static_cast<int64_t>(std::floor(static_cast<double>(node.cpu_cores) -
-                                             used_cpus[node.name] + 1e-9)));
-      node.memory_bytes = std::max(node.memory_bytes - used_memory[node.name],
-                                   node.memory_bytes * 0.05);
-      fingerprint += node.name + "|" + node.gpu_product + "|" + std::to_string(node.gpu_count) +
-                     "|" + std::to_string(node.free_gpus) + "|" + std::to_string(node.cpu_cores) +
-                     "|" + std::to_string(node.memory_bytes) + "|" +
-                     (node.schedulable ? "1" : "0") + ";";
-      for (const auto& [k, v] : node.labels) fingerprint += k + "=" + v + ",";
-    }
-    return {inv, fnv_hex(fingerprint)};
   }
 
   // ---- the steps (run() lists them in order) ---------------------------------------------
@@ -474,37 +426,43 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   // A gang that exists keeps its plan: no inventory read (10,000 nodes and every pod) for it.
   if (stored && same_generation && pods_exist) return stored;
   // New placements are made one at a time, each seeing the pods of the one before.
-  placing_ = std::unique_lock(placement_mutex_);
-  api::Inventory allocatable;
-  auto [inv, inventory_hash] = inventory(&allocatable);
-  const bool same_inventory = annotation(kInventoryHashAnnotation) == inventory_hash;
-  if (stored && same_generation && same_inventory) return stored;
-
-  const auto started = std::chrono::steady_clock::now();
-  api::Plan plan;
-  try {
-    plan = planner::best_plan(job, inv);
-  } catch (const kt::Error& e) {
-    // Does it fit the cluster at all (every GPU, core and byte free)? Then wait for them.
-    bool fits_when_free = false;
+  if (!placing_.owns_lock()) placing_ = std::unique_lock(placement_mutex_);
+  std::string inventory_hash;
+  std::optional<api::Plan> fresh;
+  std::string no_plan;          // why the planner found none
+  bool fits_when_free = false;  // ... though one fits the cluster with every GPU, core, byte free
+  double planning_seconds = 0;
+  with_inventory([&](const PlannerInventory& inventory) {
+    inventory_hash = inventory.fingerprint;
+    if (stored && same_generation && annotation(kInventoryHashAnnotation) == inventory_hash) return;
+    const auto started = std::chrono::steady_clock::now();
     try {
-      planner::best_plan(job, allocatable);
-      fits_when_free = true;
-    } catch (const kt::Error&) {
+      fresh = planner::best_plan(job, inventory.free);
+    } catch (const kt::Error& e) {
+      no_plan = e.what();
+      try {
+        planner::best_plan(job, inventory.allocatable());
+        fits_when_free = true;
+      } catch (const kt::Error&) {
+      }
     }
+    planning_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  });
+  if (!fresh && no_plan.empty()) return stored;  // same generation, same inventory
+  if (!fresh) {
     if (fits_when_free) {
       set_phase(JobPhase::kPending);
-      set_condition("Planned", false, "WaitingForResources", e.what());
+      set_condition("Planned", false, "WaitingForResources", no_plan);
       result.requeue_after = std::chrono::seconds(30);
     } else {
-      finish(JobPhase::kFailed, "NoFeasiblePlan", e.what(), job.spec.run_policy.clean_pod_policy);
-      set_condition("Planned", false, "NoFeasiblePlan", e.what());
+      finish(JobPhase::kFailed, "NoFeasiblePlan", no_plan, job.spec.run_policy.clean_pod_policy);
+      set_condition("Planned", false, "NoFeasiblePlan", no_plan);
     }
     return std::nullopt;
   }
-  if (options_.metrics)
-    options_.metrics->planner_duration_seconds.observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const api::Plan& plan = *fresh;
+  if (options_.metrics) options_.metrics->planner_duration_seconds.observe(planning_seconds);
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
   if (plan_changed && pods_exist) ++attempt;  // the running gang executes the old plan
@@ -884,6 +842,8 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
         created[i].pod = client_.create(kube::kPods, ns_,
                                         render_worker_pod(object_, job, *gang.plan, missing[i],
                                                           gang.attempt, options_.children));
+        // Counted at once: the next job's plan may come before the pod informer's event.
+        if (options_.inventory) options_.inventory->expect(*created[i].pod);
       } catch (const ApiError& e) {
         if (e.already_exists()) {
           created[i].name_taken = true;

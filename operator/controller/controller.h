@@ -19,6 +19,7 @@
 #include <string>
 
 #include "operator/controller/children.h"
+#include "operator/controller/inventory.h"
 #include "operator/controller/metrics.h"
 #include "operator/controller/progress.h"
 #include "operator/kube/client.h"
@@ -39,6 +40,9 @@ struct ControllerOptions {
   // Pod creates of one gang in flight at once (the client must be thread-safe: RestClient and
   // local::Store are). 1 creates them one by one.
   int max_concurrent_creates = 16;
+  // The inventory kept from the informers (may be null, or not yet synced: then each plan lists
+  // every node and pod).
+  InventoryTracker* inventory = nullptr;
 };
 
 struct ReconcileResult {

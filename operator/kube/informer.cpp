@@ -214,10 +214,15 @@ std::string Informer::list_and_sync() {
     cache_ = std::move(fresh);
     reindex_locked();
     if (!version.empty()) version_ = version;
+  }
+  for (const auto& [type, object] : events) emit(type, object);
+  // Synced once the handlers have seen the first list too: what they keep (the inventory
+  // tracker's counts) is then as complete as the cache.
+  {
+    std::lock_guard lock(cache_mutex_);
     synced_ = true;
   }
   synced_cv_.notify_all();
-  for (const auto& [type, object] : events) emit(type, object);
   return version;
 }
 

@@ -7,7 +7,8 @@
 //
 //   Informer pods(client, kPods, "default", "kubetrain.dev/job-name");
 //   pods.add_handler([&](WatchEventType, const Object& pod) { queue.add(owner_key(pod)); });
-//   pods.start();                 // returns at once; has_synced() after the first list
+//   pods.start();                 // returns at once; has_synced() after the first list has
+//                                 // reached the handlers
 //   ...
 //   pods.stop();
 #pragma once
