@@ -41,19 +41,7 @@ int main(int argc, char** argv) {
        job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", 1536),
        "h100x1024"},
   };
-  std::printf("%-28s %12s %12s %12s  %s\n", "case", "median ms", "min ms", "max ms", "result");
-  // The same 1,024 H100s with 4 TiB of host memory per node, where window offload makes 175 B
-  // fit without pipeline parallelism: the search then also runs the timing simulations.
-  cases.push_back({"175B on 128 x 8 H100, 4Ti", cases.back().job, ""});
-  for (auto& c : cases) {
-    const auto inv =
-        *c.cluster
-            ? kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml")
-            : kt::api::inventory_from_document(
-                  kt::api::yaml_to_json("kind: Inventory\nnodes:\n- name: dgx\n  replicas: 128\n"
-                                        "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
-                                        "  cpu: {cores: 112}\n  memory: 4Ti\n"),
-                  "h100x1024-4Ti");
+  const auto run = [&](const Case& c, const kt::api::Inventory& inv) {
     std::vector<double> ms;
     std::string result;
     for (int i = 0; i < reps; ++i) {
@@ -79,6 +67,39 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     std::printf("%-28s %12.2f %12.2f %12.2f  %s\n", c.name, ms[ms.size() / 2], ms.front(),
                 ms.back(), result.substr(0, 160).c_str());
+  };
+  std::printf("%-28s %12s %12s %12s  %s\n", "case", "median ms", "min ms", "max ms", "result");
+  // The same 1,024 H100s with 4 TiB of host memory per node, where window offload makes 175 B
+  // fit without pipeline parallelism: the search then also runs the timing simulations.
+  cases.push_back({"175B on 128 x 8 H100, 4Ti", cases.back().job, ""});
+  // What the operator plans for each job of bench_operator's burst: one 8-GPU node of 10,000
+  // (the planner walks every node to group them, then searches node counts up to maxNodes).
+  cases.push_back(
+      {"gpt2-124m, 1 of 10,000 nodes",
+       kt::api::decode_training_job(kt::api::yaml_to_json(
+           "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: bench}\n"
+           "spec:\n  model: {preset: gpt2-124m}\n  training: {steps: 100, globalBatchSize: 32}\n"
+           "  resources: {maxNodes: 1, gpusPerNode: 8}\n"
+           "  parallelism: {tensorParallel: 1, dataParallel: 8}\n")),
+       "10k"});
+  for (auto& c : cases) {
+    if (std::string(c.cluster) == "10k") {
+      run(c, kt::api::inventory_from_document(
+                 kt::api::yaml_to_json("kind: Inventory\nnodes:\n- name: sim\n  replicas: 10000\n"
+                                       "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
+                                       "  cpu: {cores: 112}\n  memory: 2Ti\n"),
+                 "h100x10000"));
+      continue;
+    }
+    const auto inv =
+        *c.cluster
+            ? kt::api::load_inventory(root + "/examples/clusters/" + c.cluster + ".yaml")
+            : kt::api::inventory_from_document(
+                  kt::api::yaml_to_json("kind: Inventory\nnodes:\n- name: dgx\n  replicas: 128\n"
+                                        "  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
+                                        "  cpu: {cores: 112}\n  memory: 4Ti\n"),
+                  "h100x1024-4Ti");
+    run(c, inv);
   }
   return 0;
 }
