@@ -22,16 +22,48 @@ std::string owning_job_key(const Object& pod) {
   return job.empty() ? "" : ns + "/" + job;
 }
 
+namespace {
+
+// A Node as the operator keeps it: what the inventory decodes (api/inventory.h) and what
+// selectors read; its images, addresses, conditions, daemon endpoints and managedFields (tens of
+// KiB on a real node) are dropped.
+void trim_node(Object& node) {
+  const auto keep_only = [](Object& object, std::initializer_list<const char*> keys) {
+    if (!object.is_object()) return;
+    Object kept = Object::object();
+    for (const char* key : keys)
+      if (auto it = object.find(key); it != object.end()) kept[key] = std::move(*it);
+    object = std::move(kept);
+  };
+  keep_only(node, {"apiVersion", "kind", "metadata", "spec", "status"});
+  if (auto meta = node.find("metadata"); meta != node.end())
+    keep_only(*meta, {"name", "uid", "resourceVersion", "generation", "creationTimestamp",
+                      "deletionTimestamp", "labels", "annotations"});
+  if (auto spec = node.find("spec"); spec != node.end())
+    keep_only(*spec, {"unschedulable", "taints", "providerID"});
+  if (auto status = node.find("status"); status != node.end())
+    keep_only(*status, {"allocatable", "capacity"});
+}
+
+// Every other cached object without metadata.managedFields (1-3 KiB each on a real API server;
+// an update that leaves them out keeps the server's).
+void trim_managed_fields(Object& object) {
+  if (auto meta = object.find("metadata"); meta != object.end() && meta->is_object())
+    meta->erase("managedFields");
+}
+
+}  // namespace
+
 kube::CacheOptions operator_cache_options(const std::string& ns, kube::InformerTiming timing) {
   kube::CacheOptions options;
   options.timing = timing;
   options.resources = {
-      {kube::kTrainingJobs, ns, "", {}, {}},
-      {kube::kPods, ns, "", {kJobNameLabel}, {"spec.nodeName"}},
-      {kube::kNodes, "", "", {}, {}},
-      {kube::kConfigMaps, ns, kJobNameLabel, {}, {}},
-      {kube::kServices, ns, kJobNameLabel, {}, {}},
-      {kube::kPersistentVolumeClaims, ns, kJobNameLabel, {}, {}},
+      {kube::kTrainingJobs, ns, "", {}, {}, trim_managed_fields},
+      {kube::kPods, ns, "", {kJobNameLabel}, {"spec.nodeName"}, trim_managed_fields},
+      {kube::kNodes, "", "", {}, {}, trim_node},
+      {kube::kConfigMaps, ns, kJobNameLabel, {}, {}, trim_managed_fields},
+      {kube::kServices, ns, kJobNameLabel, {}, {}, trim_managed_fields},
+      {kube::kPersistentVolumeClaims, ns, kJobNameLabel, {}, {}, trim_managed_fields},
   };
   return options;
 }

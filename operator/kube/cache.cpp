@@ -56,6 +56,7 @@ Cache::Cache(Client& client, CacheOptions options) : options_(std::move(options)
     KT_CHECK(!informer(cached.resource), "Cache: " + collection(cached.resource) + " twice");
     auto informer = std::make_unique<Informer>(client, cached.resource, cached.ns,
                                                cached.label_selector, options_.timing);
+    if (cached.transform) informer->set_transform(cached.transform);
     for (const std::string& key : cached.indexed_labels) {
       informer->add_index(label_index(key), [key](const Object& object) {
         const Object* labels = nullptr;

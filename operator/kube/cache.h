@@ -46,6 +46,7 @@ struct CachedResource {
   std::string label_selector;  // "" = every object of the collection
   std::vector<std::string> indexed_labels;  // label keys: lists by "key=value" read an index
   std::vector<std::string> indexed_fields;  // field-selector fields, e.g. "spec.nodeName"
+  Informer::Transform transform;            // may be empty (Informer::set_transform)
 };
 
 struct CacheOptions {

@@ -48,6 +48,11 @@ void Informer::add_handler(std::function<void(WatchEventType, const Object&)> ha
   handlers_.push_back(std::move(handler));
 }
 
+void Informer::set_transform(Transform transform) {
+  KT_CHECK(!thread_.joinable(), "Informer::set_transform after start()");
+  transform_ = std::move(transform);
+}
+
 void Informer::start() {
   KT_CHECK(!thread_.joinable(), "Informer::start called twice");
   thread_ = std::thread([this] { run(); });
@@ -186,6 +191,7 @@ std::string Informer::list_and_sync() {
   do {
     ObjectList page = client_.list(resource_, namespace_, options);
     for (Object& item : page.items) {
+      if (transform_) transform_(item);
       // The key first: json's operator= takes its argument by value, and C++17 evaluates the
       // right side of an assignment first, so the item would be moved from already.
       std::string key = object_key(item);
@@ -272,6 +278,7 @@ void Informer::watch_from(std::string& version) {
         break;
       default:
         version = resource_version_of(event->object);
+        if (transform_) transform_(event->object);
         apply(event->type, event->object);
     }
   }

@@ -53,6 +53,12 @@ class Informer {
 
   // Before start(). Called for Added, Modified and Deleted (with the last known object).
   void add_handler(std::function<void(WatchEventType, const Object&)> handler);
+  // Before start(). Applied to every object listed or watched before it is cached or handed to
+  // a handler (client-go's SetTransform): drop the fields no reader needs (a Node's images,
+  // managedFields) so that 10,000 nodes do not cost their full size. It must keep metadata's
+  // name, namespace and resourceVersion.
+  using Transform = std::function<void(Object&)>;
+  void set_transform(Transform transform);
   // Before start(). A second index of the same name replaces the first.
   void add_index(const std::string& name, IndexFunc values);
   void start();
@@ -99,6 +105,7 @@ class Informer {
   const std::string label_selector_;
   const InformerTiming timing_;
   std::vector<std::function<void(WatchEventType, const Object&)>> handlers_;
+  Transform transform_;
 
   struct Index {
     IndexFunc values;

@@ -325,8 +325,8 @@ TEST(CachingClient, ListsAndGetsEqualTheStores_AndCachedReadsSendNoRequest) {
   store.create(kConfigMaps, "team-a", config_map("elsewhere", {{kJobLabel, "a"}}));
   store.create(kServices, "default", {{"metadata", {{"name", "svc"}}}});
 
-  Cache cache(store, fast_cache({{kPods, "", "", {kJobLabel}, {"spec.nodeName"}},
-                                 {kConfigMaps, "default", kJobLabel, {}, {}}}));
+  Cache cache(store, fast_cache({{kPods, "", "", {kJobLabel}, {"spec.nodeName"}, {}},
+                                 {kConfigMaps, "default", kJobLabel, {}, {}, {}}}));
   CountingClient api(store);
   CachingClient client(api, cache);
   cache.start();
@@ -450,7 +450,7 @@ TEST(CachingClient, ListsAndGetsEqualTheStores_AndCachedReadsSendNoRequest) {
 TEST(CachingClient, ReadsItsOwnWritesAtOnce_BeforeTheInformerHasSeenThem) {
   local::Store store;
   LaggingClient lagging(store, kPods);
-  Cache cache(lagging, fast_cache({{kPods, "default", "", {kJobLabel}, {}}}));
+  Cache cache(lagging, fast_cache({{kPods, "default", "", {kJobLabel}, {}, {}}}));
   CountingClient api(store);
   CachingClient client(api, cache);
   const Object theirs = store.create(kPods, "default", pod("theirs", {{kJobLabel, "a"}}));
@@ -512,7 +512,7 @@ TEST(CachingClient, ReadsItsOwnWritesAtOnce_BeforeTheInformerHasSeenThem) {
 TEST(CachingClient, CreateAfterAStaleRead_IsAlreadyExists_AndTheStoreKeepsOneObject) {
   local::Store store;
   LaggingClient lagging(store, kPods);
-  Cache cache(lagging, fast_cache({{kPods, "default", "", {kJobLabel}, {}}}));
+  Cache cache(lagging, fast_cache({{kPods, "default", "", {kJobLabel}, {}, {}}}));
   CountingClient api(store);
   CachingClient client(api, cache);
   cache.start();
@@ -630,7 +630,7 @@ TEST(CachingClient, ObjectDeletedWhileTheWatchWasDown_IsGoneAfterTheRelist) {
   short_history.history_limit = 8;
   local::Store store(short_history);
   LaggingClient lagging(store, kConfigMaps);
-  Cache cache(lagging, fast_cache({{kConfigMaps, "default", "", {}, {}}}));
+  Cache cache(lagging, fast_cache({{kConfigMaps, "default", "", {}, {}, {}}}));
   std::mutex deleted_mutex;
   std::set<std::string> deleted;
   cache.informer(kConfigMaps)->add_handler([&](WatchEventType type, const Object& object) {

@@ -316,6 +316,38 @@ TEST(InventoryTracker, LeavesOutABadNode_AndTakesItBackWhenFixed) {
   EXPECT_NE(seen.free.find("bad gpus 8/8"), std::string::npos) << seen.free;
 }
 
+TEST(OperatorCache, KeepsOfANodeWhatTheInventoryReads_AndDropsTheRest) {
+  Cluster cluster;
+  Object node = gpu_node("node-0", 8);
+  node["status"]["images"] = Object::array();
+  for (int i = 0; i < 50; ++i)
+    node["status"]["images"].push_back(
+        {{"names", {"registry.example/image-" + std::to_string(i) + ":v1"}}, {"sizeBytes", i}});
+  node["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
+  node["spec"] = {{"unschedulable", true}, {"podCIDR", "10.0.0.0/24"}};
+  put_node(cluster.store, node);
+  Object p = pod("p", "", 1, "1", "1Gi");
+  p["metadata"]["managedFields"] = {{{"manager", "kubectl"}, {"operation", "Update"}}};
+  cluster.store.create(kPods, "default", p);
+  cluster.start();
+  ASSERT_TRUE(cluster.agrees("default", "x"));  // the trimmed node decodes as the full one
+
+  const auto cached = cluster.cache.informer(kNodes)->get("", "node-0");
+  ASSERT_TRUE(cached);
+  EXPECT_FALSE(cached->at("status").contains("images"));
+  EXPECT_FALSE(cached->at("status").contains("conditions"));
+  EXPECT_FALSE(cached->at("spec").contains("podCIDR"));
+  EXPECT_TRUE(cached->at("spec").value("unschedulable", false));
+  EXPECT_EQ(cached->at("status").at("allocatable").value("nvidia.com/gpu", ""), "8");
+  EXPECT_EQ(cached->at("metadata").at("labels").value("nvidia.com/gpu.product", ""),
+            "NVIDIA-H100-80GB-HBM3");
+  EXPECT_FALSE(cached->at("metadata").at("resourceVersion").get<std::string>().empty());
+  const auto cached_pod = cluster.cache.informer(kPods)->get("default", "p");
+  ASSERT_TRUE(cached_pod);
+  EXPECT_FALSE(cached_pod->at("metadata").contains("managedFields"));
+  EXPECT_TRUE(cached_pod->at("spec").contains("containers"));
+}
+
 TEST(InventoryTracker, RefusesACacheWithoutEveryPod) {
   local::Store store;
   kube::Cache cache(with_training_jobs(store), operator_cache_options("default", fast_timing()));
