@@ -124,7 +124,6 @@ void warn_rejected(const std::string& node, const std::string& why) {
 }  // namespace
 
 std::optional<PodClaim> pod_claim(const Object& pod) {
-  const Object empty = Object::object();
   const auto status = pod.find("status");
   const std::string phase =
       status != pod.end() && status->is_object() ? string_at(*status, "phase") : "";
