@@ -104,17 +104,6 @@ std::string string_at(const Object& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-// metadata.resourceVersion as a number (etcd's and the local Store's are), -1 when it is not one.
-int64_t resource_version_number(const Object& object) {
-  const auto meta = object.find("metadata");
-  if (meta == object.end() || !meta->is_object()) return -1;
-  const std::string version = string_at(*meta, "resourceVersion");
-  if (version.empty() || version.size() > 18) return -1;
-  for (char c : version)
-    if (c < '0' || c > '9') return -1;
-  return std::stoll(version);
-}
-
 void warn_rejected(const std::string& node, const std::string& why) {
   std::fprintf(stderr,
                "ts=%s level=warn msg=\"node left out of the inventory\" node=%s err=\"%s\"\n",
@@ -147,8 +136,6 @@ std::optional<PodClaim> pod_claim(const Object& pod) {
 
 void with_listed_inventory(kube::Client& client, const std::string& ns, const std::string& job,
                            const std::function<void(const PlannerInventory&)>& fn) {
-  const Object nodes = {
-      {"apiVersion", "v1"}, {"kind", "List"}, {"items", client.list(kube::kNodes, "", {}).items}};
   api::Inventory allocatable;
   allocatable.name = "cluster";
   for (const Object& node : client.list(kube::kNodes, "", {}).items) {
@@ -186,17 +173,16 @@ InventoryTracker::InventoryTracker(kube::Cache& cache)
       pods_informer_([&]() -> kube::Informer& {
         kube::Informer* pods = cache.informer(kube::kPods);
         if (!pods || !pods->ns().empty() || !pods->label_selector().empty())
-          throw Error("InventoryTracker: the cache holds no informer on every pod of every "
-                      "namespace");
+          throw Error(
+              "InventoryTracker: the cache holds no informer on every pod of every "
+              "namespace");
         return *pods;
       }()) {
   inventory_.name = "cluster";
-  cache.informer(kube::kNodes)->add_handler([this](kube::WatchEventType type, const Object& node) {
-    on_node(type, node);
-  });
-  cache.informer(kube::kPods)->add_handler([this](kube::WatchEventType type, const Object& pod) {
-    on_pod(type, pod);
-  });
+  nodes_informer_.add_handler(
+      [this](kube::WatchEventType type, const Object& node) { on_node(type, node); });
+  pods_informer_.add_handler(
+      [this](kube::WatchEventType type, const Object& pod) { on_pod(type, pod); });
 }
 
 bool InventoryTracker::has_synced() const {
@@ -299,7 +285,7 @@ void InventoryTracker::settle_expectations_locked() {
 }
 
 void InventoryTracker::expect(const Object& created) {
-  const int64_t version = resource_version_number(created);
+  const int64_t version = kube::resource_version_number(created);
   std::optional<PodClaim> claim = pod_claim(created);
   if (version < 0 || !claim) return;
   std::lock_guard lock(mutex_);
@@ -315,7 +301,7 @@ void InventoryTracker::on_pod(kube::WatchEventType type, const Object& pod) {
   std::optional<PodClaim> claim;
   if (type != kube::WatchEventType::Deleted) claim = pod_claim(pod);
   std::lock_guard lock(mutex_);
-  seen_version_ = std::max(seen_version_, resource_version_number(pod));
+  seen_version_ = std::max(seen_version_, kube::resource_version_number(pod));
   if (const auto old = pods_.find(key); old != pods_.end()) {
     remove_locked(old->second);
     pods_.erase(old);

@@ -113,15 +113,15 @@ class InventoryTracker {
   void remove_locked(const CountedPod& pod);
   void settle_expectations_locked();
 
-  const kube::Informer& nodes_informer_;
-  const kube::Informer& pods_informer_;
+  kube::Informer& nodes_informer_;
+  kube::Informer& pods_informer_;
   mutable std::mutex mutex_;
   api::Inventory inventory_;                          // sorted by name; free figures kept current
   std::vector<Allocatable> allocatable_;              // as inventory_.nodes
   std::unordered_map<std::string, Requests> used_;    // by node name
   std::unordered_map<std::string, CountedPod> pods_;  // by "ns/name", pods that count
   std::unordered_map<std::string, std::string> rejected_;  // node name -> why
-  std::multimap<int64_t, Expected> expected_;  // by resourceVersion; counted in used_
+  std::multimap<int64_t, Expected> expected_;              // by resourceVersion; counted in used_
   int64_t seen_version_ = -1;  // the newest pod resourceVersion the handler has seen
 };
 

@@ -1,5 +1,6 @@
 #include "operator/kube/cache.h"
 
+#include "operator/kube/objects.h"
 #include "operator/kube/selectors.h"
 
 namespace kt::kube {
@@ -11,23 +12,9 @@ std::string collection(const Resource& r) {
   return r.plural + (r.group.empty() ? "" : "." + r.group);
 }
 
-// resourceVersions are opaque to clients, but every API server (etcd's revision) and the local
-// store issue increasing integers, which is what client-go's MutationCache compares too. -1: not
-// an integer (then a write is not remembered).
-std::int64_t version_number(const std::string& version) {
-  if (version.empty() || version.size() > 18) return -1;
-  for (char c : version)
-    if (c < '0' || c > '9') return -1;
-  return std::stoll(version);
-}
-
+// A write whose version is not a number (-1) is not remembered.
 std::int64_t version_of(const Object& object) {
-  const auto meta = object.find("metadata");
-  if (meta == object.end() || !meta->is_object()) return -1;
-  const auto version = meta->find("resourceVersion");
-  return version != meta->end() && version->is_string()
-             ? version_number(version->get<std::string>())
-             : -1;
+  return resource_version_number(object);
 }
 
 std::string key_of(const Resource& r, const std::string& ns, const std::string& name) {

@@ -89,6 +89,22 @@ std::string watch_event_line(const WatchEvent& event) {
   return frame.dump();
 }
 
+std::int64_t version_number(const std::string& version) {
+  if (version.empty() || version.size() > 18) return -1;
+  for (char c : version)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(version);
+}
+
+std::int64_t resource_version_number(const Object& object) {
+  const auto meta = object.find("metadata");
+  if (meta == object.end() || !meta->is_object()) return -1;
+  const auto version = meta->find("resourceVersion");
+  return version != meta->end() && version->is_string()
+             ? version_number(version->get<std::string>())
+             : -1;
+}
+
 double pod_request(const Object& pod, const std::string& resource) {
   double total = 0;
   for (const auto& c : pod["spec"].value("containers", Object::array())) {

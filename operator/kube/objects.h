@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -24,6 +25,13 @@ std::optional<std::chrono::system_clock::time_point> parse_rfc3339(const std::st
 WatchEvent parse_watch_event(const std::string& line);
 // The frame parse_watch_event reads back: {"type": ..., "object": ...} on one line, no newline.
 std::string watch_event_line(const WatchEvent& event);
+
+// resourceVersions are opaque to clients, but every API server (etcd's revision) and the local
+// store issue increasing integers, which is what client-go's MutationCache compares too.
+// -1 for "" or text that is not a non-negative integer of at most 18 digits.
+std::int64_t version_number(const std::string& version);
+// metadata.resourceVersion of `object` as version_number() reads it (-1 when absent).
+std::int64_t resource_version_number(const Object& object);
 
 // What a pod asks for of `resource` ("cpu" in cores, "memory" in bytes, "nvidia.com/gpu"): per
 // container its requests, or its limits when it has no request (the API server's defaulting),
