@@ -183,6 +183,8 @@ int main(int argc, char** argv) {
       inventory = std::make_unique<kt::controller::InventoryTracker>(cache);
       controller_options.inventory = inventory.get();
     }
+    kt::controller::EventRecorder events(client);  // outlives the workers that record
+    controller_options.events = &events;
     kt::controller::Controller controller(cached_client, controller_options);
     kt::controller::ManagerOptions manager_options;
     manager_options.ns = watch_namespace;

@@ -137,6 +137,12 @@ class Controller::Pass {
     }
     status_ = old_status_;
   }
+  // Reservations whose pods were not created (an error, a name still taken) end with the pass.
+  ~Pass() {
+    if (!reserved_.empty()) options_.inventory->unreserve(reserved_);
+  }
+  Pass(const Pass&) = delete;
+  Pass& operator=(const Pass&) = delete;
 
   ReconcileResult run();
   std::string phase() const {
@@ -208,14 +214,10 @@ class Controller::Pass {
                  {"firstTimestamp", ts},
                  {"lastTimestamp", ts},
                  {"count", 1}};
-    try {
-      client_.create(kube::kEvents, ns_, ev);
-    } catch (const kt::Error& e) {
-      // Events are best effort, as in client-go's recorder, which also says so in the log.
-      std::fprintf(stderr,
-                   "ts=%s level=error msg=\"server rejected event (will not retry)\" "
-                   "trainingjob=%s/%s reason=%s err=\"%s\"\n",
-                   ts.c_str(), ns_.c_str(), name_.c_str(), reason.c_str(), e.what());
+    if (options_.events) {
+      options_.events->record(std::move(ev));  // off the reconcile path, as client-go's
+    } else {
+      create_event(client_, ev);
     }
   }
 
@@ -316,16 +318,19 @@ class Controller::Pass {
   }
   static constexpr const char* kEphemeralCheckpoints = "EphemeralCheckpoints";
 
+  // The job's headless Service exists. Looked for by the job label, which the cache answers
+  // without a request (a GET of a name the label-filtered cache lacks would go to the API): a
+  // new job's Service costs one round trip, its create. A Service of that name without the label
+  // is left as it is (the create answers AlreadyExists).
   void ensure_service() {
+    kube::ListOptions opts;
+    opts.label_selector = std::string(kJobNameLabel) + "=" + name_;
+    for (const Object& service : client_.list(kube::kServices, ns_, opts).items)
+      if (service["metadata"].value("name", "") == name_) return;
     try {
-      client_.get(kube::kServices, ns_, name_);
-    } catch (const ApiError& e) {
-      if (!e.not_found()) throw;
-      try {
-        client_.create(kube::kServices, ns_, render_service(object_, options_.children));
-      } catch (const ApiError& create_error) {
-        if (!create_error.already_exists()) throw;
-      }
+      client_.create(kube::kServices, ns_, render_service(object_, options_.children));
+    } catch (const ApiError& create_error) {
+      if (!create_error.already_exists()) throw;
     }
   }
 
@@ -348,6 +353,8 @@ class Controller::Pass {
     std::optional<Object> config_map;  // <job>-plan: the plan, the attempt, the restart count
     int64_t attempt = 0;
     bool attempt_pods_exist = false;  // any pod of this attempt, whatever its phase
+    std::set<int64_t> attempt_ranks;  // the node ranks of those pods
+    std::map<int64_t, Object> rendered;  // pods reserved in the tracker, to create as they are
     std::optional<api::Plan> plan;
     std::map<int64_t, Object> pods;  // the attempt's pods by node rank
     int64_t desired = 0;             // node ranks in the plan
@@ -375,6 +382,7 @@ class Controller::Pass {
   ReconcileResult without_plan(const api::TrainingJob& job, const ReconcileResult& result);
   std::optional<api::Plan> plan_for(const api::TrainingJob& job, Gang& gang, bool pods_exist,
                                     ReconcileResult& result);
+  void reserve_placement(const api::TrainingJob& job, Gang& gang, const api::Plan& plan);
   void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
   void checkpoint_health(const WorkerProgress& rank0);
 
@@ -382,6 +390,7 @@ class Controller::Pass {
   const ControllerOptions& options_;
   std::mutex& placement_mutex_;
   std::unique_lock<std::mutex> placing_;  // placement_mutex_, from a new plan to its pods
+  std::vector<std::string> reserved_;     // "ns/name" of the pods reserved in the tracker
   Object object_;
   const std::string ns_, name_;
   const int64_t generation_;
@@ -449,7 +458,10 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
     planning_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   });
-  if (!fresh && no_plan.empty()) return stored;  // same generation, same inventory
+  if (!fresh && no_plan.empty()) {  // same generation, same inventory
+    reserve_placement(job, gang, *stored);
+    return stored;
+  }
   if (!fresh) {
     if (fits_when_free) {
       set_phase(JobPhase::kPending);
@@ -465,7 +477,11 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   if (options_.metrics) options_.metrics->planner_duration_seconds.observe(planning_seconds);
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
-  if (plan_changed && pods_exist) ++attempt;  // the running gang executes the old plan
+  if (plan_changed && pods_exist) {  // the running gang executes the old plan
+    ++attempt;
+    gang.attempt_ranks.clear();
+  }
+  reserve_placement(job, gang, plan_changed ? plan : *stored);
   Object want = render_plan_config_map(object_, plan_changed ? plan : *stored, generation_,
                                        inventory_hash, attempt);
   if (const std::string restarts = annotation(kRestartsAnnotation); !restarts.empty())
@@ -495,6 +511,26 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   set_condition("Planned", true, "PlanChosen", message);
   event("Normal", "PlanChosen", message);
   return plan;
+}
+
+// With the tracker, the pods a placement is about to create are reserved there and the placement
+// lock is let go at once: the next job plans while these pods are created, and sees them. (From
+// a LIST, the lock is held until the pods exist: the next LIST must find them.)
+void Controller::Pass::reserve_placement(const api::TrainingJob& job, Gang& gang,
+                                         const api::Plan& plan) {
+  if (!placing_.owns_lock() || !options_.inventory || !options_.inventory->has_synced()) return;
+  std::vector<Object> pods;
+  gang.rendered.clear();
+  const auto ranks = static_cast<int64_t>(plan.placement.size());
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    if (gang.attempt_ranks.count(rank)) continue;
+    Object pod = render_worker_pod(object_, job, plan, rank, gang.attempt, options_.children);
+    reserved_.push_back(kube::object_key(pod));
+    pods.push_back(pod);
+    gang.rendered.emplace(rank, std::move(pod));
+  }
+  options_.inventory->reserve(pods);
+  placing_.unlock();
 }
 
 void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& plan,
@@ -688,9 +724,10 @@ Controller::Pass::Gang Controller::Pass::read_attempt(const std::vector<Object>&
     status_.restarts =
         std::max(status_.restarts, to_int(annotations.value(kRestartsAnnotation, ""), 0));
   }
-  gang.attempt_pods_exist = std::any_of(pods.begin(), pods.end(), [&](const Object& p) {
-    return to_int(label(p, kRestartAttemptLabel), -1) == gang.attempt;
-  });
+  for (const Object& p : pods)
+    if (to_int(label(p, kRestartAttemptLabel), -1) == gang.attempt)
+      gang.attempt_ranks.insert(to_int(label(p, kNodeRankLabel), -1));
+  gang.attempt_pods_exist = !gang.attempt_ranks.empty();
   return gang;
 }
 
@@ -769,6 +806,8 @@ Controller::Pass::Outcome Controller::Pass::restart_or_fail(const api::TrainingJ
   // the writes, the next reconcile sees only pods of an old attempt and replaces them, without
   // counting twice, and takes the count from the ConfigMap.
   ++gang.attempt;
+  gang.attempt_ranks.clear();
+  gang.rendered.clear();
   if (!was_evicted) ++status_.restarts;
   Object update = *gang.config_map;
   update["metadata"]["annotations"][kAttemptAnnotation] = std::to_string(gang.attempt);
@@ -839,9 +878,13 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   const auto create_some = [&] {
     for (size_t i = next++; i < missing.size() && !failed; i = next++) {
       try {
-        created[i].pod = client_.create(kube::kPods, ns_,
-                                        render_worker_pod(object_, job, *gang.plan, missing[i],
-                                                          gang.attempt, options_.children));
+        const auto rendered = gang.rendered.find(missing[i]);
+        created[i].pod = client_.create(
+            kube::kPods, ns_,
+            rendered != gang.rendered.end()
+                ? rendered->second
+                : render_worker_pod(object_, job, *gang.plan, missing[i], gang.attempt,
+                                    options_.children));
         // Counted at once: the next job's plan may come before the pod informer's event.
         if (options_.inventory) options_.inventory->expect(*created[i].pod);
       } catch (const ApiError& e) {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "operator/controller/children.h"
+#include "operator/controller/events.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/metrics.h"
 #include "operator/controller/progress.h"
@@ -43,6 +44,8 @@ struct ControllerOptions {
   // The inventory kept from the informers (may be null, or not yet synced: then each plan lists
   // every node and pod).
   InventoryTracker* inventory = nullptr;
+  // Where Events go (may be null: each is created within the reconcile that records it).
+  EventRecorder* events = nullptr;
 };
 
 struct ReconcileResult {

@@ -284,11 +284,40 @@ void InventoryTracker::settle_expectations_locked() {
   }
 }
 
+void InventoryTracker::reserve(const std::vector<Object>& pods) {
+  std::lock_guard lock(mutex_);
+  for (const Object& pod : pods) {
+    std::optional<PodClaim> claim = pod_claim(pod);
+    if (!claim) continue;
+    const std::string key = kube::object_key(pod);
+    if (const auto old = reserved_.find(key); old != reserved_.end()) {
+      remove_locked(old->second);
+      reserved_.erase(old);
+    }
+    CountedPod counted{job_key_of(pod), std::move(*claim)};
+    add_locked(counted);
+    reserved_.emplace(key, std::move(counted));
+  }
+}
+
+void InventoryTracker::unreserve(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  for (const std::string& key : keys) unreserve_locked(key);
+}
+
+void InventoryTracker::unreserve_locked(const std::string& key) {
+  if (const auto it = reserved_.find(key); it != reserved_.end()) {
+    remove_locked(it->second);
+    reserved_.erase(it);
+  }
+}
+
 void InventoryTracker::expect(const Object& created) {
   const int64_t version = kube::resource_version_number(created);
   std::optional<PodClaim> claim = pod_claim(created);
-  if (version < 0 || !claim) return;
   std::lock_guard lock(mutex_);
+  if (!reserved_.empty()) unreserve_locked(kube::object_key(created));
+  if (version < 0 || !claim) return;
   if (version <= seen_version_) return;  // the informer was first
   Expected expected{kube::object_key(created), CountedPod{job_key_of(created), std::move(*claim)},
                     std::chrono::steady_clock::now()};
@@ -326,6 +355,8 @@ void InventoryTracker::with_inventory(const std::string& ns, const std::string& 
     if (pod.job_key == own) given_back.push_back(&pod);
   for (const auto& [version, expected] : expected_)
     if (expected.pod.job_key == own) given_back.push_back(&expected.pod);
+  for (const auto& [key, reserved] : reserved_)
+    if (reserved.job_key == own) given_back.push_back(&reserved);
   for (const CountedPod* pod : given_back) remove_locked(*pod);
   struct TakeAgain {
     InventoryTracker& self;

@@ -67,7 +67,8 @@ void with_listed_inventory(kube::Client& client, const std::string& ns, const st
 
 class InventoryTracker {
  public:
-  // Adds handlers to the cache's Node and Pod informers: call before cache.start(). The pod
+  // Adds handlers to the cache's Node and Pod informers: call before cache.start(), and stop the
+  // cache before the tracker is destroyed (the handlers call it). The pod
   // informer must see every namespace (pods of other namespaces take GPUs too); throws kt::Error
   // otherwise.
   explicit InventoryTracker(kube::Cache& cache);
@@ -85,6 +86,13 @@ class InventoryTracker {
   // informer delivers its resourceVersion (or 30 s passed), so that the next plan, made before
   // the watch event arrives, does not take the same GPUs (controller-runtime's expectations).
   void expect(const kube::Object& created_pod);
+
+  // Pods about to be created (rendered, not yet sent), counted from now so that the operator
+  // can let the next job plan while these creates are in flight. A reservation ends when
+  // expect() sees the pod of the same namespace/name, or by unreserve() (the create failed or
+  // the reconcile ended). A job's own reservations are given back to its plans, as its pods are.
+  void reserve(const std::vector<kube::Object>& pods);
+  void unreserve(const std::vector<std::string>& keys);  // "ns/name"; absent keys are ignored
 
   // Nodes that failed to decode (left out of the inventory; each logged once), for tests.
   std::size_t rejected_nodes() const;
@@ -112,6 +120,7 @@ class InventoryTracker {
   void add_locked(const CountedPod& pod);
   void remove_locked(const CountedPod& pod);
   void settle_expectations_locked();
+  void unreserve_locked(const std::string& key);
 
   kube::Informer& nodes_informer_;
   kube::Informer& pods_informer_;
@@ -122,6 +131,7 @@ class InventoryTracker {
   std::unordered_map<std::string, CountedPod> pods_;  // by "ns/name", pods that count
   std::unordered_map<std::string, std::string> rejected_;  // node name -> why
   std::multimap<int64_t, Expected> expected_;              // by resourceVersion; counted in used_
+  std::unordered_map<std::string, CountedPod> reserved_;   // by "ns/name"; counted in used_
   int64_t seen_version_ = -1;  // the newest pod resourceVersion the handler has seen
 };
 

@@ -20,6 +20,7 @@
 #include "operator/local/store.h"
 #include "telemetry/metrics.h"
 #include "tests/support/eventually.h"
+#include "tests/support/forwarding_client.h"
 
 namespace kt::kube {
 namespace {
@@ -110,9 +111,10 @@ class CountingClient : public Client {
 // held, every event that happens waits inside the watch (the informer lags the API, as behind a
 // slow watch); break_watches() ends the open watches and drops what they held (a connection lost).
 // Lists are never held: a relist sees the Store as it is.
-class LaggingClient : public Client {
+class LaggingClient : public test::ForwardingClient {
  public:
-  LaggingClient(Client& api, Resource lagging) : api_(api), lagging_(std::move(lagging)) {}
+  LaggingClient(Client& api, Resource lagging)
+      : ForwardingClient(api), lagging_(std::move(lagging)) {}
 
   // Events that happen after hold() returns are held until release().
   void hold() { set_held(true); }
@@ -125,32 +127,9 @@ class LaggingClient : public Client {
     gate_->changed.notify_all();
   }
 
-  Object get(const Resource& r, const std::string& ns, const std::string& name) override {
-    return api_.get(r, ns, name);
-  }
-  ObjectList list(const Resource& r, const std::string& ns, const ListOptions& opts) override {
-    return api_.list(r, ns, opts);
-  }
-  Object create(const Resource& r, const std::string& ns, const Object& obj) override {
-    return api_.create(r, ns, obj);
-  }
-  Object update(const Resource& r, const std::string& ns, const Object& obj) override {
-    return api_.update(r, ns, obj);
-  }
-  Object update_status(const Resource& r, const std::string& ns, const Object& obj) override {
-    return api_.update_status(r, ns, obj);
-  }
-  Object merge_patch(const Resource& r, const std::string& ns, const std::string& name,
-                     const Object& patch, bool status_subresource) override {
-    return api_.merge_patch(r, ns, name, patch, status_subresource);
-  }
-  void remove(const Resource& r, const std::string& ns, const std::string& name,
-              Propagation propagation) override {
-    api_.remove(r, ns, name, propagation);
-  }
   std::unique_ptr<Watch> watch(const Resource& r, const std::string& ns,
                                const WatchOptions& opts) override {
-    std::unique_ptr<Watch> inner = api_.watch(r, ns, opts);
+    std::unique_ptr<Watch> inner = inner_.watch(r, ns, opts);
     if (!(r == lagging_)) return inner;
     return std::make_unique<HeldWatch>(std::move(inner), gate_);
   }
@@ -228,7 +207,6 @@ class LaggingClient : public Client {
     gate_->changed.notify_all();
   }
 
-  Client& api_;
   const Resource lagging_;
   const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
 };

@@ -115,6 +115,8 @@ struct Cluster {
                       return options;
                     }()};
   InventoryTracker tracker{cache};
+  // The informers stop before the tracker their handlers call goes (members die in reverse).
+  ~Cluster() { cache.stop(); }
 
   void start() {
     cache.start();
@@ -294,6 +296,38 @@ TEST(InventoryTracker, ExpectedPodCountedOnce_WhenTheInformerDeliversIt) {
   ASSERT_TRUE(cluster.agrees("default", "b"));
   EXPECT_NE(seen_by_tracker(cluster.tracker, "default", "b").free.find("node-0 gpus 8/8"),
             std::string::npos);
+}
+
+// A reservation (pods rendered, their creates not yet sent) counts for other jobs' plans until
+// the create's answer replaces it (counted once, not twice) or it is let go.
+TEST(InventoryTracker, ReservedPodsCount_UntilCreatedOrLetGo) {
+  Cluster cluster;
+  put_node(cluster.store, gpu_node("node-0", 8));
+  cluster.start();
+  const auto free_for = [&](const std::string& job) {
+    int64_t free = -1;
+    cluster.tracker.with_inventory(
+        "default", job, [&](const PlannerInventory& inv) { free = inv.free.nodes.at(0).free_gpus; });
+    return free;
+  };
+  Object a0 = pod("a-worker-0", "a", 3, "4", "16Gi");
+  a0["metadata"]["namespace"] = "default";
+  a0["spec"]["nodeSelector"] = {{"kubernetes.io/hostname", "node-0"}};
+  Object a1 = a0;
+  a1["metadata"]["name"] = "a-worker-1";
+  cluster.tracker.reserve({a0, a1});
+  EXPECT_EQ(free_for("b"), 2);
+  EXPECT_EQ(free_for("a"), 8);  // its own plan gets its reservations back
+  cluster.tracker.reserve({a0});  // the same pod reserved again replaces, not adds
+  EXPECT_EQ(free_for("b"), 2);
+  // a-worker-0 is created: its reservation becomes the created pod (counted once).
+  const Object created = cluster.store.create(kPods, "default", a0);
+  cluster.tracker.expect(created);
+  EXPECT_EQ(free_for("b"), 2);
+  // a-worker-1's create failed: let go, only the created pod counts.
+  cluster.tracker.unreserve({"default/a-worker-1", "default/never-reserved"});
+  ASSERT_TRUE(cluster.agrees("default", "b"));
+  EXPECT_EQ(free_for("b"), 5);
 }
 
 TEST(InventoryTracker, LeavesOutABadNode_AndTakesItBackWhenFixed) {

@@ -13,6 +13,7 @@
 #include "api/quantity.h"
 #include "operator/local/store.h"
 #include "telemetry/metrics.h"
+#include "tests/support/forwarding_client.h"
 
 namespace kt::controller {
 namespace {
@@ -894,9 +895,9 @@ TEST_F(ControllerTest, ConcurrentStatusWrite_IsAConflict_AndTheNextReconcileConv
 // A kube::Client over the Store that counts pod creates in flight. Each create waits (up to 5 s)
 // until a second one is in flight, so that creation one by one shows as a maximum of 1 rather
 // than depending on timing (after one such wait runs out, the others do not wait).
-class CreatesInFlight : public kube::Client {
+class CreatesInFlight : public test::ForwardingClient {
  public:
-  explicit CreatesInFlight(kube::Client& inner) : inner_(inner) {}
+  using ForwardingClient::ForwardingClient;
   int max_in_flight() const { return max_in_flight_; }
 
   Object create(const kube::Resource& r, const std::string& ns, const Object& obj) override {
@@ -914,34 +915,8 @@ class CreatesInFlight : public kube::Client {
     --in_flight_;
     return created;
   }
-  Object get(const kube::Resource& r, const std::string& ns, const std::string& name) override {
-    return inner_.get(r, ns, name);
-  }
-  kube::ObjectList list(const kube::Resource& r, const std::string& ns,
-                        const kube::ListOptions& opts) override {
-    return inner_.list(r, ns, opts);
-  }
-  Object update(const kube::Resource& r, const std::string& ns, const Object& obj) override {
-    return inner_.update(r, ns, obj);
-  }
-  Object update_status(const kube::Resource& r, const std::string& ns, const Object& obj) override {
-    return inner_.update_status(r, ns, obj);
-  }
-  Object merge_patch(const kube::Resource& r, const std::string& ns, const std::string& name,
-                     const Object& patch, bool status_subresource) override {
-    return inner_.merge_patch(r, ns, name, patch, status_subresource);
-  }
-  void remove(const kube::Resource& r, const std::string& ns, const std::string& name,
-              kube::Propagation propagation) override {
-    inner_.remove(r, ns, name, propagation);
-  }
-  std::unique_ptr<kube::Watch> watch(const kube::Resource& r, const std::string& ns,
-                                     const kube::WatchOptions& opts) override {
-    return inner_.watch(r, ns, opts);
-  }
 
  private:
-  kube::Client& inner_;
   std::mutex mutex_;
   std::condition_variable changed_;
   int in_flight_ = 0;
