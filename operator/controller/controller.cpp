@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <exception>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -231,10 +232,8 @@ class Controller::Pass {
 
   // ---- children ---------------------------------------------------------------------------
   std::vector<Object> list_pods() {
-    kube::ListOptions opts;
-    opts.label_selector = std::string(kJobNameLabel) + "=" + name_;
     std::vector<Object> pods;
-    for (auto& p : client_.list(kube::kPods, ns_, opts).items) {
+    for (auto& p : client_.list(kube::kPods, ns_, job_children()).items) {
       // Only the pods this job controls (a label alone could be anyone's).
       for (const auto& ref : p["metadata"].value("ownerReferences", Object::array()))
         if (ref.value("uid", "") == object_["metadata"].value("uid", "") &&
@@ -275,13 +274,18 @@ class Controller::Pass {
     clean_pods(policy);
   }
 
+  // The plan ConfigMap, looked for by the job label as the Service is (the cache answers; its own
+  // writes are seen at once). One without the label is found when its create says AlreadyExists.
   std::optional<Object> get_config_map() {
-    try {
-      return client_.get(kube::kConfigMaps, ns_, plan_config_map_name(name_));
-    } catch (const ApiError& e) {
-      if (e.not_found()) return std::nullopt;
-      throw;
-    }
+    const std::string name = plan_config_map_name(name_);
+    for (Object& cm : client_.list(kube::kConfigMaps, ns_, job_children()).items)
+      if (cm["metadata"].value("name", "") == name) return std::move(cm);
+    return std::nullopt;
+  }
+  kube::ListOptions job_children() const {
+    kube::ListOptions opts;
+    opts.label_selector = std::string(kJobNameLabel) + "=" + name_;
+    return opts;
   }
 
   // The job's checkpoint PVC, created once and never changed (a PVC's size may only grow, and
@@ -319,19 +323,28 @@ class Controller::Pass {
   static constexpr const char* kEphemeralCheckpoints = "EphemeralCheckpoints";
 
   // The job's headless Service exists. Looked for by the job label, which the cache answers
-  // without a request (a GET of a name the label-filtered cache lacks would go to the API): a
-  // new job's Service costs one round trip, its create. A Service of that name without the label
-  // is left as it is (the create answers AlreadyExists).
+  // without a request (a GET of a name the label-filtered cache lacks would go to the API). A
+  // new job's Service is created alongside the reconcile's next writes (nothing waits for it:
+  // DNS names resolve once it exists); service_created() waits for it, and its error is the
+  // reconcile's. A Service of that name without the label is left as it is (AlreadyExists).
   void ensure_service() {
-    kube::ListOptions opts;
-    opts.label_selector = std::string(kJobNameLabel) + "=" + name_;
-    for (const Object& service : client_.list(kube::kServices, ns_, opts).items)
+    for (const Object& service : client_.list(kube::kServices, ns_, job_children()).items)
       if (service["metadata"].value("name", "") == name_) return;
+    const auto create = [this, want = render_service(object_, options_.children)] {
+      try {
+        client_.create(kube::kServices, ns_, want);
+      } catch (const ApiError& create_error) {
+        if (!create_error.already_exists()) throw;
+      }
+    };
     try {
-      client_.create(kube::kServices, ns_, render_service(object_, options_.children));
-    } catch (const ApiError& create_error) {
-      if (!create_error.already_exists()) throw;
+      service_create_ = std::async(std::launch::async, create);
+    } catch (const std::system_error&) {
+      create();  // no thread to spare: in line
     }
+  }
+  void service_created() {
+    if (service_create_.valid()) service_create_.get();
   }
 
   // Calls `fn` with the nodes as the planner sees them (inventory.h): from the tracker the
@@ -396,6 +409,8 @@ class Controller::Pass {
   const int64_t generation_;
   const Clock::time_point now_;
   api::TrainingJobStatus old_status_, status_;
+  // Last: destroyed first, it waits for the create that uses the members above.
+  std::future<void> service_create_;
 };
 
 ReconcileResult Controller::Pass::finished(const api::TrainingJob& job) {
@@ -487,7 +502,17 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   if (const std::string restarts = annotation(kRestartsAnnotation); !restarts.empty())
     want["metadata"]["annotations"][kRestartsAnnotation] = restarts;
   if (!cm) {
-    cm = client_.create(kube::kConfigMaps, ns_, want);
+    try {
+      cm = client_.create(kube::kConfigMaps, ns_, want);
+    } catch (const ApiError& e) {
+      if (!e.already_exists()) throw;
+      // A ConfigMap of that name without the job label: taken over, labels and all.
+      Object update = client_.get(kube::kConfigMaps, ns_, plan_config_map_name(name_));
+      for (const char* key : {"labels", "annotations", "ownerReferences"})
+        if (want["metadata"].contains(key)) update["metadata"][key] = want["metadata"][key];
+      update["data"] = want["data"];
+      cm = client_.update(kube::kConfigMaps, ns_, update);
+    }
   } else {
     Object update = *cm;
     update["metadata"]["annotations"] = want["metadata"]["annotations"];
@@ -622,6 +647,7 @@ ReconcileResult Controller::Pass::run() {
   if (Outcome given_up = restart_or_fail(job, gang, result)) return *given_up;
   if (all_succeeded(job, gang)) return finished(job);
   create_missing(job, gang, result);
+  service_created();
   report_progress(job, gang, result);
   requeue_at_deadline(policy, result);
   write_status();

@@ -52,6 +52,34 @@ void trim_managed_fields(Object& object) {
     meta->erase("managedFields");
 }
 
+// A Pod as the operator keeps it (the pod informer sees every pod of the cluster, most of them
+// not ours): its metadata, its status, and of its spec what the controller and the inventory
+// read (where it runs or is pinned, its gates, each container's resources); env, commands,
+// volumes, probes, affinity and tolerations (most of a pod's size) are dropped. Nothing updates
+// a pod from the cache, so nothing writes a trimmed spec back.
+void trim_pod(Object& pod) {
+  trim_managed_fields(pod);
+  const auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return;
+  Object kept = Object::object();
+  for (const char* key : {"nodeName", "nodeSelector", "schedulingGates", "schedulerName",
+                          "priorityClassName", "restartPolicy"})
+    if (auto it = spec->find(key); it != spec->end()) kept[key] = std::move(*it);
+  if (auto containers = spec->find("containers");
+      containers != spec->end() && containers->is_array()) {
+    Object trimmed = Object::array();
+    for (Object& c : *containers) {
+      if (!c.is_object()) continue;
+      Object one = Object::object();
+      for (const char* key : {"name", "resources"})
+        if (auto it = c.find(key); it != c.end()) one[key] = std::move(*it);
+      trimmed.push_back(std::move(one));
+    }
+    kept["containers"] = std::move(trimmed);
+  }
+  *spec = std::move(kept);
+}
+
 }  // namespace
 
 kube::CacheOptions operator_cache_options(const std::string& ns, kube::InformerTiming timing) {
@@ -59,11 +87,11 @@ kube::CacheOptions operator_cache_options(const std::string& ns, kube::InformerT
   options.timing = timing;
   options.resources = {
       {kube::kTrainingJobs, ns, "", {}, {}, trim_managed_fields},
-      {kube::kPods, ns, "", {kJobNameLabel}, {"spec.nodeName"}, trim_managed_fields},
+      {kube::kPods, ns, "", {kJobNameLabel}, {"spec.nodeName"}, trim_pod},
       {kube::kNodes, "", "", {}, {}, trim_node},
-      {kube::kConfigMaps, ns, kJobNameLabel, {}, {}, trim_managed_fields},
-      {kube::kServices, ns, kJobNameLabel, {}, {}, trim_managed_fields},
-      {kube::kPersistentVolumeClaims, ns, kJobNameLabel, {}, {}, trim_managed_fields},
+      {kube::kConfigMaps, ns, kJobNameLabel, {kJobNameLabel}, {}, trim_managed_fields},
+      {kube::kServices, ns, kJobNameLabel, {kJobNameLabel}, {}, trim_managed_fields},
+      {kube::kPersistentVolumeClaims, ns, kJobNameLabel, {kJobNameLabel}, {}, trim_managed_fields},
   };
   return options;
 }

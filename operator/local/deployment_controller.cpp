@@ -350,11 +350,15 @@ void DeploymentController::sync() {
   Pass pass;
   pass.deployments = client_.list(kDeployments, "", {}).items;
   pass.replica_sets = client_.list(kReplicaSets, "", {}).items;
-  for (auto& pod : client_.list(kube::kPods, "", {}).items) {
-    const std::string uid = meta_string(pod, "uid");
-    pass.pods[uid] = std::move(pod);
-  }
   std::vector<Object> budgets = client_.list(kPodDisruptionBudgets, "", {}).items;
+  // Only ReplicaSets and budgets look at pods: without them (a cluster of TrainingJobs alone)
+  // the pods, thousands at scale, are not listed five times a second.
+  if (!pass.deployments.empty() || !pass.replica_sets.empty() || !budgets.empty()) {
+    for (auto& pod : client_.list(kube::kPods, "", {}).items) {
+      const std::string uid = meta_string(pod, "uid");
+      pass.pods[uid] = std::move(pod);
+    }
+  }
 
   // One object's failure is reported (once while it repeats) and retried on the next pass.
   std::map<std::string, std::string> errors;

@@ -83,6 +83,26 @@ TEST(LocalServeApi, DiscoveryListsCoreGroupsAndCrdResources) {
       << "a cluster-scoped resource has no namespaced path";
 }
 
+// What is served is kept between requests and rebuilt when a CRD changes: the first request after
+// a CRD's create, update or delete already sees the change.
+TEST(LocalServeApi, ServedResources_FollowEveryCrdChange_OnTheNextRequest) {
+  LocalServer local;
+  Raw raw(local);
+  const std::string crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v1").status, 404);
+  ASSERT_EQ(raw.call("POST", crds, kCrd).status, 201);
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v1/widgets").status, 200);
+  // v1 renamed v2 in place (an update): v1 is gone, v2 served.
+  Object crd = raw.json("GET", crds + "/widgets.example.dev");
+  crd["spec"]["versions"][0]["name"] = "v2";
+  ASSERT_EQ(raw.call("PUT", crds + "/widgets.example.dev", crd.dump()).status, 200);
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v1/widgets").status, 404);
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v2/widgets").status, 200);
+  ASSERT_EQ(raw.call("DELETE", crds + "/widgets.example.dev").status, 200);
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v2/widgets").status, 404);
+  EXPECT_EQ(raw.call("GET", "/apis/example.dev/v2").status, 404);
+}
+
 // GET /metrics: apiserver_request_total counts each request by the API server's verb (a GET of a
 // collection is a LIST), resource, scope and response code.
 TEST(LocalServeApi, Metrics_CountRequestsByVerbResourceAndCode) {

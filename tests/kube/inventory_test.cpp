@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "operator/controller/manager.h"
+#include "operator/kube/objects.h"
 #include "operator/local/store.h"
 #include "tests/support/eventually.h"
 
@@ -362,6 +363,9 @@ TEST(OperatorCache, KeepsOfANodeWhatTheInventoryReads_AndDropsTheRest) {
   put_node(cluster.store, node);
   Object p = pod("p", "", 1, "1", "1Gi");
   p["metadata"]["managedFields"] = {{{"manager", "kubectl"}, {"operation", "Update"}}};
+  p["spec"]["nodeSelector"] = {{"kubernetes.io/hostname", "node-0"}};
+  p["spec"]["containers"][0]["env"] = {{{"name", "BIG"}, {"value", std::string(4096, 'x')}}};
+  p["spec"]["volumes"] = {{{"name", "v"}, {"emptyDir", Object::object()}}};
   cluster.store.create(kPods, "default", p);
   cluster.start();
   ASSERT_TRUE(cluster.agrees("default", "x"));  // the trimmed node decodes as the full one
@@ -379,7 +383,13 @@ TEST(OperatorCache, KeepsOfANodeWhatTheInventoryReads_AndDropsTheRest) {
   const auto cached_pod = cluster.cache.informer(kPods)->get("default", "p");
   ASSERT_TRUE(cached_pod);
   EXPECT_FALSE(cached_pod->at("metadata").contains("managedFields"));
-  EXPECT_TRUE(cached_pod->at("spec").contains("containers"));
+  // Of a pod's spec, what the inventory and the controller read.
+  const Object& spec = cached_pod->at("spec");
+  EXPECT_FALSE(spec.contains("volumes"));
+  EXPECT_FALSE(spec.at("containers").at(0).contains("env"));
+  EXPECT_EQ(spec.at("containers").at(0).at("name"), "c");
+  EXPECT_EQ(kube::pod_gpu_request(*cached_pod), 1);
+  EXPECT_EQ(spec.at("nodeSelector").value("kubernetes.io/hostname", ""), "node-0");
 }
 
 TEST(InventoryTracker, RefusesACacheWithoutEveryPod) {

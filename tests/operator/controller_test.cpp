@@ -189,6 +189,25 @@ double quantity(const Object& value) {
   return api::parse_quantity(value.get<std::string>()).value();
 }
 
+// The plan ConfigMap is looked for by the job label: one of its name without the label (left by
+// someone else) is found by the create's AlreadyExists and taken over, not a reconcile error.
+TEST_F(ControllerTest, PlanConfigMapWithoutTheJobLabel_IsTakenOver) {
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata", {{"name", "job-plan"}}},
+                {"data", {{"stale", "yes"}}}});
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  const Object cm = store.get(kConfigMaps, "default", "job-plan");
+  EXPECT_EQ(cm["metadata"]["labels"]["kubetrain.dev/job-name"], "job");
+  EXPECT_EQ(cm["metadata"]["ownerReferences"][0]["name"], "job");
+  EXPECT_EQ(api::decode_plan(Object::parse(cm["data"]["plan.json"].get<std::string>())).job_name,
+            "job");
+  EXPECT_FALSE(cm["data"].contains("stale"));
+  EXPECT_EQ(pods().size(), 1u);
+}
+
 TEST_F(ControllerTest, WorkerPod_RequestsWhatThePlanUses_AndRunsRestricted) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();
