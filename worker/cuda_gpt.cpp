@@ -19,6 +19,14 @@ namespace kt::worker {
 namespace cu = kernels::cuda;
 using cu::bf16;
 
+namespace {
+// The bytes of `n` elements of T: copies and memsets are sized in elements, as the buffers are.
+template <typename T>
+size_t bytes(int64_t n) {
+  return static_cast<size_t>(n) * sizeof(T);
+}
+}  // namespace
+
 CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t T,
                  const CudaGptOptions& options)
     : device_(device),
@@ -86,13 +94,13 @@ CudaGpt::~CudaGpt() {
   for (void* p : pinned_allocations_) device_.deallocate_pinned(p);
 }
 
-void* CudaGpt::take(size_t bytes, MemoryKind kind) {
+void* CudaGpt::take_bytes(size_t bytes, MemoryKind kind) {
   void* p = device_.allocate(std::max<size_t>(bytes, 1), kind);
   allocations_.push_back(p);
   return p;
 }
 
-void* CudaGpt::take_pinned(size_t bytes, MemoryKind kind) {
+void* CudaGpt::take_pinned_bytes(size_t bytes, MemoryKind kind) {
   void* p = device_.allocate_pinned(std::max<size_t>(bytes, 1), kind);
   pinned_allocations_.push_back(p);
   return p;
@@ -107,7 +115,7 @@ void CudaGpt::allocate() {
     num_params_ += sizes_[i];
   }
   for (int i = 0; i < kNumParamTensors; ++i) {
-    const bool layer_tensor = i >= 2 && i <= 13;
+    const bool layer_tensor = kParams[static_cast<size_t>(i)].per_layer;
     dsizes_[i] = layer_tensor ? sizes_[i] / L * dev_layers_ : sizes_[i];
     doffsets_[i] = dev_params_;
     dev_params_ += dsizes_[i];
@@ -117,12 +125,12 @@ void CudaGpt::allocate() {
     }
   }
   const size_t P = static_cast<size_t>(dev_params_);
-  params16_ = static_cast<bf16*>(take(P * 2, MemoryKind::kParams));
-  grads_ = static_cast<float*>(take(P * 4, MemoryKind::kGrads));
+  params16_ = take<bf16>(P, MemoryKind::kParams);
+  grads_ = take<float>(P, MemoryKind::kGrads);
   slots_.resize(static_cast<size_t>(std::min(window_, L - dev_layers_)));
   for (Slot& slot : slots_) {
-    slot.weights = static_cast<bf16*>(take(slot_params_ * 2, MemoryKind::kParams));
-    slot.grads = static_cast<float*>(take(slot_params_ * 4, MemoryKind::kGrads));
+    slot.weights = take<bf16>(slot_params_, MemoryKind::kParams);
+    slot.grads = take<float>(slot_params_, MemoryKind::kGrads);
     slot.loaded = std::make_unique<CudaEvent>();
     slot.weights_free = std::make_unique<CudaEvent>();
     slot.grads_free = std::make_unique<CudaEvent>();
@@ -146,9 +154,9 @@ void CudaGpt::allocate() {
   device_slices_ = merged;
   for (const ParamSlice& s : device_slices_) device_packed_ += s.count;
   if (device_packed_ > 0) {
-    dmaster_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kParams));
-    dm_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kOptimizer));
-    dv_ = static_cast<float*>(take(device_packed_ * 4, MemoryKind::kOptimizer));
+    dmaster_ = take<float>(device_packed_, MemoryKind::kParams);
+    dm_ = take<float>(device_packed_, MemoryKind::kOptimizer);
+    dv_ = take<float>(device_packed_, MemoryKind::kOptimizer);
   }
   int64_t packed = 0;
   for (const ParamSlice& s : device_slices_) {
@@ -178,19 +186,15 @@ void CudaGpt::allocate() {
   }
   if (host_packed_ > 0) {
     const size_t H = static_cast<size_t>(host_packed_);
-    hmaster_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kParams));
-    hm_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kOptimizer));
-    hv_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kOptimizer));
-    hgrads_ = static_cast<float*>(take_pinned(H * 4, MemoryKind::kGrads));
-    hparams16_ = static_cast<uint16_t*>(take_pinned(H * 2, MemoryKind::kParams));
+    hmaster_ = take_pinned<float>(H, MemoryKind::kParams);
+    hm_ = take_pinned<float>(H, MemoryKind::kOptimizer);
+    hv_ = take_pinned<float>(H, MemoryKind::kOptimizer);
+    hgrads_ = take_pinned<float>(H, MemoryKind::kGrads);
+    hparams16_ = take_pinned<uint16_t>(H, MemoryKind::kParams);
   }
 
-  auto act16 = [&](int64_t n) {
-    return static_cast<bf16*>(take(n * 2, MemoryKind::kActivations));
-  };
-  auto act32 = [&](int64_t n) {
-    return static_cast<float*>(take(n * 4, MemoryKind::kActivations));
-  };
+  auto act16 = [&](int64_t n) { return take<bf16>(n, MemoryKind::kActivations); };
+  auto act32 = [&](int64_t n) { return take<float>(n, MemoryKind::kActivations); };
   const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_, T = T_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
   const int parts = checkpoint_tensors(recompute_);
@@ -209,8 +213,8 @@ void CudaGpt::allocate() {
         lane.ring_in[k] = std::make_unique<CudaEvent>();
         lane.ring_used[k] = std::make_unique<CudaEvent>();
       }
-      lane.host_checkpoints = static_cast<bf16*>(
-          take_pinned(streamed_layers * parts * BTl * C * 2, MemoryKind::kActivations));
+      lane.host_checkpoints =
+          take_pinned<bf16>(streamed_layers * parts * BTl * C, MemoryKind::kActivations);
     }
     auto kept = [&](int64_t l, CheckpointTensor part) {
       return checkpoint_streamed(l) ? ring[ring_of(l)][static_cast<int>(part)] : act16(BTl * C);
@@ -248,7 +252,7 @@ void CudaGpt::allocate() {
     lane.dres = act16(BTl * C);
     lane.dtmp_c = act16(BTl * C);
     lane.dtmp_3c = act16(BTl * 3 * Cl);
-    lane.dtmp_4c = act16(BTl * Fl);
+    lane.dtmp_f = act16(BTl * Fl);
     lane.lnf_mean = act32(BTl);
     lane.lnf_rstd = act32(BTl);
     if (t_ > 1) {
@@ -261,8 +265,8 @@ void CudaGpt::allocate() {
   losses_ = act32(BT);
   const int64_t Bl = lanes_.front().B, BTl = Bl * T;  // the lanes are equal
   if (flash_) {
-    attention_scratch_ = take(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
-                              MemoryKind::kWorkspace);
+    attention_scratch_ = take_bytes(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
+                                    MemoryKind::kWorkspace);
   } else {  // the fp32 kernels' materialised attention and its fp32 operands
     const int64_t att = Bl * NHl * T * T;
     qkv32_ = act32(BTl * 3 * Cl);
@@ -273,13 +277,13 @@ void CudaGpt::allocate() {
     dqkv32_ = act32(BTl * 3 * Cl);
     dc32_ = act32(BTl * Cl);
   }
-  norm_ = static_cast<double*>(take(16, MemoryKind::kWorkspace));
-  tokens_ = static_cast<int32_t*>(take(2 * BT * 4, MemoryKind::kWorkspace));
+  norm_ = take<double>(2, MemoryKind::kWorkspace);
+  tokens_ = take<int32_t>(2 * BT, MemoryKind::kWorkspace);
   for (int i = 0; i < 2; ++i) {
-    token_staging_[i] = static_cast<int32_t*>(take_pinned(2 * BT * 4, MemoryKind::kWorkspace));
+    token_staging_[i] = take_pinned<int32_t>(2 * BT, MemoryKind::kWorkspace);
     staging_free_[i] = std::make_unique<CudaEvent>();
   }
-  norm_host_ = static_cast<double*>(take_pinned(16, MemoryKind::kWorkspace));
+  norm_host_ = take_pinned<double>(2, MemoryKind::kWorkspace);
 }
 
 double CudaGpt::flops_per_micro_step() const {
@@ -308,7 +312,7 @@ void upload_packed(float* packed_device, const std::vector<ParamSlice>& slices,
                    const float* host) {
   int64_t packed = 0;
   for (const ParamSlice& s : slices) {
-    KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, s.count * 4,
+    KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, bytes<float>(s.count),
                              cudaMemcpyHostToDevice));
     packed += s.count;
   }
@@ -317,7 +321,7 @@ void download_packed(const float* packed_device, const std::vector<ParamSlice>& 
                      float* host) {
   int64_t packed = 0;
   for (const ParamSlice& s : slices) {
-    KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, s.count * 4,
+    KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, bytes<float>(s.count),
                              cudaMemcpyDeviceToHost));
     packed += s.count;
   }
@@ -329,7 +333,7 @@ void CudaGpt::set_parameters(const float* host) {
   if (dmaster_) upload_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
-      std::memcpy(hmaster_ + s.packed, host + s.offset, s.count * 4);
+      std::memcpy(hmaster_ + s.packed, host + s.offset, bytes<float>(s.count));
   refresh_bf16();
 }
 
@@ -338,7 +342,7 @@ void CudaGpt::get_parameters(float* host) {
   if (dmaster_) download_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
-      std::memcpy(host + s.offset, hmaster_ + s.packed, s.count * 4);
+      std::memcpy(host + s.offset, hmaster_ + s.packed, bytes<float>(s.count));
 }
 
 void CudaGpt::set_moments(const float* m, const float* v) {
@@ -349,8 +353,8 @@ void CudaGpt::set_moments(const float* m, const float* v) {
   }
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices) {
-      std::memcpy(hm_ + s.packed, m + s.offset, s.count * 4);
-      std::memcpy(hv_ + s.packed, v + s.offset, s.count * 4);
+      std::memcpy(hm_ + s.packed, m + s.offset, bytes<float>(s.count));
+      std::memcpy(hv_ + s.packed, v + s.offset, bytes<float>(s.count));
     }
 }
 
@@ -362,26 +366,26 @@ void CudaGpt::get_moments(float* m, float* v) {
   }
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices) {
-      std::memcpy(m + s.offset, hm_ + s.packed, s.count * 4);
-      std::memcpy(v + s.offset, hv_ + s.packed, s.count * 4);
+      std::memcpy(m + s.offset, hm_ + s.packed, bytes<float>(s.count));
+      std::memcpy(v + s.offset, hv_ + s.packed, bytes<float>(s.count));
     }
 }
 
 void CudaGpt::get_gradients(float* host) {
   synchronize();
   if (window_ == 0) {
-    KT_CUDA_CHECK(cudaMemcpy(host, grads_, static_cast<size_t>(num_params_) * 4,
+    KT_CUDA_CHECK(cudaMemcpy(host, grads_, bytes<float>(num_params_),
                              cudaMemcpyDeviceToHost));
     return;
   }
   // The resident part of each tensor from the device, the streamed layers' from host memory.
   for (int i = 0; i < kNumParamTensors; ++i)
-    KT_CUDA_CHECK(cudaMemcpy(host + offsets_[i], grads_ + doffsets_[i], dsizes_[i] * 4,
+    KT_CUDA_CHECK(cudaMemcpy(host + offsets_[i], grads_ + doffsets_[i], bytes<float>(dsizes_[i]),
                              cudaMemcpyDeviceToHost));
   for (int64_t l = dev_layers_; l < c_.layers; ++l)
     for (const HostSlice& sl : units_[l + 1].host_slices) {
-      host_reads("get_gradients", hgrads_ + sl.packed, sl.count * 4);
-      std::memcpy(host + sl.offset, hgrads_ + sl.packed, sl.count * 4);
+      host_reads("get_gradients", hgrads_ + sl.packed, bytes<float>(sl.count));
+      std::memcpy(host + sl.offset, hgrads_ + sl.packed, bytes<float>(sl.count));
     }
 }
 
@@ -394,12 +398,12 @@ void CudaGpt::refresh_bf16() {
   }
   for (int64_t unit = 0; unit <= c_.layers; ++unit)
     for (const HostSlice& s : units_[unit].host_slices) {
-      host_writes("refresh_bf16", hparams16_ + s.packed, s.count * 2);
+      host_writes("refresh_bf16", hparams16_ + s.packed, bytes<bf16>(s.count));
       for (int64_t i = 0; i < s.count; ++i)
         hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
       if (!unit_streamed(unit))  // streamed layers load from hparams16_ when used
-        KT_CUDA_CHECK(cudaMemcpy(params16_ + dev_offset(s.tensor, s.offset),
-                                 hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice));
+        KT_CUDA_CHECK(cudaMemcpy(params16_ + dev_offset(s.tensor, s.offset), hparams16_ + s.packed,
+                                 bytes<bf16>(s.count), cudaMemcpyHostToDevice));
     }
   for (Slot& slot : slots_) slot.layer = -1;  // reload: the weights may have changed
   device_.stream(StreamRole::kCompute).synchronize();
@@ -413,7 +417,7 @@ void CudaGpt::zero_grad() {
   // The last step's gradient copies read grads_: zeroing waits for them.
   for (const Unit& u : units_)
     if (!u.on_device) compute.wait(*u.grads_copied);
-  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(dev_params_) * 4, compute.handle()));
+  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, bytes<float>(dev_params_), compute.handle()));
   micro_ = 0;
   for (Slot& slot : slots_) slot.layer = -1;  // a new step: the streamed weights were updated
 }
@@ -430,8 +434,8 @@ void CudaGpt::load_layer(int64_t l) {
   h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
   for (const HostSlice& sl : u.host_slices) {
     KT_CUDA_CHECK(cudaMemcpyAsync(slot.weights + slot_offsets_[sl.tensor], hparams16_ + sl.packed,
-                                  sl.count * 2, cudaMemcpyHostToDevice, h2d.handle()));
-    h2d_bytes_ += sl.count * 2;
+                                  bytes<bf16>(sl.count), cudaMemcpyHostToDevice, h2d.handle()));
+    h2d_bytes_ += bytes<bf16>(sl.count);
   }
   h2d.record(*slot.loaded);
   slot.layer = l;
@@ -460,8 +464,8 @@ void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
   d2h.wait(*lane.ring_written[k]);
   const auto tensors = checkpoint_of(lane, l);
   for (int part = 0; part < parts; ++part)
-    device_.copy(host + part * n, tensors[part], n * 2, d2h);
-  d2h_bytes_ += parts * n * 2;
+    device_.copy(host + part * n, tensors[part], bytes<bf16>(n), d2h);
+  d2h_bytes_ += bytes<bf16>(parts * n);
   d2h.record(*lane.ring_out[k]);
 }
 
@@ -477,8 +481,8 @@ void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
     h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
     const auto tensors = checkpoint_of(lane, l);
     for (int part = 0; part < parts; ++part)
-      device_.copy(tensors[part], host + part * n, n * 2, h2d);
-    h2d_bytes_ += parts * n * 2;
+      device_.copy(tensors[part], host + part * n, bytes<bf16>(n), h2d);
+    h2d_bytes_ += bytes<bf16>(parts * n);
     h2d.record(*lane.ring_in[k]);
     lane.ring_holds[k] = l;
   }
@@ -503,15 +507,16 @@ void CudaGpt::start_layer_grads(int64_t l) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   compute.wait(*slot.grads_free);  // the last copy out of the slot's gradients
   if (micro_ == 1) {  // this backward belongs to the first micro-batch of the step
-    KT_CUDA_CHECK(cudaMemsetAsync(slot.grads, 0, slot_params_ * 4, compute.handle()));
+    KT_CUDA_CHECK(cudaMemsetAsync(slot.grads, 0, bytes<float>(slot_params_), compute.handle()));
     return;
   }
   const Unit& u = units_[l + 1];
   compute.wait(*u.grads_copied);
   for (const HostSlice& sl : u.host_slices) {
     KT_CUDA_CHECK(cudaMemcpyAsync(slot.grads + slot_offsets_[sl.tensor], hgrads_ + sl.packed,
-                                  sl.count * 4, cudaMemcpyHostToDevice, compute.handle()));
-    h2d_bytes_ += sl.count * 4;
+                                  bytes<float>(sl.count), cudaMemcpyHostToDevice,
+                                  compute.handle()));
+    h2d_bytes_ += bytes<float>(sl.count);
   }
 }
 
@@ -570,9 +575,9 @@ void CudaGpt::unit_grads_final(int64_t unit, bool last) {
   for (size_t k = 0; k < u.host_slices.size(); ++k) {
     const HostSlice& sl = u.host_slices[k];
     const float* from = in_slot ? slot_ranges[k].first : grads_ + dev_offset(sl.tensor, sl.offset);
-    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, sl.count * 4, cudaMemcpyDeviceToHost,
-                                  d2h.handle()));
-    d2h_bytes_ += sl.count * 4;
+    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
+                                  cudaMemcpyDeviceToHost, d2h.handle()));
+    d2h_bytes_ += bytes<float>(sl.count);
   }
   d2h.record(*u.grads_copied);
   if (in_slot) d2h.record(*slot_of(unit - 1).grads_free);
@@ -670,15 +675,16 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   const int k = staging_next_;
   staging_next_ ^= 1;
   staging_free_[k]->synchronize();
-  host_writes("token staging", token_staging_[k], 2 * BT * 4);
-  std::memcpy(token_staging_[k], inputs, BT * 4);
-  std::memcpy(token_staging_[k] + BT, targets, BT * 4);
-  KT_CUDA_CHECK(cudaMemcpyAsync(tokens_, token_staging_[k], 2 * BT * 4, cudaMemcpyHostToDevice, s));
+  host_writes("token staging", token_staging_[k], bytes<int32_t>(2 * BT));
+  std::memcpy(token_staging_[k], inputs, bytes<int32_t>(BT));
+  std::memcpy(token_staging_[k] + BT, targets, bytes<int32_t>(BT));
+  KT_CUDA_CHECK(cudaMemcpyAsync(tokens_, token_staging_[k], bytes<int32_t>(2 * BT),
+                                cudaMemcpyHostToDevice, s));
   compute.record(*staging_free_[k]);
   auto tokens_of = [&](const Lane& lane) { return tokens_ + lane.row0 * T; };
   auto targets_of = [&](const Lane& lane) { return tokens_ + BT + lane.row0 * T; };
 
-  auto zero = [&](void* p, size_t bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); };
+  auto zero = [&](void* p, size_t n_bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, s)); };
   const bf16* p16 = params16_;
   auto w = [&](int i, int64_t l) { return layer_weight(i, l); };
   auto g = [&](int i, int64_t l) { return layer_grad(i, l); };
@@ -738,8 +744,9 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     }
   }
   if (static_cast<int64_t>(loss_host_.size()) <= micro_)  // first step only: no later allocation
-    loss_host_.push_back(static_cast<float*>(take_pinned(BT * 4, MemoryKind::kWorkspace)));
-  KT_CUDA_CHECK(cudaMemcpyAsync(loss_host_[micro_], losses_, BT * 4, cudaMemcpyDeviceToHost, s));
+    loss_host_.push_back(take_pinned<float>(BT, MemoryKind::kWorkspace));
+  KT_CUDA_CHECK(
+      cudaMemcpyAsync(loss_host_[micro_], losses_, bytes<float>(BT), cudaMemcpyDeviceToHost, s));
   ++micro_;
 
   // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
@@ -755,7 +762,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   for (Lane& lane : lanes_) {
     const int64_t BTl = lane.B * T;
     finish_allreduce(lane);
-    zero(lane.dres, BTl * C * 2);
+    zero(lane.dres, bytes<bf16>(BTl * C));
     cu::layernorm_backward(x, lane.dres, grads_ + doffsets_[kLnfw], grads_ + doffsets_[kLnfb],
                            lane.dtmp_c, lane.res[L], p16 + doffsets_[kLnfw], lane.lnf_mean,
                            lane.lnf_rstd, BTl, C);
@@ -773,10 +780,10 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       for (Lane& lane : lanes_) rerun_layer(lane, l);
     for (Lane& lane : lanes_) {  // MLP half: res[l+1] = res2 + fcproj, dres the gradient of both
       const int64_t BTl = lane.B * T;
-      cu::matmul_backward_bf16(x, lane.dtmp_4c, g(kFcprojw, l), g(kFcprojb, l), lane.dres,
+      cu::matmul_backward_bf16(x, lane.dtmp_f, g(kFcprojw, l), g(kFcprojb, l), lane.dres,
                                lane.fchg[a], w(kFcprojw, l), BTl, Fl, C, acc_dw, overwrite);
-      cu::gelu_backward(x, lane.dtmp_4c, lane.fch[a], lane.dtmp_4c, BTl * Fl, overwrite);
-      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kFcw, l), g(kFcb, l), lane.dtmp_4c, lane.ln2[a],
+      cu::gelu_backward(x, lane.dtmp_f, lane.fch[a], lane.dtmp_f, BTl * Fl, overwrite);
+      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kFcw, l), g(kFcb, l), lane.dtmp_f, lane.ln2[a],
                                w(kFcw, l), BTl, C, Fl, acc_dw, overwrite);
       lane_allreduce(lane, lane.dtmp_c, BTl * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
     }
@@ -793,7 +800,7 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
       } else {
         cu::cast_to_float(x, dc32_, lane.dtmp_c, BTl * Cl);
         cu::cast_to_float(x, qkv32_, lane.qkv[a], BTl * 3 * Cl);  // one fp32 qkv for all layers
-        zero(dqkv32_, BTl * 3 * Cl * 4);
+        zero(dqkv32_, bytes<float>(BTl * 3 * Cl));
         cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, lane.att[a], B, T, Cl,
                                NHl);
         cu::cast_to_bf16(x, lane.dtmp_3c, dqkv32_, BTl * 3 * Cl);
@@ -829,7 +836,7 @@ double CudaGpt::mean_loss() {
   const int64_t BT = B_ * T_;
   double sum = 0;
   for (int64_t m = 0; m < micro_; ++m) {
-    host_reads("mean_loss", loss_host_[m], BT * 4);
+    host_reads("mean_loss", loss_host_[m], bytes<float>(BT));
     double micro = 0;
     for (int64_t i = 0; i < BT; ++i) micro += loss_host_[m][i];
     sum += micro / static_cast<double>(BT);
@@ -846,17 +853,17 @@ double CudaGpt::grad_sum_of_squares() {
 void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   join_reductions(compute);
-  KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, 16, compute.handle()));
+  KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, bytes<double>(2), compute.handle()));
   if (t_ == 1) {
     cu::sum_of_squares(*ctx_, norm_ + 1, grads_, dev_params_);
   } else {
     for (int i = 0; i < kNumParamTensors; ++i)
       cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), grads_ + doffsets_[i], dsizes_[i]);
   }
-  KT_CUDA_CHECK(
-      cudaMemcpyAsync(norm_host_, norm_, 16, cudaMemcpyDeviceToHost, compute.handle()));
+  KT_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, bytes<double>(2), cudaMemcpyDeviceToHost,
+                                compute.handle()));
   compute.synchronize();
-  host_reads("grad_sums_of_squares", norm_host_, 16);
+  host_reads("grad_sums_of_squares", norm_host_, bytes<double>(2));
   *sharded_sum = norm_host_[0];
   *replicated_sum = norm_host_[1];
   // The streamed layers' gradients are only in host memory.
@@ -864,7 +871,7 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
     const Unit& u = units_[l + 1];
     u.grads_copied->synchronize();
     for (const HostSlice& sl : u.host_slices) {
-      host_reads("grad_sums_of_squares", hgrads_ + sl.packed, sl.count * 4);
+      host_reads("grad_sums_of_squares", hgrads_ + sl.packed, bytes<float>(sl.count));
       double sum = 0;
       for (int64_t i = 0; i < sl.count; ++i)
         sum += static_cast<double>(hgrads_[sl.packed + i]) * hgrads_[sl.packed + i];
@@ -898,8 +905,8 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
   for (const HostSlice& s : u.host_slices) {
     kernels::AdamWStep k = step;
     k.weight_decay = gpt_decays(s.tensor) ? weight_decay : 0.0f;
-    host_reads("cpu_update", hgrads_ + s.packed, s.count * 4);
-    host_writes("cpu_update", hparams16_ + s.packed, s.count * 2);
+    host_reads("cpu_update", hgrads_ + s.packed, bytes<float>(s.count));
+    host_writes("cpu_update", hparams16_ + s.packed, bytes<bf16>(s.count));
     kernels::cpu::adamw_update_mixed(hmaster_ + s.packed, hgrads_ + s.packed, nullptr,
                                      hm_ + s.packed, hv_ + s.packed, hparams16_ + s.packed,
                                      s.count, k);
@@ -910,9 +917,9 @@ void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_dec
   if (!unit_streamed(unit)) {  // (a streamed layer is loaded when next used)
     for (const HostSlice& s : u.host_slices) {
       KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + dev_offset(s.tensor, s.offset),
-                                    hparams16_ + s.packed, s.count * 2, cudaMemcpyHostToDevice,
-                                    h2d.handle()));
-      h2d_bytes_ += s.count * 2;
+                                    hparams16_ + s.packed, bytes<bf16>(s.count),
+                                    cudaMemcpyHostToDevice, h2d.handle()));
+      h2d_bytes_ += bytes<bf16>(s.count);
     }
     h2d.record(*u.weights_copied);
   }

@@ -162,8 +162,18 @@ class CudaGpt {
     std::unique_ptr<CudaEvent> loaded, weights_free, grads_free;
   };
   void allocate();
-  void* take(size_t bytes, MemoryKind kind);
-  void* take_pinned(size_t bytes, MemoryKind kind);
+  // Device (take) or pinned host (take_pinned) memory for `n` elements of T, given back with the
+  // model; sizes are in elements everywhere, bytes only here.
+  template <typename T>
+  T* take(int64_t n, MemoryKind kind) {
+    return static_cast<T*>(take_bytes(static_cast<size_t>(n) * sizeof(T), kind));
+  }
+  template <typename T>
+  T* take_pinned(int64_t n, MemoryKind kind) {
+    return static_cast<T*>(take_pinned_bytes(static_cast<size_t>(n) * sizeof(T), kind));
+  }
+  void* take_bytes(size_t bytes, MemoryKind kind);
+  void* take_pinned_bytes(size_t bytes, MemoryKind kind);
   void refresh_bf16();       // bf16 copy := master (all units), synchronous
   void before_unit(int64_t unit);  // the next forward is about to read unit's weights
   void wait_cpu_update(const Unit& u);  // the CPU's AdamW of u (last step) has written its weights
@@ -264,7 +274,7 @@ class CudaGpt {
     std::vector<kernels::cuda::bf16*> attproj, fcproj;
     std::vector<float*> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att, lse;
     kernels::cuda::bf16 *lnf = nullptr, *logits = nullptr, *dres = nullptr,
-                        *dtmp_c = nullptr, *dtmp_3c = nullptr, *dtmp_4c = nullptr;
+                        *dtmp_c = nullptr, *dtmp_3c = nullptr, *dtmp_f = nullptr;
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *ce_max = nullptr, *ce_sums = nullptr;
     std::unique_ptr<CudaEvent> partial, summed;  // its all-reduce's input written; result in place
     bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for

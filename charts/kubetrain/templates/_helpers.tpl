@@ -92,7 +92,7 @@ and operator/kube make; tests/chart/chart_test.sh compares them with the code. *
   verbs: [list, watch, create, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create]
+  verbs: [list, watch, create]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, update]
