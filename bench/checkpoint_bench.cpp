@@ -31,6 +31,7 @@
 #include "api/error.h"
 #include "worker/checkpoint.h"
 #include "worker/durable_file.h"
+#include "worker/gpt_layout.h"
 #include "worker/sha256.h"
 
 namespace {
@@ -38,25 +39,21 @@ namespace {
 namespace fs = std::filesystem;
 using kt::worker::TensorView;
 
-// llm.c's parameter shapes (train_gpt2.c: fill_in_parameter_sizes) at GPT-2's vocab and context.
+// llm.c's parameter names and shapes at GPT-2's vocab and context, from the parameter table.
 std::vector<std::pair<std::string, std::vector<int64_t>>> gpt2_shapes(int64_t L, int64_t C) {
-  const int64_t Vp = 50304, maxT = 1024;
-  return {{"wte", {Vp, C}},
-          {"wpe", {maxT, C}},
-          {"ln1w", {L, C}},
-          {"ln1b", {L, C}},
-          {"qkvw", {L, 3 * C, C}},
-          {"qkvb", {L, 3 * C}},
-          {"attprojw", {L, C, C}},
-          {"attprojb", {L, C}},
-          {"ln2w", {L, C}},
-          {"ln2b", {L, C}},
-          {"fcw", {L, 4 * C, C}},
-          {"fcb", {L, 4 * C}},
-          {"fcprojw", {L, C, 4 * C}},
-          {"fcprojb", {L, C}},
-          {"lnfw", {C}},
-          {"lnfb", {C}}};
+  kt::worker::GptConfig c;
+  c.max_seq_len = 1024;
+  c.vocab = 50257;
+  c.padded_vocab = 50304;
+  c.layers = L;
+  c.heads = C / 64;
+  c.channels = C;
+  c.ffn = 4 * C;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (int i = 0; i < kt::worker::kNumParamTensors; ++i)
+    shapes.emplace_back(kt::worker::kParams[static_cast<size_t>(i)].name,
+                        kt::worker::gpt_llmc_shape(c, i));
+  return shapes;
 }
 
 // Parameters and both moments, one allocation per tensor, filled with varied values.
@@ -155,6 +152,13 @@ int main(int argc, char** argv) {
   int64_t layers = 12, channels = 768;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf(
+          "usage: bench_checkpoint [--dir D] [--reps N] [--layers L] [--channels C]\n"
+          "Checkpoint write and verify throughput of a GPT-2-shaped state (default L 12, C 768)\n"
+          "against the disk's own write and read rates, measured in D (default: the temp dir).\n");
+      return 0;
+    }
     if (i + 1 >= argc) return usage(("missing value after " + flag).c_str());
     const std::string value = argv[++i];
     if (flag == "--dir") {

@@ -9,19 +9,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
 OPERATOR=$2
-if ! command -v kubectl >/dev/null; then
-  echo "kubectl not installed: skipped"
-  exit 77
-fi
-OUT=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$OUT"
-}
-trap cleanup EXIT
-fail_context() { for f in "$OUT"/*.log; do echo "--- $f"; tail -30 "$f"; done; }
+require_kubectl
+with_scratch
 # The port an operator logged for "serving metrics" / "serving health probes".
 port_of() { grep "msg=\"$2\"" "$1" | sed -n 's/.*address=[0-9.]*:\([0-9]*\).*/\1/p' | awk 'NR == 1'; }
 

@@ -40,3 +40,26 @@ announced_port() {
   done
   return 1
 }
+
+# require_kubectl: exits 77 (ctest's "skipped") when kubectl is not installed.
+require_kubectl() {
+  if ! command -v kubectl > /dev/null; then
+    echo "kubectl not installed: skipped"
+    exit 77
+  fi
+}
+
+# with_scratch: OUT, a scratch directory, and PIDS, the background processes to stop (append
+# with `PIDS+=($!)`); on exit every one is killed and waited for and OUT removed. On failure
+# (fail_context) the tail of every $OUT/*.log is shown.
+with_scratch() {
+  OUT=$(mktemp -d)
+  PIDS=()
+  trap _scratch_cleanup EXIT
+  fail_context() { for f in "$OUT"/*.log; do echo "--- $f"; tail -30 "$f"; done; }
+}
+_scratch_cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2> /dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2> /dev/null || true; done
+  rm -rf "$OUT"
+}

@@ -767,7 +767,8 @@ TEST(Safetensors, HeaderLength_IsCheckedAgainstTheFile) {
 
 // ---- llm.c --------------------------------------------------------------------------------------
 
-// llm.c's 16 parameter shapes (train_gpt2.c: fill_in_parameter_sizes).
+// llm.c's 16 parameter shapes (train_gpt2.c: fill_in_parameter_sizes), written out here rather
+// than taken from worker/gpt_layout.h: the test's own copy of llm.c is the oracle for the table.
 std::vector<TensorSpec> llmc_specs(const LlmcDims& d) {
   const int64_t maxT = d.max_seq_len, L = d.num_layers, C = d.channels;
   const int64_t Vp = d.padded_vocab_size;
