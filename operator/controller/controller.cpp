@@ -506,8 +506,13 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
       cm = client_.create(kube::kConfigMaps, ns_, want);
     } catch (const ApiError& e) {
       if (!e.already_exists()) throw;
-      // A ConfigMap of that name without the job label: taken over, labels and all.
       Object update = client_.get(kube::kConfigMaps, ns_, plan_config_map_name(name_));
+      // Ours, and the cache is behind (its attempt and restart count must not be overwritten):
+      // the reconcile is retried once the cache has it.
+      if (update["metadata"].value("labels", Object::object()).contains(kJobNameLabel))
+        throw kt::Error("ConfigMap " + ns_ + "/" + plan_config_map_name(name_) +
+                        " exists but the cache does not have it yet; retrying");
+      // A ConfigMap of that name without the job label: taken over, labels and all.
       for (const char* key : {"labels", "annotations", "ownerReferences"})
         if (want["metadata"].contains(key)) update["metadata"][key] = want["metadata"][key];
       update["data"] = want["data"];

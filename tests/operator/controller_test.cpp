@@ -208,6 +208,33 @@ TEST_F(ControllerTest, PlanConfigMapWithoutTheJobLabel_IsTakenOver) {
   EXPECT_EQ(pods().size(), 1u);
 }
 
+// A cache behind the API: its lists do not show the ConfigMaps yet.
+class ConfigMapsNotCachedYet : public test::ForwardingClient {
+ public:
+  using ForwardingClient::ForwardingClient;
+  kube::ObjectList list(const kube::Resource& r, const std::string& ns,
+                        const kube::ListOptions& opts) override {
+    kube::ObjectList out = inner_.list(r, ns, opts);
+    if (r == kConfigMaps) out.items.clear();
+    return out;
+  }
+};
+
+// The job's own plan ConfigMap, missing from a cache that is behind, is not taken over (its attempt
+// and restart count would be overwritten): the reconcile fails, to be retried, and changes nothing.
+TEST_F(ControllerTest, OwnPlanConfigMapMissingFromTheCache_IsLeftAlone_AndTheReconcileRetried) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  Object cm = store.get(kConfigMaps, "default", "job-plan");
+  cm["metadata"]["annotations"][kAttemptAnnotation] = "3";
+  cm = store.update(kConfigMaps, "default", cm);
+  ConfigMapsNotCachedYet behind(store);
+  EXPECT_THROW(Controller(behind, options).reconcile("default", "job"), kt::Error);
+  const Object after = store.get(kConfigMaps, "default", "job-plan");
+  EXPECT_EQ(after["metadata"]["resourceVersion"], cm["metadata"]["resourceVersion"]);
+  EXPECT_EQ(after["metadata"]["annotations"][kAttemptAnnotation], "3");
+}
+
 TEST_F(ControllerTest, WorkerPod_RequestsWhatThePlanUses_AndRunsRestricted) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();
