@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <tuple>
 
 namespace kt::planner {
@@ -184,10 +185,7 @@ struct Searcher {
         for (int64_t t : tps) {
           const int64_t d = world / t;
           if (!space.dp.empty() && !contains(space.dp, d)) {
-            note([&] {
-              return "dataParallel " + list(space.dp) + " needs " +
-                     std::to_string(space.dp[0] * t) + " ranks at TP " + std::to_string(t);
-            });
+            note([&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
             continue;
           }
           if (problem.global_batch % d) {
@@ -239,6 +237,56 @@ struct Searcher {
 
   // Why the space may be empty: the first reason met is kept. Lazy (`reason` is called only for
   // the first): most of 10,000 node counts are refused, and building every string dominated.
+  // Why the forced dataParallel fits no shape the search may take, and the degrees that would:
+  // a plan's ranks are the nodes it uses times the ranks per node (every free GPU of a node; on
+  // CPU nodes the counts tried), so only some products of TP and DP exist.
+  std::string dp_mismatch(const std::vector<int64_t>& nodes, const std::vector<int64_t>& procs,
+                          int64_t max_nodes, int64_t slots) const {
+    const auto& m = problem.model;
+    const int64_t wanted = space.dp[0];
+    std::set<int64_t> fitting;      // dataParallel degrees some shape gives
+    std::set<int64_t> tp_for_wanted;  // tensorParallel degrees that give `wanted`
+    std::set<int64_t> worlds;
+    for (int64_t n : nodes) {
+      if (n > max_nodes) continue;
+      for (int64_t g : procs) {
+        if (g > slots || g < 1) continue;
+        worlds.insert(n * g);
+        for (int64_t t : divisors(g)) {
+          if (m.heads % t || m.ffn_hidden % t || m.padded_vocab() % t) continue;
+          if (!space.tp.empty() && !contains(space.tp, t)) continue;
+          fitting.insert(n * g / t);
+          if (n * g / t == wanted) tp_for_wanted.insert(t);
+        }
+      }
+    }
+    const auto join = [](const std::set<int64_t>& v, std::size_t at_most) {
+      std::string out;
+      std::size_t k = 0;
+      for (int64_t x : v) {
+        if (k++ == at_most) return out + ", ...";
+        out += (out.empty() ? "" : ", ") + std::to_string(x);
+      }
+      return out;
+    };
+    std::string why = "dataParallel " + list(space.dp) + " fits no shape: a plan's ranks are " +
+                      "its nodes times " +
+                      (problem.cpu_device ? std::string("the ranks per node tried")
+                                          : std::string("every free GPU of a node")) +
+                      " (" + join(worlds, 8) + " here), each divided by its tensorParallel";
+    if (!space.tp.empty()) why += " {" + list(space.tp) + "}";
+    if (!problem.cpu_device) why += " (resources.gpusPerNode sets the GPUs per node)";
+    if (!tp_for_wanted.empty()) return why + "; tensorParallel " + join(tp_for_wanted, 4) +
+                                       " would give dataParallel " + std::to_string(wanted);
+    if (fitting.empty()) return why;
+    // The nearest degrees that fit, below and above.
+    std::set<int64_t> nearest;
+    const auto above = fitting.lower_bound(wanted);
+    if (above != fitting.end()) nearest.insert(*above);
+    if (above != fitting.begin()) nearest.insert(*std::prev(above));
+    return why + "; the nearest dataParallel that fits: " + join(nearest, 2);
+  }
+
   template <typename Reason>
   void note(const Reason& reason) {
     if (result.empty_reason.empty()) result.empty_reason = reason();

@@ -178,6 +178,37 @@ TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
             "stay inside a node)");
 }
 
+// A forced dataParallel that no shape gives names why (a plan's ranks are whole nodes' GPUs) and
+// what would work: the tensorParallel that gives it, else the nearest degrees that fit.
+TEST(Planner, AForcedDataParallelThatFitsNoShapeSaysWhatWould) {
+  const auto inv = gpu_cluster("NVIDIA-H100-80GB-HBM3", 4, 8, 80, 25, 150, 25);
+  // gpt2-124m (12 heads): TP 1, 2 or 4 on 8 GPUs, so at least DP 2.
+  const std::string one =
+      plan_error(test::gpt_job("{preset: gpt2-124m}", "  parallelism: {dataParallel: 1}\n"), inv);
+  EXPECT_EQ(one.rfind("no valid configuration with dataParallel=1: dataParallel 1 fits no shape: a "
+                      "plan's ranks are its nodes times every free GPU of a node",
+                      0),
+            0u)
+      << one;
+  EXPECT_NE(one.find("(8, 16, 24, 32 here)"), std::string::npos) << one;
+  EXPECT_NE(one.find("the nearest dataParallel that fits: 2"), std::string::npos) << one;
+  // 16 heads (TP up to 8): DP 1 is TP 8 on one node (a plan), unless TP is forced.
+  const char* k16Heads = "{layers: 2, hidden: 1024, heads: 16, vocab: 50257, seqLen: 256}";
+  const api::Plan dp1 = planner::best_plan(
+      test::gpt_job(k16Heads, "  parallelism: {dataParallel: 1}\n"), inv);
+  EXPECT_EQ(dp1.config.tp, 8);
+  EXPECT_EQ(dp1.config.dp, 1);
+  const std::string forced_tp = plan_error(
+      test::gpt_job(k16Heads, "  parallelism: {dataParallel: 1, tensorParallel: 2}\n"), inv);
+  EXPECT_NE(forced_tp.find("tensorParallel {2}"), std::string::npos) << forced_tp;
+  EXPECT_NE(forced_tp.find("the nearest dataParallel that fits: 4"), std::string::npos)
+      << forced_tp;
+  // 64 ranks of data parallelism are more than the 32 GPUs: 32 is the nearest.
+  const std::string many =
+      plan_error(test::gpt_job(k16Heads, "  parallelism: {dataParallel: 64}\n"), inv);
+  EXPECT_NE(many.find("the nearest dataParallel that fits: 32"), std::string::npos) << many;
+}
+
 TEST(Planner, AModelThatFitsNowhereNamesTheNearestMiss) {
   // 60 B parameters with 16 GiB of host memory: neither the GPU nor the host can hold it.
   const auto job =
