@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <tuple>
 
@@ -70,6 +71,13 @@ struct Searcher {
     return it->second;
   }
 
+  std::string fraction() const {
+    if (!space.gpu_update_fraction) return "auto";
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", *space.gpu_update_fraction);
+    return text;
+  }
+
   std::vector<int64_t> gpu_unit_grid(int64_t tp) const {
     const auto& m = problem.model;
     std::vector<int64_t> units;
@@ -97,7 +105,13 @@ struct Searcher {
       c.offload = mode;
       for (int64_t k : gpu_unit_grid(c.tp)) {
         if (mode == OffloadMode::kOptimizer) {
-          if (k > L) continue;  // that is no offload
+          if (k > L) {  // that is no offload
+            note(Stage::kOffload, [&] {
+              return "offload: optimizer with gpuUpdateFraction " + fraction() +
+                     " updates every unit on the GPU: that is no offload";
+            });
+            continue;
+          }
           c.gpu_units = k;
           c.window = 0;
           consider(c);
@@ -106,18 +120,53 @@ struct Searcher {
         // Window: resident embeddings, at least one streamed layer, and recompute: the window
         // streams each layer's activation checkpoint, and without recompute there is none (the
         // worker refuses such a plan).
-        if (k < 1 || k > L || c.recompute == Recompute::kNone) continue;
+        if (c.recompute == Recompute::kNone) {
+          if (space.recompute.size() == 1)  // forced: say so (else other recompute modes follow)
+            note(Stage::kOffload, [] {
+              return std::string(
+                  "offload: window needs recompute full or commAware (it streams each layer's "
+                  "activation checkpoint, and without recompute there is none)");
+            });
+          continue;
+        }
+        if (k < 1 || k > L) {
+          note(Stage::kOffload, [&] {
+            return "offload: window keeps the embeddings and streams at least one of the " +
+                   std::to_string(L) + " layers, but gpuUpdateFraction " + fraction() + " keeps " +
+                   std::to_string(k) + " of the " + std::to_string(L + 1) +
+                   " units on the GPU (window mode derives the fraction from the window: leave "
+                   "gpuUpdateFraction out)";
+          });
+          continue;
+        }
         c.gpu_units = k;
         const int64_t streamed = L - (k - 1);
         if (space.window) {
-          if (*space.window >= streamed) continue;
+          if (*space.window >= streamed) {
+            note(Stage::kOffload, [&] {
+              return "offloadWindow " + std::to_string(*space.window) +
+                     " must be below the " + std::to_string(streamed) +
+                     " streamed layer(s) (a window that holds them all is optimizer offload)";
+            });
+            continue;
+          }
           c.window = *space.window;
           consider(c);
           continue;
         }
         // Largest window that fits (memory grows with W; time never does). W = streamed
         // would keep every layer resident: that is optimizer offload, not a window.
-        if (streamed < 2) continue;
+        if (streamed < 2) {
+          note(Stage::kOffload, [&] {
+            return "offload: window streams " + std::to_string(streamed) + " of the " +
+                   std::to_string(L) + " layers here" +
+                   (space.gpu_update_fraction ? " (gpuUpdateFraction " + fraction() + ")"
+                                              : std::string()) +
+                   "; a window needs at least 2 streamed layers (window mode derives the "
+                   "fraction from the window: leave gpuUpdateFraction out)";
+          });
+          continue;
+        }
         int64_t lo = 1, hi = streamed - 1;
         c.window = 1;
         if (!evaluate_memory(problem, c).fits) {
@@ -173,7 +222,7 @@ struct Searcher {
         }
         if (space.megatron_tp && !tps.empty()) tps = {tps.back()};
         if (tps.empty()) {
-          note([&] {
+          note(Stage::kTensorParallel, [&] {
             return "no tensor-parallel degree" +
                    (space.tp.empty() ? std::string() : " in {" + list(space.tp) + "}") +
                    " divides the " + std::to_string(g) + " ranks per node, the " +
@@ -185,11 +234,12 @@ struct Searcher {
         for (int64_t t : tps) {
           const int64_t d = world / t;
           if (!space.dp.empty() && !contains(space.dp, d)) {
-            note([&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
+            note(Stage::kDataParallel,
+                 [&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
             continue;
           }
           if (problem.global_batch % d) {
-            note([&] {
+            note(Stage::kBatch, [&] {
               return "globalBatchSize " + std::to_string(problem.global_batch) +
                      " is not divisible by the data-parallel degree " + std::to_string(d);
             });
@@ -206,7 +256,7 @@ struct Searcher {
           }
           const int64_t per_rank = problem.global_batch / d;
           if (!space.micro_batch.empty() && per_rank % space.micro_batch[0])
-            note([&] {
+            note(Stage::kMicroBatch, [&] {
               return "microBatchSize " + list(space.micro_batch) + " does not divide the " +
                      std::to_string(per_rank) + " sequences per data-parallel rank";
             });
@@ -287,10 +337,17 @@ struct Searcher {
     return why + "; the nearest dataParallel that fits: " + join(nearest, 2);
   }
 
+  // Why a part of the space was empty, kept for when nothing at all is: the reason of the
+  // candidate that got furthest (a shape that failed only at its offload says more than the first
+  // node count tried, whose batch did not divide). Stages in search order.
+  enum class Stage { kTensorParallel, kDataParallel, kBatch, kMicroBatch, kOffload };
   template <typename Reason>
-  void note(const Reason& reason) {
-    if (result.empty_reason.empty()) result.empty_reason = reason();
+  void note(Stage stage, const Reason& reason) {
+    if (!result.empty_reason.empty() && stage <= noted_stage_) return;
+    result.empty_reason = reason();
+    noted_stage_ = stage;
   }
+  Stage noted_stage_ = Stage::kTensorParallel;
 
   static std::string list(const std::vector<int64_t>& v) {
     std::string out;

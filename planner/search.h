@@ -37,7 +37,7 @@ struct SearchResult {
   std::optional<Candidate> best;          // fastest that fits
   std::optional<Candidate> nearest_miss;  // smallest memory overshoot (memory figures only)
   int64_t evaluated = 0;
-  std::string empty_reason;  // when nothing was evaluated: the first reason a part was empty
+  std::string empty_reason;  // when nothing was evaluated: why the furthest candidate was not
 };
 
 // `max_nodes`: nodes of the group usable. `slots_per_node`: free GPUs (or cores) per node.

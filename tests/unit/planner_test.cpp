@@ -209,6 +209,30 @@ TEST(Planner, AForcedDataParallelThatFitsNoShapeSaysWhatWould) {
   EXPECT_NE(many.find("the nearest dataParallel that fits: 32"), std::string::npos) << many;
 }
 
+// offload: window with a gpuUpdateFraction that leaves too few layers to stream names that, not
+// the first node count tried (whose batch did not divide): the furthest candidate's reason.
+TEST(Planner, WindowWithAFractionThatLeavesNoWindowSaysSo) {
+  const auto inv = gpu_cluster("NVIDIA-H100-80GB-HBM3", 4, 8, 80, 25, 150, 25);
+  const auto job = test::gpt_job(
+      "{preset: tiny}",
+      "  parallelism: {offload: window, gpuUpdateFraction: 0.5}\n"
+      "  training: {steps: 10, globalBatchSize: 8}\n");
+  const std::string e = plan_error(job, inv);
+  EXPECT_NE(e.find("offload: window streams 1 of the 2 layers here (gpuUpdateFraction 0.5); a "
+                   "window needs at least 2 streamed layers"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("leave gpuUpdateFraction out"), std::string::npos) << e;
+  EXPECT_EQ(e.find("not divisible"), std::string::npos) << e;
+  // As it says: without the fraction there is a window plan.
+  const api::Plan plan = planner::best_plan(
+      test::gpt_job("{preset: tiny}",
+                    "  parallelism: {offload: window}\n"
+                    "  training: {steps: 10, globalBatchSize: 8}\n"),
+      inv);
+  EXPECT_EQ(plan.config.offload, OffloadMode::kWindow);
+}
+
 TEST(Planner, AModelThatFitsNowhereNamesTheNearestMiss) {
   // 60 B parameters with 16 GiB of host memory: neither the GPU nor the host can hold it.
   const auto job =
