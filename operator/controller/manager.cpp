@@ -121,8 +121,10 @@ void Manager::watch_for_keys() {
   kube::Informer* jobs = cache_.informer(kube::kTrainingJobs);
   KT_CHECK(jobs, "Manager: the cache holds no TrainingJobs");
   // Handlers only enqueue keys (never touch objects): the reconciler reads the current state.
-  jobs->add_handler(
-      [this](kube::WatchEventType, const Object& job) { queue_.add(kube::object_key(job)); });
+  jobs->add_handler([this](kube::WatchEventType type, const Object& job) {
+    track_waiting(type, job);
+    queue_.add(kube::object_key(job));
+  });
   // What a job owns (controller-runtime's Owns()): a change, or a child deleted by someone else,
   // wakes its job.
   for (const kube::Resource& owned :
@@ -134,6 +136,42 @@ void Manager::watch_for_keys() {
       if (!key.empty()) queue_.add(key);
     });
   }
+  // Any pod, ours or not, that stops holding its requests; any node that joins.
+  if (kube::Informer* pods = cache_.informer(kube::kPods))
+    pods->add_handler([this](kube::WatchEventType type, const Object& pod) {
+      const auto status = pod.find("status");
+      const std::string phase = status != pod.end() && status->is_object()
+                                    ? status->value("phase", std::string())
+                                    : std::string();
+      if (type == kube::WatchEventType::Deleted || phase == "Succeeded" || phase == "Failed")
+        wake_waiting();
+    });
+  if (kube::Informer* nodes = cache_.informer(kube::kNodes))
+    nodes->add_handler([this](kube::WatchEventType type, const Object&) {
+      if (type == kube::WatchEventType::Added) wake_waiting();
+    });
+}
+
+void Manager::track_waiting(kube::WatchEventType type, const Object& job) {
+  bool waiting = false;
+  if (type != kube::WatchEventType::Deleted) {
+    const Object status = job.value("status", Object::object());
+    if (status.value("phase", std::string()) == "Pending")
+      for (const Object& c : status.value("conditions", Object::array()))
+        waiting = waiting || (c.value("type", std::string()) == "Planned" &&
+                              c.value("reason", std::string()) == "WaitingForResources");
+  }
+  const std::string key = kube::object_key(job);
+  std::lock_guard lock(waiting_mutex_);
+  if (waiting)
+    waiting_.insert(key);
+  else
+    waiting_.erase(key);
+}
+
+void Manager::wake_waiting() {
+  std::lock_guard lock(waiting_mutex_);
+  for (const std::string& key : waiting_) queue_.add(key);
 }
 
 Manager::~Manager() {

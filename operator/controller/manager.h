@@ -15,6 +15,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +64,11 @@ class Manager {
  private:
   void watch_for_keys();
   void work();
+  // Jobs waiting for resources (Pending, Planned False with WaitingForResources) are woken when
+  // resources may have come free (a pod deleted or finished, a node added) instead of at their
+  // 30 s requeue.
+  void track_waiting(kube::WatchEventType type, const kube::Object& job);
+  void wake_waiting();
 
   std::unique_ptr<kube::Cache> own_cache_;  // null when the cache is the caller's
   kube::Cache& cache_;
@@ -71,6 +78,8 @@ class Manager {
   const int workers_;
   std::vector<std::thread> threads_;
   std::atomic<bool> started_{false};
+  std::mutex waiting_mutex_;
+  std::set<std::string> waiting_;  // "ns/name" of the jobs waiting for resources
 };
 
 // The key of the TrainingJob that controls `pod` (its controller ownerReference, else its

@@ -72,6 +72,50 @@ TEST(Manager, ReconcilesOnJobAndPodEvents_UntilTheJobSucceeds) {
   EXPECT_EQ(store.list(kube::kPods, "default", {}).items.size(), 1u);  // still exactly one pod
 }
 
+// A job waiting for resources starts when a pod that held them goes, not at its 30 s requeue.
+TEST(Manager, AJobWaitingForResources_StartsWhenAPodLeaves) {
+  local::Store store;
+  store.register_resource(kube::kTrainingJobs, true);
+  Object node =
+      store.create(kube::kNodes, "",
+                   {{"metadata", {{"name", "n"}, {"labels", {{"kubernetes.io/hostname", "n"}}}}}});
+  node["status"] = {{"allocatable", {{"cpu", "4"}, {"memory", "16Gi"}}}};
+  store.update_status(kube::kNodes, "", node);
+  // Someone else's pod holds 15.5 of the 16 GiB: GPT-2 124M fits the node, not beside it.
+  store.create(kube::kPods, "default",
+               {{"metadata", {{"name", "hog"}, {"namespace", "default"}}},
+                {"spec",
+                 {{"nodeName", "n"},
+                  {"containers",
+                   {{{"name", "c"}, {"resources", {{"requests", {{"memory", "15872Mi"}}}}}}}}}}});
+  ControllerOptions options;
+  Controller controller(store, options);
+  Manager manager(store, controller, ManagerOptions{});
+  manager.start();
+  ASSERT_TRUE(eventually([&] { return manager.has_synced(); }));
+  Object job = tiny_job_object("w");
+  job["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  store.create(kube::kTrainingJobs, "default", job);
+  const auto planned_reason = [&] {
+    for (const Object& c : store.get(kube::kTrainingJobs, "default", "w")
+                               .value("status", Object::object())
+                               .value("conditions", Object::array()))
+      if (c.value("type", "") == "Planned") return c.value("reason", "");
+    return std::string();
+  };
+  ASSERT_TRUE(eventually([&] { return planned_reason() == "WaitingForResources"; }))
+      << planned_reason();
+  store.remove(kube::kPods, "default", "hog");
+  const auto worker_exists = [&] {
+    for (const Object& p : store.list(kube::kPods, "default", {}).items)
+      if (p["metadata"].value("name", "") == "w-worker-0") return true;
+    return false;
+  };
+  EXPECT_TRUE(eventually(worker_exists, std::chrono::seconds(10)))
+      << "the waiting job was not woken (its own requeue comes after 30 s)";
+  manager.stop();
+}
+
 TEST(Manager, JobsThatExistedBeforeTheStart_AreReconciledFromTheFirstList) {
   local::Store store;
   store.register_resource(kube::kTrainingJobs, true);
