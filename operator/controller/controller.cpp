@@ -550,17 +550,19 @@ void Controller::Pass::reserve_placement(const api::TrainingJob& job, Gang& gang
                                          const api::Plan& plan) {
   if (!placing_.owns_lock() || !options_.inventory || !options_.inventory->has_synced()) return;
   std::vector<Object> pods;
-  gang.rendered.clear();
-  const auto ranks = static_cast<int64_t>(plan.placement.size());
-  for (int64_t rank = 0; rank < ranks; ++rank) {
+  std::vector<int64_t> ranks;
+  for (int64_t rank = 0; rank < static_cast<int64_t>(plan.placement.size()); ++rank) {
     if (gang.attempt_ranks.count(rank)) continue;
-    Object pod = render_worker_pod(object_, job, plan, rank, gang.attempt, options_.children);
-    reserved_.push_back(kube::object_key(pod));
-    pods.push_back(pod);
-    gang.rendered.emplace(rank, std::move(pod));
+    pods.push_back(render_worker_pod(object_, job, plan, rank, gang.attempt, options_.children));
+    ranks.push_back(rank);
   }
   options_.inventory->reserve(pods);
   placing_.unlock();
+  gang.rendered.clear();
+  for (std::size_t i = 0; i < pods.size(); ++i) {
+    reserved_.push_back(kube::object_key(pods[i]));
+    gang.rendered.emplace(ranks[i], std::move(pods[i]));
+  }
 }
 
 void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& plan,
@@ -909,13 +911,14 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   const auto create_some = [&] {
     for (size_t i = next++; i < missing.size() && !failed; i = next++) {
       try {
+        // As reserved when there is a reservation (no second render, no copy).
         const auto rendered = gang.rendered.find(missing[i]);
-        created[i].pod = client_.create(
-            kube::kPods, ns_,
+        created[i].pod =
             rendered != gang.rendered.end()
-                ? rendered->second
-                : render_worker_pod(object_, job, *gang.plan, missing[i], gang.attempt,
-                                    options_.children));
+                ? client_.create(kube::kPods, ns_, rendered->second)
+                : client_.create(kube::kPods, ns_,
+                                 render_worker_pod(object_, job, *gang.plan, missing[i],
+                                                   gang.attempt, options_.children));
         // Counted at once: the next job's plan may come before the pod informer's event.
         if (options_.inventory) options_.inventory->expect(*created[i].pod);
       } catch (const ApiError& e) {

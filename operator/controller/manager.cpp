@@ -120,7 +120,8 @@ Manager::Manager(kube::Client& client, Controller& controller, ManagerOptions op
 void Manager::watch_for_keys() {
   kube::Informer* jobs = cache_.informer(kube::kTrainingJobs);
   KT_CHECK(jobs, "Manager: the cache holds no TrainingJobs");
-  // Handlers only enqueue keys (never touch objects): the reconciler reads the current state.
+  // Handlers enqueue keys (and keep the set of waiting jobs); the reconciler reads the current
+  // state.
   jobs->add_handler([this](kube::WatchEventType type, const Object& job) {
     track_waiting(type, job);
     queue_.add(kube::object_key(job));
@@ -154,11 +155,13 @@ void Manager::watch_for_keys() {
 
 void Manager::track_waiting(kube::WatchEventType type, const Object& job) {
   bool waiting = false;
-  if (type != kube::WatchEventType::Deleted) {
-    const Object status = job.value("status", Object::object());
-    if (status.value("phase", std::string()) == "Pending")
-      for (const Object& c : status.value("conditions", Object::array()))
-        waiting = waiting || (c.value("type", std::string()) == "Planned" &&
+  const auto status = job.find("status");
+  if (type != kube::WatchEventType::Deleted && status != job.end() && status->is_object() &&
+      status->value("phase", std::string()) == "Pending") {
+    const auto conditions = status->find("conditions");
+    if (conditions != status->end() && conditions->is_array())
+      for (const Object& c : *conditions)
+        waiting = waiting || (c.is_object() && c.value("type", std::string()) == "Planned" &&
                               c.value("reason", std::string()) == "WaitingForResources");
   }
   const std::string key = kube::object_key(job);
