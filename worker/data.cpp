@@ -86,7 +86,10 @@ int64_t rescale_position(int64_t done, int64_t old_world, int64_t new_world) {
 }
 
 void require_kind(const nlohmann::json& cursor, const char* kind) {
-  if (!cursor.is_object() || cursor.value("kind", std::string()) != kind) {
+  // `kind` of another type is no match (json's value() would throw its own type_error).
+  const auto it = cursor.is_object() ? cursor.find("kind") : cursor.end();
+  if (!cursor.is_object() || it == cursor.end() || !it->is_string() ||
+      it->get<std::string>() != kind) {
     throw Error(std::string("data cursor ") + cursor.dump() + " is not a cursor of " + kind +
                 " data");
   }

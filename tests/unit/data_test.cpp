@@ -285,6 +285,9 @@ TEST(SyntheticMarkov, RejectsBadParametersAndForeignCursors) {
                          source.restore({{"kind", "tokens"}, {"epoch", 0}});
                        }),
                        "not a cursor of synthetic data"));
+  // A kind that is not a string (found by fuzz/checkpoint_fuzz.cpp): the same error, not json's.
+  EXPECT_TRUE(contains(error_of([&] { source.restore({{"kind", 7}, {"sequence", 0}}); }),
+                       "not a cursor of synthetic data"));
 }
 
 // ---------------------------------------------------------------------------------------------
