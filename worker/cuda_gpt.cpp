@@ -1,16 +1,13 @@
 #include "worker/cuda_gpt.h"
 
 #include <cuda_runtime.h>
-#include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <string>
 
 #include "api/error.h"
 #include "api/flops.h"
-#include "kernels/bf16.h"
 #include "kernels/cuda/check.h"
 #include "worker/host_access.h"
 
@@ -20,11 +17,10 @@ namespace cu = kernels::cuda;
 using cu::bf16;
 
 namespace {
-// The bytes of `n` elements of T: copies and memsets are sized in elements, as the buffers are.
-template <typename T>
-size_t bytes(int64_t n) {
-  return static_cast<size_t>(n) * sizeof(T);
-}
+// Backward products: parameter gradients accumulated over micro-batches; input gradients
+// written (overwrite), not added (no memset first).
+constexpr bool kAccumulate = true, kOverwrite = false;
+
 }  // namespace
 
 CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t T,
@@ -33,10 +29,9 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
       c_(config),
       B_(B),
       T_(T),
-      cpu_threads_(std::max(1, options.cpu_threads)),
       recompute_(options.recompute),
-      reducer_(options.reducer),
-      tp_(options.tp) {
+      tp_(options.tp),
+      memory_(device) {
   KT_CHECK(B > 0 && T > 0 && T <= c_.max_seq_len, "micro-batch shape out of range");
   KT_CHECK(c_.channels % c_.heads == 0, "heads must divide channels");
   if (tp_) {
@@ -57,144 +52,30 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   for (int j = 0; j < lanes; ++j) {
     lanes_[j].B = B / lanes;
     lanes_[j].row0 = j * (B / lanes);
+    lanes_[j].index = j;
   }
-  const int64_t units = c_.layers + 1;
-  device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
-  if (options.window > 0 && device_units_ <= c_.layers) {
-    KT_CHECK(device_units_ >= 1, "window offload keeps the embeddings on the device (gpuUnits >= 1)");
-    KT_CHECK(recompute_ != api::Recompute::kNone,
-             "window offload streams the layers' weights twice, so it needs recompute");
-    window_ = options.window;
-  }
-  dev_layers_ = window_ > 0 ? device_units_ - 1 : c_.layers;
-  try {
-    allocate();
-  } catch (...) {  // e.g. out of memory: give back what was taken, then report
-    for (void* p : allocations_) device_.deallocate(p);
-    for (void* p : pinned_allocations_) device_.deallocate_pinned(p);
-    throw;
-  }
-  if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
+  ctx_ = std::make_unique<cu::Context>(device_.stream(StreamRole::kCompute).handle());
+  CudaOffloadOptions offload;
+  offload.device_units = options.device_units;
+  offload.window = options.window;
+  offload.recompute = recompute_;
+  offload.cpu_threads = options.cpu_threads;
+  offload.reducer = options.reducer;
+  engine_ = std::make_unique<CudaOffloadEngine>(device_, c_, t_, *ctx_, offload);
+  allocate();  // (what was taken goes back with the members if this throws)
 }
 
 CudaGpt::~CudaGpt() {
-  try {
-    wait_cpu_idle();
-  } catch (...) {  // already reported by the call that failed
-  }
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  if (cpu_thread_.joinable()) cpu_thread_.join();
-  cudaDeviceSynchronize();  // no check: a destructor must not throw; the memory goes back anyway
+  engine_.reset();          // the CPU optimizer stops; the device finishes
+  cudaDeviceSynchronize();  // no check: a destructor must not throw
   ctx_.reset();
-  for (void* p : allocations_) device_.deallocate(p);
-  for (void* p : pinned_allocations_) device_.deallocate_pinned(p);
 }
 
-void* CudaGpt::take_bytes(size_t bytes, MemoryKind kind) {
-  void* p = device_.allocate(std::max<size_t>(bytes, 1), kind);
-  allocations_.push_back(p);
-  return p;
-}
-
-void* CudaGpt::take_pinned_bytes(size_t bytes, MemoryKind kind) {
-  void* p = device_.allocate_pinned(std::max<size_t>(bytes, 1), kind);
-  pinned_allocations_.push_back(p);
-  return p;
-}
-
+// The activations (the parameters are the engine's).
 void CudaGpt::allocate() {
   const int64_t L = c_.layers, C = c_.channels, BT = B_ * T_;
-  ctx_ = std::make_unique<cu::Context>(device_.stream(StreamRole::kCompute).handle());
-  sizes_ = gpt_param_sizes(c_, t_);
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    offsets_[i] = num_params_;
-    num_params_ += sizes_[i];
-  }
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    const bool layer_tensor = kParams[static_cast<size_t>(i)].per_layer;
-    dsizes_[i] = layer_tensor ? sizes_[i] / L * dev_layers_ : sizes_[i];
-    doffsets_[i] = dev_params_;
-    dev_params_ += dsizes_[i];
-    if (layer_tensor) {
-      slot_offsets_[i] = slot_params_;
-      slot_params_ += sizes_[i] / L;
-    }
-  }
-  const size_t P = static_cast<size_t>(dev_params_);
-  params16_ = take<bf16>(P, MemoryKind::kParams);
-  grads_ = take<float>(P, MemoryKind::kGrads);
-  slots_.resize(static_cast<size_t>(std::min(window_, L - dev_layers_)));
-  for (Slot& slot : slots_) {
-    slot.weights = take<bf16>(slot_params_, MemoryKind::kParams);
-    slot.grads = take<float>(slot_params_, MemoryKind::kGrads);
-    slot.loaded = std::make_unique<CudaEvent>();
-    slot.weights_free = std::make_unique<CudaEvent>();
-    slot.grads_free = std::make_unique<CudaEvent>();
-  }
-  if (!slots_.empty()) window_ = static_cast<int64_t>(slots_.size());
-
-  // The device units' slices, merged where consecutive layers of one tensor touch, packed.
-  units_.resize(L + 1);
-  for (int64_t u = 0; u < device_units_; ++u)
-    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u)) device_slices_.push_back(s);
-  std::sort(device_slices_.begin(), device_slices_.end(),
-            [](const ParamSlice& a, const ParamSlice& b) { return a.offset < b.offset; });
-  std::vector<ParamSlice> merged;
-  for (const ParamSlice& s : device_slices_) {
-    if (!merged.empty() && merged.back().tensor == s.tensor &&
-        merged.back().offset + merged.back().count == s.offset)
-      merged.back().count += s.count;
-    else
-      merged.push_back(s);
-  }
-  device_slices_ = merged;
-  for (const ParamSlice& s : device_slices_) device_packed_ += s.count;
-  if (device_packed_ > 0) {
-    dmaster_ = take<float>(device_packed_, MemoryKind::kParams);
-    dm_ = take<float>(device_packed_, MemoryKind::kOptimizer);
-    dv_ = take<float>(device_packed_, MemoryKind::kOptimizer);
-  }
-  int64_t packed = 0;
-  for (const ParamSlice& s : device_slices_) {
-    const int64_t at = dev_offset(s.tensor, s.offset);
-    device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
-        {dmaster_ + packed, grads_ + at, dm_ + packed, dv_ + packed, params16_ + at, s.count});
-    packed += s.count;
-  }
-  for (int64_t u = 0; u <= L; ++u) {
-    Unit& unit = units_[u];
-    if (!unit_streamed(u))  // a streamed layer's gradients are in its slot
-      for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u))
-        unit.grad_ranges.emplace_back(grads_ + dev_offset(s.tensor, s.offset),
-                                      static_cast<size_t>(s.count));
-    unit.grads_final = std::make_unique<CudaEvent>();
-  }
-  // The host units: pinned master, moments, gradients and bf16 staging, packed unit by unit.
-  for (int64_t u = device_units_; u <= L; ++u) {
-    Unit& unit = units_[u];
-    unit.on_device = false;
-    for (const ParamSlice& s : gpt_unit_slices(sizes_, L, u)) {
-      unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
-      host_packed_ += s.count;
-    }
-    unit.grads_copied = std::make_unique<CudaEvent>();
-    unit.weights_copied = std::make_unique<CudaEvent>();
-  }
-  if (host_packed_ > 0) {
-    const size_t H = static_cast<size_t>(host_packed_);
-    hmaster_ = take_pinned<float>(H, MemoryKind::kParams);
-    hm_ = take_pinned<float>(H, MemoryKind::kOptimizer);
-    hv_ = take_pinned<float>(H, MemoryKind::kOptimizer);
-    hgrads_ = take_pinned<float>(H, MemoryKind::kGrads);
-    hparams16_ = take_pinned<uint16_t>(H, MemoryKind::kParams);
-  }
-
-  auto act16 = [&](int64_t n) { return take<bf16>(n, MemoryKind::kActivations); };
-  auto act32 = [&](int64_t n) { return take<float>(n, MemoryKind::kActivations); };
+  auto act16 = [&](int64_t n) { return memory_.device<bf16>(n, MemoryKind::kActivations); };
+  auto act32 = [&](int64_t n) { return memory_.device<float>(n, MemoryKind::kActivations); };
   const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_, T = T_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
   const int parts = checkpoint_tensors(recompute_);
@@ -202,22 +83,11 @@ void CudaGpt::allocate() {
     const int64_t Bl = lane.B, BTl = Bl * T;
     // Every layer's input; with commAware every layer's summed attention projection and fc2
     // output too (the checkpoint, worker/recompute.h). With window offload the streamed layers'
-    // checkpoints are in pinned memory, and a ring of two on the device.
-    std::array<std::array<bf16*, 3>, 2> ring{};
-    const int64_t streamed_layers = window_ > 0 ? L - dev_layers_ : 0;
-    if (streamed_layers > 0) {
-      for (int k = 0; k < 2; ++k) {
-        for (int part = 0; part < parts; ++part) ring[k][part] = act16(BTl * C);
-        lane.ring_written[k] = std::make_unique<CudaEvent>();
-        lane.ring_out[k] = std::make_unique<CudaEvent>();
-        lane.ring_in[k] = std::make_unique<CudaEvent>();
-        lane.ring_used[k] = std::make_unique<CudaEvent>();
-      }
-      lane.host_checkpoints =
-          take_pinned<bf16>(streamed_layers * parts * BTl * C, MemoryKind::kActivations);
-    }
+    // checkpoints are the engine's ring buffers.
+    engine_->add_checkpoint_lane(parts, BTl * C);
     auto kept = [&](int64_t l, CheckpointTensor part) {
-      return checkpoint_streamed(l) ? ring[ring_of(l)][static_cast<int>(part)] : act16(BTl * C);
+      bf16* ring = engine_->checkpoint_buffer(lane.index, l, static_cast<int>(part));
+      return ring ? ring : act16(BTl * C);
     };
     for (int64_t l = 0; l <= L; ++l) lane.res.push_back(kept(l, CheckpointTensor::kInput));
     if (recompute_ == api::Recompute::kCommAware) {
@@ -265,8 +135,8 @@ void CudaGpt::allocate() {
   losses_ = act32(BT);
   const int64_t Bl = lanes_.front().B, BTl = Bl * T;  // the lanes are equal
   if (flash_) {
-    attention_scratch_ = take_bytes(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
-                                    MemoryKind::kWorkspace);
+    attention_scratch_ = memory_.device_bytes(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
+                                              MemoryKind::kWorkspace);
   } else {  // the fp32 kernels' materialised attention and its fp32 operands
     const int64_t att = Bl * NHl * T * T;
     qkv32_ = act32(BTl * 3 * Cl);
@@ -277,18 +147,18 @@ void CudaGpt::allocate() {
     dqkv32_ = act32(BTl * 3 * Cl);
     dc32_ = act32(BTl * Cl);
   }
-  norm_ = take<double>(2, MemoryKind::kWorkspace);
-  tokens_ = take<int32_t>(2 * BT, MemoryKind::kWorkspace);
+  norm_ = memory_.device<double>(2, MemoryKind::kWorkspace);
+  tokens_ = memory_.device<int32_t>(2 * BT, MemoryKind::kWorkspace);
   for (int i = 0; i < 2; ++i) {
-    token_staging_[i] = take_pinned<int32_t>(2 * BT, MemoryKind::kWorkspace);
+    token_staging_[i] = memory_.pinned<int32_t>(2 * BT, MemoryKind::kWorkspace);
     staging_free_[i] = std::make_unique<CudaEvent>();
   }
-  norm_host_ = take_pinned<double>(2, MemoryKind::kWorkspace);
+  norm_host_ = memory_.pinned<double>(2, MemoryKind::kWorkspace);
 }
 
 double CudaGpt::flops_per_micro_step() const {
   // This rank's share: its parameters and its Cl channels of attention (api/flops.h).
-  return api::gpt_flops_per_token(static_cast<double>(num_params_), c_.layers, Cl_, T_) *
+  return api::gpt_flops_per_token(static_cast<double>(num_parameters()), c_.layers, Cl_, T_) *
          static_cast<double>(B_ * T_);
 }
 
@@ -296,291 +166,30 @@ bool CudaGpt::sharded(int tensor_index) const {
   return gpt_tp_sharded(tensor_index, t_);
 }
 
-// ---- host access: initialisation and checkpoints -------------------------------------------
+// ---- host access: initialisation and checkpoints (the engine's state) ------------------------
 
 void CudaGpt::init_weights(uint64_t seed) {
-  std::vector<float> host(num_params_);
+  std::vector<float> host(num_parameters());
   gpt_init_rank(c_, t_, tr_, seed, host.data());
   set_parameters(host.data());
-  std::vector<float> zeros(num_params_, 0.0f);
+  std::vector<float> zeros(num_parameters(), 0.0f);
   set_moments(zeros.data(), zeros.data());
 }
 
-namespace {
-// Synchronous copies between a full host array (llm.c layout) and packed device state.
-void upload_packed(float* packed_device, const std::vector<ParamSlice>& slices,
-                   const float* host) {
-  int64_t packed = 0;
-  for (const ParamSlice& s : slices) {
-    KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, bytes<float>(s.count),
-                             cudaMemcpyHostToDevice));
-    packed += s.count;
-  }
-}
-void download_packed(const float* packed_device, const std::vector<ParamSlice>& slices,
-                     float* host) {
-  int64_t packed = 0;
-  for (const ParamSlice& s : slices) {
-    KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, bytes<float>(s.count),
-                             cudaMemcpyDeviceToHost));
-    packed += s.count;
-  }
-}
-}  // namespace
-
-void CudaGpt::set_parameters(const float* host) {
-  synchronize();
-  if (dmaster_) upload_packed(dmaster_, device_slices_, host);
-  for (const Unit& u : units_)
-    for (const HostSlice& s : u.host_slices)
-      std::memcpy(hmaster_ + s.packed, host + s.offset, bytes<float>(s.count));
-  refresh_bf16();
-}
-
-void CudaGpt::get_parameters(float* host) {
-  synchronize();
-  if (dmaster_) download_packed(dmaster_, device_slices_, host);
-  for (const Unit& u : units_)
-    for (const HostSlice& s : u.host_slices)
-      std::memcpy(host + s.offset, hmaster_ + s.packed, bytes<float>(s.count));
-}
-
-void CudaGpt::set_moments(const float* m, const float* v) {
-  synchronize();
-  if (dm_) {
-    upload_packed(dm_, device_slices_, m);
-    upload_packed(dv_, device_slices_, v);
-  }
-  for (const Unit& u : units_)
-    for (const HostSlice& s : u.host_slices) {
-      std::memcpy(hm_ + s.packed, m + s.offset, bytes<float>(s.count));
-      std::memcpy(hv_ + s.packed, v + s.offset, bytes<float>(s.count));
-    }
-}
-
-void CudaGpt::get_moments(float* m, float* v) {
-  synchronize();
-  if (dm_) {
-    download_packed(dm_, device_slices_, m);
-    download_packed(dv_, device_slices_, v);
-  }
-  for (const Unit& u : units_)
-    for (const HostSlice& s : u.host_slices) {
-      std::memcpy(m + s.offset, hm_ + s.packed, bytes<float>(s.count));
-      std::memcpy(v + s.offset, hv_ + s.packed, bytes<float>(s.count));
-    }
-}
-
-void CudaGpt::get_gradients(float* host) {
-  synchronize();
-  if (window_ == 0) {
-    KT_CUDA_CHECK(cudaMemcpy(host, grads_, bytes<float>(num_params_),
-                             cudaMemcpyDeviceToHost));
-    return;
-  }
-  // The resident part of each tensor from the device, the streamed layers' from host memory.
-  for (int i = 0; i < kNumParamTensors; ++i)
-    KT_CUDA_CHECK(cudaMemcpy(host + offsets_[i], grads_ + doffsets_[i], bytes<float>(dsizes_[i]),
-                             cudaMemcpyDeviceToHost));
-  for (int64_t l = dev_layers_; l < c_.layers; ++l)
-    for (const HostSlice& sl : units_[l + 1].host_slices) {
-      host_reads("get_gradients", hgrads_ + sl.packed, bytes<float>(sl.count));
-      std::memcpy(host + sl.offset, hgrads_ + sl.packed, bytes<float>(sl.count));
-    }
-}
-
-void CudaGpt::refresh_bf16() {
-  int64_t packed = 0;
-  for (const ParamSlice& s : device_slices_) {
-    cu::cast_to_bf16(*ctx_, params16_ + dev_offset(s.tensor, s.offset), dmaster_ + packed,
-                     s.count);
-    packed += s.count;
-  }
-  for (int64_t unit = 0; unit <= c_.layers; ++unit)
-    for (const HostSlice& s : units_[unit].host_slices) {
-      host_writes("refresh_bf16", hparams16_ + s.packed, bytes<bf16>(s.count));
-      for (int64_t i = 0; i < s.count; ++i)
-        hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
-      if (!unit_streamed(unit))  // streamed layers load from hparams16_ when used
-        KT_CUDA_CHECK(cudaMemcpy(params16_ + dev_offset(s.tensor, s.offset), hparams16_ + s.packed,
-                                 bytes<bf16>(s.count), cudaMemcpyHostToDevice));
-    }
-  for (Slot& slot : slots_) slot.layer = -1;  // reload: the weights may have changed
-  device_.stream(StreamRole::kCompute).synchronize();
-}
+void CudaGpt::set_parameters(const float* host) { engine_->set_parameters(host); }
+void CudaGpt::get_parameters(float* host) { engine_->get_parameters(host); }
+void CudaGpt::set_moments(const float* m, const float* v) { engine_->set_moments(m, v); }
+void CudaGpt::get_moments(float* m, float* v) { engine_->get_moments(m, v); }
+void CudaGpt::get_gradients(float* host) { engine_->get_gradients(host); }
 
 // ---- the step --------------------------------------------------------------------------------
 
 void CudaGpt::zero_grad() {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
-  join_reductions(compute);
-  // The last step's gradient copies read grads_: zeroing waits for them.
-  for (const Unit& u : units_)
-    if (!u.on_device) compute.wait(*u.grads_copied);
-  KT_CUDA_CHECK(cudaMemsetAsync(grads_, 0, bytes<float>(dev_params_), compute.handle()));
+  engine_->begin_step();
+  KT_CUDA_CHECK(cudaMemsetAsync(engine_->grads(), 0, bytes<float>(engine_->layout().dparams),
+                                compute.handle()));
   micro_ = 0;
-  for (Slot& slot : slots_) slot.layer = -1;  // a new step: the streamed weights were updated
-}
-
-// ---- window offload: the streamed layers' slots -------------------------------------------------
-
-void CudaGpt::load_layer(int64_t l) {
-  if (!streamed(l) || l >= c_.layers) return;
-  Slot& slot = slot_of(l);
-  if (slot.layer == l) return;  // still there
-  const Unit& u = units_[l + 1];
-  wait_cpu_update(u);  // hparams16_ holds the updated weights
-  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-  h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
-  for (const HostSlice& sl : u.host_slices) {
-    KT_CUDA_CHECK(cudaMemcpyAsync(slot.weights + slot_offsets_[sl.tensor], hparams16_ + sl.packed,
-                                  bytes<bf16>(sl.count), cudaMemcpyHostToDevice, h2d.handle()));
-    h2d_bytes_ += bytes<bf16>(sl.count);
-  }
-  h2d.record(*slot.loaded);
-  slot.layer = l;
-}
-
-void CudaGpt::use_layer(int64_t l) {
-  if (!streamed(l)) return;
-  load_layer(l);
-  device_.stream(StreamRole::kCompute).wait(*slot_of(l).loaded);
-}
-
-void CudaGpt::checkpoint_before_write(Lane& lane, int64_t l) {
-  if (!checkpoint_streamed(l)) return;
-  const int k = ring_of(l);
-  device_.stream(StreamRole::kCompute).wait(*lane.ring_out[k]);
-  lane.ring_holds[k] = -1;
-}
-
-void CudaGpt::checkpoint_out(Lane& lane, int64_t l) {
-  if (!checkpoint_streamed(l)) return;
-  const int k = ring_of(l), parts = checkpoint_tensors(recompute_);
-  const int64_t n = lane.B * T_ * c_.channels;
-  bf16* host = lane.host_checkpoints + (l - dev_layers_) * parts * n;
-  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
-  device_.stream(StreamRole::kCompute).record(*lane.ring_written[k]);
-  d2h.wait(*lane.ring_written[k]);
-  const auto tensors = checkpoint_of(lane, l);
-  for (int part = 0; part < parts; ++part)
-    device_.copy(host + part * n, tensors[part], bytes<bf16>(n), d2h);
-  d2h_bytes_ += bytes<bf16>(parts * n);
-  d2h.record(*lane.ring_out[k]);
-}
-
-void CudaGpt::checkpoint_in(Lane& lane, int64_t l, bool wait) {
-  if (!checkpoint_streamed(l)) return;
-  const int k = ring_of(l);
-  if (lane.ring_holds[k] != l) {
-    const int parts = checkpoint_tensors(recompute_);
-    const int64_t n = lane.B * T_ * c_.channels;
-    const bf16* host = lane.host_checkpoints + (l - dev_layers_) * parts * n;
-    CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-    h2d.wait(*lane.ring_out[k]);   // the forward's copy out of the slot has finished
-    h2d.wait(*lane.ring_used[k]);  // and the backward of the layer two up is done with it
-    const auto tensors = checkpoint_of(lane, l);
-    for (int part = 0; part < parts; ++part)
-      device_.copy(tensors[part], host + part * n, bytes<bf16>(n), h2d);
-    h2d_bytes_ += bytes<bf16>(parts * n);
-    h2d.record(*lane.ring_in[k]);
-    lane.ring_holds[k] = l;
-  }
-  if (wait) device_.stream(StreamRole::kCompute).wait(*lane.ring_in[k]);
-}
-
-std::array<bf16*, 3> CudaGpt::checkpoint_of(const Lane& lane, int64_t l) const {
-  const int64_t p = proj_index(l);
-  return {lane.res[l], lane.attproj[p], lane.fcproj[p]};
-}
-
-void CudaGpt::checkpoint_done(Lane& lane, int64_t l) {
-  if (!checkpoint_streamed(l)) return;
-  device_.stream(StreamRole::kCompute).record(*lane.ring_used[ring_of(l)]);
-}
-
-// The slot's gradients start the layer's backward at zero (first micro-batch) or at the sum of
-// the earlier micro-batches (copied back from host memory).
-void CudaGpt::start_layer_grads(int64_t l) {
-  if (!streamed(l)) return;
-  Slot& slot = slot_of(l);
-  CudaStream& compute = device_.stream(StreamRole::kCompute);
-  compute.wait(*slot.grads_free);  // the last copy out of the slot's gradients
-  if (micro_ == 1) {  // this backward belongs to the first micro-batch of the step
-    KT_CUDA_CHECK(cudaMemsetAsync(slot.grads, 0, bytes<float>(slot_params_), compute.handle()));
-    return;
-  }
-  const Unit& u = units_[l + 1];
-  compute.wait(*u.grads_copied);
-  for (const HostSlice& sl : u.host_slices) {
-    KT_CUDA_CHECK(cudaMemcpyAsync(slot.grads + slot_offsets_[sl.tensor], hgrads_ + sl.packed,
-                                  bytes<float>(sl.count), cudaMemcpyHostToDevice,
-                                  compute.handle()));
-    h2d_bytes_ += bytes<float>(sl.count);
-  }
-}
-
-const bf16* CudaGpt::layer_weight(int tensor, int64_t l) {
-  if (streamed(l)) return slot_of(l).weights + slot_offsets_[tensor];
-  return params16_ + doffsets_[tensor] + l * (sizes_[tensor] / c_.layers);
-}
-
-float* CudaGpt::layer_grad(int tensor, int64_t l) {
-  if (streamed(l)) return slot_of(l).grads + slot_offsets_[tensor];
-  return grads_ + doffsets_[tensor] + l * (sizes_[tensor] / c_.layers);
-}
-
-void CudaGpt::before_unit(int64_t unit) {
-  Unit& u = units_[unit];
-  if (u.on_device) return;
-  if (unit_streamed(unit)) {  // its weights come into a slot instead
-    use_layer(unit - 1);
-    return;
-  }
-  wait_cpu_update(u);
-  device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
-}
-
-void CudaGpt::wait_cpu_update(const Unit& u) {
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
-  if (cpu_error_) std::rethrow_exception(cpu_error_);
-}
-
-void CudaGpt::join_reductions(CudaStream& stream) {
-  if (reducer_) reducer_->join(stream);
-}
-
-// `last`: the step's last micro-batch (the DP sum, and the host units' copy). A streamed layer's
-// gradients leave its slot after every micro-batch (they are summed in host memory).
-void CudaGpt::unit_grads_final(int64_t unit, bool last) {
-  Unit& u = units_[unit];
-  const bool in_slot = unit_streamed(unit);
-  if (!in_slot && (!last || (u.on_device && !reducer_))) return;
-  CudaStream& compute = device_.stream(StreamRole::kCompute);
-  compute.record(*u.grads_final);
-  GradientReducer::Ranges slot_ranges;
-  if (in_slot) {
-    Slot& slot = slot_of(unit - 1);
-    compute.record(*slot.weights_free);  // the backward is done with the slot's weights
-    for (const HostSlice& sl : u.host_slices)
-      slot_ranges.emplace_back(slot.grads + slot_offsets_[sl.tensor],
-                               static_cast<size_t>(sl.count));
-  }
-  if (reducer_ && last) reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
-  if (u.on_device) return;
-  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
-  d2h.wait(*u.grads_final);
-  if (last) join_reductions(d2h);  // the copy takes the sums
-  for (size_t k = 0; k < u.host_slices.size(); ++k) {
-    const HostSlice& sl = u.host_slices[k];
-    const float* from = in_slot ? slot_ranges[k].first : grads_ + dev_offset(sl.tensor, sl.offset);
-    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
-                                  cudaMemcpyDeviceToHost, d2h.handle()));
-    d2h_bytes_ += bytes<float>(sl.count);
-  }
-  d2h.record(*u.grads_copied);
-  if (in_slot) d2h.record(*slot_of(unit - 1).grads_free);
 }
 
 void CudaGpt::lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
@@ -608,10 +217,10 @@ void CudaGpt::attention_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, B = lane.B, T = T_, BT = B * T;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), p = proj_index(l);
-  auto w = [&](int i) { return layer_weight(i, l); };
+  auto w = [&](int i) { return CudaGpt::w(i, l); };
   finish_allreduce(lane);
   if (!rerun && l > 0) {
-    checkpoint_before_write(lane, l);
+    engine_->checkpoint_before_write(lane.index, l);
     cu::residual_forward(x, lane.res[l], lane.res2[work_index(l - 1)],
                          lane.fcproj[proj_index(l - 1)], BT * C);
   }
@@ -639,7 +248,7 @@ void CudaGpt::mlp_forward(Lane& lane, int64_t l, bool rerun) {
   const int64_t C = c_.channels, Fl = Fl_, BT = lane.B * T_;
   const cu::Context& x = *ctx_;
   const int64_t a = work_index(l), p = proj_index(l);
-  auto w = [&](int i) { return layer_weight(i, l); };
+  auto w = [&](int i) { return CudaGpt::w(i, l); };
   finish_allreduce(lane);
   cu::residual_forward(x, lane.res2[a], lane.res[l], lane.attproj[p], BT * C);
   cu::layernorm_forward(x, lane.ln2[a], lane.ln2_mean[a], lane.ln2_rstd[a], lane.res2[a],
@@ -657,19 +266,63 @@ void CudaGpt::rerun_layer(Lane& lane, int64_t l) {
   mlp_forward(lane, l, true);
 }
 
+// Layer l's MLP half backward for a lane: res[l + 1] = res2 + fcproj, so dres is the gradient
+// of both; fc2, GELU, fc, and fc's input gradient (a partial sum over TP) left in flight.
+void CudaGpt::mlp_backward(Lane& lane, int64_t l) {
+  const int64_t C = c_.channels, Fl = Fl_, BT = lane.B * T_;
+  const cu::Context& x = *ctx_;
+  const int64_t a = work_index(l);
+  cu::matmul_backward_bf16(x, lane.dtmp_f, g(kFcprojw, l), g(kFcprojb, l), lane.dres,
+                           lane.fchg[a], w(kFcprojw, l), BT, Fl, C, kAccumulate, kOverwrite);
+  cu::gelu_backward(x, lane.dtmp_f, lane.fch[a], lane.dtmp_f, BT * Fl, kOverwrite);
+  cu::matmul_backward_bf16(x, lane.dtmp_c, g(kFcw, l), g(kFcb, l), lane.dtmp_f, lane.ln2[a],
+                           w(kFcw, l), BT, C, Fl, kAccumulate, kOverwrite);
+  lane_allreduce(lane, lane.dtmp_c, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+}
+
+// Layer l's attention half backward for a lane: res2 = res[l] + attproj, so ln2's backward adds
+// into dres; the projection, attention, qkv, and qkv's input gradient left in flight.
+void CudaGpt::attention_backward(Lane& lane, int64_t l) {
+  const int64_t C = c_.channels, Cl = Cl_, NHl = NHl_, B = lane.B, T = T_, BT = B * T;
+  const cu::Context& x = *ctx_;
+  const int64_t a = work_index(l);
+  finish_allreduce(lane);
+  cu::layernorm_backward(x, lane.dres, g(kLn2w, l), g(kLn2b, l), lane.dtmp_c, lane.res2[a],
+                         w(kLn2w, l), lane.ln2_mean[a], lane.ln2_rstd[a], BT, C);
+  cu::matmul_backward_bf16(x, lane.dtmp_c, g(kAttprojw, l), g(kAttprojb, l), lane.dres,
+                           lane.atty[a], w(kAttprojw, l), BT, Cl, C, kAccumulate, kOverwrite);
+  if (flash_) {  // dqkv overwritten
+    cu::attention_backward_bf16(x, lane.dtmp_3c, attention_scratch_, lane.dtmp_c, lane.qkv[a],
+                                lane.atty[a], lane.lse[a], B, T, Cl, NHl);
+  } else {
+    cu::cast_to_float(x, dc32_, lane.dtmp_c, BT * Cl);
+    cu::cast_to_float(x, qkv32_, lane.qkv[a], BT * 3 * Cl);  // one fp32 qkv for all layers
+    KT_CUDA_CHECK(cudaMemsetAsync(dqkv32_, 0, bytes<float>(BT * 3 * Cl), x.stream()));
+    cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, lane.att[a], B, T, Cl,
+                           NHl);
+    cu::cast_to_bf16(x, lane.dtmp_3c, dqkv32_, BT * 3 * Cl);
+  }
+  cu::matmul_backward_bf16(x, lane.dtmp_c, g(kQkvw, l), g(kQkvb, l), lane.dtmp_3c, lane.ln1[a],
+                           w(kQkvw, l), BT, C, 3 * Cl, kAccumulate, kOverwrite);
+  lane_allreduce(lane, lane.dtmp_c, BT * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
+}
+
 // The step of one micro-batch, op by op over the lanes: each lane's op starts by waiting for
 // the all-reduce its previous op left in flight, so with two lanes (Oases) one lane's all-reduce
 // runs on the TP stream while the other lane computes.
 //   forward:  embedding | per layer: attention half, MLP half | final LayerNorm, LM head, loss
 //   backward: LM head | final LayerNorm | per layer (from the last): [recompute,] MLP half,
 //             attention half, ln1 | embedding
+// The engine's hooks (worker/cuda_offload.h) mark where a unit's weights are needed, where a
+// layer's forward is done with them, and where a unit's gradients are final.
 void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                                bool last) {
-  const int64_t L = c_.layers, C = c_.channels, Cl = Cl_, NHl = NHl_, Fl = Fl_, Vl = Vl_;
+  const int64_t L = c_.layers, C = c_.channels, Vl = Vl_;
   const int64_t T = T_, BT = B_ * T;
   const cu::Context& x = *ctx_;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   cudaStream_t s = compute.handle();
+  CudaOffloadEngine& engine = *engine_;
 
   // Tokens through pinned staging (the buffer's previous copy must have left it).
   const int k = staging_next_;
@@ -684,37 +337,26 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   auto tokens_of = [&](const Lane& lane) { return tokens_ + lane.row0 * T; };
   auto targets_of = [&](const Lane& lane) { return tokens_ + BT + lane.row0 * T; };
 
-  auto zero = [&](void* p, size_t n_bytes) { KT_CUDA_CHECK(cudaMemsetAsync(p, 0, n_bytes, s)); };
-  const bf16* p16 = params16_;
-  auto w = [&](int i, int64_t l) { return layer_weight(i, l); };
-  auto g = [&](int i, int64_t l) { return layer_grad(i, l); };
-
   // ---- forward
-  before_unit(0);
+  engine.before_forward(0);
   for (Lane& lane : lanes_) {
     const int64_t B = lane.B;
-    checkpoint_before_write(lane, 0);
+    engine.checkpoint_before_write(lane.index, 0);
     if (t_ == 1) {
-      cu::embedding_forward(x, lane.res[0], tokens_of(lane), p16 + doffsets_[kWte],
-                            p16 + doffsets_[kWpe], B, T, C);
+      cu::embedding_forward(x, lane.res[0], tokens_of(lane), w(kWte), w(kWpe), B, T, C);
     } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
-      cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), p16 + doffsets_[kWte],
-                                 tr_ == 0 ? p16 + doffsets_[kWpe] : nullptr, B, T, C, vocab_lo_,
-                                 Vl);
+      cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), w(kWte),
+                                 tr_ == 0 ? w(kWpe) : nullptr, B, T, C, vocab_lo_, Vl);
       lane_allreduce(lane, lane.res[0], B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
     }
   }
-  for (int64_t j = 0; j < window_; ++j) load_layer(dev_layers_ + j);  // the window's first
   for (int64_t l = 0; l < L; ++l) {
-    before_unit(l + 1);  // (a streamed layer: its slot's load)
+    engine.before_forward(l + 1);
     for (Lane& lane : lanes_) attention_forward(lane, l, false);
     if (l > 0)  // the layer below is no longer read: its checkpoint can leave
-      for (Lane& lane : lanes_) checkpoint_out(lane, l - 1);
+      for (Lane& lane : lanes_) engine.checkpoint_out(lane.index, l - 1);
     for (Lane& lane : lanes_) mlp_forward(lane, l, false);
-    if (streamed(l)) {  // its slot goes to the layer W further on
-      compute.record(*slot_of(l).weights_free);
-      load_layer(l + window_);
-    }
+    engine.forward_done(l);
   }
   // d(scaled mean loss)/d(token loss) = scale/BT over the whole micro-batch.
   const float dloss = loss_scale / static_cast<float>(BT);
@@ -723,10 +365,10 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     finish_allreduce(lane);
     cu::residual_forward(x, lane.res[L], lane.res2[work_index(L - 1)],
                          lane.fcproj[proj_index(L - 1)], BTl * C);
-    checkpoint_out(lane, L - 1);
-    cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L],
-                          p16 + doffsets_[kLnfw], p16 + doffsets_[kLnfb], BTl, C);
-    cu::matmul_forward_bf16(x, lane.logits, lane.lnf, p16 + doffsets_[kWte], nullptr, BTl, C, Vl);
+    engine.checkpoint_out(lane.index, L - 1);
+    cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L], w(kLnfw),
+                          w(kLnfb), BTl, C);
+    cu::matmul_forward_bf16(x, lane.logits, lane.lnf, w(kWte), nullptr, BTl, C, Vl);
     // Losses, and dlogits in place of the logits.
     float* losses = losses_ + lane.row0 * T;
     if (t_ == 1) {
@@ -744,91 +386,54 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     }
   }
   if (static_cast<int64_t>(loss_host_.size()) <= micro_)  // first step only: no later allocation
-    loss_host_.push_back(take_pinned<float>(BT, MemoryKind::kWorkspace));
+    loss_host_.push_back(memory_.pinned<float>(BT, MemoryKind::kWorkspace));
   KT_CUDA_CHECK(
       cudaMemcpyAsync(loss_host_[micro_], losses_, bytes<float>(BT), cudaMemcpyDeviceToHost, s));
   ++micro_;
 
-  // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16
-  // Overwriting backward products (no memset first): dinp written, not accumulated. The
+  // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16. The
   // column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
-  const bool acc_dw = true, overwrite = false;
   for (Lane& lane : lanes_) {
-    cu::matmul_backward_bf16(x, lane.dtmp_c, grads_ + doffsets_[kWte], nullptr, lane.logits,
-                             lane.lnf, p16 + doffsets_[kWte], lane.B * T, C, Vl, acc_dw, overwrite);
+    cu::matmul_backward_bf16(x, lane.dtmp_c, g(kWte), nullptr, lane.logits, lane.lnf, w(kWte),
+                             lane.B * T, C, Vl, kAccumulate, kOverwrite);
     lane_allreduce(lane, lane.dtmp_c, lane.B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum,
                    false);
   }
   for (Lane& lane : lanes_) {
     const int64_t BTl = lane.B * T;
     finish_allreduce(lane);
-    zero(lane.dres, bytes<bf16>(BTl * C));
-    cu::layernorm_backward(x, lane.dres, grads_ + doffsets_[kLnfw], grads_ + doffsets_[kLnfb],
-                           lane.dtmp_c, lane.res[L], p16 + doffsets_[kLnfw], lane.lnf_mean,
-                           lane.lnf_rstd, BTl, C);
+    KT_CUDA_CHECK(cudaMemsetAsync(lane.dres, 0, bytes<bf16>(BTl * C), s));
+    cu::layernorm_backward(x, lane.dres, g(kLnfw), g(kLnfb), lane.dtmp_c, lane.res[L], w(kLnfw),
+                           lane.lnf_mean, lane.lnf_rstd, BTl, C);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    const int64_t a = work_index(l);
-    use_layer(l);  // a streamed layer: back in its slot (prefetched), gradients started there
-    start_layer_grads(l);
+    engine.before_backward(l, micro_ == 1);
     for (Lane& lane : lanes_) {  // this layer's checkpoint, and the next one's on its way
-      checkpoint_in(lane, l, true);
-      if (l > 0) checkpoint_in(lane, l - 1, false);
+      engine.checkpoint_in(lane.index, l, true);
+      if (l > 0) engine.checkpoint_in(lane.index, l - 1, false);
     }
     // With recompute, the working set holds the last layer's forward; the others re-run theirs.
     if (recompute_ != api::Recompute::kNone && l != L - 1)
       for (Lane& lane : lanes_) rerun_layer(lane, l);
-    for (Lane& lane : lanes_) {  // MLP half: res[l+1] = res2 + fcproj, dres the gradient of both
-      const int64_t BTl = lane.B * T;
-      cu::matmul_backward_bf16(x, lane.dtmp_f, g(kFcprojw, l), g(kFcprojb, l), lane.dres,
-                               lane.fchg[a], w(kFcprojw, l), BTl, Fl, C, acc_dw, overwrite);
-      cu::gelu_backward(x, lane.dtmp_f, lane.fch[a], lane.dtmp_f, BTl * Fl, overwrite);
-      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kFcw, l), g(kFcb, l), lane.dtmp_f, lane.ln2[a],
-                               w(kFcw, l), BTl, C, Fl, acc_dw, overwrite);
-      lane_allreduce(lane, lane.dtmp_c, BTl * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
-    }
-    for (Lane& lane : lanes_) {  // attention half: res2 = res[l] + attproj
-      const int64_t B = lane.B, BTl = B * T;
-      finish_allreduce(lane);
-      cu::layernorm_backward(x, lane.dres, g(kLn2w, l), g(kLn2b, l), lane.dtmp_c, lane.res2[a],
-                             w(kLn2w, l), lane.ln2_mean[a], lane.ln2_rstd[a], BTl, C);
-      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kAttprojw, l), g(kAttprojb, l), lane.dres,
-                               lane.atty[a], w(kAttprojw, l), BTl, Cl, C, acc_dw, overwrite);
-      if (flash_) {  // dqkv overwritten
-        cu::attention_backward_bf16(x, lane.dtmp_3c, attention_scratch_, lane.dtmp_c,
-                                    lane.qkv[a], lane.atty[a], lane.lse[a], B, T, Cl, NHl);
-      } else {
-        cu::cast_to_float(x, dc32_, lane.dtmp_c, BTl * Cl);
-        cu::cast_to_float(x, qkv32_, lane.qkv[a], BTl * 3 * Cl);  // one fp32 qkv for all layers
-        zero(dqkv32_, bytes<float>(BTl * 3 * Cl));
-        cu::attention_backward(x, dqkv32_, dpreatt_, datt_, dc32_, qkv32_, lane.att[a], B, T, Cl,
-                               NHl);
-        cu::cast_to_bf16(x, lane.dtmp_3c, dqkv32_, BTl * 3 * Cl);
-      }
-      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kQkvw, l), g(kQkvb, l), lane.dtmp_3c,
-                               lane.ln1[a], w(kQkvw, l), BTl, C, 3 * Cl, acc_dw, overwrite);
-      lane_allreduce(lane, lane.dtmp_c, BTl * C, DeviceDtype::kBfloat16, ReduceOp::kSum, false);
-    }
+    for (Lane& lane : lanes_) mlp_backward(lane, l);
+    for (Lane& lane : lanes_) attention_backward(lane, l);
     for (Lane& lane : lanes_) {
+      const int64_t a = work_index(l);
       finish_allreduce(lane);
       cu::layernorm_backward(x, lane.dres, g(kLn1w, l), g(kLn1b, l), lane.dtmp_c, lane.res[l],
                              w(kLn1w, l), lane.ln1_mean[a], lane.ln1_rstd[a], lane.B * T, C);
-      checkpoint_done(lane, l);
+      engine.checkpoint_done(lane.index, l);
     }
-    // Layer l's gradients are final: sum (DP), copy (host units; a streamed layer's every time),
-    // and its slot goes to the layer W below.
-    unit_grads_final(l + 1, last);
-    if (streamed(l) && l - window_ >= dev_layers_) load_layer(l - window_);
+    engine.grads_final(l + 1, last);
   }
   for (Lane& lane : lanes_) {
     if (t_ == 1)
-      cu::embedding_backward(x, grads_ + doffsets_[kWte], grads_ + doffsets_[kWpe], lane.dres,
-                             tokens_of(lane), lane.B, T, C);
+      cu::embedding_backward(x, g(kWte), g(kWpe), lane.dres, tokens_of(lane), lane.B, T, C);
     else  // the rows held here; wpe (replicated) from the same summed dres on every rank
-      cu::embedding_backward_rows(x, grads_ + doffsets_[kWte], grads_ + doffsets_[kWpe], lane.dres,
-                                  tokens_of(lane), lane.B, T, C, vocab_lo_, Vl);
+      cu::embedding_backward_rows(x, g(kWte), g(kWpe), lane.dres, tokens_of(lane), lane.B, T, C,
+                                  vocab_lo_, Vl);
   }
-  unit_grads_final(0, last);
+  engine.grads_final(0, last);
 }
 
 double CudaGpt::mean_loss() {
@@ -852,13 +457,14 @@ double CudaGpt::grad_sum_of_squares() {
 
 void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
-  join_reductions(compute);
+  engine_->join_reductions(compute);
+  const CudaParamLayout& layout = engine_->layout();
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, bytes<double>(2), compute.handle()));
   if (t_ == 1) {
-    cu::sum_of_squares(*ctx_, norm_ + 1, grads_, dev_params_);
+    cu::sum_of_squares(*ctx_, norm_ + 1, engine_->grads(), layout.dparams);
   } else {
     for (int i = 0; i < kNumParamTensors; ++i)
-      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), grads_ + doffsets_[i], dsizes_[i]);
+      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), g(i), layout.dsizes[i]);
   }
   KT_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, bytes<double>(2), cudaMemcpyDeviceToHost,
                                 compute.handle()));
@@ -866,112 +472,15 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
   host_reads("grad_sums_of_squares", norm_host_, bytes<double>(2));
   *sharded_sum = norm_host_[0];
   *replicated_sum = norm_host_[1];
-  // The streamed layers' gradients are only in host memory.
-  for (int64_t l = dev_layers_; l < c_.layers && window_ > 0; ++l) {
-    const Unit& u = units_[l + 1];
-    u.grads_copied->synchronize();
-    for (const HostSlice& sl : u.host_slices) {
-      host_reads("grad_sums_of_squares", hgrads_ + sl.packed, bytes<float>(sl.count));
-      double sum = 0;
-      for (int64_t i = 0; i < sl.count; ++i)
-        sum += static_cast<double>(hgrads_[sl.packed + i]) * hgrads_[sl.packed + i];
-      *(sharded(sl.tensor) ? sharded_sum : replicated_sum) += sum;
-    }
-  }
+  engine_->add_host_sums_of_squares(sharded_sum, replicated_sum);  // the streamed layers'
 }
 
 void CudaGpt::update(const kernels::AdamWStep& step, float weight_decay) {
-  join_reductions(device_.stream(StreamRole::kCompute));
-  for (int decays = 0; decays < 2; ++decays) {
-    if (device_tensors_[decays].empty()) continue;
-    kernels::AdamWStep s = step;
-    s.weight_decay = decays ? weight_decay : 0.0f;
-    cu::adamw_update_multi(*ctx_, device_tensors_[decays].data(),
-                           static_cast<int>(device_tensors_[decays].size()), s);
-  }
-  // The host units, in the order the next forward reads them.
-  for (int64_t u = device_units_; u <= c_.layers; ++u) {
-    std::lock_guard lock(mutex_);
-    units_[u].pending = true;
-    cpu_tasks_.push_back([this, u, step, weight_decay] { cpu_update(u, step, weight_decay); });
-  }
-  changed_.notify_all();
-}
-
-void CudaGpt::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay) {
-  Unit& u = units_[unit];
-  u.grads_copied->synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const HostSlice& s : u.host_slices) {
-    kernels::AdamWStep k = step;
-    k.weight_decay = gpt_decays(s.tensor) ? weight_decay : 0.0f;
-    host_reads("cpu_update", hgrads_ + s.packed, bytes<float>(s.count));
-    host_writes("cpu_update", hparams16_ + s.packed, bytes<bf16>(s.count));
-    kernels::cpu::adamw_update_mixed(hmaster_ + s.packed, hgrads_ + s.packed, nullptr,
-                                     hm_ + s.packed, hv_ + s.packed, hparams16_ + s.packed,
-                                     s.count, k);
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
-  if (!unit_streamed(unit)) {  // (a streamed layer is loaded when next used)
-    for (const HostSlice& s : u.host_slices) {
-      KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + dev_offset(s.tensor, s.offset),
-                                    hparams16_ + s.packed, bytes<bf16>(s.count),
-                                    cudaMemcpyHostToDevice, h2d.handle()));
-      h2d_bytes_ += bytes<bf16>(s.count);
-    }
-    h2d.record(*u.weights_copied);
-  }
-  std::lock_guard lock(mutex_);
-  cpu_seconds_ += seconds;
-  u.pending = false;
-}
-
-void CudaGpt::run_cpu_tasks() {
-  // The current device and OpenMP's thread count are per thread.
-  omp_set_num_threads(cpu_threads_);
-  std::unique_lock lock(mutex_);
-  try {
-    KT_CUDA_CHECK(cudaSetDevice(device_.ordinal()));
-  } catch (...) {  // every task will be skipped; the trainer sees the error at its next wait
-    cpu_error_ = std::current_exception();
-  }
-  for (;;) {
-    changed_.wait(lock, [&] { return stopping_ || !cpu_tasks_.empty(); });
-    if (cpu_tasks_.empty()) return;  // stopping, nothing left
-    auto task = std::move(cpu_tasks_.front());
-    cpu_tasks_.pop_front();
-    cpu_busy_ = true;
-    const bool failed_before = static_cast<bool>(cpu_error_);  // skip the rest after an error
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      if (!failed_before) task();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    lock.lock();
-    if (error && !cpu_error_) cpu_error_ = error;
-    cpu_busy_ = false;
-    changed_.notify_all();
-  }
-}
-
-void CudaGpt::wait_cpu_idle() {
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return (cpu_tasks_.empty() && !cpu_busy_) || !cpu_thread_.joinable(); });
-  if (cpu_error_) std::rethrow_exception(cpu_error_);
+  engine_->update(step, weight_decay);
 }
 
 void CudaGpt::synchronize() {
-  wait_cpu_idle();
-  device_.synchronize();
-}
-
-double CudaGpt::cpu_optimizer_seconds() const {
-  std::lock_guard lock(mutex_);
-  return cpu_seconds_;
+  engine_->synchronize();
 }
 
 }  // namespace kt::worker

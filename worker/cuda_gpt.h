@@ -1,26 +1,16 @@
-// GPT-2 on the CUDA device of a rank in bf16 mixed precision (DESIGN.md §7): bf16 weights and activations
-// on the device, fp32 gradients, fp32 master weights and AdamW moments — on the device, or, for
-// the offload units the Plan gives to the CPU (`offload: optimizer`, SynergyScale's CPU/GPU split
-// of the optimizer), in pinned host memory, updated by the CPU while the device goes on.
+// GPT-2 on the CUDA device of a rank in bf16 mixed precision (DESIGN.md §7): bf16 weights and
+// activations, fp32 gradients, fp32 master weights and AdamW moments. This file is the math: the
+// activations, one layer's forward and backward, tensor parallelism and the Oases lanes. Where
+// the parameters live, the optimizer step, data parallelism's gradient sums and the offload modes
+// (optimizer: SynergyScale's CPU/GPU split; window: StrongHold's streaming) are the offload
+// engine's (worker/cuda_offload.h, the counterpart of the CPU OffloadEngine); the model calls its
+// hooks where the schedule reaches a unit, as the CPU model calls its UnitObserver.
 //
 // The parameter layout is the CPU model's (worker/gpt_layout.h), so seeds, checkpoints and llm.c
-// files mean the same model on both. The step, for the units updated on the CPU:
-//   backward (last micro-batch): as each layer's gradients become final, the d2h stream copies
-//     them into pinned memory (waiting on an event the compute stream recorded);
-//   update: the device units' AdamW is one multi-tensor launch per decay class on the compute
-//     stream; the CPU optimizer thread runs AdamW on the host units in forward order (each after
-//     its gradient copy landed), writes their bf16 weights into pinned memory and issues their
-//     h2d copy;
-//   next forward: before a host unit's first op, the compute stream waits for that unit's h2d
-//     copy (the trainer thread waits only until the copy is issued), so the first layers compute
-//     while the CPU still updates the later ones.
+// files mean the same model on both.
 // Attention is the flash-style bf16 kernel (kernels/cuda/flash_attention.cu: no T×T matrix; the
 // rows' log-sum-exp kept per layer) for the head sizes it is built for (32, 64, 128), else the
 // fp32 kernels' (the T×T matrix materialised per layer).
-// Data parallelism (options.reducer, worker/gradient_reducer.h): as each unit's gradients become
-// final in the last backward, the reducer sums them over the DP group (NCCL on its own stream
-// behind the compute stream's event); the unit's d2h copy, the norm and the device AdamW wait
-// for the sums.
 // Recompute (options.recompute): worker/recompute.h says what each mode keeps (both devices alike).
 // Tensor parallelism (options.tp, Megatron's split, the CPU model's layout): each rank holds its
 // heads of qkv and attproj, its ffn units of fc and fcproj and its rows of wte; the row-parallel
@@ -29,24 +19,17 @@
 // cross-entropy are vocabulary-parallel. With options.sub_batches = 2 (Oases) the micro-batch is
 // split in two lanes, interleaved op by op, so that each lane's all-reduce runs while the other
 // lane computes.
-// Window offload (options.window): see CudaGptOptions. The streamed layers' activation checkpoints
-// (worker/recompute.h) go to pinned memory through a ring of two device buffers per lane.
 #pragma once
 
 #include <array>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "api/enums.h"
 #include "kernels/cuda/ops.h"
 #include "worker/cuda_device.h"
+#include "worker/cuda_offload.h"
 #include "worker/gpt_layout.h"
 #include "worker/gradient_reducer.h"
 #include "worker/recompute.h"
@@ -89,11 +72,13 @@ class CudaGpt {
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;
 
-  int64_t num_parameters() const { return num_params_; }
-  const std::array<int64_t, kNumParamTensors>& param_sizes() const { return sizes_; }
+  int64_t num_parameters() const { return engine_->layout().params; }
+  const std::array<int64_t, kNumParamTensors>& param_sizes() const {
+    return engine_->layout().sizes;
+  }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
-  int64_t device_units() const { return device_units_; }
+  int64_t device_units() const { return engine_->device_units(); }
   // Training FLOPs of one B×T micro-batch: 6·P·BT + attention 12·L·C·T·BT (as the CPU model).
   double flops_per_micro_step() const;
 
@@ -135,79 +120,27 @@ class CudaGpt {
   void synchronize();
 
   // Offload traffic since construction, and the CPU optimizer's busy seconds.
-  int64_t h2d_bytes() const { return h2d_bytes_.load(); }
-  int64_t d2h_bytes() const { return d2h_bytes_.load(); }
-  double cpu_optimizer_seconds() const;
+  int64_t h2d_bytes() const { return engine_->h2d_bytes(); }
+  int64_t d2h_bytes() const { return engine_->d2h_bytes(); }
+  double cpu_optimizer_seconds() const { return engine_->cpu_optimizer_seconds(); }
 
  private:
   struct Lane;  // below
-  struct HostSlice {  // a slice of a CPU-updated unit: where it lives on the device and the host
-    int tensor;
-    int64_t offset;  // in the device's parameter / gradient buffers
-    int64_t packed;  // in the host buffers
-    int64_t count;
-  };
-  struct Unit {
-    bool on_device = true;
-    std::vector<HostSlice> host_slices;
-    GradientReducer::Ranges grad_ranges;  // its gradients on the device (for the reducer)
-    std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
-    bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
-  };
-  // A window slot: one streamed layer's bf16 weights and fp32 gradients on the device.
-  struct Slot {
-    kernels::cuda::bf16* weights = nullptr;
-    float* grads = nullptr;
-    int64_t layer = -1;  // the layer whose weights it holds (or is loading)
-    std::unique_ptr<CudaEvent> loaded, weights_free, grads_free;
-  };
   void allocate();
-  // Device (take) or pinned host (take_pinned) memory for `n` elements of T, given back with the
-  // model; sizes are in elements everywhere, bytes only here.
-  template <typename T>
-  T* take(int64_t n, MemoryKind kind) {
-    return static_cast<T*>(take_bytes(static_cast<size_t>(n) * sizeof(T), kind));
+  // A layer's weights and gradients wherever they live (worker/cuda_offload.h).
+  const kernels::cuda::bf16* w(int tensor, int64_t l) { return engine_->layer_weight(tensor, l); }
+  float* g(int tensor, int64_t l) { return engine_->layer_grad(tensor, l); }
+  // A tensor that is not per layer: its bf16 weights and its gradients on the device.
+  const kernels::cuda::bf16* w(int tensor) const {
+    return engine_->params16() + engine_->layout().doffsets[tensor];
   }
-  template <typename T>
-  T* take_pinned(int64_t n, MemoryKind kind) {
-    return static_cast<T*>(take_pinned_bytes(static_cast<size_t>(n) * sizeof(T), kind));
-  }
-  void* take_bytes(size_t bytes, MemoryKind kind);
-  void* take_pinned_bytes(size_t bytes, MemoryKind kind);
-  void refresh_bf16();       // bf16 copy := master (all units), synchronous
-  void before_unit(int64_t unit);  // the next forward is about to read unit's weights
-  void wait_cpu_update(const Unit& u);  // the CPU's AdamW of u (last step) has written its weights
-  // Window offload: whether layer l streams; its slot; load its weights into the slot (after the
-  // CPU's update and the slot's last reader); make the compute stream wait for them; start its
-  // gradients in the slot (zero, or the micro-batches' sum so far); its weights' and gradients'
-  // addresses wherever they live.
-  bool streamed(int64_t l) const { return window_ > 0 && l >= dev_layers_; }
-  bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
-  Slot& slot_of(int64_t l) { return slots_[static_cast<size_t>((l - dev_layers_) % window_)]; }
-  void load_layer(int64_t l);
-  // The streamed layers' activation checkpoints: whether layer l's input streams; before the
-  // forward writes it (its ring slot's last copy out has finished); after the forward's last read
-  // (copy out); before the layer's backward (copy in, once; `wait`: the compute stream waits for
-  // it, else it is a prefetch); after it (the slot may be reloaded).
-  bool checkpoint_streamed(int64_t l) const { return streamed(l) && l < c_.layers; }
-  int ring_of(int64_t l) const { return static_cast<int>((l - dev_layers_) % 2); }
-  void checkpoint_before_write(Lane& lane, int64_t l);
-  void checkpoint_out(Lane& lane, int64_t l);
-  void checkpoint_in(Lane& lane, int64_t l, bool wait);
-  void checkpoint_done(Lane& lane, int64_t l);
-  void use_layer(int64_t l);
-  void start_layer_grads(int64_t l);
-  const kernels::cuda::bf16* layer_weight(int tensor, int64_t l);
-  float* layer_grad(int tensor, int64_t l);
-  int64_t dev_offset(int tensor, int64_t offset) const {  // a full-layout offset on the device
-    return doffsets_[tensor] + offset - offsets_[tensor];
-  }
-  void unit_grads_final(int64_t unit, bool last);
-  void join_reductions(CudaStream& stream);  // stream waits for the DP sums issued so far
+  float* g(int tensor) const { return engine_->grads() + engine_->layout().doffsets[tensor]; }
   // A lane's forward and backward pieces (cuda_gpt.cpp lists the schedule).
   void attention_forward(Lane& lane, int64_t l, bool rerun);
   void mlp_forward(Lane& lane, int64_t l, bool rerun);
   void rerun_layer(Lane& lane, int64_t l);
+  void mlp_backward(Lane& lane, int64_t l);
+  void attention_backward(Lane& lane, int64_t l);
   // The TP all-reduce of a lane's buffer on the TP stream; `now`: the compute stream waits for it
   // at once, else at the lane's next finish_allreduce.
   void lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
@@ -218,49 +151,21 @@ class CudaGpt {
   // checkpoint, worker/recompute.h), else one buffer for all.
   int64_t work_index(int64_t l) const { return recompute_ == api::Recompute::kNone ? l : 0; }
   int64_t proj_index(int64_t l) const { return recompute_ == api::Recompute::kCommAware ? l : 0; }
-  // Layer l's checkpoint tensors (worker/recompute.h: CheckpointTensor order), B·T·C each.
-  std::array<kernels::cuda::bf16*, 3> checkpoint_of(const Lane& lane, int64_t l) const;
-  void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
-  void run_cpu_tasks();
-  void wait_cpu_idle();
 
   CudaDevice& device_;
   GptConfig c_;
   int64_t B_, T_;
-  int64_t device_units_;
-  int cpu_threads_;
   api::Recompute recompute_;
-  GradientReducer* reducer_;
   StreamCollectives* tp_;
   int64_t t_ = 1, tr_ = 0;  // TP size and rank
   // Per rank: attention channels and heads, ffn units, vocabulary rows (from vocab_lo_, of which
   // vocab_valid_ are real tokens).
   int64_t Cl_ = 0, NHl_ = 0, Fl_ = 0, Vl_ = 0, vocab_lo_ = 0, vocab_valid_ = 0;
+  // The activations' memory is declared first, so it goes last: after the engine (parameters,
+  // optimizer, offload lanes) and the context its AdamW and casts run on (~CudaGpt).
+  CudaAllocations memory_;
   std::unique_ptr<kernels::cuda::Context> ctx_;
-  std::array<int64_t, kNumParamTensors> sizes_{};
-  std::array<int64_t, kNumParamTensors> offsets_{};
-  int64_t num_params_ = 0;
-  std::vector<void*> allocations_, pinned_allocations_;
-  // On the device the per-layer tensors hold only the first dev_layers_ layers (all of them
-  // without window offload): sizes and offsets there.
-  int64_t window_ = 0, dev_layers_ = 0, dev_params_ = 0;
-  std::array<int64_t, kNumParamTensors> dsizes_{}, doffsets_{};
-  std::array<int64_t, kNumParamTensors> slot_offsets_{};  // layer tensors within a slot
-  int64_t slot_params_ = 0;
-  std::vector<Slot> slots_;
-
-  // Parameters: the bf16 copy and fp32 gradients of everything resident on the device (the
-  // device layout above); fp32 master and moments of the device units, packed by the device
-  // tensors list; of the host units, packed.
-  kernels::cuda::bf16* params16_ = nullptr;
-  float* grads_ = nullptr;
-  float *dmaster_ = nullptr, *dm_ = nullptr, *dv_ = nullptr;
-  std::vector<kernels::cuda::AdamWTensor> device_tensors_[2];  // [decays]
-  std::vector<ParamSlice> device_slices_;                       // ranges, packed in this order
-  int64_t device_packed_ = 0, host_packed_ = 0;
-  float *hmaster_ = nullptr, *hm_ = nullptr, *hv_ = nullptr, *hgrads_ = nullptr;
-  uint16_t* hparams16_ = nullptr;
-  std::vector<Unit> units_;
+  std::unique_ptr<CudaOffloadEngine> engine_;
 
   // One lane per sub-batch (Oases: with TP and 2 sub-batches each lane is half of the
   // micro-batch, and one lane's all-reduce runs while the other computes; else one lane): its
@@ -278,12 +183,7 @@ class CudaGpt {
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *ce_max = nullptr, *ce_sums = nullptr;
     std::unique_ptr<CudaEvent> partial, summed;  // its all-reduce's input written; result in place
     bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for
-    // Window offload: the streamed layers' checkpoints (checkpoint_of) in pinned memory, layer
-    // by layer; on the device a ring of 2 checkpoints (a streamed layer's res, attproj and fcproj
-    // point into it), with its events: written, copied out, copied in, used by the backward.
-    kernels::cuda::bf16* host_checkpoints = nullptr;
-    std::array<std::unique_ptr<CudaEvent>, 2> ring_written, ring_out, ring_in, ring_used;
-    std::array<int64_t, 2> ring_holds{-1, -1};  // the layer copied in (backward), else -1
+    int index = 0;  // its checkpoint ring in the engine
   };
   std::vector<Lane> lanes_;
   bool flash_ = false;  // flash attention (else the materialised fp32 one)
@@ -301,16 +201,6 @@ class CudaGpt {
   std::vector<float*> loss_host_;  // per micro-batch of the step: B·T losses (pinned)
   int64_t micro_ = 0;              // micro-batches since zero_grad
   double* norm_host_ = nullptr;
-
-  // The CPU optimizer thread.
-  std::thread cpu_thread_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::function<void()>> cpu_tasks_;
-  bool cpu_busy_ = false, stopping_ = false;
-  std::exception_ptr cpu_error_;
-  double cpu_seconds_ = 0;
-  std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
 };
 
 }  // namespace kt::worker

@@ -231,6 +231,7 @@ float Gpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float
   overwrite_weight_grads_ = false;
   run(false);
   run(true);
+  if (unit_observer) unit_observer->grads_final(0);
   return finish_loss();
 }
 
@@ -536,7 +537,7 @@ void Gpt::ln1_backward(Lane& lane, int64_t l) {
   float* dinput = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
   k::layernorm_backward(dinput, g.ln1w + l * C, g.ln1b + l * C, d.ln1 + s * BT * C, input,
                         p.ln1w + l * C, a.ln1_mean + s * BT, a.ln1_rstd + s * BT, BT, C);
-  if (&lane == &lanes_.back() && on_layer_grads_ready) on_layer_grads_ready(l);
+  if (&lane == &lanes_.back() && unit_observer) unit_observer->grads_final(l + 1);
 }
 
 // With recompute, one layer's working set is shared by all layers: its gradients start again

@@ -64,10 +64,6 @@ class Gpt {
   // Starts a new accumulation: the small tensors are zeroed now; the matmul weights' gradients
   // are overwritten (not accumulated) by the next backward, which saves a 4·P-byte memset.
   void zero_grad();
-  // Called with l once layer l's parameter gradients are final in a train_micro_step (after
-  // every sub-batch's backward through it), so that their data-parallel all-reduce can start
-  // while the backward goes on through the layers below. Empty: no calls.
-  std::function<void(int64_t layer)> on_layer_grads_ready;
   // The offload engine's view of the schedule, by offload unit (0: embeddings, wpe and the final
   // LayerNorm; l + 1: layer l). Every op reads the parameters of exactly one unit. before_*(u)
   // runs before the first op of unit u in a pass (any sub-batch), after_forward(u) once every
@@ -83,6 +79,10 @@ class Gpt {
     virtual void forward_activations_done(int64_t unit) = 0;
     // Before the first op of unit u in the backward.
     virtual void before_backward(int64_t unit) = 0;
+    // Unit u's parameter gradients of this micro-batch are complete (every sub-batch's backward
+    // through it ran): a layer's after its ln1 backward, so that its data-parallel all-reduce
+    // starts while the backward goes on through the layers below; unit 0's at the end.
+    virtual void grads_final(int64_t unit) = 0;
   };
   UnitObserver* unit_observer = nullptr;
   // The slices of layer l's activation checkpoint (worker/recompute.h: its input; with commAware

@@ -115,8 +115,13 @@ void check_host_memory(const api::Plan& plan, int64_t available_bytes) {
                 "complement or use more nodes");
 }
 
-OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, OffloadOptions options)
-    : model_(model), options_(options), host_(Device::host()), epoch_(Clock::now()) {
+OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp,
+                             OffloadOptions options)
+    : model_(model),
+      dp_(dp && dp->size() > 1 ? dp : nullptr),
+      options_(options),
+      host_(Device::host()),
+      epoch_(Clock::now()) {
   const int64_t L = model.config().layers;
   const auto mode = plan.config.offload;
   const int64_t gpu_units = device_units(plan);
@@ -318,13 +323,22 @@ void OffloadEngine::copy_grads_home(int64_t u, std::vector<std::shared_ptr<CommW
   unit.grads_home = d2h_.record();
 }
 
-void OffloadEngine::layer_grads_ready(int64_t layer, std::vector<std::shared_ptr<CommWork>> dp_work) {
-  const int64_t u = layer + 1;
-  span("compute", "bwd L" + std::to_string(layer), compute_start_);
+std::vector<std::shared_ptr<CommWork>> OffloadEngine::reduce(
+    const std::vector<std::pair<float*, int64_t>>& slices) {
+  std::vector<std::shared_ptr<CommWork>> works;
+  if (!dp_ || micro_ + 1 != micro_batches_) return works;
+  for (const auto& [data, count] : slices)
+    works.push_back(dp_->allreduce_async(data, static_cast<size_t>(count), ReduceOp::kSum));
+  reductions_.insert(reductions_.end(), works.begin(), works.end());
+  return works;
+}
+
+void OffloadEngine::grads_final(int64_t u) {
+  if (u == 0) return embedding_grads_final();
+  span("compute", "bwd L" + std::to_string(u - 1), compute_start_);
   Unit& unit = units_[u];
   const bool last = micro_ + 1 == micro_batches_;
-  if (unit.streamed) {
-    KT_CHECK(dp_work.empty(), "streamed layers are all-reduced in host memory");
+  if (unit.streamed) {  // (its gradients are all-reduced in host memory, by finish_backward)
     copy_grads_home(u, {});
     // The first `slots` streamed layers stay for the next forward; the others give their slot
     // to the layer `slots` further down, once their gradients have left it.
@@ -333,23 +347,34 @@ void OffloadEngine::layer_grads_ready(int64_t layer, std::vector<std::shared_ptr
       h2d_.wait(unit.grads_home);
       fetch(streamed_unit(unit.stream_index - slots_));
     }
-  } else if (unit.cpu && last) {
-    copy_grads_home(u, std::move(dp_work));
+  } else {
+    auto dp_work = reduce(model_.layer_gradient_slices(u - 1));
+    if (unit.cpu && last) copy_grads_home(u, std::move(dp_work));
   }
   compute_start_ = Clock::now();
 }
 
-void OffloadEngine::embedding_grads_ready(std::vector<std::shared_ptr<CommWork>> dp_work) {
+void OffloadEngine::embedding_grads_final() {
+  // The tensors that are not per layer: the embeddings (wte also takes the LM head's gradient)
+  // and the final LayerNorm.
+  std::vector<std::pair<float*, int64_t>> slices;
+  const auto views = model_.gradient_views();
+  for (int i = 0; i < kNumParamTensors; ++i)
+    if (!kParams[static_cast<size_t>(i)].per_layer)
+      slices.emplace_back(views[i].data, views[i].numel());
+  auto dp_work = reduce(slices);
   if (units_[0].cpu && micro_ + 1 == micro_batches_) copy_grads_home(0, std::move(dp_work));
 }
 
-void OffloadEngine::finish_backward(Communicator* dp) {
+void OffloadEngine::finish_backward() {
+  for (auto& work : reductions_) work->wait();
+  reductions_.clear();
   const Clock::time_point start = Clock::now();
   d2h_.synchronize();
   exposed_transfer_seconds_ += seconds_between(start, Clock::now());
-  if (!dp || dp->size() == 1) return;
+  if (!dp_) return;
   for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
-    dp->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
+    dp_->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
 }
 
 void OffloadEngine::sum_of_squares(double out[2]) const {

@@ -11,6 +11,10 @@
 //                device: they pass through a ring of W device slots, fetched ahead of use in the
 //                forward and the backward; their activation checkpoints and gradients leave the
 //                device after every micro-batch (gradients accumulate in host memory).
+// Data parallelism is the engine's too (as in the CUDA engine, worker/cuda_offload.h): in the last
+// micro-batch each unit's gradients are all-reduced over the DP group as soon as they are final,
+// bucket by bucket behind the backward of the layers below, before their copy home, the norm and
+// AdamW read them; the streamed layers' host copies are all-reduced after the backward.
 // Four lanes with events between them: compute (the caller's thread), host→device, device→host
 // and the CPU optimizer pool. No op reads a unit before its parameters have landed: the engine
 // waits for the landing event, and a streamed layer read while evicted fails a KT_CHECK (with
@@ -66,7 +70,8 @@ struct LaneSpan {
 
 class OffloadEngine final : public Gpt::UnitObserver {
  public:
-  OffloadEngine(const api::Plan& plan, Gpt& model, OffloadOptions options = {});
+  // `dp`: the rank's data-parallel group (nullptr or a group of one: no reduction).
+  OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp, OffloadOptions options = {});
   ~OffloadEngine() override;
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
@@ -83,15 +88,13 @@ class OffloadEngine final : public Gpt::UnitObserver {
   bool streamed(int64_t unit) const { return units_[unit].streamed; }
 
   // Micro-batch protocol, from the trainer: begin_micro_batch, the model's forward and backward
-  // (which call the UnitObserver hooks), layer_grads_ready(l) from Gpt::on_layer_grads_ready
-  // with the DP all-reduces started for that layer, embedding_grads_ready after the backward,
-  // then after the last micro-batch finish_backward.
+  // (which call the UnitObserver hooks; grads_final starts a unit's DP all-reduces in the last
+  // micro-batch), then after the last micro-batch finish_backward.
   void begin_micro_batch(int64_t micro, int64_t micro_batches);
-  void layer_grads_ready(int64_t layer, std::vector<std::shared_ptr<CommWork>> dp_work);
-  void embedding_grads_ready(std::vector<std::shared_ptr<CommWork>> dp_work);
-  // Waits for every gradient to be home; all-reduces the streamed layers' host gradients over
-  // `dp` (null: none), in layer order on this thread so that every rank issues the same order.
-  void finish_backward(Communicator* dp);
+  // Waits for every DP sum and every gradient to be home; all-reduces the streamed layers' host
+  // gradients over the DP group, in layer order on this thread so that every rank issues the same
+  // order.
+  void finish_backward();
 
   // Σ g² of this rank's gradients: [0] over tensors split across TP ranks, [1] over replicated.
   void sum_of_squares(double out[2]) const;
@@ -123,6 +126,7 @@ class OffloadEngine final : public Gpt::UnitObserver {
   void forward_params_done(int64_t unit) override;
   void forward_activations_done(int64_t unit) override;
   void before_backward(int64_t unit) override;
+  void grads_final(int64_t unit) override;
 
  private:
   enum class Residency { kResident, kFetching, kEvicted };
@@ -146,6 +150,11 @@ class OffloadEngine final : public Gpt::UnitObserver {
   void evict(int64_t unit);   // frees its slot
   void wait_landed(int64_t unit, const char* pass);
   void copy_grads_home(int64_t unit, std::vector<std::shared_ptr<CommWork>> dp_work);
+  void embedding_grads_final();  // grads_final(0)
+  // Starts the DP all-reduce of `slices` (last micro-batch, DP > 1); the works, also kept to be
+  // waited for in finish_backward.
+  std::vector<std::shared_ptr<CommWork>> reduce(
+      const std::vector<std::pair<float*, int64_t>>& slices);
   void copy_checkpoint_back(int64_t layer);
   int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
   void span(const std::string& lane, const std::string& what,
@@ -153,7 +162,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
   void wait_on_compute(const Event& event);  // and count the wait as exposed transfer time
 
   Gpt& model_;
+  Communicator* dp_;  // nullptr: DP 1
   OffloadOptions options_;
+  std::vector<std::shared_ptr<CommWork>> reductions_;  // this step's DP sums in flight
   std::vector<Unit> units_;
   int64_t first_streamed_ = 0, num_streamed_ = 0, slots_ = 0;
   int64_t micro_ = 0, micro_batches_ = 1;

@@ -767,7 +767,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
-  OffloadEngine engine(plan, model, offload_options);
+  OffloadEngine engine(plan, model, groups.dp.get(), offload_options);
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
@@ -817,40 +817,15 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     double loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       feeder.take(inputs, targets);
-      // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the sum below.
-      // Data parallel: during the last micro-batch's backward, each layer's gradients (already
-      // scaled by 1/dp) start their all-reduce as soon as they are final, bucket by bucket,
-      // hidden behind the backward of the layers below. The offload engine takes each layer's
-      // gradients once final (streamed layers every micro-batch; they are all-reduced in host
-      // memory by finish_backward).
-      const bool last = micro == accum - 1;
+      // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the DP sum.
+      // The offload engine takes each unit's gradients once final (UnitObserver::grads_final):
+      // in the last micro-batch it starts their DP all-reduce (bucket by bucket, hidden behind
+      // the backward of the layers below) and copies the CPU-updated units' home; the streamed
+      // layers' every micro-batch.
       engine.begin_micro_batch(micro, accum);
-      std::vector<std::shared_ptr<CommWork>> buckets;
-      model.on_layer_grads_ready = [&](int64_t layer) {
-        std::vector<std::shared_ptr<CommWork>> works;
-        if (dp > 1 && last && !engine.streamed(layer + 1))
-          for (const auto& [data, count] : model.layer_gradient_slices(layer))
-            works.push_back(groups.dp->allreduce_async(data, count, ReduceOp::kSum));
-        buckets.insert(buckets.end(), works.begin(), works.end());
-        engine.layer_grads_ready(layer, std::move(works));
-      };
       loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
-      model.on_layer_grads_ready = nullptr;
-      std::vector<std::shared_ptr<CommWork>> embedding_works;
-      if (dp > 1 && last) {
-        // The tensors that are not per layer: the embeddings (wte also takes the LM head's
-        // gradient) and the final LayerNorm.
-        const auto views = model.gradient_views();
-        for (int i = 0; i < kNumParamTensors; ++i)
-          if (!kParams[i].per_layer)
-            embedding_works.push_back(
-                groups.dp->allreduce_async(views[i].data, views[i].numel(), ReduceOp::kSum));
-      }
-      engine.embedding_grads_ready(embedding_works);
-      for (auto& work : buckets) work->wait();
-      for (auto& work : embedding_works) work->wait();
     }
-    engine.finish_backward(dp > 1 ? groups.dp.get() : nullptr);
+    engine.finish_backward();
     loss = dp_mean_loss(loss, groups);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2];

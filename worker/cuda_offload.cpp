@@ -1,0 +1,592 @@
+#include "worker/cuda_offload.h"
+
+#include <cuda_runtime.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "api/error.h"
+#include "kernels/bf16.h"
+#include "kernels/cuda/check.h"
+#include "worker/host_access.h"
+
+namespace kt::worker {
+
+namespace cu = kernels::cuda;
+using cu::bf16;
+
+// ---- memory ---------------------------------------------------------------------------------
+
+CudaAllocations::~CudaAllocations() {
+  cudaDeviceSynchronize();  // no check: a destructor must not throw; the memory goes back anyway
+  for (void* p : device_blocks_) device_.deallocate(p);
+  for (void* p : pinned_blocks_) device_.deallocate_pinned(p);
+}
+
+void* CudaAllocations::device_bytes(size_t n, MemoryKind kind) {
+  void* p = device_.allocate(std::max<size_t>(n, 1), kind);
+  device_blocks_.push_back(p);
+  return p;
+}
+
+void* CudaAllocations::pinned_bytes(size_t n, MemoryKind kind) {
+  void* p = device_.allocate_pinned(std::max<size_t>(n, 1), kind);
+  pinned_blocks_.push_back(p);
+  return p;
+}
+
+CudaParamLayout cuda_param_layout(const GptConfig& config, int64_t tp, int64_t resident_layers) {
+  CudaParamLayout out;
+  out.layers = config.layers;
+  out.resident_layers = resident_layers;
+  out.tp = tp;
+  out.sizes = gpt_param_sizes(config, tp);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    out.offsets[i] = out.params;
+    out.params += out.sizes[i];
+  }
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const bool per_layer = kParams[static_cast<size_t>(i)].per_layer;
+    const int64_t layer = per_layer ? out.sizes[i] / out.layers : 0;
+    out.dsizes[i] = per_layer ? layer * resident_layers : out.sizes[i];
+    out.doffsets[i] = out.dparams;
+    out.dparams += out.dsizes[i];
+    if (per_layer) {
+      out.slot_offsets[i] = out.slot_params;
+      out.slot_params += layer;
+    }
+  }
+  return out;
+}
+
+// ---- construction ---------------------------------------------------------------------------
+
+CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config, int64_t tp,
+                                     const cu::Context& context,
+                                     const CudaOffloadOptions& options)
+    : device_(device),
+      c_(config),
+      ctx_(context),
+      cpu_threads_(std::max(1, options.cpu_threads)),
+      reducer_(options.reducer),
+      memory_(device) {
+  const int64_t units = c_.layers + 1;
+  device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
+  if (options.window > 0 && device_units_ <= c_.layers) {
+    KT_CHECK(device_units_ >= 1, "window offload keeps the embeddings on the device (gpuUnits >= 1)");
+    KT_CHECK(options.recompute != api::Recompute::kNone,
+             "window offload streams the layers' weights twice, so it needs recompute");
+    window_ = std::min(options.window, c_.layers - (device_units_ - 1));
+  }
+  layout_ = cuda_param_layout(c_, tp, window_ > 0 ? device_units_ - 1 : c_.layers);
+  allocate();
+  if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
+}
+
+CudaOffloadEngine::~CudaOffloadEngine() {
+  try {
+    wait_cpu_idle();
+  } catch (...) {  // already reported by the call that failed
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (cpu_thread_.joinable()) cpu_thread_.join();
+  cudaDeviceSynchronize();  // no check (a destructor): the events go only after their work
+}
+
+void CudaOffloadEngine::allocate() {
+  const int64_t L = c_.layers;
+  params16_ = memory_.device<bf16>(layout_.dparams, MemoryKind::kParams);
+  grads_ = memory_.device<float>(layout_.dparams, MemoryKind::kGrads);
+  slots_.resize(static_cast<size_t>(window_));
+  for (Slot& slot : slots_) {
+    slot.weights = memory_.device<bf16>(layout_.slot_params, MemoryKind::kParams);
+    slot.grads = memory_.device<float>(layout_.slot_params, MemoryKind::kGrads);
+    slot.loaded = std::make_unique<CudaEvent>();
+    slot.weights_free = std::make_unique<CudaEvent>();
+    slot.grads_free = std::make_unique<CudaEvent>();
+  }
+
+  // The device units' slices, merged where consecutive layers of one tensor touch, packed.
+  const auto& sizes = layout_.sizes;
+  units_.resize(static_cast<size_t>(L + 1));
+  std::vector<ParamSlice> slices;
+  for (int64_t u = 0; u < device_units_; ++u)
+    for (const ParamSlice& s : gpt_unit_slices(sizes, L, u)) slices.push_back(s);
+  std::sort(slices.begin(), slices.end(),
+            [](const ParamSlice& a, const ParamSlice& b) { return a.offset < b.offset; });
+  for (const ParamSlice& s : slices) {
+    if (!device_slices_.empty() && device_slices_.back().tensor == s.tensor &&
+        device_slices_.back().offset + device_slices_.back().count == s.offset)
+      device_slices_.back().count += s.count;
+    else
+      device_slices_.push_back(s);
+  }
+  int64_t device_packed = 0;
+  for (const ParamSlice& s : device_slices_) device_packed += s.count;
+  if (device_packed > 0) {
+    dmaster_ = memory_.device<float>(device_packed, MemoryKind::kParams);
+    dm_ = memory_.device<float>(device_packed, MemoryKind::kOptimizer);
+    dv_ = memory_.device<float>(device_packed, MemoryKind::kOptimizer);
+  }
+  int64_t packed = 0;
+  for (const ParamSlice& s : device_slices_) {
+    const int64_t at = layout_.device_offset(s.tensor, s.offset);
+    device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
+        {dmaster_ + packed, grads_ + at, dm_ + packed, dv_ + packed, params16_ + at, s.count});
+    packed += s.count;
+  }
+  for (int64_t u = 0; u <= L; ++u) {
+    Unit& unit = units_[static_cast<size_t>(u)];
+    if (!unit_streamed(u))  // a streamed layer's gradients are in its slot
+      for (const ParamSlice& s : gpt_unit_slices(sizes, L, u))
+        unit.grad_ranges.emplace_back(grads_ + layout_.device_offset(s.tensor, s.offset),
+                                      static_cast<size_t>(s.count));
+    unit.grads_final = std::make_unique<CudaEvent>();
+  }
+  for (int64_t u = device_units_; u <= L; ++u) {
+    Unit& unit = units_[static_cast<size_t>(u)];
+    unit.on_device = false;
+    for (const ParamSlice& s : gpt_unit_slices(sizes, L, u)) {
+      unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
+      host_packed_ += s.count;
+    }
+    unit.grads_copied = std::make_unique<CudaEvent>();
+    unit.weights_copied = std::make_unique<CudaEvent>();
+  }
+  if (host_packed_ > 0) {
+    hmaster_ = memory_.pinned<float>(host_packed_, MemoryKind::kParams);
+    hm_ = memory_.pinned<float>(host_packed_, MemoryKind::kOptimizer);
+    hv_ = memory_.pinned<float>(host_packed_, MemoryKind::kOptimizer);
+    hgrads_ = memory_.pinned<float>(host_packed_, MemoryKind::kGrads);
+    hparams16_ = memory_.pinned<uint16_t>(host_packed_, MemoryKind::kParams);
+  }
+}
+
+const bf16* CudaOffloadEngine::layer_weight(int tensor, int64_t l) {
+  if (streamed(l)) return slot_of(l).weights + layout_.slot_offsets[tensor];
+  return params16_ + layout_.layer_offset(tensor, l);
+}
+
+float* CudaOffloadEngine::layer_grad(int tensor, int64_t l) {
+  if (streamed(l)) return slot_of(l).grads + layout_.slot_offsets[tensor];
+  return grads_ + layout_.layer_offset(tensor, l);
+}
+
+// ---- host access: initialisation and checkpoints -------------------------------------------
+
+namespace {
+// Synchronous copies between a whole-model host array (llm.c layout) and packed device state.
+void upload_packed(float* packed_device, const std::vector<ParamSlice>& slices,
+                   const float* host) {
+  int64_t packed = 0;
+  for (const ParamSlice& s : slices) {
+    KT_CUDA_CHECK(cudaMemcpy(packed_device + packed, host + s.offset, bytes<float>(s.count),
+                             cudaMemcpyHostToDevice));
+    packed += s.count;
+  }
+}
+void download_packed(const float* packed_device, const std::vector<ParamSlice>& slices,
+                     float* host) {
+  int64_t packed = 0;
+  for (const ParamSlice& s : slices) {
+    KT_CUDA_CHECK(cudaMemcpy(host + s.offset, packed_device + packed, bytes<float>(s.count),
+                             cudaMemcpyDeviceToHost));
+    packed += s.count;
+  }
+}
+}  // namespace
+
+void CudaOffloadEngine::set_parameters(const float* host) {
+  synchronize();
+  if (dmaster_) upload_packed(dmaster_, device_slices_, host);
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices)
+      std::memcpy(hmaster_ + s.packed, host + s.offset, bytes<float>(s.count));
+  refresh_bf16();
+}
+
+void CudaOffloadEngine::get_parameters(float* host) {
+  synchronize();
+  if (dmaster_) download_packed(dmaster_, device_slices_, host);
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices)
+      std::memcpy(host + s.offset, hmaster_ + s.packed, bytes<float>(s.count));
+}
+
+void CudaOffloadEngine::set_moments(const float* m, const float* v) {
+  synchronize();
+  if (dm_) {
+    upload_packed(dm_, device_slices_, m);
+    upload_packed(dv_, device_slices_, v);
+  }
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices) {
+      std::memcpy(hm_ + s.packed, m + s.offset, bytes<float>(s.count));
+      std::memcpy(hv_ + s.packed, v + s.offset, bytes<float>(s.count));
+    }
+}
+
+void CudaOffloadEngine::get_moments(float* m, float* v) {
+  synchronize();
+  if (dm_) {
+    download_packed(dm_, device_slices_, m);
+    download_packed(dv_, device_slices_, v);
+  }
+  for (const Unit& u : units_)
+    for (const HostSlice& s : u.host_slices) {
+      std::memcpy(m + s.offset, hm_ + s.packed, bytes<float>(s.count));
+      std::memcpy(v + s.offset, hv_ + s.packed, bytes<float>(s.count));
+    }
+}
+
+void CudaOffloadEngine::get_gradients(float* host) {
+  synchronize();
+  if (window_ == 0) {
+    KT_CUDA_CHECK(cudaMemcpy(host, grads_, bytes<float>(layout_.params), cudaMemcpyDeviceToHost));
+    return;
+  }
+  // The resident part of each tensor from the device, the streamed layers' from host memory.
+  for (int i = 0; i < kNumParamTensors; ++i)
+    KT_CUDA_CHECK(cudaMemcpy(host + layout_.offsets[i], grads_ + layout_.doffsets[i],
+                             bytes<float>(layout_.dsizes[i]), cudaMemcpyDeviceToHost));
+  for (int64_t l = layout_.resident_layers; l < c_.layers; ++l)
+    for (const HostSlice& sl : units_[static_cast<size_t>(l + 1)].host_slices) {
+      host_reads("get_gradients", hgrads_ + sl.packed, bytes<float>(sl.count));
+      std::memcpy(host + sl.offset, hgrads_ + sl.packed, bytes<float>(sl.count));
+    }
+}
+
+void CudaOffloadEngine::refresh_bf16() {
+  int64_t packed = 0;
+  for (const ParamSlice& s : device_slices_) {
+    cu::cast_to_bf16(ctx_, params16_ + layout_.device_offset(s.tensor, s.offset),
+                     dmaster_ + packed, s.count);
+    packed += s.count;
+  }
+  for (int64_t unit = 0; unit <= c_.layers; ++unit)
+    for (const HostSlice& s : units_[static_cast<size_t>(unit)].host_slices) {
+      host_writes("refresh_bf16", hparams16_ + s.packed, bytes<bf16>(s.count));
+      for (int64_t i = 0; i < s.count; ++i)
+        hparams16_[s.packed + i] = kernels::float_to_bf16(hmaster_[s.packed + i]);
+      if (!unit_streamed(unit))  // streamed layers load from hparams16_ when used
+        KT_CUDA_CHECK(cudaMemcpy(params16_ + layout_.device_offset(s.tensor, s.offset),
+                                 hparams16_ + s.packed, bytes<bf16>(s.count),
+                                 cudaMemcpyHostToDevice));
+    }
+  for (Slot& slot : slots_) slot.layer = -1;  // reload: the weights may have changed
+  device_.stream(StreamRole::kCompute).synchronize();
+}
+
+// ---- the step -------------------------------------------------------------------------------
+
+void CudaOffloadEngine::begin_step() {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  join_reductions(compute);
+  // The last step's gradient copies read the gradients the model is about to zero.
+  for (const Unit& u : units_)
+    if (!u.on_device) compute.wait(*u.grads_copied);
+  for (Slot& slot : slots_) slot.layer = -1;  // a new step: the streamed weights were updated
+}
+
+void CudaOffloadEngine::before_forward(int64_t unit) {
+  if (unit == 1)  // the window's first layers, ahead of the first layer's forward
+    for (int64_t j = 0; j < window_; ++j) load_layer(layout_.resident_layers + j);
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.on_device) return;
+  if (unit_streamed(unit)) {  // its weights come into a slot instead
+    use_layer(unit - 1);
+    return;
+  }
+  wait_cpu_update(u);
+  device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
+}
+
+void CudaOffloadEngine::forward_done(int64_t l) {
+  if (!streamed(l)) return;
+  device_.stream(StreamRole::kCompute).record(*slot_of(l).weights_free);
+  load_layer(l + window_);  // its slot goes to the layer W further on
+}
+
+void CudaOffloadEngine::load_layer(int64_t l) {
+  if (!streamed(l) || l >= c_.layers) return;
+  Slot& slot = slot_of(l);
+  if (slot.layer == l) return;  // still there
+  const Unit& u = units_[static_cast<size_t>(l + 1)];
+  wait_cpu_update(u);  // hparams16_ holds the updated weights
+  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+  h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
+  for (const HostSlice& sl : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(slot.weights + layout_.slot_offsets[sl.tensor],
+                                  hparams16_ + sl.packed, bytes<bf16>(sl.count),
+                                  cudaMemcpyHostToDevice, h2d.handle()));
+    h2d_bytes_ += bytes<bf16>(sl.count);
+  }
+  h2d.record(*slot.loaded);
+  slot.layer = l;
+}
+
+void CudaOffloadEngine::use_layer(int64_t l) {
+  if (!streamed(l)) return;
+  load_layer(l);
+  device_.stream(StreamRole::kCompute).wait(*slot_of(l).loaded);
+}
+
+// A streamed layer's gradients start its backward at zero (the step's first micro-batch) or at
+// the sum of the earlier micro-batches (copied back from host memory).
+void CudaOffloadEngine::before_backward(int64_t l, bool first_micro_batch) {
+  if (!streamed(l)) return;
+  use_layer(l);
+  Slot& slot = slot_of(l);
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  compute.wait(*slot.grads_free);  // the last copy out of the slot's gradients
+  if (first_micro_batch) {
+    KT_CUDA_CHECK(cudaMemsetAsync(slot.grads, 0, bytes<float>(layout_.slot_params),
+                                  compute.handle()));
+    return;
+  }
+  const Unit& u = units_[static_cast<size_t>(l + 1)];
+  compute.wait(*u.grads_copied);
+  for (const HostSlice& sl : u.host_slices) {
+    KT_CUDA_CHECK(cudaMemcpyAsync(slot.grads + layout_.slot_offsets[sl.tensor],
+                                  hgrads_ + sl.packed, bytes<float>(sl.count),
+                                  cudaMemcpyHostToDevice, compute.handle()));
+    h2d_bytes_ += bytes<float>(sl.count);
+  }
+}
+
+// The DP sum on the last micro-batch, then the host units' copy (a streamed layer's after every
+// micro-batch: its gradients are summed in host memory), and a streamed layer's slot goes to the
+// layer W below.
+void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  const bool in_slot = unit_streamed(unit);
+  if (!in_slot && (!last_micro_batch || (u.on_device && !reducer_))) return;
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  compute.record(*u.grads_final);
+  GradientReducer::Ranges slot_ranges;
+  if (in_slot) {
+    Slot& slot = slot_of(unit - 1);
+    compute.record(*slot.weights_free);  // the backward is done with the slot's weights
+    for (const HostSlice& sl : u.host_slices)
+      slot_ranges.emplace_back(slot.grads + layout_.slot_offsets[sl.tensor],
+                               static_cast<size_t>(sl.count));
+  }
+  if (reducer_ && last_micro_batch)
+    reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
+  if (!u.on_device) {
+    CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+    d2h.wait(*u.grads_final);
+    if (last_micro_batch) join_reductions(d2h);  // the copy takes the sums
+    for (size_t k = 0; k < u.host_slices.size(); ++k) {
+      const HostSlice& sl = u.host_slices[k];
+      const float* from =
+          in_slot ? slot_ranges[k].first : grads_ + layout_.device_offset(sl.tensor, sl.offset);
+      KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
+                                    cudaMemcpyDeviceToHost, d2h.handle()));
+      d2h_bytes_ += bytes<float>(sl.count);
+    }
+    d2h.record(*u.grads_copied);
+    if (in_slot) d2h.record(*slot_of(unit - 1).grads_free);
+  }
+  const int64_t below = unit - 1 - window_;
+  if (in_slot && below >= layout_.resident_layers) load_layer(below);
+}
+
+void CudaOffloadEngine::join_reductions(CudaStream& stream) {
+  if (reducer_) reducer_->join(stream);
+}
+
+void CudaOffloadEngine::add_host_sums_of_squares(double* sharded, double* replicated) {
+  for (int64_t l = layout_.resident_layers; l < c_.layers && window_ > 0; ++l) {
+    const Unit& u = units_[static_cast<size_t>(l + 1)];
+    u.grads_copied->synchronize();
+    for (const HostSlice& sl : u.host_slices) {
+      host_reads("grad_sums_of_squares", hgrads_ + sl.packed, bytes<float>(sl.count));
+      double sum = 0;
+      for (int64_t i = 0; i < sl.count; ++i)
+        sum += static_cast<double>(hgrads_[sl.packed + i]) * hgrads_[sl.packed + i];
+      *(gpt_tp_sharded(sl.tensor, layout_.tp) ? sharded : replicated) += sum;
+    }
+  }
+}
+
+// ---- the optimizer --------------------------------------------------------------------------
+
+void CudaOffloadEngine::update(const kernels::AdamWStep& step, float weight_decay) {
+  join_reductions(device_.stream(StreamRole::kCompute));
+  for (int decays = 0; decays < 2; ++decays) {
+    if (device_tensors_[decays].empty()) continue;
+    kernels::AdamWStep s = step;
+    s.weight_decay = decays ? weight_decay : 0.0f;
+    cu::adamw_update_multi(ctx_, device_tensors_[decays].data(),
+                           static_cast<int>(device_tensors_[decays].size()), s);
+  }
+  // The host units, in the order the next forward reads them.
+  for (int64_t u = device_units_; u <= c_.layers; ++u) {
+    std::lock_guard lock(mutex_);
+    units_[static_cast<size_t>(u)].pending = true;
+    cpu_tasks_.push_back([this, u, step, weight_decay] { cpu_update(u, step, weight_decay); });
+  }
+  changed_.notify_all();
+}
+
+void CudaOffloadEngine::wait_cpu_update(const Unit& u) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !u.pending || static_cast<bool>(cpu_error_); });
+  if (cpu_error_) std::rethrow_exception(cpu_error_);
+}
+
+void CudaOffloadEngine::cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  u.grads_copied->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const HostSlice& s : u.host_slices) {
+    kernels::AdamWStep k = step;
+    k.weight_decay = gpt_decays(s.tensor) ? weight_decay : 0.0f;
+    host_reads("cpu_update", hgrads_ + s.packed, bytes<float>(s.count));
+    host_writes("cpu_update", hparams16_ + s.packed, bytes<bf16>(s.count));
+    kernels::cpu::adamw_update_mixed(hmaster_ + s.packed, hgrads_ + s.packed, nullptr,
+                                     hm_ + s.packed, hv_ + s.packed, hparams16_ + s.packed,
+                                     s.count, k);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+  if (!unit_streamed(unit)) {  // (a streamed layer is loaded when next used)
+    for (const HostSlice& s : u.host_slices) {
+      KT_CUDA_CHECK(cudaMemcpyAsync(params16_ + layout_.device_offset(s.tensor, s.offset),
+                                    hparams16_ + s.packed, bytes<bf16>(s.count),
+                                    cudaMemcpyHostToDevice, h2d.handle()));
+      h2d_bytes_ += bytes<bf16>(s.count);
+    }
+    h2d.record(*u.weights_copied);
+  }
+  std::lock_guard lock(mutex_);
+  cpu_seconds_ += seconds;
+  u.pending = false;
+}
+
+void CudaOffloadEngine::run_cpu_tasks() {
+  // The current device and OpenMP's thread count are per thread.
+  omp_set_num_threads(cpu_threads_);
+  std::unique_lock lock(mutex_);
+  try {
+    KT_CUDA_CHECK(cudaSetDevice(device_.ordinal()));
+  } catch (...) {  // every task will be skipped; the trainer sees the error at its next wait
+    cpu_error_ = std::current_exception();
+  }
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !cpu_tasks_.empty(); });
+    if (cpu_tasks_.empty()) return;  // stopping, nothing left
+    auto task = std::move(cpu_tasks_.front());
+    cpu_tasks_.pop_front();
+    cpu_busy_ = true;
+    const bool failed_before = static_cast<bool>(cpu_error_);  // skip the rest after an error
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      if (!failed_before) task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error && !cpu_error_) cpu_error_ = error;
+    cpu_busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+void CudaOffloadEngine::wait_cpu_idle() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock,
+                [&] { return (cpu_tasks_.empty() && !cpu_busy_) || !cpu_thread_.joinable(); });
+  if (cpu_error_) std::rethrow_exception(cpu_error_);
+}
+
+void CudaOffloadEngine::synchronize() {
+  wait_cpu_idle();
+  device_.synchronize();
+}
+
+double CudaOffloadEngine::cpu_optimizer_seconds() const {
+  std::lock_guard lock(mutex_);
+  return cpu_seconds_;
+}
+
+// ---- activation checkpoints of the streamed layers ------------------------------------------
+
+void CudaOffloadEngine::add_checkpoint_lane(int parts, int64_t n) {
+  Ring& ring = rings_.emplace_back();
+  ring.parts = parts;
+  ring.n = n;
+  const int64_t streamed_layers = window_ > 0 ? c_.layers - layout_.resident_layers : 0;
+  if (streamed_layers == 0 || parts == 0) return;
+  for (int k = 0; k < 2; ++k) {
+    for (int part = 0; part < parts; ++part)
+      ring.buffers[k][part] = memory_.device<bf16>(n, MemoryKind::kActivations);
+    ring.written[k] = std::make_unique<CudaEvent>();
+    ring.out[k] = std::make_unique<CudaEvent>();
+    ring.in[k] = std::make_unique<CudaEvent>();
+    ring.used[k] = std::make_unique<CudaEvent>();
+  }
+  ring.host = memory_.pinned<bf16>(streamed_layers * parts * n, MemoryKind::kActivations);
+}
+
+bf16* CudaOffloadEngine::checkpoint_buffer(int lane, int64_t l, int part) {
+  const Ring& ring = rings_[static_cast<size_t>(lane)];
+  if (!checkpoint_streamed(l) || part >= ring.parts) return nullptr;
+  return ring.buffers[ring_of(l)][part];
+}
+
+void CudaOffloadEngine::checkpoint_before_write(int lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  Ring& ring = rings_[static_cast<size_t>(lane)];
+  const int k = ring_of(l);
+  device_.stream(StreamRole::kCompute).wait(*ring.out[k]);
+  ring.holds[k] = -1;
+}
+
+void CudaOffloadEngine::checkpoint_out(int lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  Ring& ring = rings_[static_cast<size_t>(lane)];
+  const int k = ring_of(l);
+  bf16* host = ring_host(ring, l);
+  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+  device_.stream(StreamRole::kCompute).record(*ring.written[k]);
+  d2h.wait(*ring.written[k]);
+  for (int part = 0; part < ring.parts; ++part)
+    device_.copy(host + part * ring.n, ring.buffers[k][part], bytes<bf16>(ring.n), d2h);
+  d2h_bytes_ += bytes<bf16>(ring.parts * ring.n);
+  d2h.record(*ring.out[k]);
+}
+
+void CudaOffloadEngine::checkpoint_in(int lane, int64_t l, bool wait) {
+  if (!checkpoint_streamed(l)) return;
+  Ring& ring = rings_[static_cast<size_t>(lane)];
+  const int k = ring_of(l);
+  if (ring.holds[k] != l) {
+    const bf16* host = ring_host(ring, l);
+    CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
+    h2d.wait(*ring.out[k]);   // the forward's copy out of the slot has finished
+    h2d.wait(*ring.used[k]);  // and the backward of the layer two up is done with it
+    for (int part = 0; part < ring.parts; ++part)
+      device_.copy(ring.buffers[k][part], host + part * ring.n, bytes<bf16>(ring.n), h2d);
+    h2d_bytes_ += bytes<bf16>(ring.parts * ring.n);
+    h2d.record(*ring.in[k]);
+    ring.holds[k] = l;
+  }
+  if (wait) device_.stream(StreamRole::kCompute).wait(*ring.in[k]);
+}
+
+void CudaOffloadEngine::checkpoint_done(int lane, int64_t l) {
+  if (!checkpoint_streamed(l)) return;
+  device_.stream(StreamRole::kCompute).record(*rings_[static_cast<size_t>(lane)].used[ring_of(l)]);
+}
+
+}  // namespace kt::worker

@@ -1,0 +1,269 @@
+// The parameters, the optimizer step and the offload engine of a CUDA rank: the counterpart of
+// the CPU `OffloadEngine` (worker/offload.h), with the same offload units (0: wte, wpe and the
+// final LayerNorm; l + 1: layer l), the same modes and the same lanes — compute (the model's
+// stream), h2d, d2h, and the CPU optimizer thread — ordered by CUDA events:
+//   * none:      every unit's fp32 master weights and AdamW moments on the device, updated by
+//                one multi-tensor AdamW launch per decay class that also writes the bf16 copy;
+//   * optimizer: units [device_units, L] keep master, moments and a gradient copy in pinned host
+//                memory (SynergyScale's CPU/GPU split): their gradients go d2h as they become
+//                final in the last micro-batch, the CPU thread runs AdamW in forward order, and
+//                the new bf16 weights go h2d before the next forward reads the unit;
+//   * window:    as optimizer, and the CPU-updated layers ("streamed", StrongHold) have no place
+//                on the device: they pass through `window` slots of one layer each, loaded ahead
+//                of use in the forward and the backward; their gradients leave the slot after
+//                every micro-batch (summed in host memory), and their activation checkpoints go
+//                to pinned memory through a ring of two device buffers per lane.
+// Data parallelism is the engine's too, as on the CPU: as a unit's gradients become final in the
+// last micro-batch it sums them over the DP group (the GradientReducer) before its copy, the norm
+// and AdamW read them.
+//
+// The model (worker/cuda_gpt.h) holds the activations and the math: it reads a layer's weights
+// and gradients through layer_weight / layer_grad and tells the engine where the schedule is
+// (before_forward, forward_done, before_backward, grads_final), as the CPU model tells its
+// UnitObserver.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "api/enums.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/ops.h"
+#include "worker/cuda_device.h"
+#include "worker/gpt_layout.h"
+#include "worker/gradient_reducer.h"
+
+namespace kt::worker {
+
+// Memory taken on a CudaDevice, typed and sized in elements (bytes only inside), counted under
+// its MemoryKind and given back when the owner goes, after the device has finished with it.
+class CudaAllocations {
+ public:
+  explicit CudaAllocations(CudaDevice& device) : device_(device) {}
+  ~CudaAllocations();
+  CudaAllocations(const CudaAllocations&) = delete;
+  CudaAllocations& operator=(const CudaAllocations&) = delete;
+  template <typename T>
+  T* device(int64_t n, MemoryKind kind) {
+    return static_cast<T*>(device_bytes(static_cast<size_t>(n) * sizeof(T), kind));
+  }
+  template <typename T>
+  T* pinned(int64_t n, MemoryKind kind) {
+    return static_cast<T*>(pinned_bytes(static_cast<size_t>(n) * sizeof(T), kind));
+  }
+  void* device_bytes(size_t bytes, MemoryKind kind);
+  void* pinned_bytes(size_t bytes, MemoryKind kind);
+
+ private:
+  CudaDevice& device_;
+  std::vector<void*> device_blocks_, pinned_blocks_;
+};
+
+// The bytes of `n` elements of T: copies and memsets are sized in elements, as the buffers are.
+template <typename T>
+constexpr size_t bytes(int64_t n) {
+  return static_cast<size_t>(n) * sizeof(T);
+}
+
+// Where one TP rank's parameters live on the device. The per-layer tensors hold only the
+// resident layers [0, resident_layers) (all of them without window offload); a window slot holds
+// one streamed layer's slice of each per-layer tensor.
+struct CudaParamLayout {
+  int64_t layers = 0, resident_layers = 0, tp = 1;
+  std::array<int64_t, kNumParamTensors> sizes{}, offsets{};  // the whole model (llm.c layout)
+  int64_t params = 0;
+  std::array<int64_t, kNumParamTensors> dsizes{}, doffsets{};  // on the device
+  int64_t dparams = 0;
+  std::array<int64_t, kNumParamTensors> slot_offsets{};  // the per-layer tensors within a slot
+  int64_t slot_params = 0;
+
+  // A whole-model offset of `tensor` on the device (for a resident part).
+  int64_t device_offset(int tensor, int64_t offset) const {
+    return doffsets[tensor] + offset - offsets[tensor];
+  }
+  // Resident layer l's slice of a per-layer tensor on the device.
+  int64_t layer_offset(int tensor, int64_t l) const {
+    return doffsets[tensor] + l * (sizes[tensor] / layers);
+  }
+};
+CudaParamLayout cuda_param_layout(const GptConfig& config, int64_t tp, int64_t resident_layers);
+
+struct CudaOffloadOptions {
+  // Units [0, device_units) are updated on the device (-1: all of them).
+  int64_t device_units = -1;
+  // > 0: offload window (needs device_units >= 1, and recompute: the streamed layers' inputs are
+  // their checkpoints).
+  int64_t window = 0;
+  api::Recompute recompute = api::Recompute::kNone;
+  int cpu_threads = 1;                // OpenMP threads of the CPU optimizer
+  GradientReducer* reducer = nullptr;  // data parallelism (nullptr: one rank)
+};
+
+class CudaOffloadEngine {
+ public:
+  // Allocates the parameters (bf16 copy and fp32 gradients of what is resident), the masters
+  // and moments, the slots and the host buffers, and starts the CPU optimizer thread when a unit
+  // is updated there. `context` runs the device AdamW and casts on the compute stream.
+  CudaOffloadEngine(CudaDevice& device, const GptConfig& config, int64_t tp,
+                    const kernels::cuda::Context& context, const CudaOffloadOptions& options);
+  ~CudaOffloadEngine();
+  CudaOffloadEngine(const CudaOffloadEngine&) = delete;
+  CudaOffloadEngine& operator=(const CudaOffloadEngine&) = delete;
+
+  const CudaParamLayout& layout() const { return layout_; }
+  int64_t device_units() const { return device_units_; }
+  int64_t window() const { return window_; }
+  // Whether layer l streams through a window slot; whether its activation checkpoint does.
+  bool streamed(int64_t l) const { return window_ > 0 && l >= layout_.resident_layers; }
+  bool checkpoint_streamed(int64_t l) const { return streamed(l) && l < layout_.layers; }
+
+  // The resident parameters (bf16) and gradients (fp32), device layout; a layer's slice of a
+  // per-layer tensor wherever it lives (its slot when streamed).
+  const kernels::cuda::bf16* params16() const { return params16_; }
+  float* grads() const { return grads_; }
+  const kernels::cuda::bf16* layer_weight(int tensor, int64_t l);
+  float* layer_grad(int tensor, int64_t l);
+
+  // Host arrays in the whole model's llm.c layout (params floats). Each waits for queued work;
+  // set_parameters refreshes the bf16 copies.
+  void set_parameters(const float* host);
+  void get_parameters(float* host);
+  void set_moments(const float* m, const float* v);
+  void get_moments(float* m, float* v);
+  void get_gradients(float* host);
+
+  // The step, from the model: begin_step before the gradients are zeroed (the last step's
+  // copies and sums are done with them); before_forward(unit) before an op reads the unit
+  // (before unit 1 the window's first layers are fetched too); forward_done(l) when layer l's
+  // forward no longer reads its weights (its slot goes to the layer `window` above);
+  // before_backward(l, first) before layer l's backward (a streamed layer back in its slot, its
+  // gradients started there: zero in the step's first micro-batch, else the sum so far);
+  // grads_final(unit, last) when the unit's gradients of this micro-batch are complete.
+  void begin_step();
+  void before_forward(int64_t unit);
+  void forward_done(int64_t l);
+  void before_backward(int64_t l, bool first_micro_batch);
+  void grads_final(int64_t unit, bool last_micro_batch);
+  // Work enqueued on `stream` from now on waits for the DP sums issued so far.
+  void join_reductions(CudaStream& stream);
+  // Adds Σ g² of the gradients only in host memory (the streamed layers') to the sharded and
+  // replicated sums (after the backward).
+  void add_host_sums_of_squares(double* sharded, double* replicated);
+  // AdamW on every unit (weight decay on the decayed tensors): the device units' now, the CPU
+  // units' queued in forward order; the next forward waits per unit.
+  void update(const kernels::AdamWStep& step, float weight_decay);
+  // Waits for the CPU optimizer and the device.
+  void synchronize();
+
+  // Activation checkpoints of the streamed layers, one ring per lane of `parts` tensors of `n`
+  // bf16 each (add_checkpoint_lane once per lane, in lane order, before the step). The ring's
+  // device buffer for layer l's part, or nullptr when l's checkpoint is not streamed (the model
+  // keeps its own). before_write: the forward is about to write layer l's checkpoint (its ring
+  // slot's last copy out is done); out: the forward has read it for the last time (copy out);
+  // in: bring it back for the backward (once; `wait`: the compute stream waits for it, else a
+  // prefetch); done: the layer's backward has read it.
+  void add_checkpoint_lane(int parts, int64_t n);
+  kernels::cuda::bf16* checkpoint_buffer(int lane, int64_t l, int part);
+  void checkpoint_before_write(int lane, int64_t l);
+  void checkpoint_out(int lane, int64_t l);
+  void checkpoint_in(int lane, int64_t l, bool wait);
+  void checkpoint_done(int lane, int64_t l);
+
+  // Offload traffic since construction, and the CPU optimizer's busy seconds.
+  int64_t h2d_bytes() const { return h2d_bytes_.load(); }
+  int64_t d2h_bytes() const { return d2h_bytes_.load(); }
+  double cpu_optimizer_seconds() const;
+
+ private:
+  struct HostSlice {  // a slice of a CPU-updated unit: its whole-model offset, and in host buffers
+    int tensor;
+    int64_t offset;
+    int64_t packed;
+    int64_t count;
+  };
+  struct Unit {
+    bool on_device = true;
+    std::vector<HostSlice> host_slices;
+    GradientReducer::Ranges grad_ranges;  // its gradients on the device (for the reducer)
+    std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
+    bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
+  };
+  // A window slot: one streamed layer's bf16 weights and fp32 gradients on the device.
+  struct Slot {
+    kernels::cuda::bf16* weights = nullptr;
+    float* grads = nullptr;
+    int64_t layer = -1;  // the layer whose weights it holds (or is loading)
+    std::unique_ptr<CudaEvent> loaded, weights_free, grads_free;
+  };
+  // A lane's checkpoint ring: pinned copies layer by layer, two device buffers, their events
+  // (written, copied out, copied in, used by the backward) and the layer copied in (or -1).
+  struct Ring {
+    int parts = 0;
+    int64_t n = 0;
+    std::array<std::array<kernels::cuda::bf16*, 3>, 2> buffers{};
+    kernels::cuda::bf16* host = nullptr;
+    std::array<std::unique_ptr<CudaEvent>, 2> written, out, in, used;
+    std::array<int64_t, 2> holds{-1, -1};
+  };
+
+  void allocate();
+  void refresh_bf16();  // bf16 copies := masters (all units), synchronous
+  bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
+  Slot& slot_of(int64_t l) {
+    return slots_[static_cast<size_t>((l - layout_.resident_layers) % window_)];
+  }
+  int ring_of(int64_t l) const { return static_cast<int>((l - layout_.resident_layers) % 2); }
+  kernels::cuda::bf16* ring_host(const Ring& ring, int64_t l) const {
+    return ring.host + (l - layout_.resident_layers) * ring.parts * ring.n;
+  }
+  void load_layer(int64_t l);  // into its slot (after the CPU's update and the slot's last reader)
+  void use_layer(int64_t l);   // ... and the compute stream waits for it
+  void wait_cpu_update(const Unit& u);
+  void cpu_update(int64_t unit, kernels::AdamWStep step, float weight_decay);
+  void run_cpu_tasks();
+  void wait_cpu_idle();
+
+  CudaDevice& device_;
+  GptConfig c_;
+  const kernels::cuda::Context& ctx_;
+  int64_t device_units_ = 0, window_ = 0;
+  int cpu_threads_ = 1;
+  GradientReducer* reducer_ = nullptr;
+  CudaParamLayout layout_;
+  CudaAllocations memory_;
+
+  kernels::cuda::bf16* params16_ = nullptr;
+  float* grads_ = nullptr;
+  std::vector<Slot> slots_;
+  // The device units' fp32 masters and moments, packed by device_slices_; their AdamW lists.
+  float *dmaster_ = nullptr, *dm_ = nullptr, *dv_ = nullptr;
+  std::vector<ParamSlice> device_slices_;
+  std::vector<kernels::cuda::AdamWTensor> device_tensors_[2];  // [decays]
+  // The host units' pinned masters, moments, gradients and bf16 staging, packed unit by unit.
+  int64_t host_packed_ = 0;
+  float *hmaster_ = nullptr, *hm_ = nullptr, *hv_ = nullptr, *hgrads_ = nullptr;
+  uint16_t* hparams16_ = nullptr;
+  std::vector<Unit> units_;
+  std::vector<Ring> rings_;
+
+  // The CPU optimizer thread.
+  std::thread cpu_thread_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> cpu_tasks_;
+  bool cpu_busy_ = false, stopping_ = false;
+  std::exception_ptr cpu_error_;
+  double cpu_seconds_ = 0;
+  std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
+};
+
+}  // namespace kt::worker
