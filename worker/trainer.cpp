@@ -300,6 +300,21 @@ bool stop_requested(const api::Plan& plan, ProcessGroups& groups) {
   return stop > 0;
 }
 
+// After step `step` (0-based): when any rank was asked to stop, checkpoint (`save`) and say so;
+// true when the run stops here. Every rank agrees (stop_requested).
+bool stop_after_step(const api::Plan& plan, ProcessGroups& groups, int64_t step,
+                     TrainResult& result, const std::function<void(const std::string&)>& log,
+                     const std::function<void()>& save) {
+  if (!stop_requested(plan, groups)) return false;
+  save();
+  result.interrupted = true;
+  log("stopped by signal after step " + std::to_string(step + 1) +
+      (result.checkpoint_error.empty()
+           ? ""
+           : " (its checkpoint failed: a restart resumes from the previous one)"));
+  return true;
+}
+
 // The step's loss: this rank's mean, averaged over the DP group.
 double dp_mean_loss(double loss, ProcessGroups& groups) {
   const int dp = groups.dp->size();
@@ -520,15 +535,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     if (collectives.tp) r.comm["tp"] += collectives.tp->stats();
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
-    if (stop_requested(plan, groups)) {
-      save(step + 1, loss);
-      result.interrupted = true;
-      log("stopped by signal after step " + std::to_string(step + 1) +
-          (result.checkpoint_error.empty()
-               ? ""
-               : " (its checkpoint failed: a restart resumes from the previous one)"));
-      break;
-    }
+    if (stop_after_step(plan, groups, step, result, log, [&] { save(step + 1, loss); })) break;
     if (step + 1 == t.steps || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
   feeder.synchronize();
@@ -848,15 +855,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
 
     const int64_t interval = plan.checkpoint.interval_steps;
     const bool last = step + 1 == t.steps;
-    if (stop_requested(plan, groups)) {
-      save(step + 1, loss);
-      result.interrupted = true;
-      log("stopped by signal after step " + std::to_string(step + 1) +
-          (result.checkpoint_error.empty()
-               ? ""
-               : " (its checkpoint failed: a restart resumes from the previous one)"));
-      break;
-    }
+    if (stop_after_step(plan, groups, step, result, log, [&] { save(step + 1, loss); })) break;
     // Without waiting: the CPU units' AdamW and copies of this step finish during the next
     // forward, and show in the next step's timeline.
     if (options.on_timeline) options.on_timeline(step + 1, engine.timeline());
