@@ -336,6 +336,20 @@ CheckpointMeta decode_metadata(const Json& doc, const std::string& dir, int64_t 
   return meta;
 }
 
+struct Shard;
+// A Box is a block of a logical tensor: where it starts and its extent, per dimension.
+struct Box {
+  std::vector<int64_t> lo, extent;
+};
+// Resharding: the part of a view that one stored tensor holds (the two blocks in one logical
+// shape; their intersection is copied).
+struct Piece {
+  Shard* shard;
+  size_t index;
+  const TensorView* view;
+  Box stored, target;
+};
+
 // One shard, opened, its size checked and its header parsed; `sha` has consumed the header.
 struct Shard {
   std::string name;
@@ -345,6 +359,8 @@ struct Shard {
   Sha256 sha;
   std::vector<Slice> slices;               // per header.tensors
   std::vector<const TensorView*> targets;  // per header.tensors; null: checksum only
+  // Per header.tensors: views of another layout that take their intersection with it.
+  std::vector<std::vector<Piece>> pieces;
 };
 
 std::unique_ptr<Shard> open_shard(const std::string& dir, const std::string& name,
@@ -391,17 +407,133 @@ std::unique_ptr<Shard> open_shard(const std::string& dir, const std::string& nam
     shard->slices.push_back(std::move(slice));
   }
   shard->targets.assign(shard->header.tensors.size(), nullptr);
+  shard->pieces.resize(shard->header.tensors.size());
   return shard;
 }
 
-// Points each view at the stored tensor that holds exactly its slice. Returns the first way the
-// checkpoint does not fit the model, or "" when it fits.
+// ---- resharding: a view assembled from the stored slices it intersects ----------------------
+
+Box box_of(const Slice& slice, const std::vector<int64_t>& shape) { return {slice.offset, shape}; }
+
+// The elements two blocks of one logical tensor share (0 when they do not touch).
+int64_t overlap(const Box& a, const Box& b) {
+  int64_t n = 1;
+  for (size_t d = 0; d < a.lo.size(); ++d) {
+    const int64_t lo = std::max(a.lo[d], b.lo[d]);
+    const int64_t hi = std::min(a.lo[d] + a.extent[d], b.lo[d] + b.extent[d]);
+    if (hi <= lo) return 0;
+    n *= hi - lo;
+  }
+  return n;
+}
+
+int64_t volume(const std::vector<int64_t>& extent) {
+  int64_t n = 1;
+  for (int64_t e : extent) n *= e;
+  return n;
+}
+
+// Copies the intersection of `from` (row-major data of block `a`) into `to` (block `b`) of the
+// same logical tensor, a row of the last dimension at a time.
+void copy_intersection(const float* from, const Box& a, float* to, const Box& b) {
+  const size_t n = a.lo.size();
+  std::vector<int64_t> lo(n), hi(n);
+  for (size_t d = 0; d < n; ++d) {
+    lo[d] = std::max(a.lo[d], b.lo[d]);
+    hi[d] = std::min(a.lo[d] + a.extent[d], b.lo[d] + b.extent[d]);
+    if (hi[d] <= lo[d]) return;
+  }
+  if (n == 0) {
+    *to = *from;
+    return;
+  }
+  const int64_t row = hi[n - 1] - lo[n - 1];
+  std::vector<int64_t> at = lo;  // the logical index of the row's first element
+  for (;;) {
+    int64_t src = 0, dst = 0;
+    for (size_t d = 0; d < n; ++d) {
+      src = src * a.extent[d] + (at[d] - a.lo[d]);
+      dst = dst * b.extent[d] + (at[d] - b.lo[d]);
+    }
+    std::memcpy(to + dst, from + src, static_cast<size_t>(row) * sizeof(float));
+    size_t d = n - 1;  // next row: the odometer over every dimension but the last
+    while (d > 0) {
+      --d;
+      if (++at[d] < hi[d]) break;
+      at[d] = lo[d];
+      if (d == 0) return;
+    }
+    if (n == 1) return;
+  }
+}
+
+// A stored tensor: its shard and its index there.
+struct Stored {
+  Shard* shard;
+  size_t index;
+};
+
+bool is_whole(const Slice& slice, const std::vector<int64_t>& shape) {
+  return slice.logical_shape == shape &&
+         std::all_of(slice.offset.begin(), slice.offset.end(), [](int64_t o) { return o == 0; });
+}
+
+// Fills `parts` with the stored slices that together hold view v exactly once, in the logical
+// shape of the sliced side: a whole tensor may stand in another logical shape of as many
+// elements (llm.c's qkvw [L, 3C, C] is the TP layout's [L, 3, C, C] whole). False when the
+// stored slices do not cover it (`problem` stays empty: the caller says why) or, with
+// `problem` set, when they overlap.
+bool assemble(const NamedView& v, const std::vector<Stored>& stored, std::vector<Piece>& parts,
+              std::string& problem) {
+  const Slice want = slice_of(*v.view);
+  const bool want_whole = is_whole(want, v.view->shape);
+  std::vector<int64_t> logical = want.logical_shape;
+  bool sliced = !want_whole;  // whole on both sides: nothing to assemble (another model)
+  if (want_whole)  // the stored slices' logical shape, when any is a slice
+    for (const Stored& s : stored) {
+      const Slice& have = s.shard->slices[s.index];
+      if (!is_whole(have, s.shard->header.tensors[s.index].shape)) {
+        logical = have.logical_shape;
+        sliced = true;
+        break;
+      }
+    }
+  if (!sliced || volume(logical) != volume(want.logical_shape)) return false;
+  const Box mine = want_whole ? Box{std::vector<int64_t>(logical.size(), 0), logical}
+                              : box_of(want, v.view->shape);
+  int64_t covered = 0;
+  for (const Stored& s : stored) {
+    const Slice& have = s.shard->slices[s.index];
+    const std::vector<int64_t>& shape = s.shard->header.tensors[s.index].shape;
+    Box box;
+    if (have.logical_shape == logical)
+      box = box_of(have, shape);
+    else if (is_whole(have, shape) && volume(shape) == volume(logical))
+      box = {std::vector<int64_t>(logical.size(), 0), logical};
+    else
+      continue;
+    const int64_t n = overlap(box, mine);
+    if (n == 0) continue;
+    for (const Piece& other : parts)  // an element stored twice would be counted twice
+      if (overlap(other.stored, box) > 0) {
+        problem = "tensor " + v.name + " is stored twice, in " + other.shard->name + " and " +
+                  s.shard->name + " (overlapping slices)";
+        return false;
+      }
+    parts.push_back({s.shard, s.index, v.view, box, mine});
+    covered += n;
+  }
+  return covered == v.view->numel();
+}
+
+// Points each view at the stored tensor that holds exactly its slice, or at the stored tensors
+// whose slices together hold it. Returns the first way the checkpoint does not fit the model, or
+// "" when it fits.
+// A view of another TP layout than the checkpoint's is assembled from the stored slices that
+// intersect it (counted in `resharded`).
 std::string match_views(std::vector<std::unique_ptr<Shard>>& shards,
-                        const std::vector<NamedView>& views, bool check_extra_params) {
-  struct Stored {
-    Shard* shard;
-    size_t index;
-  };
+                        const std::vector<NamedView>& views, bool check_extra_params,
+                        int64_t& resharded) {
   std::map<std::string, std::vector<Stored>> by_name;
   for (auto& shard : shards) {
     for (size_t i = 0; i < shard->header.tensors.size(); ++i) {
@@ -422,10 +554,20 @@ std::string match_views(std::vector<std::unique_ptr<Shard>>& shards,
     for (const Stored& s : found->second) {
       const Slice& have = s.shard->slices[s.index];
       if (have.logical_shape == want.logical_shape && !same_logical) same_logical = &s;
-      if (have == want) {
+      if (have == want && s.shard->header.tensors[s.index].shape == v.view->shape) {
         match = &s;
         break;
       }
+    }
+    if (!match) {  // another layout: assembled from every stored slice it intersects
+      std::vector<Piece> parts;
+      std::string problem;
+      if (assemble(v, found->second, parts, problem)) {
+        for (Piece& part : parts) part.shard->pieces[part.index].push_back(std::move(part));
+        ++resharded;
+        continue;
+      }
+      if (!problem.empty()) return problem;
     }
     if (!same_logical) {  // a different model
       const Stored& s = found->second.front();
@@ -438,15 +580,9 @@ std::string match_views(std::vector<std::unique_ptr<Shard>>& shards,
     }
     if (!match) {
       const Slice& have = same_logical->shard->slices[same_logical->index];
-      return "tensor " + v.name + " is stored as the slice at " + shape_text(have.offset) + " of " +
-             shape_text(have.logical_shape) + " but this rank holds the slice at " +
-             shape_text(want.offset) + " of " + shape_text(want.logical_shape) +
-             " (resharding is not supported yet)";
-    }
-    const std::vector<int64_t>& stored_shape = match->shard->header.tensors[match->index].shape;
-    if (stored_shape != v.view->shape) {
-      return "tensor " + v.name + " has shape " + shape_text(stored_shape) +
-             " but the model expects " + shape_text(v.view->shape);
+      return "tensor " + v.name + ": the stored slices (e.g. at " + shape_text(have.offset) +
+             " of " + shape_text(have.logical_shape) + ") do not hold all of this rank's slice at " +
+             shape_text(want.offset) + " of " + shape_text(want.logical_shape);
     }
     match->shard->targets[match->index] = v.view;
   }
@@ -467,6 +603,19 @@ void read_shard_data(Shard& shard, bool copy) {
   for (size_t i = 0; i < shard.header.tensors.size(); ++i) {
     const safetensors::TensorInfo& t = shard.header.tensors[i];
     uint64_t left = t.end - t.begin;
+    if (copy && !shard.pieces[i].empty()) {  // resharding: the whole block, then the pieces
+      const int64_t n = volume(t.shape);
+      if (left != static_cast<uint64_t>(n) * sizeof(float))
+        throw Corrupt(shard.name + ": " + t.name + " is not " + std::to_string(n) + " floats");
+      std::vector<float> block(static_cast<size_t>(n));
+      if (!shard.file->read_exact(block.data(), left)) {
+        throw Corrupt(shard.name + ": truncated in " + t.name);
+      }
+      shard.sha.update(block.data(), left);
+      for (const Piece& piece : shard.pieces[i])
+        copy_intersection(block.data(), piece.stored, piece.view->data, piece.target);
+      continue;
+    }
     if (copy && shard.targets[i]) {
       if (!shard.file->read_exact(shard.targets[i]->data, left)) {
         throw Corrupt(shard.name + ": truncated in " + t.name);
@@ -503,7 +652,7 @@ CheckpointMeta load_checkpoint_dir(const std::string& dir, int64_t step,
   for (const auto& [name, record] : doc["files"].items()) {
     shards.push_back(open_shard(dir, name, record));
   }
-  const std::string mismatch = match_views(shards, views, check_extra_params);
+  const std::string mismatch = match_views(shards, views, check_extra_params, meta.resharded);
   for (auto& shard : shards) read_shard_data(*shard, mismatch.empty());
   if (!mismatch.empty()) throw Error("checkpoint " + dir + ": " + mismatch);
   return meta;

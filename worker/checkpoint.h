@@ -36,6 +36,8 @@ struct CheckpointMeta {
   std::string plan_hash;
   double loss = 0;
   nlohmann::json extra;  // free-form (e.g. the model dims, the world layout)
+  // Loading: how many of this rank's tensors were assembled from slices of another layout.
+  int64_t resharded = 0;
 };
 
 struct CheckpointTensors {

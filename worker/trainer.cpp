@@ -123,7 +123,10 @@ int64_t restore_or_init_weights(const api::Plan& plan, const TrainOptions& optio
     loaded();
     data.restore(resumed->data_cursor);
     log("resumed from step " + std::to_string(resumed->step) + " (loss " +
-        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir);
+        std::to_string(resumed->loss) + ") in " + options.checkpoint_dir +
+        (resumed->resharded > 0 ? "; " + std::to_string(resumed->resharded) +
+                                      " tensors resharded from the checkpoint's TP layout"
+                                : ""));
     return resumed->step;
   }
   if (!options.init_from_llmc.empty()) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two real ranks through `kubetrain-worker launch`: a TP=2 tiny plan with the Oases overlap trains
-# with a falling loss and one /metrics that shows both ranks (promtool-clean); killing one rank
+# with a falling loss and one /metrics that shows both ranks (promtool-clean); its step-40
+# checkpoint resumes as one rank (resharded) to the one-rank run's final loss; killing one rank
 # makes launch fail within the timeout, naming the rank.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
@@ -19,12 +20,13 @@ spec:
   model: {preset: tiny}
   training: {steps: 80, globalBatchSize: 8, learningRate: 0.005, warmupSteps: 5, seed: 4}
   parallelism: {tensorParallel: 2, overlap: on, recompute: commAware}
+  checkpoint: {intervalSteps: 40}
 YAML
 "$KT" plan "$DIR/job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/plan.json" ||
   fail "planning"
 METRICS=$(free_port)
 MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/plan.json" --metrics-port "$METRICS" \
-  > "$DIR/log" 2>&1 &
+  --checkpoint-dir "$DIR/ckpt" > "$DIR/log" 2>&1 &
 PID=$!
 for _ in $(seq 100); do
   get "http://127.0.0.1:$METRICS/metrics" > "$DIR/metrics" 2>/dev/null || true
@@ -61,6 +63,17 @@ MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/dp.json" > "$DIR/dp.log" 
 dp_final=$(sed -n 's/^\[rank 0\] done: 80 steps, final loss \([0-9.]*\)$/\1/p' "$DIR/dp.log")
 [[ -n $one_final && $one_final == "$tp_final" && $one_final == "$dp_final" ]] ||
   fail "final losses differ: one rank '$one_final', TP=2 '$tp_final', DP=2 '$dp_final'"
+
+# Resharding resume: the TP=2 run's step-40 checkpoint (its two shards) trains on as one rank.
+rm -rf "$DIR/ckpt/step-00000080"
+echo step-00000040 > "$DIR/ckpt/latest"
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/ckpt" \
+  > "$DIR/reshard.log" 2>&1 || fail "the resharded resume failed: $(tail -3 "$DIR/reshard.log")"
+grep -q 'resumed from step 40 .*tensors resharded' "$DIR/reshard.log" ||
+  fail "no resharded resume: $(head -5 "$DIR/reshard.log")"
+reshard_final=$(sed -n 's/^done: 80 steps, final loss \([0-9.]*\)$/\1/p' "$DIR/reshard.log")
+[[ $reshard_final == "$one_final" ]] ||
+  fail "TP=2 -> 1 resumed to '$reshard_final', the one-rank run to '$one_final'"
 
 # A dead rank: the launcher stops the job and names it.
 sed 's/steps: 80/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"

@@ -166,6 +166,64 @@ TEST(ParallelTraining, ShardedCheckpointResumesTwoByTwoExactly) {
   std::filesystem::remove_all(dir);
 }
 
+// Resharding resume: a run stopped at step 3 under layout `from` resumes under layout `to` (its
+// checkpoint's slices reassembled, the AdamW moments and the data cursor carried over) and then
+// trains like an uninterrupted run under `to` — the same losses and parameters, within the
+// reassociation that separates the layouts (as TP 2 vs TP 1 above).
+void expect_resharded_resume(const std::string& from, const std::string& to,
+                             const std::string& model = kTiny) {
+  SCOPED_TRACE(from + " -> " + to);
+  const api::Plan before = plan_for(from, model), after = plan_for(to, model);
+  const std::string dir = ::testing::TempDir() + "kt-reshard-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const RunResult first = run(before, dir, 3);
+  ASSERT_EQ(first.losses.size(), 3u);
+  const RunResult resumed = run(after, dir);
+  const RunResult straight = run(after);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(first.losses.size() + resumed.losses.size(), straight.losses.size());
+  for (size_t i = 0; i < straight.losses.size(); ++i) {
+    const double got = i < 3 ? first.losses[i] : resumed.losses[i - 3];
+    EXPECT_NEAR(got, straight.losses[i], 2e-5 * std::fabs(straight.losses[i])) << "step " << i + 1;
+  }
+  for (size_t r = 0; r < straight.values.size(); ++r)
+    for (size_t i = 0; i < straight.values[r].size(); ++i) {
+      double num = 0, den = 0, max_abs = 0;
+      for (size_t j = 0; j < straight.values[r][i].size(); ++j) {
+        const double diff = double(resumed.values[r][i][j]) - straight.values[r][i][j];
+        num += diff * diff;
+        den += std::pow(double(straight.values[r][i][j]), 2);
+        max_abs = std::max(max_abs, std::fabs(diff));
+      }
+      // The key bias is noise of size lr·steps in every run (expect_same_training says why).
+      EXPECT_TRUE(std::sqrt(num / std::max(den, 1e-30)) < 1e-5 || max_abs < 2e-5)
+          << "rank " << r << " " << straight.params[r][i].name << ": relative "
+          << std::sqrt(num / std::max(den, 1e-30)) << ", max abs " << max_abs;
+    }
+}
+
+TEST(ParallelTraining, ResumesAtAnotherTensorParallelDegree) {
+  expect_resharded_resume("tensorParallel: 2, dataParallel: 1, overlap: on",
+                          "tensorParallel: 1, dataParallel: 1, overlap: off");
+  expect_resharded_resume("tensorParallel: 1, dataParallel: 1, overlap: off",
+                          "tensorParallel: 2, dataParallel: 1, overlap: off");
+}
+TEST(ParallelTraining, ResumesFromTensorToDataParallel) {
+  expect_resharded_resume("tensorParallel: 2, dataParallel: 1, overlap: off",
+                          "tensorParallel: 1, dataParallel: 2, overlap: off");
+}
+TEST(ParallelTraining, ResumesWithAnotherOffloadAndRecompute) {
+  expect_resharded_resume(
+      "tensorParallel: 1, dataParallel: 1, recompute: full, offload: window, offloadWindow: 1, "
+      "gpuUpdateFraction: 0.05",
+      "tensorParallel: 1, dataParallel: 1, recompute: none, offload: none", kFourLayers);
+  expect_resharded_resume(
+      "tensorParallel: 2, dataParallel: 1, recompute: commAware, overlap: on",
+      "tensorParallel: 1, dataParallel: 1, recompute: none, offload: optimizer, "
+      "gpuUpdateFraction: 0.5",
+      kFourLayers);
+}
+
 TEST(ParallelTraining, TensorParallelTwoEqualsOneRank) {
   expect_same_training("tensorParallel: 2, dataParallel: 1, overlap: off");
 }
