@@ -261,3 +261,44 @@ write("steps_log", "nulls", "\n".join(json.dumps(r) for r in [
     {"kind": "checkpoint_failed", "time": 4, "step": 1, "reason": "EROFS <&>"},
     {"kind": "future", "time": 5},
     {"kind": "end", "time": 6, "step": 1, "how": "signal"}]) + "\n")
+
+# reshard: the safetensors JSON header of rank 0 of a TP 2 checkpoint of reshard_fuzz.cpp's GPT
+# (L 1, C 8, 2 heads, F 16, Vp 32, maxT 8): every parameter and moment with its slice metadata.
+L, C, F, VP, MAXT = 1, 8, 16, 32, 8
+PARAMS = [("wte", [VP, C], 0), ("wpe", [MAXT, C], -1), ("ln1w", [L, C], -1), ("ln1b", [L, C], -1),
+          ("qkvw", [L, 3, C, C], 2), ("qkvb", [L, 3, C], 2), ("attprojw", [L, C, C], 2),
+          ("attprojb", [L, C], -1), ("ln2w", [L, C], -1), ("ln2b", [L, C], -1),
+          ("fcw", [L, F, C], 1), ("fcb", [L, F], 1), ("fcprojw", [L, C, F], 2),
+          ("fcprojb", [L, C], -1), ("lnfw", [C], -1), ("lnfb", [C], -1)]
+header, meta, offset = {}, {}, 0
+for group in ("param/", "adam_m/", "adam_v/"):
+    for name, logical, tp_dim in PARAMS:
+        shape = list(logical)
+        if tp_dim >= 0:
+            shape[tp_dim] //= 2
+            meta["slice/" + group + name] = json.dumps(
+                {"logical_shape": logical, "offset": [0] * len(logical)})
+        n = 4
+        for d in shape:
+            n *= d
+        header[group + name] = {"dtype": "F32", "shape": shape,
+                                "data_offsets": [offset, offset + n]}
+        offset += n
+header["__metadata__"] = meta
+write("reshard", "tp2_rank0", json.dumps(header))
+bad = json.loads(json.dumps(header))
+bad["__metadata__"]["slice/param/wte"] = json.dumps({"logical_shape": [32, 8], "offset": [24, 0]})
+write("reshard", "outside", json.dumps(bad))
+# ... and a whole TP 1 checkpoint in llm.c's shapes (qkvw [L, 3C, C]): TP 1 reads it as it is,
+# rank 1 of TP 2 assembles its slices from it.
+header, offset = {}, 0
+for group in ("param/", "adam_m/", "adam_v/"):
+    for name, logical, tp_dim in PARAMS:
+        shape = [L, 3 * C, C] if name == "qkvw" else [L, 3 * C] if name == "qkvb" else logical
+        n = 4
+        for d in shape:
+            n *= d
+        header[group + name] = {"dtype": "F32", "shape": shape,
+                                "data_offsets": [offset, offset + n]}
+        offset += n
+write("reshard", "tp1_whole", json.dumps(header))

@@ -403,6 +403,21 @@ std::unique_ptr<Shard> open_shard(const std::string& dir, const std::string& nam
       } catch (const Json::exception& e) {
         throw Corrupt(name + ": bad slice metadata for " + t.name + " (" + e.what() + ")");
       }
+      // The block must lie inside its logical tensor, of at most 2^62 elements.
+      bool fits = slice.logical_shape.size() == t.shape.size() &&
+                  slice.offset.size() == t.shape.size();
+      int64_t elements = 1;
+      for (size_t d = 0; fits && d < t.shape.size(); ++d) {
+        const int64_t logical = slice.logical_shape[d], at = slice.offset[d];
+        fits = logical >= 0 && logical <= (int64_t{1} << 62) && at >= 0 && at <= logical &&
+               t.shape[d] <= logical - at &&
+               !__builtin_mul_overflow(elements, logical, &elements) &&
+               elements <= (int64_t{1} << 62);
+      }
+      if (!fits)
+        throw Corrupt(name + ": the slice metadata of " + t.name + " (" +
+                      found->second.substr(0, 200) +
+                      ") does not place its " + shape_text(t.shape) + " block in its tensor");
     }
     shard->slices.push_back(std::move(slice));
   }

@@ -387,6 +387,27 @@ TEST_F(CheckpointTest, TamperedMetadata_IsCorrupt) {
             std::string::npos);
 }
 
+// A slice whose block would reach past its logical tensor ([8,4] at row 9 of [16,4]) is damage:
+// the loader falls back to the previous checkpoint and says what is wrong.
+TEST_F(CheckpointTest, SliceMetadataOutsideItsTensor_IsCorrupt) {
+  save_random(10);
+  save_random(20);
+  std::string bytes = read_file(shard(20));
+  const std::string from = "offset\\\":[8,0]", to = "offset\\\":[9,0]";
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << "the slice metadata of h.0.fcw";
+  bytes.replace(at, from.size(), to);
+  write_file(shard(20), bytes);
+  Json doc = Json::parse(read_file(step_dir(20) + "/metadata.json"));
+  doc["files"]["rank-00000.safetensors"]["checksum"] = sha256_hex(bytes);  // not a bad checksum
+  write_file(step_dir(20) + "/metadata.json", doc.dump());
+  TestModel loaded(model_specs());
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(load_latest_checkpoint(root_, loaded.tensors)->step, 10);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("does not place its [8,4] block in its tensor"), std::string::npos) << said;
+}
+
 // ---- the model does not fit ---------------------------------------------------------------------
 
 TEST_F(CheckpointTest, ShapeMismatch_ThrowsNamingTheTensor) {
