@@ -41,7 +41,13 @@ struct HardwareProfile {
   // Host side.
   double cpu_adam_params_per_core = 0;  // CPU AdamW parameters/s per core
 
+  // Compute's slow-down while a TP all-reduce runs beside it (the Oases overlap): an op that
+  // hides an all-reduce of duration c takes interference·min(op, c) longer. Built-in: an
+  // engineering estimate; a measured profile measures it.
+  double overlap_interference = 0.15;
+
   std::string source;  // short citation summary; details in docs/HARDWARE.md
+  bool measured = false;  // from a measured profile (api/measured_profile.h), not built in
 };
 
 const std::vector<HardwareProfile>& builtin_profiles();

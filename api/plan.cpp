@@ -208,6 +208,7 @@ std::string compute_plan_hash(const Plan& plan) {
 Json to_json(const Plan& plan) {
   Json out = executed_part(plan);
   out["predicted"] = to_json(plan.predicted);
+  out["peak"] = {{"flopsPerRank", plan.peak_flops}, {"source", plan.peak_source}};
   Json alts = Json::array();
   for (const auto& a : plan.alternatives) {
     Json alt = {{"name", a.name}, {"description", a.description}, {"feasible", a.feasible}};
@@ -305,6 +306,16 @@ Plan decode_plan(const Json& doc) {
   // hash): the predicted step is read for its metrics and run record, a value that is not a
   // finite number is left 0.
   plan.predicted = decode_prediction(r.raw("predicted"));
+  const Json peak = r.raw("peak");
+  if (peak.is_object()) {
+    const auto flops = peak.find("flopsPerRank");
+    if (flops != peak.end() && flops->is_number() && std::isfinite(flops->get<double>()) &&
+        flops->get<double>() > 0)
+      plan.peak_flops = flops->get<double>();
+    const auto source = peak.find("source");
+    if (source != peak.end() && source->is_string())
+      plan.peak_source = source->get<std::string>().substr(0, 200);
+  }
   r.raw("alternatives");
   Json explanation = r.raw("explanation");
   if (explanation.is_array())

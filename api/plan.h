@@ -121,6 +121,11 @@ struct Plan {
   DataSpec data;
   CheckpointSpec checkpoint;
   Prediction predicted;
+  // The FLOP/s per rank that MFU is against (the profile's peak at the plan's precision, × the
+  // rank's cores on a CPU node) and where that figure comes from ("built-in cpu profile",
+  // "measured on HOST DATE"). Informational: outside the hash.
+  double peak_flops = 0;
+  std::string peak_source;
   std::vector<Alternative> alternatives;
   std::vector<std::string> explanation;
   std::string plan_hash;

@@ -58,6 +58,9 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
   out << "  hardware     " << c.nodes << " node(s) × " << c.procs_per_node << " " << plan.hardware
       << " = " << plan.world << " rank(s), device " << api::to_string(plan.device) << ", "
       << api::to_string(plan.precision) << "\n";
+  if (!plan.peak_source.empty())
+    out << "  figures      " << plan.peak_source << " (peak "
+        << fmt("%.1f", plan.peak_flops / 1e9) << " GFLOP/s per " << rank << ")\n";
   out << "  parallelism  TP " << c.tp << " × DP " << c.dp << ", overlap "
       << (c.sub_batches == 2 ? "on (2 sub-batches)" : "off") << ", recompute "
       << api::to_string(c.recompute) << "\n";

@@ -9,6 +9,7 @@
 #include "api/error.h"
 #include "api/hardware.h"
 #include "api/inventory.h"
+#include "api/measured_profile.h"
 #include "api/model.h"
 #include "api/plan.h"
 #include "api/quantity.h"
@@ -32,9 +33,18 @@ void print_document(const kt::api::Json& doc, const std::string& format) {
 }
 
 int cmd_plan(const std::string& job_path, const std::string& cluster_path,
-             const std::string& format) {
+             const std::vector<std::string>& profile_paths, const std::string& format) {
   const kt::api::TrainingJob job = kt::api::load_training_job(job_path);
-  const kt::api::Inventory inventory = kt::api::load_inventory(cluster_path);
+  kt::api::Inventory inventory = kt::api::load_inventory(cluster_path);
+  std::vector<kt::api::MeasuredProfile> profiles;
+  for (const std::string& path : profile_paths)
+    profiles.push_back(kt::api::load_measured_profile(path));
+  if (!profiles.empty() && kt::api::apply_measured_profiles(inventory, profiles) == 0) {
+    std::string kinds;
+    for (const auto& m : profiles) kinds += (kinds.empty() ? "" : ", ") + m.profile.name;
+    throw kt::Error("--profile: no node of " + cluster_path + " is of the kind of " +
+                    (profiles.size() > 1 ? "any profile given (" : "the profile (") + kinds + ")");
+  }
   const kt::api::Plan plan = kt::planner::best_plan(job, inventory);
   if (format == "table")
     std::cout << kt::cli::format_plan_table(plan, inventory.name);
@@ -133,6 +143,11 @@ int main(int argc, char** argv) {
   plan->add_option("--cluster,-c", cluster_path,
                    "cluster inventory: kubetrain Inventory YAML or `kubectl get nodes -o json`")
       ->required()
+      ->check(CLI::ExistingFile);
+  std::vector<std::string> profile_paths;
+  plan->add_option("--profile,-p", profile_paths,
+                   "measured hardware profile (kubetrain-worker profile): the nodes of its kind "
+                   "are planned with its figures instead of the built-in ones (repeatable)")
       ->check(CLI::ExistingFile);
   plan->add_option("--output,-o", format, "output format")
       ->check(CLI::IsMember({"table", "yaml", "json"}))
@@ -249,7 +264,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*plan) return cmd_plan(job_path, cluster_path, format);
+    if (*plan) return cmd_plan(job_path, cluster_path, profile_paths, format);
     if (*validate) return cmd_validate(job_path, validate_format);
     if (*run) {
       job_path = run_options.job_path;

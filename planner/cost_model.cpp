@@ -23,10 +23,6 @@ constexpr double kHostUsableFraction = 0.85;
 // m, v (12) and the 16-bit parameter copy (2). Memory-bound on every device.
 constexpr double kAdamBytesPerParam = 28;
 
-// Slow-down of compute while an all-reduce runs beside it: NCCL's ring kernels occupy SMs and
-// compete for memory bandwidth. An engineering estimate (not from a paper), to be calibrated by
-// measurement; 0 would make overlap free.
-constexpr double kOverlapInterference = 0.15;
 
 // Fixed costs of offloading that the lanes above do not see: per step, the hand-off between
 // the device stream and the CPU optimizer pool (events, host callbacks, waking the pool); per
@@ -47,8 +43,11 @@ struct Op {
 // and an op waits for its own sub-batch's previous all-reduce: the Oases schedule, whose
 // makespan is comp_0 + Σ max(comp_i, comm_{i-1}) + comm_last when the ops are uniform.
 // `boundary` ops in, the time at which every sub-batch has finished op boundary-1 is recorded.
+// `interference`: compute's slow-down while an all-reduce runs beside it (the profile's
+// overlap_interference: NCCL's ring kernels occupy SMs and compete for memory bandwidth; on a
+// CPU, Gloo's threads compete for cores and DRAM). 0 would make overlap free.
 double simulate_streams(const std::vector<Op>& ops, int64_t sub_batches, size_t boundary,
-                        double* boundary_time) {
+                        double interference, double* boundary_time) {
   if (sub_batches == 1) {
     double t = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -69,7 +68,7 @@ double simulate_streams(const std::vector<Op>& ops, int64_t sub_batches, size_t 
       // beside it. Charged on durations (not on the simulated overlap) so that every time
       // stays monotone in every duration: a faster link never predicts a slower step.
       const double shared = std::min(ops[i].comp, last_comm);
-      const double end = start + ops[i].comp + kOverlapInterference * shared;
+      const double end = start + ops[i].comp + interference * shared;
       compute_free = end;
       last_comm = ops[i].comm;
       if (ops[i].comm > 0) {
@@ -229,7 +228,8 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
 
   MicroBatchTiming timing;
   double forward_end = 0;
-  const double total = simulate_streams(ops, c.sub_batches, boundary, &forward_end);
+  const double total =
+      simulate_streams(ops, c.sub_batches, boundary, p.hw.overlap_interference, &forward_end);
   timing.forward = forward_end;
   timing.backward = total - forward_end;
   for (const auto& op : ops) {

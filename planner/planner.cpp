@@ -371,6 +371,11 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   }
   plan.cpu_threads =
       std::max<int64_t>(1, g.problem.cpu_cores_per_node / std::max<int64_t>(1, c.procs_per_node));
+  const auto& hw = g.problem.hw;
+  plan.peak_flops =
+      (plan.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops) *
+      (g.problem.cpu_device ? static_cast<double>(plan.cpu_threads) : 1.0);
+  plan.peak_source = hw.measured ? hw.source : "built-in " + hw.name + " profile";
   plan.training = job.spec.training;
   plan.training.micro_batch_size = c.micro_batch;
   plan.training.precision = plan.precision;

@@ -11,8 +11,10 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "api/error.h"
+#include "api/measured_profile.h"
 #include "api/plan.h"
 #include "api/yaml_json.h"
 #include "telemetry/http_server.h"
@@ -21,8 +23,10 @@
 #include "telemetry/worker_metrics.h"
 #include "worker/checkpoint.h"
 #include "worker/gpt.h"
+#include "worker/durable_file.h"
 #include "worker/launch.h"
 #include "worker/llmc_file.h"
+#include "worker/profile.h"
 #include "worker/step_log.h"
 #include "worker/trainer.h"
 
@@ -279,6 +283,28 @@ int cmd_launch(const std::string& plan_path, const std::string& checkpoint_dir, 
   return kt::worker::launch_ranks(options);
 }
 
+int cmd_profile(const std::string& plan_path, const std::string& out, int threads, bool quick,
+                const std::string& command) {
+  std::optional<kt::api::Plan> plan;
+  if (!plan_path.empty()) plan = kt::api::decode_plan(kt::api::load_document(plan_path));
+  kt::worker::ProfileOptions options;
+  options.plan = plan ? &*plan : nullptr;
+  options.threads = threads;
+  options.quick = quick;
+  options.version = kVersion;
+  options.command = command;
+  const std::string text = kt::api::json_to_yaml(kt::api::to_json(kt::worker::measure_profile(options)));
+  if (out.empty()) {
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  kt::worker::replace_file_atomically(
+      out, [&](kt::worker::CheckedFile& file) { file.write_all(text.data(), text.size()); });
+  std::fprintf(stderr, "profile: wrote %s (kubetrain plan JOB -c CLUSTER --profile %s)\n",
+               out.c_str(), out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,6 +344,22 @@ int main(int argc, char** argv) {
   launch->add_option("--metrics-address", metrics_address, "address to listen on")
       ->capture_default_str();
 
+  CLI::App* profile = app.add_subcommand(
+      "profile",
+      "Measure this machine for the planner (the model's GEMMs, a micro-batch, memory, AdamW, "
+      "all-reduce and its interference) and write a hardware profile for `kubetrain plan "
+      "--profile`");
+  std::string profile_plan;
+  int profile_threads = 0;
+  bool quick = false;
+  profile->add_option("--plan", profile_plan,
+                      "measure at this plan's model and micro-batch (default: GPT-2 124M, B 4, "
+                      "T 64)")
+      ->check(CLI::ExistingFile);
+  profile->add_option("--output,-o", out, "write the profile here (YAML; default: stdout)");
+  profile->add_option("--threads", profile_threads, "threads (default: every core)");
+  profile->add_flag("--quick", quick, "small shapes, few repetitions (a few seconds; for tests)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -331,6 +373,11 @@ int main(int argc, char** argv) {
                        log_every);
     if (*exp) return cmd_export_llmc(plan_path, checkpoint_dir, out);
     if (*launch) return cmd_launch(plan_path, checkpoint_dir, metrics_port, metrics_address);
+    if (*profile) {
+      std::string command = "kubetrain-worker";
+      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+      return cmd_profile(profile_plan, out, profile_threads, quick, command);
+    }
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());
     return 1;

@@ -491,7 +491,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   BatchFeeder feeder(*data, B, T);
   std::vector<int32_t> inputs, targets;
   const api::HardwareProfile* profile = api::find_profile(plan.hardware);
-  const double peak = profile ? profile->peak_bf16_flops : 0.0;
+  const double peak = plan.peak_flops > 0 ? plan.peak_flops
+                                          : profile ? profile->peak_bf16_flops : 0.0;
 
   TrainResult result;
   result.steps_done = start_step;
@@ -797,8 +798,12 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   BatchFeeder feeder(*data, B, T);
   std::vector<int32_t> inputs, targets;
 
-  const double peak = api::cpu_profile().peak_fp32_flops *
-                      static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
+  // MFU against the plan's peak (a measured profile's when the planner had one), else the
+  // built-in CPU profile's.
+  const double peak = plan.peak_flops > 0
+                          ? plan.peak_flops
+                          : api::cpu_profile().peak_fp32_flops *
+                                static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
   TrainResult result;
   result.steps_done = start_step;
   auto save = [&](int64_t steps_done, double loss) {

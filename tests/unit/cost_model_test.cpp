@@ -73,6 +73,24 @@ TEST(CostModel, OverlapHidesAllReduceBehindTheOtherSubBatch) {
   EXPECT_NEAR(overlapped.compute, serial.compute, serial.compute * 1e-12);
 }
 
+// The profile's interference: compute beside an all-reduce slows by that fraction of the time
+// they share, so the overlapped schedule gets slower as it grows (and never the serial one).
+TEST(CostModel, OverlapPaysTheProfilesInterference) {
+  Problem p = problem_3090();
+  double previous = 0;
+  for (double interference : {0.0, 0.15, 0.75, 2.0}) {
+    p.hw.overlap_interference = interference;
+    const auto o = planner::time_micro_batch(p, config(4, 4, 2, Recompute::kNone));
+    const auto s = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kNone));
+    EXPECT_GT(o.forward + o.backward, previous) << interference;
+    previous = o.forward + o.backward;
+    p.hw.overlap_interference = 0;
+    const auto s0 = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kNone));
+    EXPECT_DOUBLE_EQ(s.forward + s.backward, s0.forward + s0.backward) << "serial: no overlap";
+    p.hw.overlap_interference = interference;
+  }
+}
+
 TEST(CostModel, CommAwareRecomputeIsCheaperThanFull) {
   const Problem p = problem_3090();
   const auto full = planner::time_micro_batch(p, config(4, 4, 1, Recompute::kFull));

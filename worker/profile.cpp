@@ -1,0 +1,310 @@
+#include "worker/profile.h"
+
+#include <omp.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "api/error.h"
+#include "api/flops.h"
+#include "api/model.h"
+#include "api/training_job.h"
+#include "kernels/ops.h"
+#include "worker/comm.h"
+#include "worker/gpt.h"
+
+namespace kt::worker {
+namespace {
+
+namespace k = kernels::cpu;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The median of `reps` timings of fn (after one warm-up).
+double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// The model's GEMMs of one micro-batch, forward and backward: (rows, in, out) per product.
+struct Gemm {
+  int64_t C, OC;
+};
+std::vector<Gemm> model_gemms(const api::ModelDims& m) {
+  const int64_t C = m.hidden, F = m.ffn_hidden;
+  return {{C, 3 * C}, {C, C}, {C, F}, {F, C}, {C, m.padded_vocab()}};
+}
+
+struct GemmBuffers {
+  std::vector<float> inp, weight, out, dinp, dweight, dbias;
+};
+
+// One forward and backward of every GEMM; returns its FLOPs.
+double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuffers>& buffers) {
+  double flops = 0;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const auto [C, OC] = gemms[i];
+    GemmBuffers& b = buffers[i];
+    k::matmul_forward(b.out.data(), b.inp.data(), b.weight.data(), nullptr, BT, C, OC);
+    k::matmul_backward(b.dinp.data(), b.dweight.data(), b.dbias.data(), b.out.data(),
+                       b.inp.data(), b.weight.data(), BT, C, OC, false);
+    flops += 6.0 * static_cast<double>(BT) * static_cast<double>(C) * static_cast<double>(OC);
+  }
+  return flops;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("profile: no socket for the all-reduce test");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw Error("profile: no free loopback port for the all-reduce test");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(std::min(line.size(), colon + 2));
+    }
+  return "unknown";
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+void say(const char* what, double value, const char* unit) {
+  std::fprintf(stderr, "profile: %-44s %12.4g %s\n", what, value, unit);
+}
+
+}  // namespace
+
+api::MeasuredProfile measure_profile(const ProfileOptions& options) {
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(threads);
+  api::ModelDims m;
+  int64_t B = 4, T = 64;
+  if (options.plan) {
+    m = options.plan->model;
+    B = options.plan->config.micro_batch;
+    T = m.seq_len;
+  } else {
+    const api::ModelPreset* preset = api::find_model_preset(options.quick ? "tiny" : "gpt2-124m");
+    if (!preset) throw Error("profile: no built-in model to measure");
+    m = preset->dims;
+    if (options.quick) T = m.seq_len;
+    else T = 64;
+  }
+  const int reps = options.quick ? 3 : 7;
+  const int64_t BT = B * T;
+  api::MeasuredProfile out;
+  out.profile = api::cpu_profile();
+  auto& hw = out.profile;
+  auto& record = out.measurements;
+  std::fprintf(stderr, "profile: %d thread(s), the GEMMs and one micro-batch of L=%lld h=%lld at "
+               "B=%lld T=%lld\n", threads, static_cast<long long>(m.layers),
+               static_cast<long long>(m.hidden), static_cast<long long>(B),
+               static_cast<long long>(T));
+
+  // 1. The model's GEMMs.
+  const auto gemms = model_gemms(m);
+  std::vector<GemmBuffers> buffers(gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const auto [C, OC] = gemms[i];
+    buffers[i] = {random_floats(BT * C, 1), random_floats(OC * C, 2),
+                  std::vector<float>(static_cast<size_t>(BT * OC)),
+                  std::vector<float>(static_cast<size_t>(BT * C)),
+                  std::vector<float>(static_cast<size_t>(OC * C)),
+                  std::vector<float>(static_cast<size_t>(OC))};
+  }
+  double gemm_flops = 0;
+  const double gemm_s = median_seconds(reps, [&] { gemm_flops = run_gemms(BT, gemms, buffers); });
+  const double gemm_rate = gemm_flops / gemm_s;
+  hw.peak_fp32_flops = gemm_rate / threads;
+  record["gemmFlopsPerSecond"] = gemm_rate;
+  say("model GEMMs (fwd + bwd), all threads", gemm_rate / 1e9, "GFLOP/s");
+
+  // 2. One micro-batch of the model itself.
+  {
+    auto device = Device::cpu();
+    Gpt model(GptConfig::from(m), B, T, device);
+    model.init_weights(1);
+    std::vector<int32_t> tokens(static_cast<size_t>(BT + 1));
+    std::mt19937 rng(3);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.vocab));
+    const double step_s = median_seconds(reps, [&] {
+      model.zero_grad();
+      model.train_micro_step(tokens.data(), tokens.data() + 1, 1.0f);
+    });
+    const double step_rate = model.flops_per_micro_step() / step_s;
+    hw.achieved_fraction = std::clamp(step_rate / gemm_rate, 0.01, 1.0);
+    record["microBatchSeconds"] = step_s;
+    record["microBatchFlopsPerSecond"] = step_rate;
+    say("micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e9, "GFLOP/s");
+    say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
+  }
+
+  // 3. Memory: a triad over all threads; memcpy on one.
+  {
+    const int64_t n = options.quick ? (int64_t{1} << 22) : (int64_t{1} << 25);
+    std::vector<float> a(static_cast<size_t>(n)), b = random_floats(n, 4), c = random_floats(n, 5);
+    const double s = median_seconds(reps, [&] {
+#pragma omp parallel for
+      for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+    const double triad = 3.0 * 4.0 * static_cast<double>(n) / s;
+    hw.memory_bandwidth = triad / threads;
+    record["triadBytesPerSecond"] = triad;
+    say("memory triad, all threads", triad / 1e9, "GB/s");
+    const double copy_s =
+        median_seconds(reps, [&] { std::memcpy(a.data(), b.data(), a.size() * sizeof(float)); });
+    hw.host_link_bandwidth = 4.0 * static_cast<double>(n) / copy_s;
+    record["memcpyBytesPerSecond"] = hw.host_link_bandwidth;
+    say("memcpy, one thread", hw.host_link_bandwidth / 1e9, "GB/s");
+  }
+
+  // 4. The CPU AdamW kernel.
+  {
+    const int64_t n = options.quick ? (int64_t{1} << 20) : (int64_t{1} << 23);
+    std::vector<float> p = random_floats(n, 6), g = random_floats(n, 7), mo(n, 0.0f), v(n, 0.0f);
+    kernels::AdamWStep step;
+    step.learning_rate = 1e-4f;
+    const double s =
+        median_seconds(reps, [&] { k::adamw_update(p.data(), g.data(), mo.data(), v.data(), n, step); });
+    hw.cpu_adam_params_per_core = static_cast<double>(n) / s / threads;
+    record["adamwParamsPerSecond"] = static_cast<double>(n) / s;
+    say("AdamW, all threads", static_cast<double>(n) / s / 1e6, "M params/s");
+  }
+
+  // 5. All-reduce between 2 ranks (threads of this process, Gloo over loopback TCP), and the
+  //    GEMMs' slow-down while it runs.
+  {
+    RendezvousConfig config;
+    config.master_port = free_port();
+    config.world_size = 2;
+    config.job_id = "profile";
+    config.timeout = std::chrono::seconds(30);
+    ProcessGroups groups[2];
+    std::exception_ptr error;
+    std::thread other([&] {
+      try {
+        RendezvousConfig c = config;
+        c.rank = 1;
+        groups[1] = connect_process_groups(c, 1, 2);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    groups[0] = connect_process_groups(config, 1, 2);
+    other.join();
+    if (error) std::rethrow_exception(error);
+    const int64_t big = int64_t{1} << 20;  // 4 MiB of floats
+    std::vector<float> x0(big, 1.0f), x1(big, 1.0f);
+    auto both = [&](int64_t count, int times) {
+      std::thread t1([&] {
+        for (int i = 0; i < times; ++i) groups[1].dp->allreduce(x1.data(), count);
+      });
+      for (int i = 0; i < times; ++i) groups[0].dp->allreduce(x0.data(), count);
+      t1.join();
+    };
+    const int small_times = options.quick ? 20 : 100;
+    const double small_s = median_seconds(reps, [&] { both(1, small_times); }) / small_times;
+    const double big_s = median_seconds(reps, [&] { both(big, options.quick ? 2 : 8); }) /
+                         (options.quick ? 2 : 8);
+    // allreduce_seconds: 2(n−1)·α + 2(n−1)/n · bytes / busbw; n = 2.
+    hw.allreduce_latency = small_s / 2.0;
+    const double bytes = 4.0 * static_cast<double>(big);
+    hw.intra_allreduce_busbw = bytes / std::max(big_s - 2.0 * hw.allreduce_latency, 1e-9);
+    record["allreduce1FloatSeconds"] = small_s;
+    record["allreduce4MiBSeconds"] = big_s;
+    say("all-reduce latency α (2 ranks, per ring step)", hw.allreduce_latency * 1e6, "us");
+    say("all-reduce bus bandwidth (2 ranks, 4 MiB)", hw.intra_allreduce_busbw / 1e9, "GB/s");
+
+    std::atomic<bool> stop{false};
+    const double alone = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
+    std::thread noise([&] {
+      std::thread t1([&] {
+        while (!stop.load()) groups[1].dp->allreduce(x1.data(), big);
+      });
+      while (!stop.load()) groups[0].dp->allreduce(x0.data(), big);
+      t1.join();
+    });
+    const double beside = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
+    stop = true;
+    // Each side runs one more all-reduce at most: the other side meets it.
+    noise.join();
+    hw.overlap_interference = std::clamp(beside / alone - 1.0, 0.0, 4.0);
+    record["gemmSecondsAlone"] = alone;
+    record["gemmSecondsBesideAllreduce"] = beside;
+    say("GEMM slow-down beside all-reduces", hw.overlap_interference, "");
+  }
+
+  out.provenance = {{"host", hostname()},
+                    {"cpu", cpu_model()},
+                    {"gpu", "none"},
+                    {"threads", std::to_string(threads)},
+                    {"model", "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +
+                                  " B=" + std::to_string(B) + " T=" + std::to_string(T)},
+                    {"date", utc_now()},
+                    {"version", options.version},
+                    {"command", options.command}};
+  hw.source = "measured on " + out.provenance["host"] + " " + out.provenance["date"];
+  hw.measured = true;
+  return out;
+}
+
+}  // namespace kt::worker
