@@ -302,3 +302,13 @@ for group in ("param/", "adam_m/", "adam_v/"):
                                 "data_offsets": [offset, offset + n]}
         offset += n
 write("reshard", "tp1_whole", json.dumps(header))
+
+# measured_profile: what `kubetrain-worker profile` writes, and a GPU kind with a few figures.
+write("measured_profile", "cpu", json.dumps({
+    "apiVersion": "kubetrain.dev/v1alpha1", "kind": "HardwareProfile", "metadata": {"name": "cpu"},
+    "provenance": {"host": "vm", "date": "2026-12-03T15:22:37Z", "threads": "2"},
+    "spec": {"peakFp32Flops": 1.05e11, "achievedFraction": 0.88, "allreduceLatency": 1.65e-4,
+             "intraAllreduceBusbw": 9.3e8, "overlapInterference": 0.75},
+    "measurements": {"gemmFlopsPerSecond": 2.1e11}}))
+write("measured_profile", "h200", "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\n"
+      "metadata: {name: NVIDIA-H200}\nspec: {peakBf16Flops: 7.0e14, hostLinkBandwidth: 5.0e10}\n")
