@@ -38,6 +38,7 @@ bench: build
 	$(BUILD)/bin/bench_checkpoint
 	$(BUILD)/bin/bench_kube
 	$(BUILD)/bin/bench_operator
+	python3 bench/fidelity.py --kubetrain $(BUILD)/bin/kubetrain --worker $(BUILD)/bin/kubetrain-worker
 	@echo "GPU benchmarks (bench_gpu) not run: they need a CUDA GPU; run scripts/device-check.sh on a GPU machine"
 
 # Every libFuzzer harness (fuzz/, clang 14 ASan + UBSan, its own build in $(BUILD)/fuzz) for
