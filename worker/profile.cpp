@@ -3,7 +3,10 @@
 #include <omp.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <atomic>
@@ -230,63 +233,77 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("AdamW, all threads", static_cast<double>(n) / s / 1e6, "M params/s");
   }
 
-  // 5. All-reduce between 2 ranks (threads of this process, Gloo over loopback TCP), and the
-  //    GEMMs' slow-down while it runs.
+  // 5. All-reduce between 2 ranks — this process and a child, as two ranks of a node are, Gloo
+  //    over loopback TCP — and the GEMMs' slow-down while all-reduces run beside them. The child
+  //    makes the same calls in the same order; the last phase stops in band (the sum of a flag).
   {
     RendezvousConfig config;
     config.master_port = free_port();
     config.world_size = 2;
     config.job_id = "profile";
     config.timeout = std::chrono::seconds(30);
-    ProcessGroups groups[2];
-    std::exception_ptr error;
-    std::thread other([&] {
-      try {
-        RendezvousConfig c = config;
-        c.rank = 1;
-        groups[1] = connect_process_groups(c, 1, 2);
-      } catch (...) {
-        error = std::current_exception();
-      }
-    });
-    groups[0] = connect_process_groups(config, 1, 2);
-    other.join();
-    if (error) std::rethrow_exception(error);
     const int64_t big = int64_t{1} << 20;  // 4 MiB of floats
-    std::vector<float> x0(big, 1.0f), x1(big, 1.0f);
-    auto both = [&](int64_t count, int times) {
-      std::thread t1([&] {
-        for (int i = 0; i < times; ++i) groups[1].dp->allreduce(x1.data(), count);
-      });
-      for (int i = 0; i < times; ++i) groups[0].dp->allreduce(x0.data(), count);
-      t1.join();
-    };
-    const int small_times = options.quick ? 20 : 100;
-    const double small_s = median_seconds(reps, [&] { both(1, small_times); }) / small_times;
-    const double big_s = median_seconds(reps, [&] { both(big, options.quick ? 2 : 8); }) /
-                         (options.quick ? 2 : 8);
+    const int small_times = options.quick ? 20 : 100, big_times = options.quick ? 2 : 8;
+    std::vector<float> x(big, 1.0f);
+    std::fflush(nullptr);
+    const pid_t child = ::fork();
+    if (child < 0) throw Error("profile: cannot start the second rank (fork failed)");
+    if (child == 0) {  // rank 1: only the all-reduces, then out
+      try {
+        config.rank = 1;
+        ProcessGroups groups = connect_process_groups(config, 1, 2);
+        for (int i = 0; i < (reps + 1) * small_times; ++i) groups.dp->allreduce(x.data(), 1);
+        for (int i = 0; i < (reps + 1) * big_times; ++i) groups.dp->allreduce(x.data(), big);
+        do {
+          x[0] = 0.0f;
+          groups.dp->allreduce(x.data(), big);
+        } while (x[0] > 0.5f);
+        std::fflush(nullptr);
+        ::_exit(0);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "profile: the second rank failed: %s\n", e.what());
+        ::_exit(1);
+      }
+    }
+    ProcessGroups groups;
+    try {
+      groups = connect_process_groups(config, 1, 2);
+    } catch (...) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, nullptr, 0);
+      throw;
+    }
+    const double small_s = median_seconds(reps, [&] {
+      for (int i = 0; i < small_times; ++i) groups.dp->allreduce(x.data(), 1);
+    }) / small_times;
+    const double big_s = median_seconds(reps, [&] {
+      for (int i = 0; i < big_times; ++i) groups.dp->allreduce(x.data(), big);
+    }) / big_times;
     // allreduce_seconds: 2(n−1)·α + 2(n−1)/n · bytes / busbw; n = 2.
     hw.allreduce_latency = small_s / 2.0;
     const double bytes = 4.0 * static_cast<double>(big);
     hw.intra_allreduce_busbw = bytes / std::max(big_s - 2.0 * hw.allreduce_latency, 1e-9);
     record["allreduce1FloatSeconds"] = small_s;
     record["allreduce4MiBSeconds"] = big_s;
-    say("all-reduce latency α (2 ranks, per ring step)", hw.allreduce_latency * 1e6, "us");
-    say("all-reduce bus bandwidth (2 ranks, 4 MiB)", hw.intra_allreduce_busbw / 1e9, "GB/s");
+    say("all-reduce latency α (2 processes, per ring step)", hw.allreduce_latency * 1e6, "us");
+    say("all-reduce bus bandwidth (2 processes, 4 MiB)", hw.intra_allreduce_busbw / 1e9, "GB/s");
 
-    std::atomic<bool> stop{false};
     const double alone = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
+    std::atomic<bool> stop{false};
     std::thread noise([&] {
-      std::thread t1([&] {
-        while (!stop.load()) groups[1].dp->allreduce(x1.data(), big);
-      });
-      while (!stop.load()) groups[0].dp->allreduce(x0.data(), big);
-      t1.join();
+      for (;;) {
+        x[0] = stop.load() ? 0.0f : 1.0f;
+        groups.dp->allreduce(x.data(), big);
+        if (x[0] < 0.5f) return;
+      }
     });
     const double beside = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
     stop = true;
-    // Each side runs one more all-reduce at most: the other side meets it.
     noise.join();
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw Error("profile: the second rank of the all-reduce test failed");
     hw.overlap_interference = std::clamp(beside / alone - 1.0, 0.0, 4.0);
     record["gemmSecondsAlone"] = alone;
     record["gemmSecondsBesideAllreduce"] = beside;

@@ -7,8 +7,8 @@
 //     Gpt), as a fraction of that GEMM rate;
 //   * memoryBandwidth (a triad), hostLinkBandwidth (memcpy, one thread) and
 //     cpuAdamParamsPerCore (the CPU AdamW kernel), per core;
-//   * intraAllreduceBusbw and allreduceLatency: Gloo all-reduces between 2 ranks of this
-//     process over loopback TCP (α from a 1-float all-reduce, bus bandwidth from 4 MiB);
+//   * intraAllreduceBusbw and allreduceLatency: Gloo all-reduces between this process and a
+//     child, 2 ranks over loopback TCP (α from a 1-float all-reduce, bus bandwidth from 4 MiB);
 //   * overlapInterference: how much slower the GEMMs run while those all-reduces go on.
 #pragma once
 

@@ -225,9 +225,9 @@ TEST(TrainingJobCrd, Maximums_AreTheValidatorsLimits) {
 }
 
 TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
-  std::vector<std::string> columns;
+  std::vector<std::string> columns, wide;
   for (const auto& c : training_job_crd()["spec"]["versions"][0]["additionalPrinterColumns"]) {
-    columns.push_back(c["name"]);
+    (c.value("priority", 0) == 0 ? columns : wide).push_back(c["name"]);
     const std::string path = c["jsonPath"];  // ".status.plan.tp"
     if (path == ".metadata.creationTimestamp") continue;
     Json node = root_schema();
@@ -243,6 +243,8 @@ TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
   const std::vector<std::string> design = {"Phase", "Nodes", "TP",    "DP",       "Offload",
                                            "Step",  "Loss",  "Tok/s", "Restarts", "Age"};
   EXPECT_EQ(columns, design);
+  // -o wide: the measured step time beside the predicted one.
+  EXPECT_EQ(wide, (std::vector<std::string>{"Step s", "Predicted s"}));
   EXPECT_EQ(training_job_crd()["spec"]["names"]["shortNames"], Json::array({"tj"}));
   EXPECT_EQ(training_job_crd()["spec"]["names"]["categories"], Json::array({"all"}));
 }
