@@ -270,38 +270,42 @@ PARAMS = [("wte", [VP, C], 0), ("wpe", [MAXT, C], -1), ("ln1w", [L, C], -1), ("l
           ("attprojb", [L, C], -1), ("ln2w", [L, C], -1), ("ln2b", [L, C], -1),
           ("fcw", [L, F, C], 1), ("fcb", [L, F], 1), ("fcprojw", [L, C, F], 2),
           ("fcprojb", [L, C], -1), ("lnfw", [C], -1), ("lnfb", [C], -1)]
-header, meta, offset = {}, {}, 0
-for group in ("param/", "adam_m/", "adam_v/"):
-    for name, logical, tp_dim in PARAMS:
-        shape = list(logical)
-        if tp_dim >= 0:
-            shape[tp_dim] //= 2
-            meta["slice/" + group + name] = json.dumps(
-                {"logical_shape": logical, "offset": [0] * len(logical)})
-        n = 4
-        for d in shape:
-            n *= d
-        header[group + name] = {"dtype": "F32", "shape": shape,
-                                "data_offsets": [offset, offset + n]}
-        offset += n
-header["__metadata__"] = meta
+def shard_header(shape_of, slice_of=None):
+    """The JSON header of a shard holding every parameter and moment, shape_of(name, logical)."""
+    header, meta, offset = {}, {}, 0
+    for group in ("param/", "adam_m/", "adam_v/"):
+        for name, logical, tp_dim in PARAMS:
+            shape = shape_of(name, logical, tp_dim)
+            if slice_of and tp_dim >= 0:
+                meta["slice/" + group + name] = json.dumps(slice_of(logical))
+            n = 4
+            for d in shape:
+                n *= d
+            header[group + name] = {"dtype": "F32", "shape": shape,
+                                    "data_offsets": [offset, offset + n]}
+            offset += n
+    if meta:
+        header["__metadata__"] = meta
+    return header
+
+
+def rank0_of_two(name, logical, tp_dim):
+    shape = list(logical)
+    if tp_dim >= 0:
+        shape[tp_dim] //= 2
+    return shape
+
+
+header = shard_header(rank0_of_two,
+                      lambda logical: {"logical_shape": logical, "offset": [0] * len(logical)})
 write("reshard", "tp2_rank0", json.dumps(header))
-bad = json.loads(json.dumps(header))
-bad["__metadata__"]["slice/param/wte"] = json.dumps({"logical_shape": [32, 8], "offset": [24, 0]})
-write("reshard", "outside", json.dumps(bad))
+header["__metadata__"]["slice/param/wte"] = json.dumps({"logical_shape": [32, 8], "offset": [24, 0]})
+write("reshard", "outside", json.dumps(header))
 # ... and a whole TP 1 checkpoint in llm.c's shapes (qkvw [L, 3C, C]): TP 1 reads it as it is,
 # rank 1 of TP 2 assembles its slices from it.
-header, offset = {}, 0
-for group in ("param/", "adam_m/", "adam_v/"):
-    for name, logical, tp_dim in PARAMS:
-        shape = [L, 3 * C, C] if name == "qkvw" else [L, 3 * C] if name == "qkvb" else logical
-        n = 4
-        for d in shape:
-            n *= d
-        header[group + name] = {"dtype": "F32", "shape": shape,
-                                "data_offsets": [offset, offset + n]}
-        offset += n
-write("reshard", "tp1_whole", json.dumps(header))
+write("reshard", "tp1_whole", json.dumps(shard_header(
+    lambda name, logical, tp_dim:
+        [L, 3 * C, C] if name == "qkvw" else [L, 3 * C] if name == "qkvb" else logical)))
 
 # measured_profile: what `kubetrain-worker profile` writes, and a GPU kind with a few figures.
 write("measured_profile", "cpu", json.dumps({

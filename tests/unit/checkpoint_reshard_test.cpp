@@ -6,11 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +16,7 @@
 
 #include "api/error.h"
 #include "api/yaml_json.h"
+#include "tests/support/barrier.h"
 #include "worker/checkpoint.h"
 #include "worker/gpt_layout.h"
 
@@ -89,28 +88,6 @@ struct Rank {
   }
 };
 
-// A barrier for the writing ranks (threads).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock lock(mutex_);
-    const int generation = generation_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int n_, arrived_ = 0, generation_ = 0;
-};
-
 class CheckpointReshardTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -131,7 +108,7 @@ class CheckpointReshardTest : public ::testing::Test {
       ranks.push_back(std::make_unique<Rank>(config(), t, r));
       ranks.back()->fill(seed_);
     }
-    Barrier barrier(static_cast<int>(t));
+    test::TimedBarrier barrier(static_cast<int>(t));
     CheckpointMeta meta;
     meta.step = 5;
     meta.data_cursor = {{"kind", "synthetic"}, {"sequence", 40}, {"world", 1}};
@@ -146,7 +123,7 @@ class CheckpointReshardTest : public ::testing::Test {
         s.shard_index = static_cast<int>(r);
         s.shard_count = static_cast<int>(t);
         s.leader = r == 0;
-        s.barrier = [&] { barrier.wait(); };
+        s.barrier = [&] { barrier.arrive_and_wait(); };
         save_checkpoint(root_, meta, ranks[static_cast<size_t>(r)]->tensors, 2, s);
       });
     for (auto& thread : threads) thread.join();

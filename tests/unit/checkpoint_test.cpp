@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "api/error.h"
+#include "tests/support/barrier.h"
 #include "worker/llmc_file.h"
 #include "worker/safetensors.h"
 
@@ -633,29 +634,7 @@ TEST_F(CheckpointTest, LockWhereNoDirectoryCanBe_IsAnIoError) {
   }
 }
 
-// A barrier over `ranks` threads that gives up after 10 s (so that a rank left waiting fails the
-// test instead of hanging it).
-class TimedBarrier {
- public:
-  explicit TimedBarrier(int ranks) : ranks_(ranks) {}
-  void arrive_and_wait() {
-    std::unique_lock lock(mutex_);
-    const int generation = generation_;
-    if (++arrived_ == ranks_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return generation_ != generation; }))
-      throw Error("barrier timed out: a rank never arrived");
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int ranks_, arrived_ = 0, generation_ = 0;
-};
+using test::TimedBarrier;
 
 // Two TP shards; rank 1 cannot write its part. No rank waits forever, every rank throws (so all
 // agree the checkpoint does not exist), and the committed one is untouched.
