@@ -136,8 +136,8 @@ Json to_json(const Prediction& p);
 Json to_json(const Plan& plan);
 // Throws FieldError with paths such as "plan.tp".
 Plan decode_plan(const Json& doc);
-// FNV-1a 64 of the canonical JSON of what the worker executes (everything but alternatives,
-// explanation and the hash itself), as 16 hex digits.
+// FNV-1a 64 of the canonical JSON of what the worker executes (everything but predicted, peak,
+// alternatives, explanation and the hash itself), as 16 hex digits.
 std::string compute_plan_hash(const Plan& plan);
 
 }  // namespace kt::api

@@ -35,7 +35,7 @@ import json, sys
 plan = json.load(open(sys.argv[1]))
 plan.update(nodes=2, procsPerNode=2, tp=2, dp=2, world=4)
 part = {k: v for k, v in plan.items()
-        if k not in ("predicted", "alternatives", "explanation", "planHash")}
+        if k not in ("predicted", "peak", "alternatives", "explanation", "planHash")}
 h = 0xcbf29ce484222325
 for b in json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
     h = ((h ^ b) * 0x100000001b3) % 2**64

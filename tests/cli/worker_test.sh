@@ -129,7 +129,7 @@ for edit in edits:
     else: node[last] = json.loads(value)
 if rehash == "rehash":  # api/plan.cpp compute_plan_hash: FNV-1a 64 of the executed part
     part = {k: v for k, v in plan.items()
-            if k not in ("predicted", "alternatives", "explanation", "planHash")}
+            if k not in ("predicted", "peak", "alternatives", "explanation", "planHash")}
     h = 0xcbf29ce484222325
     for b in json.dumps(part, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode():
         h = ((h ^ b) * 0x100000001b3) % 2**64
