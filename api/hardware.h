@@ -45,6 +45,13 @@ struct HardwareProfile {
   // hides an all-reduce of duration c takes interference·min(op, c) longer. Built-in: an
   // engineering estimate; a measured profile measures it.
   double overlap_interference = 0.15;
+  // Measured over predicted time of each phase, folded back from running jobs (planner/
+  // calibration.h): the cost model multiplies its phase times by these. 1: no evidence.
+  double compute_scale = 1;        // forward, backward and recompute
+  double tp_comm_scale = 1;        // TP all-reduces
+  double dp_comm_scale = 1;        // DP gradient all-reduces
+  double transfer_scale = 1;       // host<->device copies
+  double cpu_optimizer_scale = 1;  // CPU AdamW
 
   std::string source;  // short citation summary; details in docs/HARDWARE.md
   bool measured = false;  // from a measured profile (api/measured_profile.h), not built in

@@ -149,6 +149,28 @@ Inventory decode_inventory(const Json& doc) {
   return inv;
 }
 
+bool node_accepts_pods(const Json& node) {
+  if (!node.is_object()) return false;
+  const Json* status = node.contains("status") ? &node["status"] : nullptr;
+  if (status && status->is_object() && status->contains("conditions") &&
+      (*status)["conditions"].is_array())
+    for (const Json& c : (*status)["conditions"])
+      if (c.is_object() && c.value("type", Json()) == "Ready" && c.value("status", Json()) != "True")
+        return false;
+  const Json* spec = node.contains("spec") ? &node["spec"] : nullptr;
+  if (!spec || !spec->is_object()) return true;
+  if (spec->value("unschedulable", Json()) == true) return false;
+  if (spec->contains("taints") && (*spec)["taints"].is_array())
+    for (const Json& t : (*spec)["taints"]) {
+      if (!t.is_object()) continue;
+      const Json key = t.value("key", Json()), effect = t.value("effect", Json());
+      if ((key == "node.kubernetes.io/not-ready" || key == "node.kubernetes.io/unreachable") &&
+          (effect == "NoSchedule" || effect == "NoExecute"))
+        return false;
+    }
+  return true;
+}
+
 Node decode_kubectl_node(const Json& item, const std::string& path) {
   if (!item.is_object() || (item.contains("kind") && item["kind"] != "Node"))
     throw FieldError(path + ".kind", "must be Node");
@@ -184,8 +206,9 @@ Node decode_kubectl_node(const Json& item, const std::string& path) {
   node.memory_bytes = quantity("memory");
   status.allow_unknown();
   ObjectReader spec(member("spec"), path + ".spec");
-  node.schedulable = !spec.boolean("unschedulable").value_or(false);
+  spec.boolean("unschedulable");  // type-checked here; node_accepts_pods reads it
   spec.allow_unknown();
+  node.schedulable = node_accepts_pods(item);
 
   const std::string label_path = path + ".metadata.labels.";
   double gpu_memory = 0;

@@ -26,7 +26,7 @@ struct Node {
   int64_t free_gpus = 0;    // allocatable minus requests of running pods
   int64_t cpu_cores = 0;
   double memory_bytes = 0;  // host memory (allocatable)
-  bool schedulable = true;  // false when cordoned
+  bool schedulable = true;  // false when cordoned, not Ready, or tainted not-ready/unreachable
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> annotations;
   HardwareProfile hardware;  // resolved: profile + overrides + the node's own GPU memory
@@ -45,6 +45,9 @@ Inventory decode_inventory(const Json& doc);
 Inventory decode_kubectl_nodes(const Json& doc);
 // One Node object of the Kubernetes API (an item of the above), `path` naming it in errors.
 Node decode_kubectl_node(const Json& node, const std::string& path);
+// Whether a core/v1 Node takes new pods: Ready (a node without a Ready condition counts as
+// Ready), not cordoned, no not-ready/unreachable taint of effect NoSchedule or NoExecute.
+bool node_accepts_pods(const Json& node);
 // Detects the format by `kind`; throws Error ("<path>: <field>: <problem>" for a bad field).
 // An empty cluster is an error.
 Inventory load_inventory(const std::string& path);

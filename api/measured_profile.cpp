@@ -32,6 +32,11 @@ constexpr SpecField kSpecFields[] = {
     {"allreduceLatency", &HardwareProfile::allreduce_latency, 0, 10, true},
     {"cpuAdamParamsPerCore", &HardwareProfile::cpu_adam_params_per_core, 0, 1e15, false},
     {"overlapInterference", &HardwareProfile::overlap_interference, 0, 4, true},
+    {"computeScale", &HardwareProfile::compute_scale, 0.01, 100, false},
+    {"tpCommScale", &HardwareProfile::tp_comm_scale, 0.01, 100, false},
+    {"dpCommScale", &HardwareProfile::dp_comm_scale, 0.01, 100, false},
+    {"transferScale", &HardwareProfile::transfer_scale, 0.01, 100, false},
+    {"cpuOptimizerScale", &HardwareProfile::cpu_optimizer_scale, 0.01, 100, false},
 };
 
 // The kind of node a profile is for: "cpu" for CPU nodes, else the GPU product's profile.
@@ -92,10 +97,12 @@ MeasuredProfile decode_measured_profile(const Json& doc) {
     if (!value) continue;
     const bool ok = std::isfinite(*value) && *value <= f.max &&
                     (f.zero_ok ? *value >= f.min : *value > f.min);
-    if (!ok)
+    if (!ok) {
+      const std::string lo = f.min == 0 ? "0" : Json(f.min).dump();
       throw FieldError(spec.path_of(f.key), Json(*value).dump() + " must be " +
-                                                (f.zero_ok ? "between 0" : "above 0") + " and at most " +
-                                                Json(f.max).dump());
+                                                (f.zero_ok ? "between " : "above ") + lo +
+                                                " and at most " + Json(f.max).dump());
+    }
     out.profile.*f.field = *value;
   }
   spec.finish();

@@ -89,6 +89,7 @@ DataSpec decode_data(ObjectReader r) {
 ResourcesSpec decode_resources(ObjectReader r) {
   ResourcesSpec s;
   s.max_nodes = r.integer_or_auto("maxNodes");
+  s.min_nodes = r.integer("minNodes");
   s.gpus_per_node = r.integer_or_auto("gpusPerNode");
   s.cpu_only = r.boolean("cpuOnly").value_or(false);
   s.node_selector = r.string_map("nodeSelector");
@@ -110,6 +111,7 @@ ParallelismSpec decode_parallelism(ObjectReader r) {
   p.offload_window = r.integer_or_auto("offloadWindow");
   p.gpu_update_fraction = r.number_or_auto("gpuUpdateFraction");
   p.gpu_memory_budget_bytes = r.quantity_or_auto("gpuMemoryBudget");
+  p.autotune = read_on_off(r, "autotune");
   r.finish();
   return p;
 }
@@ -391,6 +393,12 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   check_at_most(errors, "spec.resources.maxNodes", res.max_nodes, JL::kNodes);
   check_at_most(errors, "spec.resources.gpusPerNode", res.gpus_per_node, JL::kGpusPerNode);
   check_positive(errors, "spec.resources.maxNodes", res.max_nodes);
+  check_at_most(errors, "spec.resources.minNodes", res.min_nodes, JL::kNodes);
+  check_positive(errors, "spec.resources.minNodes", res.min_nodes);
+  if (res.min_nodes && res.max_nodes && *res.min_nodes > *res.max_nodes)
+    errors.emplace_back("spec.resources.minNodes", std::to_string(*res.min_nodes) +
+                                                       " must be at most maxNodes (" +
+                                                       std::to_string(*res.max_nodes) + ")");
   check_positive(errors, "spec.resources.gpusPerNode", res.gpus_per_node);
 
   const auto& p = job.spec.parallelism;
@@ -529,6 +537,7 @@ Json to_json(const TrainingJobSpec& s) {
   const auto& r = s.resources;
   Json& res = spec["resources"] = {{"cpuOnly", r.cpu_only}};
   put_auto(res, "maxNodes", r.max_nodes);
+  if (r.min_nodes) res["minNodes"] = *r.min_nodes;
   put_auto(res, "gpusPerNode", r.gpus_per_node);
   if (!r.node_selector.empty()) res["nodeSelector"] = r.node_selector;
   if (!r.tolerations.is_null()) res["tolerations"] = r.tolerations;
@@ -541,6 +550,7 @@ Json to_json(const TrainingJobSpec& s) {
   put_auto(par, "tensorParallel", p.tensor_parallel);
   put_auto(par, "dataParallel", p.data_parallel);
   par["overlap"] = p.overlap ? (*p.overlap ? "on" : "off") : "auto";
+  if (p.autotune) par["autotune"] = *p.autotune ? "on" : "off";
   put_enum_auto(par, "recompute", p.recompute);
   put_enum_auto(par, "offload", p.offload);
   put_auto(par, "offloadWindow", p.offload_window);
@@ -613,6 +623,29 @@ Json to_json(const TrainingJobStatus& s) {
   put(out, "lastCheckpointStep", s.last_checkpoint_step);
   if (!s.start_time.empty()) out["startTime"] = s.start_time;
   if (!s.completion_time.empty()) out["completionTime"] = s.completion_time;
+  if (!s.plan_history.empty()) {
+    Json& history = out["planHistory"] = Json::array();
+    for (const PlanChange& c : s.plan_history) {
+      Json entry = {{"time", c.time},
+                    {"reason", c.reason},
+                    {"message", c.message},
+                    {"fromPlanHash", c.from_plan_hash},
+                    {"toPlanHash", c.to_plan_hash},
+                    {"fromPredictedStepSeconds", c.from_predicted_step_seconds},
+                    {"toPredictedStepSeconds", c.to_predicted_step_seconds}};
+      put(entry, "measuredStepSeconds", c.measured_step_seconds);
+      history.push_back(std::move(entry));
+    }
+  }
+  if (s.autotune) {
+    const AutotuneStatus& a = *s.autotune;
+    Json& at = out["autotune"] = {{"switches", a.switches},
+                                  {"evaluatedAttempt", a.evaluated_attempt},
+                                  {"message", a.message}};
+    put(at, "measuredStepSeconds", a.measured_step_seconds);
+    put(at, "refitStepSeconds", a.refit_step_seconds);
+    put(at, "bestStepSeconds", a.best_step_seconds);
+  }
   return out;
 }
 
@@ -687,6 +720,37 @@ TrainingJobStatus decode_status(const Json& value) {
   s.last_checkpoint_step = r.integer("lastCheckpointStep");
   s.start_time = r.string("startTime").value_or("");
   s.completion_time = r.string("completionTime").value_or("");
+  const Json history = r.raw("planHistory");
+  if (history.is_array()) {
+    for (size_t i = 0; i < history.size(); ++i) {
+      ObjectReader h(history[i], "status.planHistory[" + std::to_string(i) + "]");
+      PlanChange c;
+      c.time = h.string("time").value_or("");
+      c.reason = h.string("reason").value_or("");
+      c.message = h.string("message").value_or("");
+      c.from_plan_hash = h.string("fromPlanHash").value_or("");
+      c.to_plan_hash = h.string("toPlanHash").value_or("");
+      c.from_predicted_step_seconds = h.number("fromPredictedStepSeconds").value_or(0);
+      c.to_predicted_step_seconds = h.number("toPredictedStepSeconds").value_or(0);
+      c.measured_step_seconds = h.number("measuredStepSeconds");
+      h.finish();
+      s.plan_history.push_back(std::move(c));
+    }
+  }
+  if (r.has("autotune")) {
+    ObjectReader a = r.object("autotune");
+    AutotuneStatus at;
+    at.switches = a.integer("switches").value_or(0);
+    at.evaluated_attempt = a.integer("evaluatedAttempt").value_or(-1);
+    at.message = a.string("message").value_or("");
+    at.measured_step_seconds = a.number("measuredStepSeconds");
+    at.refit_step_seconds = a.number("refitStepSeconds");
+    at.best_step_seconds = a.number("bestStepSeconds");
+    a.finish();
+    s.autotune = at;
+  } else {
+    r.raw("autotune");
+  }
   r.finish();
   return s;
 }

@@ -72,6 +72,9 @@ struct DataSpec {
 
 struct ResourcesSpec {
   std::optional<int64_t> max_nodes;      // auto: as many as help
+  // At least this many nodes (elastic within [minNodes, maxNodes]): a restart that finds fewer
+  // usable nodes waits for them instead of planning smaller. Unset: 1.
+  std::optional<int64_t> min_nodes;
   std::optional<int64_t> gpus_per_node;  // auto
   bool cpu_only = false;
   std::map<std::string, std::string> node_selector;
@@ -90,6 +93,10 @@ struct ParallelismSpec {
   std::optional<int64_t> offload_window;
   std::optional<double> gpu_update_fraction;
   std::optional<double> gpu_memory_budget_bytes;
+  // Re-plan on evidence (docs/PLANNER.md §11b): after a warm-up the operator folds the measured
+  // phase times into the node kind's figures and switches to a plan they predict >= 10% faster
+  // when the rest of the run repays the restart. Unset (auto): on.
+  std::optional<bool> autotune;
 };
 
 struct CheckpointSpec {
@@ -174,6 +181,27 @@ struct ProgressStatus {
   std::optional<double> step_seconds;
 };
 
+// One switch of plan while the job ran (status.planHistory, newest last, at most 10 kept).
+struct PlanChange {
+  std::string time;
+  std::string reason;  // Autotune | InventoryChanged | SpecChanged
+  std::string message;
+  std::string from_plan_hash, to_plan_hash;
+  double from_predicted_step_seconds = 0;  // the old plan, as last predicted (with the figures
+  double to_predicted_step_seconds = 0;    // the switch was decided on), and the new one
+  std::optional<double> measured_step_seconds;  // the old plan's measured step (Autotune)
+};
+
+// What autotune last concluded (status.autotune).
+struct AutotuneStatus {
+  int64_t switches = 0;
+  int64_t evaluated_attempt = -1;  // the restart attempt it last looked at (once per attempt)
+  std::optional<double> measured_step_seconds;
+  std::optional<double> refit_step_seconds;  // the running plan predicted with measured figures
+  std::optional<double> best_step_seconds;   // the best plan with measured figures
+  std::string message;
+};
+
 struct TrainingJobStatus {
   std::optional<JobPhase> phase;
   std::vector<Condition> conditions;
@@ -184,6 +212,8 @@ struct TrainingJobStatus {
   ProgressStatus progress;
   std::optional<int64_t> last_checkpoint_step;
   std::string start_time, completion_time;
+  std::vector<PlanChange> plan_history;
+  std::optional<AutotuneStatus> autotune;
 };
 
 struct TrainingJob {

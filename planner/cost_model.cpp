@@ -93,12 +93,13 @@ double cpu_threads_per_rank(const Problem& p, const ParallelConfig& c) {
 }  // namespace
 
 double host_link_bandwidth(const Problem& p, const ParallelConfig& c) {
-  if (p.cpu_device) return p.hw.host_link_bandwidth;  // host-to-host copies
+  if (p.cpu_device) return p.hw.host_link_bandwidth / p.hw.transfer_scale;  // host-to-host
   // All GPUs of a node copy to and from the same DRAM, in both directions at once. The DRAM's
   // sustained bandwidth is what the CPU AdamW roofline is built on (params/s per core × 28 B).
   const double dram = static_cast<double>(p.cpu_cores_per_node) * p.hw.cpu_adam_params_per_core *
                       kAdamBytesPerParam;
-  return std::min(p.hw.host_link_bandwidth, dram / (2.0 * static_cast<double>(c.procs_per_node)));
+  return std::min(p.hw.host_link_bandwidth, dram / (2.0 * static_cast<double>(c.procs_per_node))) /
+         p.hw.transfer_scale;
 }
 
 int64_t bytes_per_element(api::Precision p) {
@@ -183,7 +184,7 @@ double rank_flops_per_second(const Problem& p, const ParallelConfig& c) {
   const double peak =
       p.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops;
   const double per_rank = p.cpu_device ? peak * cpu_threads_per_rank(p, c) : peak;
-  return per_rank * hw.achieved_fraction;
+  return per_rank * hw.achieved_fraction / hw.compute_scale;
 }
 
 double device_capacity(const Problem& p, const ParallelConfig& c) {
@@ -199,7 +200,8 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   const double b = static_cast<double>(c.micro_batch) / c.sub_batches;
   const double s = m.seq_len, h = m.hidden, f = m.ffn_hidden;
   const double ar = allreduce_seconds(b * s * h * bytes_per_element(p.precision), c.tp,
-                                      p.hw.intra_allreduce_busbw, p.hw.allreduce_latency);
+                                      p.hw.intra_allreduce_busbw, p.hw.allreduce_latency) *
+                    p.hw.tp_comm_scale;
   const double attn = (8 * b * s * h * h + 4 * b * s * s * h) / c.tp / rate;
   const double mlp = 4 * b * s * h * f / c.tp / rate;
   const double logits = logits_forward_flops(m, b, c.tp) / rate;
@@ -445,7 +447,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     double t = units[i].grads_ready;
     if (c.dp > 1) {
       const double seconds =
-          allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency);
+          allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
+          hw.dp_comm_scale;
       t = std::max(t, dp_free) + seconds;
       dp_free = t;
       dp_total += seconds;
@@ -459,7 +462,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth;
   const double step_device_end = gpu_ready + gpu_adam;
 
-  const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank;
+  const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank / hw.cpu_optimizer_scale;
   // CPU AdamW needs the global gradient norm (clipping), so it starts once every gradient is
   // final (the worker's offload engine does the same); the copies down start as soon as each
   // unit's gradients are.

@@ -29,7 +29,9 @@ std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memo
   key << hw.name << '|' << hw.peak_bf16_flops << '|' << hw.peak_fp32_flops << '|' << hw.memory_bytes
       << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw << '|'
       << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
-      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << cores << '|' << memory
+      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << hw.compute_scale
+      << '|' << hw.tp_comm_scale << '|' << hw.dp_comm_scale << '|' << hw.transfer_scale << '|'
+      << hw.cpu_optimizer_scale << '|' << cores << '|' << memory
       << '|' << slots;
   return key.str();
 }
@@ -120,6 +122,7 @@ SearchSpace space_from_hints(const api::TrainingJob& job) {
   SearchSpace s;
   const auto& p = job.spec.parallelism;
   const auto& r = job.spec.resources;
+  s.min_nodes = r.min_nodes.value_or(1);
   if (p.tensor_parallel) s.tp = {*p.tensor_parallel};
   if (p.data_parallel) s.dp = {*p.data_parallel};
   if (r.gpus_per_node) s.procs_per_node = {*r.gpus_per_node};
@@ -145,6 +148,13 @@ void check_hints(const api::TrainingJob& job, const NodeGroup& g, int64_t max_no
   const auto& m = g.problem.model;
   const std::string slot = g.problem.cpu_device ? "cores" : "free GPUs";
   const int64_t procs = job.spec.resources.gpus_per_node.value_or(g.slots);
+  if (const auto min_nodes = job.spec.resources.min_nodes; min_nodes && *min_nodes > max_nodes)
+    throw kt::FieldError("spec.resources.minNodes",
+                         "is " + std::to_string(*min_nodes) + " but " +
+                             std::to_string(max_nodes) + " schedulable node(s) of kind " +
+                             g.problem.hw.name + " with free " + slot +
+                             " can take the job now (nodes that are cordoned or not Ready do "
+                             "not count)");
   if (job.spec.resources.gpus_per_node && *job.spec.resources.gpus_per_node > g.slots)
     throw kt::FieldError("spec.resources.gpusPerNode",
                          std::to_string(*job.spec.resources.gpus_per_node) +

@@ -191,7 +191,8 @@ struct Searcher {
     const auto& m = problem.model;
     std::vector<int64_t> nodes = space.nodes;
     if (nodes.empty())
-      for (int64_t n = 1; n <= max_nodes; ++n) nodes.push_back(n);
+      for (int64_t n = std::max<int64_t>(1, space.min_nodes); n <= max_nodes; ++n)
+        nodes.push_back(n);
     std::sort(nodes.rbegin(), nodes.rend());
     std::vector<int64_t> procs = space.procs_per_node;
     if (procs.empty()) {

@@ -16,6 +16,7 @@ namespace kt::planner {
 // What the search may choose. Empty vectors mean "auto": every valid value.
 struct SearchSpace {
   std::vector<int64_t> nodes;           // candidates for the number of nodes
+  int64_t min_nodes = 1;                // fewest nodes (spec.resources.minNodes)
   std::vector<int64_t> procs_per_node;  // ranks per node
   std::vector<int64_t> tp, dp, micro_batch;
   std::vector<int64_t> sub_batches{1, 2};

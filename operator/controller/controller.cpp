@@ -1,6 +1,7 @@
 #include "operator/controller/controller.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -14,7 +15,10 @@
 #include <thread>
 
 #include "api/inventory.h"
+#include "api/measured_profile.h"
+#include "api/yaml_json.h"
 #include "operator/kube/objects.h"
+#include "planner/calibration.h"
 #include "planner/planner.h"
 
 namespace kt::controller {
@@ -114,6 +118,39 @@ api::PlanSummary summarize(const api::Plan& plan) {
   s.config_map = plan_config_map_name(plan.job_name);
   s.plan_hash = plan.plan_hash;
   return s;
+}
+
+// Hardware profiles kept in ConfigMaps (docs/PLANNER.md §11a): labelled with the node kind, the
+// profile document under profile.yaml (what `kubetrain-worker profile -o` writes); autotune
+// writes the scales it folds back into the same ConfigMap.
+constexpr const char* kHardwareProfileLabel = "kubetrain.dev/hardware-profile";
+constexpr const char* kProfileKey = "profile.yaml";
+constexpr size_t kMaxPlanHistory = 10;
+
+// The kind as a label value and a name part: "H100-80GB" -> "h100-80gb".
+std::string kind_label(const std::string& kind) {
+  std::string out;
+  for (char ch : kind.substr(0, 40)) {
+    const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    out += (std::isalnum(static_cast<unsigned char>(c)) ? c : '-');
+  }
+  return out;
+}
+std::string profile_config_map_name(const std::string& kind) {
+  return "kubetrain-profile-" + kind_label(kind);
+}
+
+std::string describe_config(const api::Plan& plan) {
+  const auto& c = plan.config;
+  char text[200];
+  std::snprintf(text, sizeof(text), "%lld node(s) × %lld, tp %lld, dp %lld, %s, recompute %s, "
+                "offload %s",
+                static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
+                static_cast<long long>(c.tp), static_cast<long long>(c.dp),
+                c.sub_batches == 2 ? "overlapped" : "not overlapped",
+                std::string(api::to_string(c.recompute)).c_str(),
+                std::string(api::to_string(c.offload)).c_str());
+  return text;
 }
 
 }  // namespace
@@ -220,6 +257,25 @@ class Controller::Pass {
     } else {
       create_event(client_, ev);
     }
+  }
+
+  // status.planHistory gets one entry (the newest last, at most kMaxPlanHistory kept).
+  void record_plan_change(const std::string& reason, const std::string& message,
+                          const std::string& from_hash, double from_step, const api::Plan& to,
+                          std::optional<double> measured_step = std::nullopt) {
+    api::PlanChange change;
+    change.time = rfc3339(now_);
+    change.reason = reason;
+    change.message = message;
+    change.from_plan_hash = from_hash;
+    change.to_plan_hash = to.plan_hash;
+    change.from_predicted_step_seconds = for_display(from_step);
+    change.to_predicted_step_seconds = for_display(to.predicted.step_seconds);
+    if (measured_step) change.measured_step_seconds = for_display(*measured_step);
+    auto& history = status_.plan_history;
+    history.push_back(std::move(change));
+    if (history.size() > kMaxPlanHistory)
+      history.erase(history.begin(), history.end() - kMaxPlanHistory);
   }
 
   void set_phase(JobPhase phase) {
@@ -347,6 +403,31 @@ class Controller::Pass {
     if (service_create_.valid()) service_create_.get();
   }
 
+  // The hardware profiles kept in ConfigMaps of the job's namespace (one LIST, made only when a
+  // plan is made: the cache holds no such ConfigMaps); `fingerprint` says which versions.
+  // One that does not decode is left out, and said in a Warning event.
+  std::vector<api::MeasuredProfile> stored_profiles(std::string& fingerprint) {
+    kube::ListOptions opts;
+    opts.label_selector = kHardwareProfileLabel;
+    std::vector<api::MeasuredProfile> profiles;
+    for (const Object& cm : client_.list(kube::kConfigMaps, ns_, opts).items) {
+      const std::string name = cm["metadata"].value("name", "");
+      try {
+        const std::string text = cm.value("data", Object::object()).value(kProfileKey, "");
+        if (text.size() > (1u << 20)) throw kt::Error("profile.yaml is larger than 1 MiB");
+        profiles.push_back(api::decode_measured_profile(
+            api::yaml_to_json(text, "ConfigMap " + name + " " + kProfileKey)));
+        fingerprint += "|" + name + "@" + cm["metadata"].value("resourceVersion", "");
+      } catch (const std::exception& e) {
+        if (!warned_profiles_.insert(name).second) continue;
+        event("Warning", "InvalidHardwareProfile",
+              "ConfigMap " + ns_ + "/" + name + " data." + kProfileKey + ": " + e.what() +
+                  " (planned without it)");
+      }
+    }
+    return profiles;
+  }
+
   // Calls `fn` with the nodes as the planner sees them (inventory.h): from the tracker the
   // informers keep when there is one and it has synced, else from a LIST of every node and pod.
   void with_inventory(const std::function<void(const PlannerInventory&)>& fn) {
@@ -397,6 +478,8 @@ class Controller::Pass {
                                     ReconcileResult& result);
   void reserve_placement(const api::TrainingJob& job, Gang& gang, const api::Plan& plan);
   void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
+  void autotune(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
+  void save_profile(const planner::Refit& refit, int64_t steps, double measured);
   void checkpoint_health(const WorkerProgress& rank0);
 
   kube::Client& client_;
@@ -409,6 +492,8 @@ class Controller::Pass {
   const int64_t generation_;
   const Clock::time_point now_;
   api::TrainingJobStatus old_status_, status_;
+  std::optional<WorkerProgress> rank0_;  // rank 0's metrics, when this reconcile read them
+  std::set<std::string> warned_profiles_;
   // Last: destroyed first, it waits for the create that uses the members above.
   std::future<void> service_create_;
 };
@@ -456,16 +541,28 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   std::string no_plan;          // why the planner found none
   bool fits_when_free = false;  // ... though one fits the cluster with every GPU, core, byte free
   double planning_seconds = 0;
+  std::string profiles_hash;
+  const std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
   with_inventory([&](const PlannerInventory& inventory) {
-    inventory_hash = inventory.fingerprint;
+    inventory_hash = inventory.fingerprint + profiles_hash;
     if (stored && same_generation && annotation(kInventoryHashAnnotation) == inventory_hash) return;
     const auto started = std::chrono::steady_clock::now();
     try {
-      fresh = planner::best_plan(job, inventory.free);
+      if (profiles.empty()) {
+        fresh = planner::best_plan(job, inventory.free);
+      } else {
+        api::Inventory measured = inventory.free;
+        api::apply_measured_profiles(measured, profiles);
+        fresh = planner::best_plan(job, measured);
+      }
     } catch (const kt::Error& e) {
       no_plan = e.what();
       try {
-        planner::best_plan(job, inventory.allocatable());
+        // Every node free, and every node back (cordoned or not Ready ones may return): a job
+        // that would fit then waits, as a Pending pod does.
+        api::Inventory all = inventory.allocatable();
+        for (api::Node& node : all.nodes) node.schedulable = true;
+        planner::best_plan(job, all);
         fits_when_free = true;
       } catch (const kt::Error&) {
       }
@@ -525,6 +622,14 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
     cm = client_.update(kube::kConfigMaps, ns_, update);
   }
   if (!plan_changed) return stored;
+  if (stored) {  // a gang ran another plan before: say what changed
+    const std::string reason = same_generation ? "InventoryChanged" : "SpecChanged";
+    const std::string message =
+        (same_generation ? "the usable nodes or their figures changed: " : "the spec changed: ") +
+        describe_config(*stored) + " -> " + describe_config(plan);
+    record_plan_change(reason, message, stored->plan_hash, stored->predicted.step_seconds, plan);
+    event("Normal", "Replanned", message);
+  }
   status_.plan = summarize(plan);
   char message[256];
   std::snprintf(
@@ -576,8 +681,8 @@ void Controller::Pass::progress(const api::TrainingJob& job, const api::Plan& pl
     port = static_cast<int>(to_int(annotations.value(kMetricsPortAnnotation, ""), port));
   const auto text = options_.fetch_metrics(ip, port);
   if (!text) return;
-  const WorkerProgress p = parse_worker_progress(*text);
-  if (p.steps) status_.progress.step = static_cast<int64_t>(*p.steps);
+  const WorkerProgress& p = rank0_.emplace(parse_worker_progress(*text));
+  if (const auto step = p.step ? p.step : p.steps) status_.progress.step = static_cast<int64_t>(*step);
   if (p.loss) status_.progress.loss = for_display(*p.loss);
   if (p.tokens_per_second) {
     status_.progress.tokens_per_second = for_display(*p.tokens_per_second);
@@ -631,6 +736,132 @@ void Controller::Pass::checkpoint_health(const WorkerProgress& rank0) {
   }
 }
 
+// Autotune (docs/PLANNER.md §11b): once per attempt, after the warm-up, rank 0's measured phase
+// times are folded into the figures of the plan's node kind (refit), which are written back to
+// the kind's profile ConfigMap for every later plan. When the best plan with those figures
+// predicts >= 10% more tokens/s than the running one does and the steps left repay a restart,
+// the gang is stopped (the workers checkpoint on SIGTERM) and the next attempt runs the new
+// plan, resuming by resharding; both plans and the reason go to status and an event.
+void Controller::Pass::autotune(const api::TrainingJob& job, Gang& gang, ReconcileResult& result) {
+  if (!rank0_ || !gang.plan || status_.phase != JobPhase::kRunning) return;
+  if (!job.spec.parallelism.autotune.value_or(true)) return;
+  api::AutotuneStatus at = status_.autotune.value_or(api::AutotuneStatus{});
+  if (at.evaluated_attempt >= gang.attempt || at.switches >= options_.autotune_max_switches) return;
+  const WorkerProgress& p = *rank0_;
+  if (!p.steps || *p.steps < static_cast<double>(options_.autotune_warmup_steps) ||
+      p.phase_seconds.empty())
+    return;
+  std::map<std::string, double> measured;
+  for (const auto& [phase, total] : p.phase_seconds) measured[phase] = total / *p.steps;
+  const api::Plan& plan = *gang.plan;
+  at.evaluated_attempt = gang.attempt;
+  at.measured_step_seconds = status_.progress.step_seconds;
+
+  // The figures the plan's nodes have now (with the stored profiles), refit by what they did.
+  std::string profiles_hash;
+  const std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
+  std::optional<api::Inventory> inventory;
+  std::string inventory_hash;
+  with_inventory([&](const PlannerInventory& inv) {
+    inventory = inv.free;
+    inventory_hash = inv.fingerprint;
+  });
+  api::apply_measured_profiles(*inventory, profiles);
+  const api::Node* node = nullptr;
+  for (const api::Node& n : inventory->nodes)
+    if (!plan.placement.empty() && n.name == plan.placement[0]) node = &n;
+  if (!node) return;  // the node is gone: a restart will re-plan
+  const bool cpu_on_gpu_node = plan.device == api::DeviceKind::kCpu && !node->is_cpu_node();
+  if (cpu_on_gpu_node) {
+    at.message = "autotune folds back only the figures of the node kind a plan's ranks run on; "
+                 "a CPU job on GPU nodes keeps its plan";
+    status_.autotune = at;
+    return;
+  }
+  const planner::Refit refit =
+      planner::refit(node->hardware, plan.predicted.time, plan.predicted.step_seconds, measured);
+  planner::apply_scales(*inventory, refit.profile);
+  save_profile(refit, job.spec.training.steps, p.steps.value_or(0));
+  const int64_t steps_left = job.spec.training.steps - status_.progress.step;
+  const planner::AutotuneDecision d =
+      planner::decide(job, plan, *inventory, steps_left,
+                      static_cast<double>(options_.autotune_restart_cost.count()));
+  if (d.current) at.refit_step_seconds = for_display(d.current->predicted.step_seconds);
+  if (d.best) at.best_step_seconds = for_display(d.best->predicted.step_seconds);
+  std::string changes;
+  for (const std::string& c : refit.changes) changes += (changes.empty() ? "" : "; ") + c;
+  at.message = d.reason + (changes.empty() ? "" : " (measured/predicted: " + changes + ")");
+  if (!d.switch_plan) {
+    status_.autotune = at;
+    return;
+  }
+  ++at.switches;
+  status_.autotune = at;
+  const api::Plan& next = *d.best;
+  const std::string message = "autotune: " + describe_config(plan) + " -> " +
+                              describe_config(next) + "; " + at.message + "; switch " +
+                              std::to_string(at.switches) + " of at most " +
+                              std::to_string(options_.autotune_max_switches);
+  record_plan_change("Autotune", message, plan.plan_hash, d.current->predicted.step_seconds, next,
+                     status_.progress.step_seconds);
+  // The new attempt and plan first (the ConfigMap), then the old gang goes: stopped between
+  // the two, the next reconcile finds only pods of an old attempt and replaces them.
+  ++gang.attempt;
+  Object want = render_plan_config_map(object_, next, generation_,
+                                       inventory_hash + profiles_hash, gang.attempt);
+  Object update = *gang.config_map;
+  const Object old_annotations = update["metadata"].value("annotations", Object::object());
+  update["metadata"]["annotations"] = want["metadata"]["annotations"];
+  if (old_annotations.contains(kRestartsAnnotation))
+    update["metadata"]["annotations"][kRestartsAnnotation] = old_annotations[kRestartsAnnotation];
+  update["data"] = want["data"];
+  gang.config_map = client_.update(kube::kConfigMaps, ns_, update);
+  for (const auto& [rank, pod] : gang.pods) delete_pod(pod);
+  gang.pods.clear();
+  status_.plan = summarize(next);
+  status_.workers = {static_cast<int64_t>(next.placement.size()), 0, 0, 0};
+  set_phase(JobPhase::kRestarting);
+  set_condition("Restarting", true, "Autotune", message);
+  set_condition("Running", false, "Autotune", "");
+  set_condition("PodsReady", false, "Autotune", "");
+  event("Normal", "Replanned", message);
+  result.requeue_after = milliseconds(500);
+}
+
+// The kind's profile ConfigMap gets the refit scales (created from the node's figures when
+// there is none), with where they came from.
+void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, double measured) {
+  if (refit.changes.empty()) return;
+  api::MeasuredProfile doc;
+  doc.profile = refit.profile;
+  doc.provenance = {{"foldedBackFrom", ns_ + "/" + name_},
+                    {"date", rfc3339(now_)},
+                    {"command", "kubetrain-operator autotune"}};
+  doc.measurements = {{"stepsMeasured", measured}, {"jobSteps", static_cast<double>(steps)}};
+  const std::string name = profile_config_map_name(refit.profile.name);
+  Object want = {{"apiVersion", "v1"},
+                 {"kind", "ConfigMap"},
+                 {"metadata",
+                  {{"name", name},
+                   {"namespace", ns_},
+                   {"labels", {{kHardwareProfileLabel, kind_label(refit.profile.name)}}}}},
+                 {"data", {{kProfileKey, api::json_to_yaml(api::to_json(doc))}}}};
+  try {
+    Object existing = client_.get(kube::kConfigMaps, ns_, name);
+    existing["data"] = want["data"];
+    existing["metadata"]["labels"][kHardwareProfileLabel] =
+        want["metadata"]["labels"][kHardwareProfileLabel];
+    client_.update(kube::kConfigMaps, ns_, existing);
+  } catch (const ApiError& e) {
+    if (!e.not_found()) throw;
+    try {
+      client_.create(kube::kConfigMaps, ns_, want);
+    } catch (const ApiError& create_error) {
+      if (!create_error.already_exists()) throw;  // another job's fold-back won: next time
+    }
+  }
+}
+
 // One reconcile, as the list of its steps; each says in its comment what it decides.
 ReconcileResult Controller::Pass::run() {
   api::TrainingJob job;
@@ -656,6 +887,7 @@ ReconcileResult Controller::Pass::run() {
   create_missing(job, gang, result);
   service_created();
   report_progress(job, gang, result);
+  autotune(job, gang, result);
   requeue_at_deadline(policy, result);
   write_status();
   return result;

@@ -46,6 +46,12 @@ struct ControllerOptions {
   InventoryTracker* inventory = nullptr;
   // Where Events go (may be null: each is created within the reconcile that records it).
   EventRecorder* events = nullptr;
+  // Autotune (spec.parallelism.autotune, docs/PLANNER.md §11b): the steps a gang runs before its
+  // phase times are read (once per attempt), what a restart is taken to cost (stop with a
+  // checkpoint, start, resume), and the most switches one job makes.
+  int64_t autotune_warmup_steps = 20;
+  std::chrono::seconds autotune_restart_cost{120};
+  int64_t autotune_max_switches = 3;
 };
 
 struct ReconcileResult {

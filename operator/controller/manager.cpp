@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "api/inventory.h"
+
 namespace kt::controller {
 
 using kube::Object;
@@ -147,9 +149,26 @@ void Manager::watch_for_keys() {
       if (type == kube::WatchEventType::Deleted || phase == "Succeeded" || phase == "Failed")
         wake_waiting();
     });
+  // ... and any node that joins or comes back (Ready again, uncordoned): a job waiting for
+  // room, or for spec.resources.minNodes, plans again. Heartbeats that change nothing wake none.
   if (kube::Informer* nodes = cache_.informer(kube::kNodes))
-    nodes->add_handler([this](kube::WatchEventType type, const Object&) {
-      if (type == kube::WatchEventType::Added) wake_waiting();
+    nodes->add_handler([this](kube::WatchEventType type, const Object& node) {
+      const std::string name = node.contains("metadata") && node["metadata"].is_object()
+                                   ? node["metadata"].value("name", std::string())
+                                   : std::string();
+      bool came_back = false;
+      {
+        std::lock_guard lock(waiting_mutex_);
+        if (type == kube::WatchEventType::Deleted) {
+          node_accepts_pods_.erase(name);
+        } else {
+          const bool accepts = api::node_accepts_pods(node);
+          const auto it = node_accepts_pods_.find(name);
+          came_back = accepts && (it == node_accepts_pods_.end() || !it->second);
+          node_accepts_pods_[name] = accepts;
+        }
+      }
+      if (came_back) wake_waiting();
     });
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -80,6 +81,7 @@ class Manager {
   std::atomic<bool> started_{false};
   std::mutex waiting_mutex_;
   std::set<std::string> waiting_;  // "ns/name" of the jobs waiting for resources
+  std::map<std::string, bool> node_accepts_pods_;  // by node name, as last seen
 };
 
 // The key of the TrainingJob that controls `pod` (its controller ownerReference, else its

@@ -54,6 +54,10 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
     if (end == text) continue;
     if (name == "kubetrain_worker_steps_total")
       out.steps = value;
+    else if (name == "kubetrain_worker_step")
+      out.step = value;
+    else if (name == "kubetrain_worker_phase_seconds_total")
+      out.phase_seconds[label_value(labels, "phase").value_or("")] += value;
     else if (name == "kubetrain_worker_loss")
       out.loss = value;
     else if (name == "kubetrain_worker_tokens_per_second")

@@ -14,7 +14,8 @@ namespace kt::controller {
 using MetricsFetcher = std::function<std::optional<std::string>(const std::string& host, int port)>;
 
 struct WorkerProgress {
-  std::optional<double> steps;  // kubetrain_worker_steps_total
+  std::optional<double> steps;  // kubetrain_worker_steps_total: steps of this process
+  std::optional<double> step;   // kubetrain_worker_step: the job's step (resumed ones counted)
   std::optional<double> loss;   // kubetrain_worker_loss
   std::optional<double> tokens_per_second;
   std::optional<double> last_checkpoint_step;
@@ -23,6 +24,8 @@ struct WorkerProgress {
   // the termination message).
   std::optional<double> checkpoint_consecutive_failures;
   std::map<std::string, double> checkpoint_failures;
+  // kubetrain_worker_phase_seconds_total{phase}: this process's seconds in each step phase.
+  std::map<std::string, double> phase_seconds;
 };
 
 // Reads the samples with rank="0" (or without a rank label) of the worker metrics above.

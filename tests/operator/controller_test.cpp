@@ -9,8 +9,10 @@
 #include <mutex>
 #include <set>
 
+#include "api/measured_profile.h"
 #include "api/plan.h"
 #include "api/quantity.h"
+#include "api/yaml_json.h"
 #include "operator/local/store.h"
 #include "telemetry/metrics.h"
 #include "tests/support/forwarding_client.h"
@@ -544,6 +546,274 @@ TEST_F(ControllerTest, GangRestart_ReplansWhenTheInventoryChanged) {
   const api::Plan plan = api::decode_plan(Object::parse(
       store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
   EXPECT_EQ(plan.placement, std::vector<std::string>{"node-b"});
+}
+
+api::Plan stored_plan(local::Store& store) {
+  return api::decode_plan(Object::parse(
+      store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
+}
+
+// Rank 0's metrics after `steps` steps in which each phase took `scale[phase]` times what the
+// plan predicts (1 where not given).
+std::string phase_metrics(const api::Plan& plan, int steps,
+                          const std::map<std::string, double>& scale) {
+  std::string text = "kubetrain_worker_steps_total{rank=\"0\"} " + std::to_string(steps) +
+                     "\nkubetrain_worker_step{rank=\"0\"} " + std::to_string(steps) + "\n";
+  double step_seconds = 0;
+  for (const api::TimePhase& phase : api::kTimePhases) {
+    const auto it = scale.find(phase.name);
+    const double seconds = plan.predicted.time.*phase.seconds * (it == scale.end() ? 1 : it->second);
+    text += "kubetrain_worker_phase_seconds_total{rank=\"0\",phase=\"" + std::string(phase.name) +
+            "\"} " + std::to_string(seconds * steps) + "\n";
+    if (std::string(phase.name) == "compute" || std::string(phase.name).ends_with("_exposed") ||
+        std::string(phase.name) == "optimizer_gpu")
+      step_seconds += seconds;
+  }
+  const double tokens = static_cast<double>(plan.global_batch * plan.model.seq_len);
+  text += "kubetrain_worker_tokens_per_second{rank=\"0\"} " +
+          std::to_string(tokens / step_seconds) + "\n";
+  return text;
+}
+
+Object h100_node(const std::string& name) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Node"},
+          {"metadata",
+           {{"name", name},
+            {"labels",
+             {{"kubernetes.io/hostname", name},
+              {"nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"},
+              {"nvidia.com/gpu.memory", "81559"}}}}},
+          {"status",
+           {{"allocatable", {{"cpu", "112"}, {"memory", "2Ti"}, {"nvidia.com/gpu", "8"}}},
+            {"capacity", {{"cpu", "112"}, {"memory", "2Ti"}, {"nvidia.com/gpu", "8"}}}}}};
+}
+
+std::optional<api::MeasuredProfile> folded_profile(local::Store& store) {
+  kube::ListOptions opts;
+  opts.label_selector = "kubetrain.dev/hardware-profile";
+  for (const Object& cm : store.list(kConfigMaps, "default", opts).items)
+    return api::decode_measured_profile(
+        api::yaml_to_json(cm["data"]["profile.yaml"].get<std::string>()));
+  return std::nullopt;
+}
+
+TEST_F(ControllerTest, Autotune_CollectivesSlowerThanPredicted_SwitchesToAPlanThatNeedsFewer) {
+  options.autotune_restart_cost = std::chrono::seconds(0);
+  add_node(h100_node("gpu-a"));
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  j["spec"]["training"] = {{"steps", 100000}, {"globalBatchSize", 64}};
+  j["spec"]["resources"] = Object::object();
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  const api::Plan first = stored_plan(store);
+  ASSERT_GT(first.config.tp, 1) << "the built-in H100 figures choose tensor parallelism here";
+  // Before the warm-up: nothing is decided.
+  metrics_text = phase_metrics(first, 5, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
+  reconcile();
+  EXPECT_FALSE(status().contains("autotune"));
+  // The TP all-reduces took 6x what the figures said (a loaded fabric).
+  metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
+  reconcile();
+  const Object s = status();
+  ASSERT_TRUE(s.contains("autotune")) << s.dump(2);
+  EXPECT_EQ(s["autotune"]["evaluatedAttempt"], 0);
+  // The fold-back: the kind's profile ConfigMap carries the measured scale and its origin.
+  const auto folded = folded_profile(store);
+  ASSERT_TRUE(folded);
+  EXPECT_NEAR(folded->profile.tp_comm_scale, 6.0, 0.01);
+  EXPECT_NEAR(folded->profile.compute_scale, 1.0, 0.01);
+  EXPECT_EQ(folded->provenance.at("foldedBackFrom"), "default/job");
+  // With those figures a plan with less TP predicts >= 10% more: switched.
+  ASSERT_EQ(s["autotune"]["switches"], 1) << s["autotune"]["message"];
+  ASSERT_EQ(s["planHistory"].size(), 1u);
+  const Object change = s["planHistory"][0];
+  EXPECT_EQ(change["reason"], "Autotune");
+  EXPECT_EQ(change["fromPlanHash"], first.plan_hash);
+  EXPECT_EQ(change["toPlanHash"], s["plan"]["planHash"]);
+  EXPECT_GT(change["fromPredictedStepSeconds"].get<double>(),
+            1.1 * change["toPredictedStepSeconds"].get<double>());
+  EXPECT_TRUE(change.contains("measuredStepSeconds"));
+  EXPECT_LT(s["plan"]["tp"].get<int64_t>(), first.config.tp);
+  EXPECT_EQ(s["phase"], "Restarting");
+  EXPECT_EQ(condition("Restarting")["reason"], "Autotune");
+  const std::vector<std::string> reasons = event_reasons();
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "Replanned"), reasons.end());
+  // The old gang went (its workers checkpoint on SIGTERM); the next attempt runs the new plan,
+  // and a switch is no restart.
+  EXPECT_TRUE(pods().empty());
+  reconcile();
+  ASSERT_EQ(pods().size(), 1u);
+  EXPECT_EQ(attempt_of(pods()[0]), "1");
+  EXPECT_EQ(pods()[0]["metadata"]["labels"]["kubetrain.dev/plan-hash"], s["plan"]["planHash"]);
+  EXPECT_EQ(status()["restarts"], 0);
+  const api::Plan second = stored_plan(store);
+  EXPECT_EQ(second.plan_hash, s["plan"]["planHash"]);
+  // The new plan measures as predicted with the folded figures: it stays.
+  set_pod_running("job-worker-0");
+  metrics_text = phase_metrics(second, 30, {});
+  reconcile();
+  EXPECT_EQ(status()["autotune"]["switches"], 1);
+  EXPECT_EQ(status()["autotune"]["evaluatedAttempt"], 1);
+  EXPECT_EQ(status()["phase"], "Running");
+  EXPECT_EQ(stored_plan(store).plan_hash, second.plan_hash);
+  // Once per attempt: the same figures again decide nothing new.
+  const std::string version = job()["metadata"]["resourceVersion"];
+  reconcile();
+  EXPECT_EQ(job()["metadata"]["resourceVersion"], version);
+}
+
+TEST_F(ControllerTest, Autotune_SlowComputeOnOneRank_IsFoldedBack_ButEveryPlanSlowsAlike) {
+  options.autotune_restart_cost = std::chrono::seconds(0);
+  Object j = tiny_job("job");
+  j["spec"]["training"]["steps"] = 100000;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  const api::Plan first = stored_plan(store);
+  metrics_text = phase_metrics(first, 30, {{"compute", 3}});
+  reconcile();
+  const Object s = status();
+  ASSERT_TRUE(s.contains("autotune"));
+  EXPECT_EQ(s["autotune"]["switches"], 0);
+  EXPECT_NE(s["autotune"]["message"].get<std::string>().find("fastest"), std::string::npos)
+      << s["autotune"]["message"];
+  // The running plan predicted again with the measured figures: 3x the compute.
+  EXPECT_GT(s["autotune"]["refitStepSeconds"].get<double>(), 2 * first.predicted.step_seconds);
+  const auto folded = folded_profile(store);
+  ASSERT_TRUE(folded);
+  EXPECT_NEAR(folded->profile.compute_scale, 3.0, 0.01);
+  EXPECT_EQ(stored_plan(store).plan_hash, first.plan_hash);
+  EXPECT_EQ(s["phase"], "Running");
+}
+
+TEST_F(ControllerTest, Autotune_KeepsThePlan_WhenTheStepsLeftDoNotRepayARestart) {
+  // 100 steps of 15 ms save far less than the 120 s a restart is taken to cost.
+  add_node(h100_node("gpu-a"));
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  j["spec"]["training"] = {{"steps", 100}, {"globalBatchSize", 64}};
+  j["spec"]["resources"] = Object::object();
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  const api::Plan first = stored_plan(store);
+  metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
+  reconcile();
+  const Object s = status();
+  ASSERT_TRUE(s.contains("autotune"));
+  EXPECT_EQ(s["autotune"]["switches"], 0);
+  EXPECT_NE(s["autotune"]["message"].get<std::string>().find("not more than a restart costs"),
+            std::string::npos)
+      << s["autotune"]["message"];
+  EXPECT_FALSE(s.contains("planHistory"));
+  EXPECT_EQ(stored_plan(store).plan_hash, first.plan_hash);
+  EXPECT_EQ(attempt_of(pods()[0]), "0");
+  EXPECT_EQ(s["phase"], "Running");
+}
+
+TEST_F(ControllerTest, Autotune_Off_NeverReplans) {
+  options.autotune_restart_cost = std::chrono::seconds(0);
+  Object j = tiny_job("job");
+  j["spec"]["training"]["steps"] = 100000;
+  j["spec"]["parallelism"] = {{"autotune", "off"}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  const api::Plan first = stored_plan(store);
+  metrics_text = phase_metrics(first, 30, {{"compute", 6}, {"tp_comm_total", 6},
+                                           {"dp_comm_total", 6}});
+  reconcile();
+  EXPECT_FALSE(status().contains("autotune"));
+  EXPECT_EQ(stored_plan(store).plan_hash, first.plan_hash);
+  EXPECT_THROW(store.get(kConfigMaps, "default", "kubetrain-profile-cpu"), kube::ApiError);
+}
+
+TEST_F(ControllerTest, StoredProfile_IsPlannedWith_AndABrokenOneIsSaidInAnEvent) {
+  // A measured profile in a labelled ConfigMap: the plan's peak is its figure.
+  const std::string profile =
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\nmetadata: {name: cpu}\n"
+      "spec: {peakFp32Flops: 3.0e10, computeScale: 2}\n";
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", "kubetrain-profile-cpu"},
+                  {"labels", {{"kubetrain.dev/hardware-profile", "cpu"}}}}},
+                {"data", {{"profile.yaml", profile}}}});
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", "kubetrain-profile-bad"},
+                  {"labels", {{"kubetrain.dev/hardware-profile", "h200"}}}}},
+                {"data", {{"profile.yaml", "kind: HardwareProfile\n"}}}});
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  const api::Plan plan = stored_plan(store);
+  EXPECT_EQ(plan.peak_source.find("measured"), 0u) << plan.peak_source;
+  const std::vector<std::string> reasons = event_reasons();
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "InvalidHardwareProfile"), reasons.end());
+  // The plan ConfigMap's inventory hash names the profile's version: a new one re-plans at the
+  // next (re)start.
+  const std::string hash = store.get(kConfigMaps, "default", "job-plan")["metadata"]
+                               ["annotations"]["kubetrain.dev/inventory-hash"];
+  EXPECT_NE(hash.find("kubetrain-profile-cpu@"), std::string::npos) << hash;
+}
+
+TEST_F(ControllerTest, ElasticRestart_NotReadyNodeIsLeftOut_MinNodesWaits_HistorySaysWhy) {
+  add_node(cpu_node("node-b", 4));
+  Object j = tiny_job("job");
+  j["spec"]["training"]["globalBatchSize"] = 64;
+  j["spec"]["parallelism"] = {{"dataParallel", "auto"}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  api::Plan first = stored_plan(store);
+  ASSERT_EQ(first.config.nodes, 2) << "dataParallel over both nodes";
+  for (const auto& p : pods()) set_pod_running(p["metadata"]["name"]);
+  reconcile();
+  // node-b stops being Ready and its worker dies: the restart plans for node-a alone.
+  Object b = store.get(kube::kNodes, "", "node-b");
+  b["status"]["conditions"] = {{{"type", "Ready"}, {"status", "False"}}};
+  store.update_status(kube::kNodes, "", b);
+  set_pod_exited("job-worker-1", 137);
+  reconcile();
+  const api::Plan second = stored_plan(store);
+  EXPECT_EQ(second.placement, std::vector<std::string>{"node-a"});
+  Object s = status();
+  ASSERT_EQ(s["planHistory"].size(), 1u);
+  EXPECT_EQ(s["planHistory"][0]["reason"], "InventoryChanged");
+  EXPECT_EQ(s["planHistory"][0]["fromPlanHash"], first.plan_hash);
+  EXPECT_EQ(s["planHistory"][0]["toPlanHash"], second.plan_hash);
+  const std::vector<std::string> reasons = event_reasons();
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "Replanned"), reasons.end());
+}
+
+TEST_F(ControllerTest, MinNodes_MoreThanAreReady_WaitsInsteadOfPlanningSmaller) {
+  add_node(cpu_node("node-b", 4));
+  Object b = store.get(kube::kNodes, "", "node-b");
+  b["status"]["conditions"] = {{{"type", "Ready"}, {"status", "Unknown"}}};
+  store.update_status(kube::kNodes, "", b);
+  Object j = tiny_job("job");
+  j["spec"]["resources"]["minNodes"] = 2;
+  store.create(kTrainingJobs, "default", j);
+  const auto result = reconcile();
+  EXPECT_TRUE(pods().empty());
+  EXPECT_EQ(status()["phase"], "Pending");
+  EXPECT_EQ(condition("Planned")["reason"], "WaitingForResources");
+  EXPECT_NE(condition("Planned")["message"].get<std::string>().find("spec.resources.minNodes"),
+            std::string::npos)
+      << condition("Planned")["message"];
+  ASSERT_TRUE(result.requeue_after);
+  // node-b is Ready again: the job plans for both.
+  b = store.get(kube::kNodes, "", "node-b");
+  b["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
+  store.update_status(kube::kNodes, "", b);
+  reconcile();
+  EXPECT_EQ(stored_plan(store).config.nodes, 2);
+  EXPECT_EQ(pods().size(), 2u);
 }
 
 TEST_F(ControllerTest, Suspend_DeletesPodsAndCreatesNone_ResumeStartsAgain) {

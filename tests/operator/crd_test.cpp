@@ -62,13 +62,14 @@ api::TrainingJobSpec full_spec() {
   s.data.path = "/data/*.bin";
   s.data.volume = {{"persistentVolumeClaim", {{"claimName", "data"}}}};
   s.resources.max_nodes = 2;
+  s.resources.min_nodes = 1;
   s.resources.gpus_per_node = 4;
   s.resources.node_selector = {{"pool", "gpu"}};
   s.resources.tolerations = Json::array({{{"key", "gpu"}, {"operator", "Exists"}}});
   s.resources.affinity = {{"nodeAffinity", Json::object()}};
   s.resources.image = "worker:1";
   s.resources.resources = {{"limits", {{"memory", "8Gi"}}}};
-  s.parallelism = {2, 1, true, api::Recompute::kFull, api::OffloadMode::kWindow, 2, 0.5, 1e9};
+  s.parallelism = {2, 1, true, api::Recompute::kFull, api::OffloadMode::kWindow, 2, 0.5, 1e9, true};
   s.checkpoint.volume = {{"emptyDir", Json::object()}};
   s.run_policy.active_deadline_seconds = 60;
   s.run_policy.ttl_seconds_after_finished = 60;
@@ -86,6 +87,8 @@ api::TrainingJobStatus full_status() {
   s.progress.step_seconds = 1;
   s.last_checkpoint_step = 1;
   s.start_time = s.completion_time = "2026-01-01T00:00:00Z";
+  s.plan_history = {{"2026-01-01T00:00:00Z", "Autotune", "m", "a", "b", 2, 1, 1.5}};
+  s.autotune = api::AutotuneStatus{1, 0, 1.5, 2, 1, "m"};
   return s;
 }
 
@@ -211,6 +214,7 @@ TEST(TrainingJobCrd, Maximums_AreTheValidatorsLimits) {
       {"/training/properties/globalBatchSize", JL::kGlobalBatchSize},
       {"/training/properties/microBatchSize", JL::kGlobalBatchSize},
       {"/resources/properties/maxNodes", JL::kNodes},
+      {"/resources/properties/minNodes", JL::kNodes},
       {"/resources/properties/gpusPerNode", JL::kGpusPerNode},
       {"/parallelism/properties/tensorParallel", JL::kParallel},
       {"/parallelism/properties/dataParallel", JL::kParallel},
