@@ -311,6 +311,25 @@ TEST(Validation, HugeDimsAndBatches_AreFieldErrorsNotOverflow) {
   EXPECT_EQ(first_error("  model: {preset: gpt-7b}\n  training: {steps: 10}\n"), "");
 }
 
+TEST(Validation, MinNodesAboveMaxNodes_AndAutotuneThatIsNoSwitch_NameTheirFields) {
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  resources: {minNodes: 3, maxNodes: 2}\n"),
+            "spec.resources.minNodes: 3 must be at most maxNodes (2)");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  resources: {minNodes: 0}\n"),
+            "spec.resources.minNodes: 0 must be > 0");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  resources: {minNodes: 2, maxNodes: auto}\n"),
+            "");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {autotune: sometimes}\n"),
+            "spec.parallelism.autotune: must be on, off or auto, got \"sometimes\"");
+  const auto job = test::gpt_job("{preset: tiny}", "  parallelism: {autotune: off}\n"
+                                                   "  resources: {minNodes: 2}\n");
+  EXPECT_EQ(job.spec.parallelism.autotune, false);
+  EXPECT_EQ(job.spec.resources.min_nodes, 2);
+}
+
 TEST(Validation, WrongKindOrVersionIsRejected) {
   EXPECT_THROW(test::job_from_yaml("apiVersion: v1\nkind: TrainingJob\nspec: {}\n"), FieldError);
   EXPECT_THROW(test::job_from_yaml("apiVersion: kubetrain.dev/v1alpha1\nkind: Pod\n"), FieldError);

@@ -46,6 +46,33 @@ TEST(Inventory, ReadsKubectlNodesWithGpuFeatureDiscoveryLabels) {
   EXPECT_DOUBLE_EQ(cpu.memory_bytes, 64 * api::kGiB);
 }
 
+TEST(Inventory, NodesThatAreNotReady_OrTaintedSo_TakeNoPods) {
+  const api::Json ready = api::Json::parse(R"({"kind": "Node", "metadata": {"name": "a"},
+      "status": {"allocatable": {"cpu": "4", "memory": "8Gi"},
+                 "conditions": [{"type": "MemoryPressure", "status": "False"},
+                                {"type": "Ready", "status": "True"}]}})");
+  EXPECT_TRUE(api::decode_kubectl_node(ready, "n").schedulable);
+  for (const char* status : {"False", "Unknown"}) {
+    api::Json node = ready;
+    node["status"]["conditions"][1]["status"] = status;
+    EXPECT_FALSE(api::decode_kubectl_node(node, "n").schedulable) << status;
+  }
+  api::Json no_conditions = ready;
+  no_conditions["status"].erase("conditions");
+  EXPECT_TRUE(api::decode_kubectl_node(no_conditions, "n").schedulable);
+  for (const char* key : {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}) {
+    api::Json node = ready;
+    node["spec"]["taints"] = {{{"key", key}, {"effect", "NoExecute"}}};
+    EXPECT_FALSE(api::decode_kubectl_node(node, "n").schedulable) << key;
+  }
+  api::Json other_taint = ready;
+  other_taint["spec"]["taints"] = {{{"key", "nvidia.com/gpu"}, {"effect", "NoSchedule"}}};
+  EXPECT_TRUE(api::decode_kubectl_node(other_taint, "n").schedulable);
+  api::Json cordoned = ready;
+  cordoned["spec"]["unschedulable"] = true;
+  EXPECT_FALSE(api::node_accepts_pods(cordoned));
+}
+
 TEST(Inventory, UnknownProductNamesTheField) {
   try {
     test::inventory_from_yaml(

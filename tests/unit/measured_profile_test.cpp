@@ -73,6 +73,9 @@ TEST(MeasuredProfile, EveryBadFieldIsAnErrorNamingIt) {
   EXPECT_NE(field_error(doc).find("metadata.name: \"TPU-v9\" is no node kind"),
             std::string::npos);
   doc = measured_cpu();
+  doc["spec"]["tpCommScale"] = 0.001;  // a fold-back 1000x faster than predicted: broken
+  EXPECT_EQ(field_error(doc), "spec.tpCommScale: 0.001 must be above 0.01 and at most 100.0");
+  doc = measured_cpu();
   doc["measurements"]["x"] = "1";
   EXPECT_NE(field_error(doc).find("measurements.x: must be a finite number"), std::string::npos);
 }
