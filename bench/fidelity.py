@@ -5,9 +5,11 @@ Forced plans of one small GPT (L 4, h 256, T 128, global batch 8) on this machin
 overlap on/off, recompute none/full/commAware, offload none/optimizer/window — and the planner's
 own pick, each trained through `kubetrain-worker launch` for WARMUP + STEPS steps, ROUNDS times
 round robin. A plan's step time is the median over its rounds of the median of each run's last
-STEPS step times (steps.jsonl). Every plan is predicted twice: with
+STEPS step times (steps.jsonl). Every plan is predicted three times: with
 the built-in CPU profile, and with a profile `kubetrain-worker profile` measured here at the
-model's shapes just before. Prints the table, the mean absolute percentage error (MAPE),
+model's shapes just before, and a third time with that profile refit by the measured phase times
+of every other forced plan's runs (`kubetrain plan --refit`, the fold-back autotune does; leave
+one out, so that no plan predicts itself). Prints the table, the mean absolute percentage error (MAPE),
 Kendall's tau between predicted and measured order, and whether the planner's pick (with the
 measured profile) is the measured fastest or within 3 % of it.
 
@@ -48,10 +50,12 @@ def job_yaml(name, parallelism, steps):
             f"  data: {{source: synthetic}}\n{par}")
 
 
-def plan(kubetrain, job_path, profile=None):
+def plan(kubetrain, job_path, profile=None, refit=()):
     cmd = [kubetrain, "plan", job_path, "-c", CLUSTER, "-o", "json"]
     if profile:
         cmd += ["--profile", profile]
+    for run in refit:
+        cmd += ["--refit", run]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -62,8 +66,12 @@ def executed(p):
     return json.dumps({k: p.get(k) for k in keys}, sort_keys=True)
 
 
+def run_dir(work, plan_path, round_):
+    return os.path.join(work, f"ckpt-{round_}-" + os.path.basename(plan_path))
+
+
 def measure(worker, plan_path, work, warmup, steps, round_):
-    ckpt = os.path.join(work, f"ckpt-{round_}-" + os.path.basename(plan_path))
+    ckpt = run_dir(work, plan_path, round_)
     env = dict(os.environ, MASTER_PORT=str(29600 + (hash(plan_path) % 300)))
     subprocess.run([worker, "launch", "--plan", plan_path, "--checkpoint-dir", ckpt],
                    check=True, capture_output=True, text=True, env=env)
@@ -129,12 +137,31 @@ def main():
     for r in range(args.rounds):
         for i, (_, _, path) in enumerate(plans):
             times[i].append(measure(args.worker, path, work, args.warmup, args.steps, r))
+    # The fold-back (kubetrain plan --refit, what the operator's autotune does): each forced plan
+    # predicted again from the measured profile refit by the runs of every OTHER forced plan
+    # (leave one out: a plan's own run never predicts it).
+    forced_paths = [path for (_, _, path), (_, par) in zip(plans, configs) if par]
+    def runs_except(path):
+        return [run_dir(work, other, r) for other in forced_paths if other != path
+                for r in range(args.rounds)]
+    folded = []
+    for i, (name, parallelism) in enumerate(configs):
+        job = os.path.join(work, f"job-{i}.yaml")
+        path = plans[i][2]
+        folded.append(plan(args.kubetrain, job, profile, runs_except(path) if parallelism
+                           else runs_except(None)))
+    # The planner's pick with every forced run folded back, measured like the others.
+    pick_path = os.path.join(work, "plan-pick-folded.json")
+    json.dump(folded[-1], open(pick_path, "w"))
+    pick_times = [measure(args.worker, pick_path, work, args.warmup, args.steps, r)
+                  for r in range(args.rounds)]
     for i, (name, parallelism) in enumerate(configs):
         builtin, measured, path = plans[i]
-        same = executed(builtin) == executed(measured)
+        same = executed(builtin) == executed(measured) == executed(folded[i])
         seconds = statistics.median(times[i])
         rows.append({"name": name, "builtin": builtin["predicted"]["stepSeconds"],
                      "measured_pred": measured["predicted"]["stepSeconds"], "measured": seconds,
+                     "folded_pred": folded[i]["predicted"]["stepSeconds"],
                      "same": same, "pick": not parallelism,
                      "config": f"TP {measured['tp']} × DP {measured['dp']}, overlap "
                                f"{'on' if measured['overlap']['subBatches'] == 2 else 'off'}, "
@@ -142,27 +169,43 @@ def main():
         print(f"  {name}: measured {seconds * 1e3:.1f} ms (rounds: "
               f"{', '.join(f'{t * 1e3:.1f}' for t in times[i])})", file=sys.stderr)
 
+    fp = folded[-1]
+    rows.append({"name": "planner's pick (measured profile, every forced run folded back)",
+                 "builtin": plans[-1][0]["predicted"]["stepSeconds"],
+                 "measured_pred": plans[-1][1]["predicted"]["stepSeconds"],
+                 "folded_pred": fp["predicted"]["stepSeconds"],
+                 "measured": statistics.median(pick_times), "same": True, "pick": True,
+                 "config": f"TP {fp['tp']} × DP {fp['dp']}, overlap "
+                           f"{'on' if fp['overlap']['subBatches'] == 2 else 'off'}, "
+                           f"{fp['recompute']}, offload {fp['offload']['mode']}"})
+    print(f"  folded pick: measured {rows[-1]['measured'] * 1e3:.1f} ms (rounds: "
+          f"{', '.join(f'{t * 1e3:.1f}' for t in pick_times)})", file=sys.stderr)
+
     forced = [r for r in rows if not r["pick"]]
     meas = [r["measured"] for r in forced]
     b = [r["builtin"] for r in forced]
     m = [r["measured_pred"] for r in forced]
-    print("| plan | predicted, built-in (ms) | predicted, measured profile (ms) | measured (ms) |")
-    print("|---|---|---|---|")
+    f = [r["folded_pred"] for r in forced]
+    print("| plan | predicted, built-in (ms) | predicted, measured profile (ms) | "
+          "predicted, measured + folded back (ms) | measured (ms) |")
+    print("|---|---|---|---|---|")
     for r in rows:
         note = "" if r["same"] else " ¹"
         label = r["name"] + (f" — {r['config']}" if r["pick"] else "")
         print(f"| {label}{note} | {r['builtin'] * 1e3:.1f} | {r['measured_pred'] * 1e3:.1f} | "
-              f"{r['measured'] * 1e3:.1f} |")
+              f"{r['folded_pred'] * 1e3:.1f} | {r['measured'] * 1e3:.1f} |")
     if not all(r["same"] for r in rows):
-        print("\n¹ the built-in profile plans this job differently (its prediction is of that plan)")
+        print("\n¹ the profiles plan this job differently (each prediction is of its own plan)")
     fastest = min(r["measured"] for r in rows)
-    pick = [r for r in rows if r["pick"]][0]
+    picks = [r for r in rows if r["pick"]]
     print()
-    print(f"MAPE (forced plans): built-in {mape(b, meas):.1f} %, measured profile {mape(m, meas):.1f} %")
+    print(f"MAPE (forced plans): built-in {mape(b, meas):.1f} %, measured profile "
+          f"{mape(m, meas):.1f} %, measured + folded back (leave one out) {mape(f, meas):.1f} %")
     print(f"Kendall's tau, predicted vs measured order: built-in {kendall_tau(b, meas):.2f}, "
-          f"measured profile {kendall_tau(m, meas):.2f}")
-    print(f"the planner's pick ({pick['config']}) measures {pick['measured'] * 1e3:.1f} ms; the "
-          f"fastest plan {fastest * 1e3:.1f} ms ({100 * (pick['measured'] / fastest - 1):+.1f} %)")
+          f"measured profile {kendall_tau(m, meas):.2f}, folded back {kendall_tau(f, meas):.2f}")
+    for pick in picks:
+        print(f"{pick['name']} ({pick['config']}) measures {pick['measured'] * 1e3:.1f} ms; the "
+              f"fastest plan {fastest * 1e3:.1f} ms ({100 * (pick['measured'] / fastest - 1):+.1f} %)")
     print(f"(profile {profile_seconds:.0f} s; all {time.time() - started:.0f} s; per plan the median "
           f"of {args.rounds} round-robin runs, each the median of its steps {args.warmup + 1}–{total}; "
           f"{work})")

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "api/error.h"
 #include "api/hardware.h"
@@ -19,6 +20,7 @@
 #include "cli/local_serve.h"
 #include "cli/report.h"
 #include "cli/run.h"
+#include "planner/calibration.h"
 #include "planner/planner.h"
 
 namespace {
@@ -32,8 +34,52 @@ void print_document(const kt::api::Json& doc, const std::string& format) {
     std::cout << kt::api::json_to_yaml(doc);
 }
 
+// --refit RUN...: the runs' measured phase times folded into the figures of the node kind
+// they ran on (planner/calibration.h), as the operator's autotune does. The runs' plans must
+// have been predicted with the figures the cluster's nodes have here (the same --profile).
+void refit_inventory(kt::api::Inventory& inventory, const std::string& cluster_path,
+                     const std::vector<std::string>& run_paths) {
+  std::vector<kt::planner::PhaseEvidence> runs;
+  std::string device;
+  for (const std::string& path : run_paths) {
+    const std::string file =
+        std::filesystem::is_directory(path) ? path + "/steps.jsonl" : path;
+    const kt::cli::RunPhases phases = kt::cli::run_phases(kt::cli::load_steps_log(file));
+    if (!device.empty() && phases.device != device)
+      throw kt::Error("--refit: " + file + " ran on " + phases.device + ", the runs before on " +
+                      device + ": refit one node kind at a time");
+    device = phases.device;
+    kt::planner::PhaseEvidence evidence;
+    evidence.predicted_step_seconds = phases.predicted_step_seconds;
+    for (const kt::api::TimePhase& p : kt::api::kTimePhases)
+      if (const auto it = phases.predicted.find(p.name); it != phases.predicted.end())
+        evidence.predicted.*p.seconds = it->second;
+    evidence.measured = phases.measured;
+    runs.push_back(std::move(evidence));
+  }
+  // The kind: cpu for CPU runs, else the cluster's one GPU kind.
+  std::set<std::string> kinds;
+  for (const kt::api::Node& node : inventory.nodes)
+    if ((device == "cpu") == node.is_cpu_node()) kinds.insert(node.hardware.name);
+  if (kinds.size() != 1)
+    throw kt::Error("--refit: the runs are of " + device + " plans, and " + cluster_path +
+                    " has " + std::to_string(kinds.size()) +
+                    " node kind(s) they could have run on: give a cluster of one kind");
+  for (const kt::api::Node& node : inventory.nodes) {
+    if (node.hardware.name != *kinds.begin()) continue;
+    const kt::planner::Refit refit = kt::planner::refit(node.hardware, runs);
+    kt::planner::apply_scales(inventory, refit.profile);
+    std::string changes;
+    for (const std::string& c : refit.changes) changes += "\n  " + c;
+    std::cerr << "refit " << node.hardware.name << " from " << runs.size() << " run(s):"
+              << (changes.empty() ? " no phase measured well enough" : changes) << "\n";
+    break;
+  }
+}
+
 int cmd_plan(const std::string& job_path, const std::string& cluster_path,
-             const std::vector<std::string>& profile_paths, const std::string& format) {
+             const std::vector<std::string>& profile_paths,
+             const std::vector<std::string>& refit_paths, const std::string& format) {
   const kt::api::TrainingJob job = kt::api::load_training_job(job_path);
   kt::api::Inventory inventory = kt::api::load_inventory(cluster_path);
   std::vector<kt::api::MeasuredProfile> profiles;
@@ -45,6 +91,7 @@ int cmd_plan(const std::string& job_path, const std::string& cluster_path,
     throw kt::Error("--profile: no node of " + cluster_path + " is of the kind of " +
                     (profiles.size() > 1 ? "any profile given (" : "the profile (") + kinds + ")");
   }
+  if (!refit_paths.empty()) refit_inventory(inventory, cluster_path, refit_paths);
   const kt::api::Plan plan = kt::planner::best_plan(job, inventory);
   if (format == "table")
     std::cout << kt::cli::format_plan_table(plan, inventory.name);
@@ -149,6 +196,12 @@ int main(int argc, char** argv) {
                    "measured hardware profile (kubetrain-worker profile): the nodes of its kind "
                    "are planned with its figures instead of the built-in ones (repeatable)")
       ->check(CLI::ExistingFile);
+  std::vector<std::string> refit_paths;
+  plan->add_option("--refit", refit_paths,
+                   "a run's steps.jsonl (or its checkpoint directory): its measured phase times "
+                   "are folded into its node kind's figures first, as autotune does (repeatable; "
+                   "its plan must have been made with the same figures)")
+      ->check(CLI::ExistingPath);
   plan->add_option("--output,-o", format, "output format")
       ->check(CLI::IsMember({"table", "yaml", "json"}))
       ->capture_default_str();
@@ -264,7 +317,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*plan) return cmd_plan(job_path, cluster_path, profile_paths, format);
+    if (*plan) return cmd_plan(job_path, cluster_path, profile_paths, refit_paths, format);
     if (*validate) return cmd_validate(job_path, validate_format);
     if (*run) {
       job_path = run_options.job_path;

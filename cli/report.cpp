@@ -1089,6 +1089,31 @@ svg text.value { fill: #444; font-size: 11px; }
 
 }  // namespace
 
+RunPhases run_phases(const RunRecords& records) {
+  if (records.starts.empty())
+    throw Error(records.source + ": no \"start\" record: no plan to refit against");
+  const StartRecord& plan = records.starts.back();
+  std::vector<const StepRecord*> steps;
+  for (const StepRecord* s : latest_steps(records))
+    if (records.starts[s->attempt].plan_hash == plan.plan_hash) steps.push_back(s);
+  const size_t warmup = steps.size() / 4;
+  if (steps.size() <= warmup || steps.size() < 2)
+    throw Error(records.source + ": " + std::to_string(steps.size()) +
+                " step(s) of the last plan: too few to measure its phases (at least 2)");
+  RunPhases out;
+  out.device = plan.device;
+  out.predicted_step_seconds = plan.predicted_step_seconds.value_or(kNaN);
+  out.steps = steps.size() - warmup;
+  for (size_t i = 0; i < records.phases.size(); ++i) {
+    std::vector<double> values;
+    for (size_t k = warmup; k < steps.size(); ++k) values.push_back(phase(steps[k]->phase_seconds, i));
+    const double measured = median(values), predicted = phase(plan.predicted_phase_seconds, i);
+    if (std::isfinite(measured)) out.measured[records.phases[i]] = measured;
+    if (std::isfinite(predicted)) out.predicted[records.phases[i]] = predicted;
+  }
+  return out;
+}
+
 std::string render_report(const RunRecords& records, const ReportOptions& options) {
   if (records.starts.empty())
     throw Error(records.source + ": no \"start\" record: nothing to report");

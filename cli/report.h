@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -97,6 +98,18 @@ RunRecords load_steps_log(const std::string& path);
 
 // The latest record of each step number (a restart's steps replace the earlier ones), by step.
 std::vector<const StepRecord*> latest_steps(const RunRecords& records);
+
+// What a run says about its plan's phases (for `kubetrain plan --refit`): the last process's
+// plan as predicted, and the median of each phase over its steps after the first quarter (the
+// warm-up: allocation, first touches, caches).
+struct RunPhases {
+  std::string device;
+  double predicted_step_seconds = 0;
+  std::map<std::string, double> predicted, measured;  // seconds per step by phase name
+  size_t steps = 0;                                   // the steps the medians are of
+};
+// Throws kt::Error naming the file when it holds no start record or no step after warm-up.
+RunPhases run_phases(const RunRecords& records);
 
 struct ReportOptions {
   std::string job;  // "namespace/name" or a name, for the title; empty: "(unknown job)"

@@ -38,24 +38,40 @@ std::string format(const char* fmt, Args... args) {
 
 }  // namespace
 
-Refit refit(const api::HardwareProfile& profile, const api::TimeBreakdown& predicted,
-            double predicted_step_seconds, const std::map<std::string, double>& measured) {
+Refit refit(const api::HardwareProfile& profile, const std::vector<PhaseEvidence>& runs) {
   Refit out{profile, {}};
-  const double floor = std::max(kMinPhaseSeconds, kMinPhaseShare * predicted_step_seconds);
   for (const ScaledPhase& phase : kScaledPhases) {
-    const double want = predicted.*phase.predicted;
-    const auto it = measured.find(phase.measured);
-    if (it == measured.end() || !(want >= floor) || !std::isfinite(it->second) || it->second <= 0)
-      continue;
-    const double ratio = it->second / want;
-    const double scale =
+    double log_sum = 0, measured_sum = 0, predicted_sum = 0;
+    int n = 0;
+    for (const PhaseEvidence& run : runs) {
+      const double want = run.predicted.*phase.predicted;
+      const double floor =
+          std::max(kMinPhaseSeconds, kMinPhaseShare * run.predicted_step_seconds);
+      const auto it = run.measured.find(phase.measured);
+      if (it == run.measured.end() || !(want >= floor) || !std::isfinite(it->second) ||
+          it->second <= 0)
+        continue;
+      log_sum += std::log(it->second / want);
+      measured_sum += it->second;
+      predicted_sum += want;
+      ++n;
+    }
+    if (n == 0) continue;
+    const double ratio = std::exp(log_sum / n);
+    out.profile.*phase.scale =
         std::clamp(profile.*phase.scale * ratio, 1.0 / kMaxScale, kMaxScale);
-    out.profile.*phase.scale = scale;
-    out.changes.push_back(std::string(phase.label) +
-                          format(" ×%.3g (%.3g s measured, %.3g s predicted)", ratio, it->second,
-                                 want));
+    out.changes.push_back(
+        std::string(phase.label) +
+        (n == 1 ? format(" ×%.3g (%.3g s measured, %.3g s predicted)", ratio, measured_sum,
+                         predicted_sum)
+                : format(" ×%.3g (geometric mean of %d runs)", ratio, n)));
   }
   return out;
+}
+
+Refit refit(const api::HardwareProfile& profile, const api::TimeBreakdown& predicted,
+            double predicted_step_seconds, const std::map<std::string, double>& measured) {
+  return refit(profile, std::vector<PhaseEvidence>{{predicted, predicted_step_seconds, measured}});
 }
 
 int apply_scales(api::Inventory& inventory, const api::HardwareProfile& profile) {

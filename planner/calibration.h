@@ -36,8 +36,18 @@ struct Refit {
   std::vector<std::string> changes;   // "compute ×1.31 (0.21 s measured, 0.16 predicted)"
 };
 
-// `predicted`: the plan's per-step phases (as predicted with `profile`); `measured`: seconds per
-// step by the worker's phase names (api::kTimePhases: "compute", "tp_comm_total", ...).
+// What one run says: its plan's per-step phases as predicted (with the profile being refit),
+// and the seconds per step it measured by the worker's phase names (api::kTimePhases:
+// "compute", "tp_comm_total", ...).
+struct PhaseEvidence {
+  api::TimeBreakdown predicted;
+  double predicted_step_seconds = 0;
+  std::map<std::string, double> measured;
+};
+
+// Each scale times the geometric mean, over the runs that measured its phase, of measured /
+// predicted. One run: refit(profile, {{predicted, step, measured}}).
+Refit refit(const api::HardwareProfile& profile, const std::vector<PhaseEvidence>& runs);
 Refit refit(const api::HardwareProfile& profile, const api::TimeBreakdown& predicted,
             double predicted_step_seconds, const std::map<std::string, double>& measured);
 

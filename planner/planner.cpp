@@ -152,9 +152,9 @@ void check_hints(const api::TrainingJob& job, const NodeGroup& g, int64_t max_no
     throw kt::FieldError("spec.resources.minNodes",
                          "is " + std::to_string(*min_nodes) + " but " +
                              std::to_string(max_nodes) + " schedulable node(s) of kind " +
-                             g.problem.hw.name + " with free " + slot +
-                             " can take the job now (nodes that are cordoned or not Ready do "
-                             "not count)");
+                             g.problem.hw.name + " with " + slot +
+                             " to spare can take the job now (nodes that are cordoned or not "
+                             "Ready do not count)");
   if (job.spec.resources.gpus_per_node && *job.spec.resources.gpus_per_node > g.slots)
     throw kt::FieldError("spec.resources.gpusPerNode",
                          std::to_string(*job.spec.resources.gpus_per_node) +

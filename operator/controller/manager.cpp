@@ -43,8 +43,17 @@ void trim_node(Object& node) {
                       "deletionTimestamp", "labels", "annotations"});
   if (auto spec = node.find("spec"); spec != node.end())
     keep_only(*spec, {"unschedulable", "taints", "providerID"});
-  if (auto status = node.find("status"); status != node.end())
+  if (auto status = node.find("status"); status != node.end() && status->is_object()) {
+    // Of the conditions, Ready's status (api::node_accepts_pods reads it).
+    Object ready = Object::array();
+    if (auto conditions = status->find("conditions");
+        conditions != status->end() && conditions->is_array())
+      for (const Object& c : *conditions)
+        if (c.is_object() && c.value("type", Object()) == "Ready")
+          ready.push_back({{"type", "Ready"}, {"status", c.value("status", Object())}});
     keep_only(*status, {"allocatable", "capacity"});
+    if (!ready.empty()) (*status)["conditions"] = std::move(ready);
+  }
 }
 
 // Every other cached object without metadata.managedFields (1-3 KiB each on a real API server;

@@ -49,6 +49,31 @@ for line in open(sys.argv[1]):
         assert abs(float(g.group(2)) - want) <= 0.1 + 0.01 * want, (line, want)
 PY
 
+# The fold-back (`plan --refit`, what autotune does): a run's measured phase times refit the
+# figures it was planned with; the same plan predicted again has the run's median compute.
+"$WORKER" train --plan "$DIR/measured.json" --checkpoint-dir "$DIR/run" > "$DIR/log" 2>&1 ||
+  fail "train with a checkpoint directory"
+"$KT" plan examples/jobs/tiny.yaml -c $CLUSTER --profile "$DIR/profile.yaml" --refit "$DIR/run" \
+  -o json > "$DIR/refit.json" 2> "$DIR/refit.log" || fail "plan --refit: $(cat "$DIR/refit.log")"
+grep -q "^refit cpu from 1 run(s):" "$DIR/refit.log" || fail "refit says: $(cat "$DIR/refit.log")"
+grep -q "^  compute ×" "$DIR/refit.log" || fail "no compute scale: $(cat "$DIR/refit.log")"
+python3 - "$DIR/run/steps.jsonl" "$DIR/measured.json" "$DIR/refit.json" <<'PY' ||
+import json, statistics, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+steps = [r for r in records if r["kind"] == "step"]
+steps = steps[len(steps) // 4:]
+measured = statistics.median(r["phase_seconds"]["compute"] for r in steps)
+before, after = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+keys = ("tp", "dp", "recompute", "offload", "batch")
+assert all(before[k] == after[k] for k in keys), "the refit chose another plan"
+got = after["predicted"]["breakdownSeconds"]["compute"]
+assert abs(got - measured) <= 1e-6 * measured, (got, measured)
+PY
+  fail "the refit plan's compute is not the run's measured median"
+out=$("$KT" plan examples/jobs/tiny.yaml -c $CLUSTER --refit "$DIR/profile.yaml" 2>&1) &&
+  fail "a profile was taken as a run"
+[[ $out == *"$DIR/profile.yaml:1:"* ]] || fail "unclear --refit error: $out"
+
 # Refusals name the file and the field.
 sed 's/^  achievedFraction: .*/  achievedFraction: 3/' "$DIR/profile.yaml" > "$DIR/bad.yaml"
 out=$("$KT" plan examples/jobs/tiny.yaml -c $CLUSTER --profile "$DIR/bad.yaml" 2>&1) &&
