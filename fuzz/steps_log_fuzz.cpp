@@ -1,8 +1,11 @@
 // libFuzzer harness: the rank-0 worker's step log, steps.jsonl (cli/report.h), which the run
 // report reads from a checkpoint volume any process of the job can write. Any input must parse
 // or be refused with kt::Error; a parsed log must render to one HTML page with the four plots,
-// finite SVG numbers and nothing of the input unescaped.
+// finite SVG numbers and nothing of the input unescaped; what `plan --refit` takes from it must
+// be finite medians of the log's phases, or a refusal naming the file.
 //   fuzz/run.sh steps_log 60
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -37,6 +40,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto latest = kt::cli::latest_steps(records);
   for (size_t i = 1; i < latest.size(); ++i)
     FUZZ_CHECK(latest[i - 1]->step < latest[i]->step, "latest_steps not strictly by step");
+  // What `kubetrain plan --refit` reads from it: refused naming the file, or finite medians of
+  // phases the log has.
+  try {
+    const kt::cli::RunPhases phases = kt::cli::run_phases(records);
+    FUZZ_CHECK(phases.steps >= 1, "phases of no step");
+    for (const auto& [name, seconds] : phases.measured) {
+      FUZZ_CHECK(std::isfinite(seconds), "a non-finite median of " + name);
+      FUZZ_CHECK(std::find(records.phases.begin(), records.phases.end(), name) !=
+                     records.phases.end(),
+                 "a phase the log does not have: " + name);
+    }
+  } catch (const kt::Error& e) {
+    const std::string what = e.what();
+    FUZZ_CHECK(what.rfind("steps.jsonl", 0) == 0, "a refit error that does not name the file: " + what);
+  }
   if (records.starts.empty()) return 0;
 
   const std::string html = kt::cli::render_report(records, {"job <&>\"'"});

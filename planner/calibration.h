@@ -46,7 +46,8 @@ struct PhaseEvidence {
 };
 
 // Each scale times the geometric mean, over the runs that measured its phase, of measured /
-// predicted. One run: refit(profile, {{predicted, step, measured}}).
+// predicted (for a collective: of its exposed part where the plan predicts one worth
+// measuring, else of its total). One run: refit(profile, {{predicted, step, measured}}).
 Refit refit(const api::HardwareProfile& profile, const std::vector<PhaseEvidence>& runs);
 Refit refit(const api::HardwareProfile& profile, const api::TimeBreakdown& predicted,
             double predicted_step_seconds, const std::map<std::string, double>& measured);

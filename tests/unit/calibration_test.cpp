@@ -90,6 +90,28 @@ TEST(Calibration, PhasesThePlanBarelyRuns_KeepTheirScale_AndScalesAreBounded) {
   EXPECT_DOUBLE_EQ(r.profile.compute_scale, planner::kMaxScale);
 }
 
+TEST(Calibration, AHiddenCollectivesExposedPart_IsTheEvidence_ItsInflatedTotalIsNot) {
+  // An overlapped TP plan whose all-reduces ran 6x longer in total (slowed by the compute they
+  // hid behind) but left 3x the predicted time exposed: the step grew by the exposed part.
+  const api::TrainingJob job = gpt2_job();
+  api::Inventory inv = one_h100_node();
+  const api::Plan plan = planner::best_plan(job, inv);
+  ASSERT_EQ(plan.config.sub_batches, 2);
+  const double floor = planner::kMinPhaseShare * plan.predicted.step_seconds;
+  ASSERT_GE(plan.predicted.time.tp_comm_exposed, std::max(planner::kMinPhaseSeconds, floor));
+  std::map<std::string, double> measured = phases(plan.predicted.time, 1, 6, 1);
+  measured["tp_comm_exposed"] = 3 * plan.predicted.time.tp_comm_exposed;
+  const planner::Refit r = planner::refit(first_node(inv, plan).hardware, plan.predicted.time,
+                                          plan.predicted.step_seconds, measured);
+  EXPECT_NEAR(r.profile.tp_comm_scale, 3.0, 1e-9);
+  // Without an exposed measurement the total is all there is.
+  measured.erase("tp_comm_exposed");
+  EXPECT_NEAR(planner::refit(first_node(inv, plan).hardware, plan.predicted.time,
+                             plan.predicted.step_seconds, measured)
+                  .profile.tp_comm_scale,
+              6.0, 1e-9);
+}
+
 TEST(Calibration, Decide_SwitchesOnlyWhenTheRefitPredictsEnough_AndTheRestRepaysIt) {
   const api::TrainingJob job = gpt2_job();
   api::Inventory inv = one_h100_node();
