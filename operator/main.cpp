@@ -135,6 +135,20 @@ int main(int argc, char** argv) {
   app.add_option("--gang-scheduler-name", gang_scheduler_name,
                  "schedulerName of gang-scheduled worker pods (default: the cluster's default "
                  "scheduler for Coscheduling, volcano for Volcano)");
+  int64_t autotune_restart_cost = 120, autotune_warmup_steps = 20, autotune_max_switches = 3;
+  app.add_option("--autotune-restart-cost", autotune_restart_cost,
+                 "seconds a plan switch is taken to cost (stop with a checkpoint, start, "
+                 "resume): autotune switches only when the steps left save more")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400}))
+      ->capture_default_str();
+  app.add_option("--autotune-warmup-steps", autotune_warmup_steps,
+                 "steps a gang runs before autotune reads its phase times")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}))
+      ->capture_default_str();
+  app.add_option("--autotune-max-switches", autotune_max_switches,
+                 "plan switches autotune makes per job at most (0: never switch, only fold back)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // The stop signals go to sigwait below only.
@@ -170,6 +184,9 @@ int main(int argc, char** argv) {
       throw kt::Error("--checkpoint-volume-size: \"" + checkpoint_size + "\" is not a quantity (e.g. 100Gi)");
     }
     controller_options.children.checkpoint_size = checkpoint_size;
+    controller_options.autotune_restart_cost = std::chrono::seconds(autotune_restart_cost);
+    controller_options.autotune_warmup_steps = autotune_warmup_steps;
+    controller_options.autotune_max_switches = autotune_max_switches;
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };

@@ -347,23 +347,24 @@ void OffloadEngine::grads_final(int64_t u) {
       h2d_.wait(unit.grads_home);
       fetch(streamed_unit(unit.stream_index - slots_));
     }
-  } else {
+  } else if (last) {  // before the last micro-batch there is nothing to sum or copy yet
     auto dp_work = reduce(model_.layer_gradient_slices(u - 1));
-    if (unit.cpu && last) copy_grads_home(u, std::move(dp_work));
+    if (unit.cpu) copy_grads_home(u, std::move(dp_work));
   }
   compute_start_ = Clock::now();
 }
 
 void OffloadEngine::embedding_grads_final() {
   // The tensors that are not per layer: the embeddings (wte also takes the LM head's gradient)
-  // and the final LayerNorm.
+  // and the final LayerNorm; summed and copied after the last micro-batch only.
+  if (micro_ + 1 != micro_batches_) return;
   std::vector<std::pair<float*, int64_t>> slices;
   const auto views = model_.gradient_views();
   for (int i = 0; i < kNumParamTensors; ++i)
     if (!kParams[static_cast<size_t>(i)].per_layer)
       slices.emplace_back(views[i].data, views[i].numel());
   auto dp_work = reduce(slices);
-  if (units_[0].cpu && micro_ + 1 == micro_batches_) copy_grads_home(0, std::move(dp_work));
+  if (units_[0].cpu) copy_grads_home(0, std::move(dp_work));
 }
 
 void OffloadEngine::finish_backward() {

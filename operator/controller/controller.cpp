@@ -746,7 +746,7 @@ void Controller::Pass::autotune(const api::TrainingJob& job, Gang& gang, Reconci
   if (!rank0_ || !gang.plan || status_.phase != JobPhase::kRunning) return;
   if (!job.spec.parallelism.autotune.value_or(true)) return;
   api::AutotuneStatus at = status_.autotune.value_or(api::AutotuneStatus{});
-  if (at.evaluated_attempt >= gang.attempt || at.switches >= options_.autotune_max_switches) return;
+  if (at.evaluated_attempt >= gang.attempt) return;
   const WorkerProgress& p = *rank0_;
   if (!p.steps || *p.steps < static_cast<double>(options_.autotune_warmup_steps) ||
       p.phase_seconds.empty())
@@ -791,7 +791,10 @@ void Controller::Pass::autotune(const api::TrainingJob& job, Gang& gang, Reconci
   std::string changes;
   for (const std::string& c : refit.changes) changes += (changes.empty() ? "" : "; ") + c;
   at.message = d.reason + (changes.empty() ? "" : " (measured/predicted: " + changes + ")");
-  if (!d.switch_plan) {
+  if (d.switch_plan && at.switches >= options_.autotune_max_switches)
+    at.message += "; kept: this job made the " + std::to_string(at.switches) +
+                  " switch(es) allowed (--autotune-max-switches)";
+  if (!d.switch_plan || at.switches >= options_.autotune_max_switches) {
     status_.autotune = at;
     return;
   }

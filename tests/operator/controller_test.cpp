@@ -714,6 +714,31 @@ TEST_F(ControllerTest, Autotune_KeepsThePlan_WhenTheStepsLeftDoNotRepayARestart)
   EXPECT_EQ(s["phase"], "Running");
 }
 
+TEST_F(ControllerTest, Autotune_NoSwitchesLeft_FoldsBackButKeepsThePlan) {
+  options.autotune_restart_cost = std::chrono::seconds(0);
+  options.autotune_max_switches = 0;
+  add_node(h100_node("gpu-a"));
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  j["spec"]["training"] = {{"steps", 100000}, {"globalBatchSize", 64}};
+  j["spec"]["resources"] = Object::object();
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  const api::Plan first = stored_plan(store);
+  metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
+  reconcile();
+  const Object s = status();
+  EXPECT_EQ(s["autotune"]["switches"], 0);
+  EXPECT_NE(s["autotune"]["message"].get<std::string>().find("switch(es) allowed"),
+            std::string::npos)
+      << s["autotune"]["message"];
+  EXPECT_EQ(stored_plan(store).plan_hash, first.plan_hash);
+  const auto folded = folded_profile(store);
+  ASSERT_TRUE(folded);
+  EXPECT_NEAR(folded->profile.tp_comm_scale, 6.0, 0.01);
+}
+
 TEST_F(ControllerTest, Autotune_Off_NeverReplans) {
   options.autotune_restart_cost = std::chrono::seconds(0);
   Object j = tiny_job("job");
