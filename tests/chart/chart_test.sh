@@ -45,7 +45,8 @@ render image --set operator.image.registry=registry.example.com:5000,operator.im
   --set worker.image.registry=,worker.image.repository=ml/worker,worker.image.tag=9.9 \
   --set 'worker.image.pullSecrets={worker-cred}' \
   --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi \
-  --set worker.gangScheduling.scheduler=Volcano,worker.gangScheduling.schedulerName=volcano-gpu
+  --set worker.gangScheduling.scheduler=Volcano,worker.gangScheduling.schedulerName=volcano-gpu \
+  --set autotune.restartCostSeconds=600,autotune.maxSwitches=0
 MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,metrics.prometheusRule.enabled=true"
             --set "metrics.prometheusRule.labels.release=prom"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")

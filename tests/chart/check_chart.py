@@ -127,7 +127,8 @@ check(c.get("imagePullPolicy") == "IfNotPresent", "default: imagePullPolicy")
 check(sorted(c.get("args", [])) == sorted([
     "--workers=2", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
     f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}", "--default-checkpoint-volume=pvc",
-    "--gang-scheduler=None"]),
+    "--gang-scheduler=None", "--autotune-restart-cost=120", "--autotune-warmup-steps=20",
+    "--autotune-max-switches=3"]),
     f"default: args {c.get('args')}")
 check("imagePullSecrets" not in spec, "default: imagePullSecrets without pullSecrets")
 check(c.get("resources") == values["operator"]["resources"], "default: resources are not values.yaml's")
@@ -345,7 +346,8 @@ check("--worker-image-pull-secret=worker-cred" in ci.get("args", []),
       f"image: worker pull secret in {ci.get('args')}")
 for want in ["--default-checkpoint-volume=pvc", "--checkpoint-storage-class=fast",
              "--checkpoint-volume-size=200Gi", "--gang-scheduler=Volcano",
-             "--gang-scheduler-name=volcano-gpu"]:
+             "--gang-scheduler-name=volcano-gpu", "--autotune-restart-cost=600",
+             "--autotune-max-switches=0"]:
     check(want in ci.get("args", []), f"image: {want} not in {ci.get('args')}")
 
 # ---- monitoring: only when asked for and the cluster has monitoring.coreos.com/v1 -------------

@@ -358,7 +358,9 @@ TEST(OperatorCache, KeepsOfANodeWhatTheInventoryReads_AndDropsTheRest) {
   for (int i = 0; i < 50; ++i)
     node["status"]["images"].push_back(
         {{"names", {"registry.example/image-" + std::to_string(i) + ":v1"}}, {"sizeBytes", i}});
-  node["status"]["conditions"] = {{{"type", "Ready"}, {"status", "True"}}};
+  node["status"]["conditions"] = {
+      {{"type", "MemoryPressure"}, {"status", "False"}, {"message", std::string(512, 'm')}},
+      {{"type", "Ready"}, {"status", "True"}, {"lastHeartbeatTime", "2026-12-03T00:00:00Z"}}};
   node["spec"] = {{"unschedulable", true}, {"podCIDR", "10.0.0.0/24"}};
   put_node(cluster.store, node);
   Object p = pod("p", "", 1, "1", "1Gi");
@@ -373,7 +375,9 @@ TEST(OperatorCache, KeepsOfANodeWhatTheInventoryReads_AndDropsTheRest) {
   const auto cached = cluster.cache.informer(kNodes)->get("", "node-0");
   ASSERT_TRUE(cached);
   EXPECT_FALSE(cached->at("status").contains("images"));
-  EXPECT_FALSE(cached->at("status").contains("conditions"));
+  // Of the conditions, Ready's type and status (whether the node takes pods).
+  EXPECT_EQ(cached->at("status").at("conditions"),
+            Object::parse(R"([{"type": "Ready", "status": "True"}])"));
   EXPECT_FALSE(cached->at("spec").contains("podCIDR"));
   EXPECT_TRUE(cached->at("spec").value("unschedulable", false));
   EXPECT_EQ(cached->at("status").at("allocatable").value("nvidia.com/gpu", ""), "8");

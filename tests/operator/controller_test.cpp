@@ -117,6 +117,10 @@ class ControllerTest : public ::testing::Test {
     return pod["metadata"]["labels"]["kubetrain.dev/restart-attempt"];
   }
 
+  // gpt2-124m at batch 64 on an 8 × H100 node, its pod Running: the plan (TP 2 with the
+  // built-in figures).
+  api::Plan start_gpt2_on_h100(int64_t steps);
+
   local::Store store;
   telemetry::Registry registry;
   ControllerMetrics metrics{registry};
@@ -598,17 +602,21 @@ std::optional<api::MeasuredProfile> folded_profile(local::Store& store) {
   return std::nullopt;
 }
 
-TEST_F(ControllerTest, Autotune_CollectivesSlowerThanPredicted_SwitchesToAPlanThatNeedsFewer) {
-  options.autotune_restart_cost = std::chrono::seconds(0);
+api::Plan ControllerTest::start_gpt2_on_h100(int64_t steps) {
   add_node(h100_node("gpu-a"));
   Object j = tiny_job("job");
   j["spec"]["model"] = {{"preset", "gpt2-124m"}};
-  j["spec"]["training"] = {{"steps", 100000}, {"globalBatchSize", 64}};
+  j["spec"]["training"] = {{"steps", steps}, {"globalBatchSize", 64}};
   j["spec"]["resources"] = Object::object();
   store.create(kTrainingJobs, "default", j);
   reconcile();
   set_pod_running("job-worker-0");
-  const api::Plan first = stored_plan(store);
+  return stored_plan(store);
+}
+
+TEST_F(ControllerTest, Autotune_CollectivesSlowerThanPredicted_SwitchesToAPlanThatNeedsFewer) {
+  options.autotune_restart_cost = std::chrono::seconds(0);
+  const api::Plan first = start_gpt2_on_h100(100000);
   ASSERT_GT(first.config.tp, 1) << "the built-in H100 figures choose tensor parallelism here";
   // Before the warm-up: nothing is decided.
   metrics_text = phase_metrics(first, 5, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
@@ -691,15 +699,7 @@ TEST_F(ControllerTest, Autotune_SlowComputeOnOneRank_IsFoldedBack_ButEveryPlanSl
 
 TEST_F(ControllerTest, Autotune_KeepsThePlan_WhenTheStepsLeftDoNotRepayARestart) {
   // 100 steps of 15 ms save far less than the 120 s a restart is taken to cost.
-  add_node(h100_node("gpu-a"));
-  Object j = tiny_job("job");
-  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
-  j["spec"]["training"] = {{"steps", 100}, {"globalBatchSize", 64}};
-  j["spec"]["resources"] = Object::object();
-  store.create(kTrainingJobs, "default", j);
-  reconcile();
-  set_pod_running("job-worker-0");
-  const api::Plan first = stored_plan(store);
+  const api::Plan first = start_gpt2_on_h100(100);
   metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
   reconcile();
   const Object s = status();
@@ -717,15 +717,7 @@ TEST_F(ControllerTest, Autotune_KeepsThePlan_WhenTheStepsLeftDoNotRepayARestart)
 TEST_F(ControllerTest, Autotune_NoSwitchesLeft_FoldsBackButKeepsThePlan) {
   options.autotune_restart_cost = std::chrono::seconds(0);
   options.autotune_max_switches = 0;
-  add_node(h100_node("gpu-a"));
-  Object j = tiny_job("job");
-  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
-  j["spec"]["training"] = {{"steps", 100000}, {"globalBatchSize", 64}};
-  j["spec"]["resources"] = Object::object();
-  store.create(kTrainingJobs, "default", j);
-  reconcile();
-  set_pod_running("job-worker-0");
-  const api::Plan first = stored_plan(store);
+  const api::Plan first = start_gpt2_on_h100(100000);
   metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", 6}});
   reconcile();
   const Object s = status();

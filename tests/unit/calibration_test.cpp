@@ -35,6 +35,17 @@ api::TrainingJob gpt2_job(int64_t steps = 100000) {
                                                   ", globalBatchSize: 64}\n");
 }
 
+// `inv` with the figures of `plan`'s node kind refit by phases `scale`d from its prediction.
+api::Inventory refit_by(const api::Inventory& inv, const api::Plan& plan, double compute,
+                        double tp, double dp) {
+  const planner::Refit r = planner::refit(first_node(inv, plan).hardware, plan.predicted.time,
+                                          plan.predicted.step_seconds,
+                                          phases(plan.predicted.time, compute, tp, dp));
+  api::Inventory refit = inv;
+  planner::apply_scales(refit, r.profile);
+  return refit;
+}
+
 api::Inventory one_h100_node() {
   return test::inventory_from_yaml(
       "kind: Inventory\nnodes:\n- name: dgx\n  gpu: {product: NVIDIA-H100-80GB-HBM3, count: 8}\n"
@@ -118,22 +129,13 @@ TEST(Calibration, Decide_SwitchesOnlyWhenTheRefitPredictsEnough_AndTheRestRepays
   const api::Plan plan = planner::best_plan(job, inv);
   // Measured as predicted: the running plan is the best; nothing to do.
   {
-    const planner::Refit r = planner::refit(first_node(inv, plan).hardware, plan.predicted.time,
-                                            plan.predicted.step_seconds,
-                                            phases(plan.predicted.time, 1, 1, 1));
-    api::Inventory refit = inv;
-    planner::apply_scales(refit, r.profile);
-    const auto d = planner::decide(job, plan, refit, 100000, 0);
+    const auto d = planner::decide(job, plan, refit_by(inv, plan, 1, 1, 1), 100000, 0);
     EXPECT_FALSE(d.switch_plan) << d.reason;
     ASSERT_TRUE(d.best);
     EXPECT_EQ(d.best->config, plan.config);
   }
   // TP all-reduces 6× dearer: a plan with less TP, switched to, predicted >= 10% faster.
-  const planner::Refit r = planner::refit(first_node(inv, plan).hardware, plan.predicted.time,
-                                          plan.predicted.step_seconds,
-                                          phases(plan.predicted.time, 1, 6, 1));
-  api::Inventory refit = inv;
-  planner::apply_scales(refit, r.profile);
+  const api::Inventory refit = refit_by(inv, plan, 1, 6, 1);
   const auto d = planner::decide(job, plan, refit, 100000, 0);
   ASSERT_TRUE(d.switch_plan) << d.reason;
   EXPECT_LT(d.best->config.tp, plan.config.tp);
