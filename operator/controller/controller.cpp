@@ -418,6 +418,10 @@ class Controller::Pass {
         profiles.push_back(api::decode_measured_profile(
             api::yaml_to_json(text, "ConfigMap " + name + " " + kProfileKey)));
         fingerprint += "|" + name + "@" + cm["metadata"].value("resourceVersion", "");
+        // The first of a kind is the one nodes take (apply_measured_profiles), and the one a
+        // fold-back updates.
+        stored_by_kind_.emplace(profiles.back().profile.name,
+                                std::make_pair(name, profiles.back()));
       } catch (const std::exception& e) {
         if (!warned_profiles_.insert(name).second) continue;
         event("Warning", "InvalidHardwareProfile",
@@ -494,6 +498,8 @@ class Controller::Pass {
   api::TrainingJobStatus old_status_, status_;
   std::optional<WorkerProgress> rank0_;  // rank 0's metrics, when this reconcile read them
   std::set<std::string> warned_profiles_;
+  // The profile ConfigMap (name, profile) of each node kind that has one, as last listed.
+  std::map<std::string, std::pair<std::string, api::MeasuredProfile>> stored_by_kind_;
   // Last: destroyed first, it waits for the create that uses the members above.
   std::future<void> service_create_;
 };
@@ -778,8 +784,12 @@ void Controller::Pass::autotune(const api::TrainingJob& job, Gang& gang, Reconci
     status_.autotune = at;
     return;
   }
+  // The ratios are against the running configuration predicted with the figures as they are
+  // now: the profile may have changed since the plan was made (another job's fold-back).
+  const std::optional<api::Plan> now = planner::predict_again(job, plan, *inventory);
+  const api::Prediction& predicted = now ? now->predicted : plan.predicted;
   const planner::Refit refit =
-      planner::refit(node->hardware, plan.predicted.time, plan.predicted.step_seconds, measured);
+      planner::refit(node->hardware, predicted.time, predicted.step_seconds, measured);
   planner::apply_scales(*inventory, refit.profile);
   save_profile(refit, job.spec.training.steps, p.steps.value_or(0));
   const int64_t steps_left = job.spec.training.steps - status_.progress.step;
@@ -831,17 +841,24 @@ void Controller::Pass::autotune(const api::TrainingJob& job, Gang& gang, Reconci
   result.requeue_after = milliseconds(500);
 }
 
-// The kind's profile ConfigMap gets the refit scales (created from the node's figures when
-// there is none), with where they came from.
+// The kind's profile ConfigMap gets the refit scales: the one the nodes took their figures
+// from (its provenance and measurements kept), else kubetrain-profile-<kind>, created from the
+// node's figures. Where the scales came from is added to the provenance.
 void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, double measured) {
   if (refit.changes.empty()) return;
   api::MeasuredProfile doc;
+  std::string name = profile_config_map_name(refit.profile.name);
+  if (const auto it = stored_by_kind_.find(refit.profile.name); it != stored_by_kind_.end()) {
+    name = it->second.first;
+    doc = it->second.second;
+  } else {
+    doc.provenance = {{"command", "kubetrain-operator autotune"}};
+  }
   doc.profile = refit.profile;
-  doc.provenance = {{"foldedBackFrom", ns_ + "/" + name_},
-                    {"date", rfc3339(now_)},
-                    {"command", "kubetrain-operator autotune"}};
-  doc.measurements = {{"stepsMeasured", measured}, {"jobSteps", static_cast<double>(steps)}};
-  const std::string name = profile_config_map_name(refit.profile.name);
+  doc.provenance["foldedBackFrom"] = ns_ + "/" + name_;
+  doc.provenance["foldedBackAt"] = rfc3339(now_);
+  doc.measurements["foldedBackSteps"] = measured;
+  doc.measurements["foldedBackJobSteps"] = static_cast<double>(steps);
   Object want = {{"apiVersion", "v1"},
                  {"kind", "ConfigMap"},
                  {"metadata",
@@ -851,9 +868,7 @@ void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, 
                  {"data", {{kProfileKey, api::json_to_yaml(api::to_json(doc))}}}};
   try {
     Object existing = client_.get(kube::kConfigMaps, ns_, name);
-    existing["data"] = want["data"];
-    existing["metadata"]["labels"][kHardwareProfileLabel] =
-        want["metadata"]["labels"][kHardwareProfileLabel];
+    existing["data"][kProfileKey] = want["data"][kProfileKey];
     client_.update(kube::kConfigMaps, ns_, existing);
   } catch (const ApiError& e) {
     if (!e.not_found()) throw;

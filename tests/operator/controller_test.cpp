@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "api/hardware.h"
 #include "api/measured_profile.h"
 #include "api/plan.h"
 #include "api/quantity.h"
@@ -558,7 +559,7 @@ api::Plan stored_plan(local::Store& store) {
 }
 
 // Rank 0's metrics after `steps` steps in which each phase took `scale[phase]` times what the
-// plan predicts (1 where not given).
+// plan predicts (1 where not given; a phase scaled by a negative number is left out).
 std::string phase_metrics(const api::Plan& plan, int steps,
                           const std::map<std::string, double>& scale) {
   std::string text = "kubetrain_worker_steps_total{rank=\"0\"} " + std::to_string(steps) +
@@ -567,6 +568,7 @@ std::string phase_metrics(const api::Plan& plan, int steps,
   for (const api::TimePhase& phase : api::kTimePhases) {
     const auto it = scale.find(phase.name);
     const double seconds = plan.predicted.time.*phase.seconds * (it == scale.end() ? 1 : it->second);
+    if (seconds < 0) continue;
     text += "kubetrain_worker_phase_seconds_total{rank=\"0\",phase=\"" + std::string(phase.name) +
             "\"} " + std::to_string(seconds * steps) + "\n";
     if (std::string(phase.name) == "compute" || std::string(phase.name).ends_with("_exposed") ||
@@ -596,9 +598,11 @@ Object h100_node(const std::string& name) {
 std::optional<api::MeasuredProfile> folded_profile(local::Store& store) {
   kube::ListOptions opts;
   opts.label_selector = "kubetrain.dev/hardware-profile";
-  for (const Object& cm : store.list(kConfigMaps, "default", opts).items)
-    return api::decode_measured_profile(
+  for (const Object& cm : store.list(kConfigMaps, "default", opts).items) {
+    api::MeasuredProfile p = api::decode_measured_profile(
         api::yaml_to_json(cm["data"]["profile.yaml"].get<std::string>()));
+    if (p.provenance.count("foldedBackFrom")) return p;  // autotune's, not one put there
+  }
   return std::nullopt;
 }
 
@@ -726,6 +730,29 @@ TEST_F(ControllerTest, Autotune_NoSwitchesLeft_FoldsBackButKeepsThePlan) {
             std::string::npos)
       << s["autotune"]["message"];
   EXPECT_EQ(stored_plan(store).plan_hash, first.plan_hash);
+  const auto folded = folded_profile(store);
+  ASSERT_TRUE(folded);
+  EXPECT_NEAR(folded->profile.tp_comm_scale, 6.0, 0.01);
+}
+
+TEST_F(ControllerTest, Autotune_ProfileChangedSinceThePlan_RefitsAgainstTheFiguresAsTheyAreNow) {
+  options.autotune_max_switches = 0;
+  const api::Plan first = start_gpt2_on_h100(100000);  // planned with the built-in figures
+  // Another job's fold-back has since put TP all-reduces at 3x.
+  const std::string kind = api::find_profile("NVIDIA-H100-80GB-HBM3")->name;
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", "kubetrain-profile-x"},
+                  {"labels", {{"kubetrain.dev/hardware-profile", "x"}}}}},
+                {"data",
+                 {{"profile.yaml", "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\n"
+                                   "metadata: {name: " + kind + "}\nspec: {tpCommScale: 3}\n"}}}});
+  // This job's all-reduces ran 6x what the built-in figures said in total (and it did not say
+  // how much of that was exposed): the scale is 6, not 3 x 6.
+  metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", -1}});
+  reconcile();
   const auto folded = folded_profile(store);
   ASSERT_TRUE(folded);
   EXPECT_NEAR(folded->profile.tp_comm_scale, 6.0, 0.01);
