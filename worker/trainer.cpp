@@ -105,10 +105,16 @@ class BatchFeeder {
   nlohmann::json next_cursor_;
 };
 
+// The steps already done, and the loss of the last of them (0 for none): what a run that has
+// nothing left to do reports.
+struct Restored {
+  int64_t step = 0;
+  double loss = 0;
+};
+
 // Where training starts: the latest checkpoint in options.checkpoint_dir (loaded into `tensors`,
 // then `loaded()`), else an llm.c file (into tensors.params, then `loaded()`), else `init()`.
-// Returns the number of steps already done.
-int64_t restore_or_init_weights(const api::Plan& plan, const TrainOptions& options,
+Restored restore_or_init_weights(const api::Plan& plan, const TrainOptions& options,
                                 const CheckpointTensors& tensors, DataSource& data,
                                 const std::function<void(const std::string&)>& log,
                                 const std::function<void()>& loaded,
@@ -127,7 +133,7 @@ int64_t restore_or_init_weights(const api::Plan& plan, const TrainOptions& optio
         (resumed->resharded > 0 ? "; " + std::to_string(resumed->resharded) +
                                       " tensors resharded from the checkpoint's TP layout"
                                 : ""));
-    return resumed->step;
+    return {resumed->step, resumed->loss};
   }
   if (!options.init_from_llmc.empty()) {
     const LlmcDims dims{
@@ -137,19 +143,19 @@ int64_t restore_or_init_weights(const api::Plan& plan, const TrainOptions& optio
     import_llmc(options.init_from_llmc, dims, tensors.params);
     loaded();
     log("initialised from llm.c model " + options.init_from_llmc);
-    return 0;
+    return {};
   }
   init();
-  return 0;
+  return {};
 }
 
 // The same, then options.on_start.
-int64_t restore_or_init(const api::Plan& plan, const TrainOptions& options,
-                        const CheckpointTensors& tensors, DataSource& data,
-                        const std::function<void(const std::string&)>& log,
-                        const std::function<void()>& loaded, const std::function<void()>& init) {
-  const int64_t start = restore_or_init_weights(plan, options, tensors, data, log, loaded, init);
-  if (options.on_start) options.on_start({start, data.loss_floor()});
+Restored restore_or_init(const api::Plan& plan, const TrainOptions& options,
+                         const CheckpointTensors& tensors, DataSource& data,
+                         const std::function<void(const std::string&)>& log,
+                         const std::function<void()>& loaded, const std::function<void()>& init) {
+  const Restored start = restore_or_init_weights(plan, options, tensors, data, log, loaded, init);
+  if (options.on_start) options.on_start({start.step, data.loss_floor()});
   return start;
 }
 
@@ -470,13 +476,14 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                                        gpt_rank_views(config, tp, tp_rank, host_v.data())};
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
-  const int64_t start_step = restore_or_init(
+  const Restored restored = restore_or_init(
       plan, options, ckpt_tensors, *data, log,
       [&] {  // a checkpoint's or llm.c's weights (and moments: zeros from llm.c)
         model.set_parameters(host_params.data());
         model.set_moments(host_m.data(), host_v.data());
       },
       [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
+  const int64_t start_step = restored.step;
   if (options.on_memory) {
     std::map<std::string, double> bytes;
     for (const auto& [kind, n] : device.device_memory_stats().in_use_bytes)
@@ -496,6 +503,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
 
   TrainResult result;
   result.steps_done = start_step;
+  result.last_loss = restored.loss;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
     save_or_report(steps_done, options, result, log, [&] {
@@ -783,9 +791,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
-  const int64_t start_step = restore_or_init(
+  const Restored restored = restore_or_init(
       plan, options, ckpt_tensors, *data, log, [] {},
       [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
+  const int64_t start_step = restored.step;
   engine.start();
   if (options.on_memory) {
     for (const auto& space : {device, Device::host()}) {
@@ -806,6 +815,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
                                 static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
   TrainResult result;
   result.steps_done = start_step;
+  result.last_loss = restored.loss;
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
     save_or_report(steps_done, options, result, log, [&] {

@@ -476,6 +476,23 @@ TEST_F(ControllerTest, RunningPods_MakeTheJobRunning_WithProgressFromRankZero) {
   EXPECT_LE(*result.requeue_after, options.progress_interval);
 }
 
+TEST_F(ControllerTest, ResumedWorker_ProgressIsTheJobsStep_NotTheProcesss) {
+  // A gang resumed at step 100 has run 10 steps in this process: the job is at step 110.
+  Object j = tiny_job("job");
+  j["spec"]["training"]["steps"] = 200;
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  set_pod_running("job-worker-0");
+  metrics_text =
+      "kubetrain_worker_steps_total{rank=\"0\"} 10\n"
+      "kubetrain_worker_step{rank=\"0\"} 110\n"
+      "kubetrain_worker_tokens_per_second{rank=\"0\"} 512\n";
+  reconcile();
+  EXPECT_EQ(status()["progress"]["step"], 110);
+  // 8 × 64 tokens at 512 tokens/s: 1 s a step, 90 left.
+  EXPECT_DOUBLE_EQ(status()["progress"]["etaSeconds"].get<double>(), 90.0);
+}
+
 TEST_F(ControllerTest, RemappedMetricsPort_IsReadFromThePodAnnotation) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();

@@ -88,6 +88,12 @@ TEST(Trainer, ResumeContinuesWithIdenticalLosses) {
         i < first.losses.size() ? first.losses[i] : second.losses[i - first.losses.size()];
     EXPECT_EQ(got, reference.losses[i]) << "step " << i + 1;
   }
+  // Run again with nothing left to do: no step, and the final loss is the last checkpoint's
+  // (it was 0, so that `kubetrain run` of a finished job said "loss ... -> 0.0000").
+  const auto again = worker::train(plan, interrupted, quiet);
+  EXPECT_EQ(again.steps_done, 24);
+  EXPECT_TRUE(again.losses.empty());
+  EXPECT_FLOAT_EQ(again.last_loss, reference.last_loss);
   fs::remove_all(straight.checkpoint_dir);
   fs::remove_all(interrupted.checkpoint_dir);
 }
