@@ -16,15 +16,8 @@ OPERATOR=$2
 require_kubectl
 with_scratch
 
-"$KT" local serve --simulate-nodes 2 --simulate-pod-start-delay 0.2 \
-  --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
-PIDS+=($!)
-wait_for 10 test -s "$OUT/kubeconfig" || fail "local serve wrote no kubeconfig"
-K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
-K apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null || fail "apply CRD"
-"$OPERATOR" --kubeconfig "$OUT/kubeconfig" --metrics-bind-address 127.0.0.1:0 \
-  --health-probe-bind-address 127.0.0.1:0 > "$OUT/op.log" 2>&1 &
-PIDS+=($!)
+serve_simulated 2
+run_operator
 
 cat > "$OUT/job.yaml" <<'YAML'
 apiVersion: kubetrain.dev/v1alpha1

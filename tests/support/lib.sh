@@ -63,3 +63,22 @@ _scratch_cleanup() {
   for pid in "${PIDS[@]}"; do wait "$pid" 2> /dev/null || true; done
   rm -rf "$OUT"
 }
+
+# serve_simulated N: `$KT local serve --simulate-nodes N` in the background (kubeconfig
+# $OUT/kubeconfig, log $OUT/serve.log), K (kubectl against it), and the TrainingJob CRD applied.
+serve_simulated() {
+  "$KT" local serve --simulate-nodes "$1" --simulate-pod-start-delay 0.2 \
+    --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
+  PIDS+=($!)
+  wait_for 10 test -s "$OUT/kubeconfig" || fail "local serve wrote no kubeconfig"
+  K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
+  K apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null || fail "apply CRD"
+}
+
+# run_operator [FLAGS...]: `$OPERATOR` against that server in the background, logging to
+# $OUT/op.log.
+run_operator() {
+  "$OPERATOR" --kubeconfig "$OUT/kubeconfig" --metrics-bind-address 127.0.0.1:0 \
+    --health-probe-bind-address 127.0.0.1:0 "$@" > "$OUT/op.log" 2>&1 &
+  PIDS+=($!)
+}
