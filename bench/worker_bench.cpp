@@ -19,6 +19,7 @@
 #include "kernels/ops.h"
 #include "worker/device.h"
 #include "worker/gpt.h"
+#include "worker/offload.h"
 
 namespace {
 
@@ -87,53 +88,89 @@ int main(int argc, char** argv) {
   std::printf("%-40s %10.1f GFLOP/s (median of 30)\n", "sgemm 1024x1024x1024 (oneDNN), before",
               peak_before / 1e9);
 
-  // 2. GPT-2 124M training step, B=4, T=64.
+  // 2. GPT-2 124M training step, B=4, T=64, in fp32 and in bf16 (bf16 matmuls on a bf16 copy
+  //    of the weights, refreshed by the step's first forward; fp32 master weights and AdamW).
   const kt::api::ModelDims dims = kt::api::find_model_preset("gpt2-124m")->dims;
   const int64_t B = 4, T = 64;
   auto device = kt::worker::Device::cpu();
-  kt::worker::Gpt model(kt::worker::GptConfig::from(dims), B, T, device);
-  model.init_weights(1337);
-  auto m = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
-  auto v = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int32_t> tok(0, 50256);
-  std::vector<int32_t> x(B * T), y(B * T);
-  for (auto& t : x) t = tok(rng);
-  for (auto& t : y) t = tok(rng);
-  std::vector<double> step_s, fwd_bwd_s, opt_s;
-  for (int i = 0; i < steps + 2; ++i) {
-    const auto t0 = Clock::now();
-    model.zero_grad();
-    model.train_micro_step(x.data(), y.data(), 1.0f);
-    const double fb = seconds_since(t0);
-    const auto t1 = Clock::now();
-    const double norm =
-        std::sqrt(kt::kernels::cpu::sum_of_squares(model.grads(), model.num_parameters()));
-    kt::kernels::AdamWStep s;
-    s.t = i + 1;
-    s.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-    s.weight_decay = 0.1f;
-    kt::kernels::cpu::adamw_update(model.params(), model.grads(), m.data(), v.data(),
-                                   model.num_parameters(), s);
-    const double opt = seconds_since(t1);
-    if (i >= 2) {
-      step_s.push_back(seconds_since(t0));
-      fwd_bwd_s.push_back(fb);
-      opt_s.push_back(opt);
+  struct StepTimes {
+    double step, fwd_bwd, opt, flops;
+  };
+  auto model_steps = [&](kt::api::Precision precision) {
+    kt::worker::Gpt model(kt::worker::GptConfig::from(dims), B, T, device, {}, 1,
+                          kt::api::Recompute::kNone, precision);
+    model.init_weights(1337);
+    auto m = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
+    auto v = device->allocate_floats(model.num_parameters(), kt::worker::MemoryKind::kOptimizer);
+    std::mt19937 rng(1);
+    std::uniform_int_distribution<int32_t> tok(0, 50256);
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (auto& t : x) t = tok(rng);
+    for (auto& t : y) t = tok(rng);
+    std::vector<double> step_s, fwd_bwd_s, opt_s;
+    for (int i = 0; i < steps + 2; ++i) {
+      const auto t0 = Clock::now();
+      model.zero_grad();
+      model.train_micro_step(x.data(), y.data(), 1.0f);
+      const double fb = seconds_since(t0);
+      const auto t1 = Clock::now();
+      const double norm =
+          std::sqrt(kt::kernels::cpu::sum_of_squares(model.grads(), model.num_parameters()));
+      kt::kernels::AdamWStep s;
+      s.t = i + 1;
+      s.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+      // What the trainer runs without offload (bf16: the weights' bf16 copy in the same pass).
+      for (int64_t u = 0; u <= dims.layers; ++u)
+        kt::worker::update_on_device(model, u, m.data(), v.data(), s, 0.1f);
+      const double opt = seconds_since(t1);
+      if (i >= 2) {
+        step_s.push_back(seconds_since(t0));
+        fwd_bwd_s.push_back(fb);
+        opt_s.push_back(opt);
+      }
     }
+    return StepTimes{median(step_s), median(fwd_bwd_s), median(opt_s),
+                     model.flops_per_micro_step()};
+  };
+  const StepTimes fp32 = model_steps(kt::api::Precision::kFp32);
+  const bool has_bf16 = !kt::kernels::cpu::bf16_matmul_isa().empty();
+  std::vector<double> bf16_peaks;
+  auto bf16_peak = [&] {
+    bf16_peaks.push_back(matmul_gflops(dnnl::memory::data_type::bf16, n, n, n));
+    return bf16_peaks.back();
+  };
+  StepTimes bf16{};
+  if (has_bf16) {
+    std::printf("%-40s %10.1f GFLOP/s (median of 20)\n", "bf16 matmul 1024^3 (oneDNN), before",
+                bf16_peak());
+    bf16 = model_steps(kt::api::Precision::kBf16);
+    std::printf("%-40s %10.1f GFLOP/s (median of 20)\n", "bf16 matmul 1024^3 (oneDNN), after",
+                bf16_peak());
   }
   const double peak_after = gemm_peak();
   std::printf("%-40s %10.1f GFLOP/s (median of 30)\n", "sgemm 1024x1024x1024 (oneDNN), after",
               peak_after / 1e9);
   const double peak = 2.0 * n * n * n / median(all_gemm);
   std::printf("%-40s %10.1f GFLOP/s (median of all 60)\n", "sgemm peak used", peak / 1e9);
-  const double step = median(step_s);
-  const double flops = model.flops_per_micro_step();
+  const double flops = fp32.flops;
   std::printf("%-40s %10.3f s   (forward+backward %.3f s, norm+AdamW %.3f s; median of %d)\n",
-              "GPT-2 124M step, B=4 T=64", step, median(fwd_bwd_s), median(opt_s), steps);
-  std::printf("%-40s %10.0f\n", "tokens/s", B * T / step);
+              "GPT-2 124M step, B=4 T=64, fp32", fp32.step, fp32.fwd_bwd, fp32.opt, steps);
+  std::printf("%-40s %10.0f\n", "tokens/s", B * T / fp32.step);
   std::printf("%-40s %10.1f GFLOP/s = %.1f%% of the sgemm peak (6·N·tokens + 12·L·C·T·tokens)\n",
-              "achieved", flops / step / 1e9, 100 * flops / step / peak);
+              "achieved", flops / fp32.step / 1e9, 100 * flops / fp32.step / peak);
+  if (has_bf16) {
+    const double peak16 = (bf16_peaks[0] + bf16_peaks[1]) / 2 * 1e9;
+    std::printf("%-40s %10.3f s   (forward+backward %.3f s, norm+AdamW %.3f s; median of %d)\n",
+                ("GPT-2 124M step, B=4 T=64, bf16 (" + kt::kernels::cpu::bf16_matmul_isa() + ")")
+                    .c_str(),
+                bf16.step, bf16.fwd_bwd, bf16.opt, steps);
+    std::printf("%-40s %10.0f   (%.2fx the fp32 step)\n", "tokens/s", B * T / bf16.step,
+                fp32.step / bf16.step);
+    std::printf("%-40s %10.1f GFLOP/s = %.1f%% of the bf16 matmul peak (mean of before/after)\n",
+                "achieved", flops / bf16.step / 1e9, 100 * flops / bf16.step / peak16);
+  } else {
+    std::printf("bf16 step: skipped, this CPU has neither AMX-BF16 nor AVX512-BF16\n");
+  }
 
   // 3. The bf16 option: oneDNN's matmul primitive, fp32 vs bf16 inputs, on the model's shapes.
   std::printf("\n%-40s %12s %12s %8s\n", "oneDNN matmul primitive (M x K x N)", "fp32 GFLOP/s",

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kt::kernels {
 
@@ -77,6 +78,20 @@ KT_KERNEL_FAMILY
 // Same formula as adamw_update; 28 bytes per parameter with bf16 in and out.
 void adamw_update_mixed(float* master, const float* grads, const uint16_t* grads_bf16, float* m,
                         float* v, uint16_t* params_bf16, int64_t N, const AdamWStep& step);
+
+// bf16 matmuls (kernels/cpu/matmul_bf16.cpp), the fp32 pair's shapes and semantics: the weight
+// is a bf16 copy (raw bits, kernels/bf16.h), inp and dout are rounded to bf16 on the way in,
+// products are summed in fp32 and the outputs (out, dinp, dweight, dbias) are fp32.
+void matmul_forward_bf16(float* out, const float* inp, const uint16_t* weight, const float* bias,
+                         int64_t BT, int64_t C, int64_t OC);
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const uint16_t* weight, int64_t BT, int64_t C,
+                          int64_t OC, bool accumulate_dweight = true);
+// out[i] = bf16(in[i]), round to nearest even
+void to_bf16(uint16_t* out, const float* in, int64_t N);
+// The instructions bf16 matmuls run on here: "AMX-BF16", "AVX512-BF16", or "" when the CPU has
+// neither (oneDNN would emulate bf16 with fp32 instructions, slower than the fp32 path).
+std::string bf16_matmul_isa();
 }  // namespace cpu
 
 #undef KT_KERNEL_FAMILY

@@ -1,10 +1,23 @@
 #include "worker/device.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 namespace kt::worker {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(std::min(line.size(), colon + 2));
+    }
+  return "unknown";
+}
 
 std::shared_ptr<Device> Device::cpu() {
   static std::shared_ptr<Device> device(new Device("cpu"));

@@ -19,6 +19,9 @@
 
 namespace kt::worker {
 
+// This machine's CPU model ("model name" in /proc/cpuinfo), or "unknown".
+std::string cpu_model_name();
+
 // An owning, 64-byte aligned, zero-initialised float buffer on a device.
 class DeviceBuffer;
 

@@ -89,7 +89,8 @@ int64_t total(const std::array<int64_t, 22>& sizes) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-         TensorParallel tp, int sub_batches, api::Recompute recompute)
+         TensorParallel tp, int sub_batches, api::Recompute recompute,
+         api::Precision precision)
     : config_(config),
       B_(B),
       T_(T),
@@ -115,6 +116,11 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
   for (int64_t s : param_sizes_) num_params_ += s;
   params_ = device_->allocate_floats(num_params_, MemoryKind::kParams);
   grads_ = device_->allocate_floats(num_params_, MemoryKind::kGrads);
+  if (precision == api::Precision::kBf16) {
+    bf16_buffer_ = device_->allocate_floats((num_params_ + 1) / 2, MemoryKind::kParams);
+    bf16_weights_ = reinterpret_cast<uint16_t*>(bf16_buffer_.data());
+    bf16_epoch_.assign(config_.layers + 1, -1);
+  }
   lanes_.resize(sub_batches);
   for (auto& lane : lanes_) {
     lane.B = B / sub_batches;
@@ -200,6 +206,33 @@ double Gpt::flops_per_micro_step() const {
 
 void Gpt::init_weights(uint64_t seed) {
   gpt_init_rank(config_, tp_.size, tp_.rank, seed, params_.data());
+  ++epoch_;
+}
+
+void Gpt::refresh_bf16(int64_t unit) {
+  if (!bf16_weights_ || bf16_epoch_[unit] == epoch_) return;
+  for (const Slice& s : unit_slices(unit))
+    if (kParams[s.tensor].matmul_weight)
+      k::to_bf16(bf16_weights_ + s.offset, params_.data() + s.offset, s.count);
+  bf16_epoch_[unit] = epoch_;
+}
+
+void Gpt::gemm_forward(float* out, const float* inp, const float* weight, const float* bias,
+                       int64_t BT, int64_t C, int64_t OC) const {
+  if (bf16_weights_)
+    k::matmul_forward_bf16(out, inp, bf16_weights_ + (weight - params_.data()), bias, BT, C, OC);
+  else
+    k::matmul_forward(out, inp, weight, bias, BT, C, OC);
+}
+
+void Gpt::gemm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+                        bool accumulate) const {
+  if (bf16_weights_)
+    k::matmul_backward_bf16(dinp, dweight, dbias, dout, inp,
+                            bf16_weights_ + (weight - params_.data()), BT, C, OC, accumulate);
+  else
+    k::matmul_backward(dinp, dweight, dbias, dout, inp, weight, BT, C, OC, accumulate);
 }
 
 void Gpt::zero_grad() {
@@ -209,9 +242,13 @@ void Gpt::zero_grad() {
   for (int i = 0; i < kNumParamTensors; ++i)
     if (!kParams[i].matmul_weight) std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
   overwrite_weight_grads_ = true;
+  // A step begins: the parameters may have changed since the last forward (the optimizer, a
+  // checkpoint load); the units whose copy the optimizer wrote stay current.
+  ++epoch_;
 }
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
+  ++epoch_;
   start(inputs, targets, 0.0f);
   run(false);
   return finish_loss();
@@ -296,6 +333,8 @@ void Gpt::run(bool backward) {
         if (!backward && previous >= 0 && i + 1 == lanes_.size())
           observer->forward_activations_done(previous);
       }
+      // Unit u's parameters are on the device now (the observer waited for them).
+      if (changes && i == 0 && !backward) refresh_bf16(unit);
       const auto [buffer, count] = (this->*op)(lane, k);
       if (!buffer) continue;
       if (overlap)
@@ -390,7 +429,7 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
     k::residual_forward(last, a.residual2 + slot(L - 1) * BT * C,
                         a.fcproj + proj_slot(L - 1) * BT * C, BT * C);
     k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
-    k::matmul_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
+    gemm_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
     const Acts d = acts_at(lane, lane.grad_acts.data());
     float* dlogits = lane.dloss != 0 ? d.logits : nullptr;
     if (tp_.size == 1)
@@ -433,11 +472,11 @@ std::pair<float*, int64_t> Gpt::attention_forward_block(Lane& lane, int64_t l, b
   const int64_t sh = s * B * NHl * T * T;
   k::layernorm_forward(ln1, a.ln1_mean + s * BT, a.ln1_rstd + s * BT, residual, p.ln1w + l * C,
                        p.ln1b + l * C, BT, C);
-  k::matmul_forward(qkv, ln1, p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl, BT, C, 3 * Cl);
+  gemm_forward(qkv, ln1, p.qkvw + l * 3 * Cl * C, p.qkvb + l * 3 * Cl, BT, C, 3 * Cl);
   k::attention_forward(atty, a.preatt + sh, a.att + sh, qkv, B, T, Cl, NHl);
   if (!project) return {nullptr, 0};
   float* attproj = a.attproj + proj_slot(l) * BT * C;
-  k::matmul_forward(attproj, atty, p.attprojw + l * C * Cl,
+  gemm_forward(attproj, atty, p.attprojw + l * C * Cl,
                     tp_.rank == 0 ? p.attprojb + l * C : nullptr, BT, Cl, C);
   return {tp_.size > 1 ? attproj : nullptr, BT * C};  // row-parallel projection
 }
@@ -458,11 +497,11 @@ std::pair<float*, int64_t> Gpt::mlp_forward_block(Lane& lane, int64_t l, bool pr
   k::residual_forward(residual2, residual, a.attproj + proj_slot(l) * BT * C, BT * C);
   k::layernorm_forward(ln2, a.ln2_mean + s * BT, a.ln2_rstd + s * BT, residual2, p.ln2w + l * C,
                        p.ln2b + l * C, BT, C);
-  k::matmul_forward(fch, ln2, p.fcw + l * Fl * C, p.fcb + l * Fl, BT, C, Fl);
+  gemm_forward(fch, ln2, p.fcw + l * Fl * C, p.fcb + l * Fl, BT, C, Fl);
   k::gelu_forward(fch_gelu, fch, BT * Fl);
   if (!project) return {nullptr, 0};
   float* fcproj = a.fcproj + proj_slot(l) * BT * C;
-  k::matmul_forward(fcproj, fch_gelu, p.fcprojw + l * C * Fl,
+  gemm_forward(fcproj, fch_gelu, p.fcprojw + l * C * Fl,
                     tp_.rank == 0 ? p.fcprojb + l * C : nullptr, BT, Fl, C);
   return {tp_.size > 1 ? fcproj : nullptr, BT * C};  // row-parallel fc2
 }
@@ -480,7 +519,7 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   const Acts d = acts_at(lane, lane.grad_acts.data());  // d.logits holds dloss/dlogits
   const int32_t* inputs = lane.inputs;
   if (k == 0) {
-    k::matmul_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, lane.accumulate);
+    gemm_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, lane.accumulate);
     return {tp_.size > 1 ? d.lnf : nullptr, BT * C};  // vocab-parallel LM head
   }
   if (k == 1) {
@@ -567,10 +606,10 @@ std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool ml
   const int64_t sq = s * BT * 3 * Cl, sa = s * BT * Cl, sh = s * B * NHl * T * T;
   if (mlp_half) {
     k::residual_backward(d.residual2 + sc, d.fcproj + pc, d.residual3 + lc, BT * C);
-    k::matmul_backward(d.fch_gelu + sf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + pc,
+    gemm_backward(d.fch_gelu + sf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + pc,
                        a.fch_gelu + sf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
     k::gelu_backward(d.fch + sf, a.fch + sf, d.fch_gelu + sf, BT * Fl);
-    k::matmul_backward(d.ln2 + sc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + sf, a.ln2 + sc,
+    gemm_backward(d.ln2 + sc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + sf, a.ln2 + sc,
                        p.fcw + l * Fl * C, BT, C, Fl, acc);
     return {tp_.size > 1 ? d.ln2 + sc : nullptr, BT * C};  // column-parallel fc1
   }
@@ -579,11 +618,11 @@ std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool ml
                         a.residual2 + sc, p.ln2w + l * C, a.ln2_mean + s * BT, a.ln2_rstd + s * BT,
                         BT, C);
   k::residual_backward(dresidual, d.attproj + pc, d.residual2 + sc, BT * C);
-  k::matmul_backward(d.atty + sa, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + pc,
+  gemm_backward(d.atty + sa, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + pc,
                      a.atty + sa, p.attprojw + l * C * Cl, BT, Cl, C, acc);
   k::attention_backward(d.qkv + sq, d.preatt + sh, d.att + sh, d.atty + sa, a.qkv + sq, a.att + sh,
                         B, T, Cl, NHl);
-  k::matmul_backward(d.ln1 + sc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + sq,
+  gemm_backward(d.ln1 + sc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + sq,
                      a.ln1 + sc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
   return {tp_.size > 1 ? d.ln1 + sc : nullptr, BT * C};  // column-parallel qkv
 }

@@ -45,9 +45,16 @@ class Gpt {
   // `recompute`: what each mode keeps is worker/recompute.h (the same on both devices). kFull's
   // re-run here includes fc2 with its all-reduce (2 per layer, as the planner counts). With
   // recompute, one layer's working set is shared by all layers.
+  // `precision` bf16: every matmul runs in bf16 (kernels::cpu::matmul_*_bf16) on a bf16 copy of
+  // the matmul weights; its inputs are rounded to bf16 on the way in, products summed in fp32.
+  // Everything else (LayerNorm, GELU, attention, the loss, gradients, AdamW) stays fp32. The
+  // copy of a unit is made from the fp32 parameters (the master weights) by the first forward of
+  // a step (after zero_grad) or of an evaluate, unless the optimizer already wrote it
+  // (bf16_written) after the last step.
   Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
       TensorParallel tp = {}, int sub_batches = 1,
-      api::Recompute recompute = api::Recompute::kNone);
+      api::Recompute recompute = api::Recompute::kNone,
+      api::Precision precision = api::Precision::kFp32);
 
   // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
   // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1. A TP rank
@@ -96,7 +103,18 @@ class Gpt {
   // The pieces of layer l's gradients (one slice of each stacked per-layer tensor).
   std::vector<std::pair<float*, int64_t>> layer_gradient_slices(int64_t l) const;
 
+  // bf16 plans: the bf16 copy (at the fp32 parameters' offsets; null in fp32), and the
+  // optimizer's word that it wrote unit u's copy from the parameters it just updated, so that the
+  // next step's forward need not round them again.
+  uint16_t* bf16_weights() const { return bf16_weights_; }
+  void bf16_written(int64_t unit) {
+    if (bf16_weights_) bf16_epoch_[unit] = epoch_ + 1;
+  }
+
   const GptConfig& config() const { return config_; }
+  api::Precision precision() const {
+    return bf16_weights_ ? api::Precision::kBf16 : api::Precision::kFp32;
+  }
   const std::shared_ptr<Device>& device() const { return device_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
@@ -160,6 +178,14 @@ class Gpt {
   float finish_loss();
   void tp_allreduce(float* data, int64_t count, ReduceOp op = ReduceOp::kSum);
   void vocab_parallel_cross_entropy(Lane& lane, float* losses, float* dlogits, const float* logits);
+  // The matmuls, in the model's precision; `weight` points into params_.
+  void gemm_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t BT, int64_t C, int64_t OC) const;
+  void gemm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int64_t BT, int64_t C, int64_t OC,
+                     bool accumulate) const;
+  // bf16: rounds unit u's matmul weights into the bf16 copy unless it is current.
+  void refresh_bf16(int64_t unit);
 
   GptConfig config_;
   int64_t B_, T_;
@@ -171,6 +197,13 @@ class Gpt {
   std::array<int64_t, kNumParamTensors> param_sizes_{};
   int64_t num_params_ = 0;
   DeviceBuffer params_, grads_;
+  // bf16: the matmul weights' bf16 copy at the fp32 offsets (2 bytes per parameter, held in a
+  // float buffer of half the count so the device counts it). A unit's copy is current while its
+  // epoch equals epoch_, which every zero_grad and evaluate advances.
+  DeviceBuffer bf16_buffer_;
+  uint16_t* bf16_weights_ = nullptr;
+  std::vector<int64_t> bf16_epoch_;
+  int64_t epoch_ = 0;
   std::vector<Lane> lanes_;
   bool overwrite_weight_grads_ = false;  // set by zero_grad, cleared by the next backward
 };

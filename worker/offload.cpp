@@ -391,6 +391,24 @@ void OffloadEngine::sum_of_squares(double out[2]) const {
   }
 }
 
+void update_on_device(Gpt& model, int64_t unit, float* m, float* v, kernels::AdamWStep step,
+                      float weight_decay) {
+  float* params = model.params();
+  const float* grads = model.grads();
+  uint16_t* bf16 = model.bf16_weights();
+  for (const auto& s : model.unit_slices(unit)) {
+    kernels::AdamWStep ts = step;
+    ts.weight_decay = Gpt::decays(s.tensor) ? weight_decay : 0.0f;
+    if (bf16 && kParams[static_cast<size_t>(s.tensor)].matmul_weight)
+      k::adamw_update_mixed(params + s.offset, grads + s.offset, nullptr, m + s.offset,
+                            v + s.offset, bf16 + s.offset, s.count, ts);
+    else
+      k::adamw_update(params + s.offset, grads + s.offset, m + s.offset, v + s.offset, s.count,
+                      ts);
+  }
+  model.bf16_written(unit);
+}
+
 void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
   auto for_tensor = [&](int tensor) {
     kernels::AdamWStep s = step;
@@ -399,14 +417,8 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
   };
   // Device units, on the compute lane.
   const auto t0 = Clock::now();
-  float* params = model_.params();
-  float* grads = model_.grads();
-  for (const auto& unit : units_) {
-    if (unit.cpu) continue;
-    for (const auto& s : unit.slices)
-      k::adamw_update(params + s.offset, grads + s.offset, m_.data() + s.offset,
-                      v_.data() + s.offset, s.count, for_tensor(s.tensor));
-  }
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
+    if (!units_[u].cpu) update_on_device(model_, u, m_.data(), v_.data(), step, weight_decay);
   device_seconds_ += seconds_between(t0, Clock::now());
   span("compute", "adam device", t0);
 
@@ -437,10 +449,13 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
         if (!on_device) continue;
         h2d_.wait(cpu_.record());
         h2d_bytes_ += n * static_cast<int64_t>(sizeof(float));
-        h2d_.enqueue([this, u, host_at, model_at, n] {
+        // bf16 plans: the tile's bf16 copy too (tiles lie within one tensor).
+        const bool round = model_.bf16_weights() && kParams[static_cast<size_t>(s.tensor)].matmul_weight;
+        h2d_.enqueue([this, u, host_at, model_at, n, round] {
           const auto t1 = Clock::now();
-          std::memcpy(model_.params() + model_at, units_[u].master.data() + host_at,
-                      n * sizeof(float));
+          const float* master = units_[u].master.data() + host_at;
+          std::memcpy(model_.params() + model_at, master, n * sizeof(float));
+          if (round) k::to_bf16(model_.bf16_weights() + model_at, master, n);
           span("h2d", "params L" + std::to_string(u - 1), t1);
         });
       }
@@ -450,6 +465,7 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
     if (on_device) {
       unit.landed = h2d_.record();
       unit.residency = Residency::kFetching;
+      model_.bf16_written(u);  // by the copies above, before `landed`
     }
   }
 }

@@ -51,6 +51,12 @@ int64_t offload_host_bytes(const api::Plan& plan);
 // host memory than `available_bytes` (MemAvailable when 0).
 void check_host_memory(const api::Plan& plan, int64_t available_bytes = 0);
 
+// AdamW of one offload unit where its parameters are (moments m and v in llm.c's layout), with
+// Gpt::decays' per-tensor weight decay; a bf16 model's bf16 weight copy is written in the same
+// pass (and the model told so).
+void update_on_device(Gpt& model, int64_t unit, float* m, float* v, kernels::AdamWStep step,
+                      float weight_decay);
+
 struct OffloadOptions {
 #ifdef NDEBUG
   bool poison_evicted = false;

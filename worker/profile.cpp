@@ -102,17 +102,6 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(std::min(line.size(), colon + 2));
-    }
-  return "unknown";
-}
-
 std::string hostname() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
@@ -311,7 +300,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
   }
 
   out.provenance = {{"host", hostname()},
-                    {"cpu", cpu_model()},
+                    {"cpu", cpu_model_name()},
                     {"gpu", "none"},
                     {"threads", std::to_string(threads)},
                     {"model", "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +

@@ -618,7 +618,12 @@ RankFootprint rank_footprint(const api::Plan& plan) {
   const double activations =
       working_layers * B * T * (9 * C + 4 * C / tp + 2 * F / tp + 2 * NH / tp * T) + L * B * T * C +
       B * T * (V / tp + 2 * C);
-  return {4 * (4 * params / tp + 2 * activations),
+  // fp32 parameters, gradients and both moments, + a bf16 weight copy on a bf16 CPU plan.
+  const double param_bytes = plan.device == api::DeviceKind::kCpu &&
+                                     plan.precision == api::Precision::kBf16
+                                 ? 18
+                                 : 16;
+  return {param_bytes * params / tp + 8 * activations,
           "layers " + std::to_string(m.layers) + ", hidden " + std::to_string(m.hidden) +
               ", heads " + std::to_string(m.heads) + ", ffnHidden " + std::to_string(m.ffn_hidden) +
               ", seqLen " + std::to_string(m.seq_len) + " and batch.micro " +
@@ -736,9 +741,12 @@ void check_executable(const api::Plan& plan) {
              " on CUDA: the CUDA runtime trains in bf16 mixed precision");
     return;
   }
-  if (plan.precision != api::Precision::kFp32)
-    refuse("precision " + std::string(api::to_string(plan.precision)) +
-           "; the CPU path computes in fp32");
+  // bf16 on the CPU: bf16 matmuls on AMX or AVX512-BF16 (oneDNN would emulate them elsewhere,
+  // slower than fp32).
+  if (plan.precision == api::Precision::kBf16 && kernels::cpu::bf16_matmul_isa().empty())
+    refuse("precision bf16 on this CPU (" + cpu_model_name() +
+           "), which has neither AMX-BF16 nor AVX512-BF16 (no amx_bf16 or avx512_bf16 in "
+           "/proc/cpuinfo); set spec.training.precision: fp32");
   // The CPU device's memory is this machine's (an allocation beyond it would be an OOM kill).
   const RankFootprint footprint = rank_footprint(plan);
   const double physical = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
@@ -782,7 +790,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   auto device = Device::cpu();
   Gpt model(GptConfig::from(plan.model), B, T, device,
             TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
-            static_cast<int>(plan.config.sub_batches), plan.config.recompute);
+            static_cast<int>(plan.config.sub_batches), plan.config.recompute, plan.precision);
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
@@ -811,7 +819,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   // built-in CPU profile's.
   const double peak = plan.peak_flops > 0
                           ? plan.peak_flops
-                          : api::cpu_profile().peak_fp32_flops *
+                          : (plan.precision == api::Precision::kBf16
+                                 ? api::cpu_profile().peak_bf16_flops
+                                 : api::cpu_profile().peak_fp32_flops) *
                                 static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));
   TrainResult result;
   result.steps_done = start_step;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cpu/matmul_internal.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
@@ -31,6 +32,8 @@ KT_SIMD_CLONES void add_bias(float* out, const float* bias, int64_t BT, int64_t 
   }
 }
 
+}  // namespace
+
 KT_SIMD_CLONES void column_sums(float* dbias, const float* dout, int64_t BT, int64_t OC) {
 #pragma omp parallel for
   for (int64_t o0 = 0; o0 < OC; o0 += 64) {
@@ -42,8 +45,6 @@ KT_SIMD_CLONES void column_sums(float* dbias, const float* dout, int64_t BT, int
     }
   }
 }
-
-}  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                     int64_t BT, int64_t C, int64_t OC) {

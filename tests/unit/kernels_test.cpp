@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/fast_math.h"
@@ -69,6 +70,60 @@ TEST_F(Kernels, Matmul) {
   ref::matmul_forward(out64.data(), inp64.data(), w64.data(), static_cast<const double*>(nullptr),
                       BT, C, OC);
   expect_close(out, out64, "forward without bias");
+}
+
+// The bf16 matmuls: against float64 on the same inputs rounded to bf16 (what the kernel promises:
+// exact bf16 inputs, fp32 sums — tight), and against float64 on the unrounded inputs (what
+// training sees: within bf16's rounding, 2⁻⁸ relative per input).
+TEST_F(Kernels, MatmulBf16) {
+  const int64_t BT = 45, C = 80, OC = 136;  // odd BT on purpose
+  auto round = [](const F& x) {
+    F r(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      r[i] = kernels::bf16_to_float(kernels::float_to_bf16(x[i]));
+    return r;
+  };
+  F inp = random(BT * C), w = random(OC * C, 0.1f), bias = random(OC), dout = random(BT * OC);
+  std::vector<uint16_t> w16(w.size());
+  cpu::to_bf16(w16.data(), w.data(), static_cast<int64_t>(w.size()));
+  EXPECT_EQ(round(w), [&] {
+    F back(w16.size());
+    for (size_t i = 0; i < w16.size(); ++i) back[i] = kernels::bf16_to_float(w16[i]);
+    return back;
+  }()) << "to_bf16 rounds like float_to_bf16";
+  const D inp_r = widen(round(inp)), w_r = widen(round(w)), dout_r = widen(round(dout));
+  const D inp64 = widen(inp), w64 = widen(w), dout64 = widen(dout), bias64 = widen(bias);
+
+  F out(BT * OC);
+  D want_r(BT * OC), want(BT * OC);
+  cpu::matmul_forward_bf16(out.data(), inp.data(), w16.data(), bias.data(), BT, C, OC);
+  ref::matmul_forward(want_r.data(), inp_r.data(), w_r.data(), bias64.data(), BT, C, OC);
+  ref::matmul_forward(want.data(), inp64.data(), w64.data(), bias64.data(), BT, C, OC);
+  expect_close(out, want_r, "bf16 forward vs rounded inputs");
+  expect_close(out, want, "bf16 forward vs fp64", 1e-2);
+  cpu::matmul_forward_bf16(out.data(), inp.data(), w16.data(), nullptr, BT, C, OC);
+  ref::matmul_forward(want_r.data(), inp_r.data(), w_r.data(), static_cast<const double*>(nullptr),
+                      BT, C, OC);
+  expect_close(out, want_r, "bf16 forward without bias");
+
+  for (bool accumulate : {true, false}) {
+    F dinp = random(BT * C), dw = random(OC * C), db = random(OC);
+    D dinp_r = widen(dinp), dw_r = widen(dw), dinp64 = widen(dinp), dw64 = widen(dw);
+    D db64 = widen(db);
+    cpu::matmul_backward_bf16(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                              w16.data(), BT, C, OC, accumulate);
+    ref::matmul_backward(dinp_r.data(), dw_r.data(), static_cast<double*>(nullptr), dout_r.data(),
+                         inp_r.data(), w_r.data(), BT, C, OC, accumulate);
+    ref::matmul_backward(dinp64.data(), dw64.data(), db64.data(), dout64.data(), inp64.data(),
+                         w64.data(), BT, C, OC, accumulate);
+    const char* mode = accumulate ? " (accumulated)" : " (overwritten)";
+    expect_close(dinp, dinp_r, (std::string("bf16 dinp") + mode).c_str());
+    expect_close(dw, dw_r, (std::string("bf16 dweight") + mode).c_str());
+    expect_close(dinp, dinp64, "bf16 dinp vs fp64", 1e-2);
+    expect_close(dw, dw64, "bf16 dweight vs fp64", 1e-2);
+    // The bias gradient sums the fp32 dout: no rounding.
+    expect_close(db, db64, "dbias from fp32 dout");
+  }
 }
 
 TEST_F(Kernels, LayerNorm) {

@@ -39,7 +39,8 @@ std::vector<float> slice_of(const TensorView& full, const TensorView& view) {
 }
 
 void check_tensor_parallel(int t, int sub_batches = 1,
-                           api::Recompute recompute = api::Recompute::kNone) {
+                           api::Recompute recompute = api::Recompute::kNone,
+                           api::Precision precision = api::Precision::kFp32) {
   // 4 heads, ffn 32, vocab 70 padded to 128: divisible by 2 and 4.
   const GptConfig config{16, 70, 128, 2, 4, 16, 32};
   const int64_t B = 4, T = 6;
@@ -49,7 +50,7 @@ void check_tensor_parallel(int t, int sub_batches = 1,
   for (auto& v : x) v = tok(rng);
   for (auto& v : y) v = tok(rng);
 
-  Gpt whole(config, B, T, worker::Device::cpu());
+  Gpt whole(config, B, T, worker::Device::cpu(), {}, 1, api::Recompute::kNone, precision);
   whole.init_weights(5);
   whole.zero_grad();
   const float loss = whole.train_micro_step(x.data(), y.data(), 1.0f);
@@ -63,7 +64,8 @@ void check_tensor_parallel(int t, int sub_batches = 1,
   for (int r = 0; r < t; ++r) {
     threads.emplace_back([&, r] {
       auto comm = group.member(r);
-      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()}, sub_batches, recompute);
+      Gpt part(config, B, T, worker::Device::cpu(), {r, t, comm.get()}, sub_batches, recompute,
+               precision);
       part.init_weights(5);
       part.zero_grad();
       losses[r] = part.train_micro_step(x.data(), y.data(), 1.0f);
@@ -101,6 +103,14 @@ void check_tensor_parallel(int t, int sub_batches = 1,
   }
 }
 
+// bf16 matmuls: the column-parallel slices are the same dot products, the row-parallel partial
+// sums are exact bf16 products summed in fp32 — reassociation only, as in fp32. (Before each
+// thread ran oneDNN with its own scratchpad, TP ranks as threads corrupted each other's sums.)
+TEST(TensorParallel, Bf16RanksEqualOneBf16Rank) {
+  check_tensor_parallel(2, 1, api::Recompute::kNone, api::Precision::kBf16);
+  check_tensor_parallel(4, 1, api::Recompute::kNone, api::Precision::kBf16);
+  check_tensor_parallel(2, 2, api::Recompute::kCommAware, api::Precision::kBf16);
+}
 TEST(TensorParallel, TwoRanksEqualOne) {
   check_tensor_parallel(2);
 }
