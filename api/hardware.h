@@ -25,7 +25,14 @@ struct HardwareProfile {
   double peak_bf16_flops = 0;      // dense tensor-core bf16 (fp16 where the GPU has no bf16)
   double peak_fp32_flops = 0;      // dense fp32 (non-tensor-core)
   double achieved_fraction = 0.5;  // η: sustained fraction of peak in transformer GEMMs
-  bool has_bf16 = true;            // false: bf16 is emulated / planned with the fp16 peak
+  // η for bf16 where it differs from η (0: the same). CPUs: bf16 speeds up the matmuls (AMX) and
+  // not the memory-bound rest of a step (AdamW, row kernels), so the step keeps a smaller share
+  // of the bf16 peak.
+  double achieved_fraction_bf16 = 0;
+  // GPUs: false when bf16 is emulated / planned with the fp16 peak. The cpu profile: whether the
+  // CPU is known to have bf16 matmul instructions (AMX-BF16 or AVX512-BF16) — from Node Feature
+  // Discovery labels (apply_cpu_features) or a measured profile; built in: false (unknown).
+  bool has_bf16 = true;
 
   // Memory. For a GPU: per device. For the cpu profile: 0 (the node's memory is used).
   double memory_bytes = 0;
@@ -62,6 +69,15 @@ const std::vector<HardwareProfile>& builtin_profiles();
 // nullptr when unknown.
 const HardwareProfile* find_profile(std::string_view product);
 const HardwareProfile& cpu_profile();
+
+// A CPU profile with what Node Feature Discovery's labels say the node's CPU has:
+// feature.node.kubernetes.io/cpu-cpuid.AMXBF16 = "true" (AMX tiles: bf16 matmuls at several
+// times the fp32 rate) or .AVX512BF16 = "true" (vdpbf16ps: about twice fp32) make has_bf16 true
+// and set the bf16 peak and η. `kubetrain local serve` labels this machine's Node the same way.
+HardwareProfile apply_cpu_features(HardwareProfile profile,
+                                   const std::map<std::string, std::string>& labels);
+inline constexpr const char* kNfdAmxBf16 = "feature.node.kubernetes.io/cpu-cpuid.AMXBF16";
+inline constexpr const char* kNfdAvx512Bf16 = "feature.node.kubernetes.io/cpu-cpuid.AVX512BF16";
 
 // Per-node overrides from annotations. Keys (values are plain numbers in the units named):
 //   kubetrain.dev/pcie-gbps            host<->device GB/s (gigabytes) per direction

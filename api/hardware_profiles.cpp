@@ -339,13 +339,14 @@ HardwareProfile make_cpu_profile() {
       // Per CORE of an AVX-512 server core. /work/shared/TOOLCHAIN.md §4.4 (measured on the build
       // machine, AMD EPYC Zen 4): oneDNN sgemm 1024^3 fp32 reaches 110.8 GFLOP/s on one thread
       // and 219.5 on two. AVX512-BF16 (vdpbf16ps) doubles the FMA rate per instruction, so bf16
-      // is ~2x fp32 (ESTIMATE); the CPU worker computes in fp32, so CPU nodes are planned with
-      // peak_fp32_flops.
+      // is ~2x fp32 (ESTIMATE). Whether a node's CPU has bf16 at all is unknown until its labels
+      // say so (apply_cpu_features): CPU nodes are planned in fp32 unless they do.
       .peak_bf16_flops = 220e9,
       .peak_fp32_flops = 110e9,
       // ESTIMATE: the peak above is already a measured sgemm; transformer GEMMs of training
       // shapes plus the non-GEMM ops keep ~80% of it.
       .achieved_fraction = 0.8,
+      .has_bf16 = false,
       .memory_bytes = 0,  // the node's memory is used
       // ESTIMATE: sustained DRAM bandwidth per core, between a loaded many-core socket (~5 GB/s
       // per core) and a lightly shared one (~20+ GB/s single-thread STREAM).
@@ -434,6 +435,30 @@ const HardwareProfile* find_profile(std::string_view product) {
     if (matches(p, key)) return &p;
   if (matches(cpu_profile(), key)) return &cpu_profile();
   return nullptr;
+}
+
+HardwareProfile apply_cpu_features(HardwareProfile profile,
+                                   const std::map<std::string, std::string>& labels) {
+  auto has = [&](const char* key) {
+    const auto it = labels.find(key);
+    return it != labels.end() && it->second == "true";
+  };
+  if (!profile.is_cpu) return profile;
+  if (has(kNfdAmxBf16)) {
+    // Measured (docs/PERFORMANCE.md, "bf16 on the CPU", 2 vCPUs of a Xeon with AMX, oneDNN 2.6
+    // brgemm): bf16 matmul 1024^3 1.9-2.5 TFLOP/s on 2 threads, ~1.1 TFLOP/s per core; the GPT-2
+    // 124M B 4 T 64 step keeps ~20 % of that (AdamW and the row kernels stay memory-bound).
+    profile.has_bf16 = true;
+    profile.peak_bf16_flops = 1.1e12;
+    profile.achieved_fraction_bf16 = 0.2;
+  } else if (has(kNfdAvx512Bf16)) {
+    // ESTIMATE: vdpbf16ps does twice the FMAs of vfmadd231ps per instruction; the rest of the
+    // step is as memory-bound as in fp32.
+    profile.has_bf16 = true;
+    profile.peak_bf16_flops = 2 * profile.peak_fp32_flops;
+    profile.achieved_fraction_bf16 = 0.6;
+  }
+  return profile;
 }
 
 HardwareProfile apply_overrides(HardwareProfile profile,

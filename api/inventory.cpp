@@ -30,7 +30,8 @@ void resolve_hardware(Node& node, const std::string& node_path, const std::strin
                                          "\" with no hardware profile (known: " + known_products() +
                                          ")");
   }
-  node.hardware = apply_overrides(*profile, node.annotations, node_path);
+  node.hardware = apply_overrides(apply_cpu_features(*profile, node.labels), node.annotations,
+                                  node_path);
   if (gpu_memory_bytes > 0 && !node.is_cpu_node()) node.hardware.memory_bytes = gpu_memory_bytes;
 }
 

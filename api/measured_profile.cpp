@@ -25,6 +25,7 @@ constexpr SpecField kSpecFields[] = {
     {"peakBf16Flops", &HardwareProfile::peak_bf16_flops, 0, 1e18, false},
     {"peakFp32Flops", &HardwareProfile::peak_fp32_flops, 0, 1e18, false},
     {"achievedFraction", &HardwareProfile::achieved_fraction, 0, 1, false},
+    {"achievedFractionBf16", &HardwareProfile::achieved_fraction_bf16, 0, 1, true},
     {"memoryBandwidth", &HardwareProfile::memory_bandwidth, 0, 1e15, false},
     {"hostLinkBandwidth", &HardwareProfile::host_link_bandwidth, 0, 1e15, false},
     {"intraAllreduceBusbw", &HardwareProfile::intra_allreduce_busbw, 0, 1e15, false},
@@ -51,6 +52,7 @@ bool is_for(const HardwareProfile& profile, const Node& node) {
 Json to_json(const MeasuredProfile& measured) {
   Json spec = Json::object();
   for (const SpecField& f : kSpecFields) spec[f.key] = measured.profile.*f.field;
+  spec["bf16"] = measured.profile.has_bf16;
   Json provenance = Json::object();
   for (const auto& [k, v] : measured.provenance) provenance[k] = v;
   Json measurements = Json::object();
@@ -101,10 +103,13 @@ MeasuredProfile decode_measured_profile(const Json& doc) {
       const std::string lo = f.min == 0 ? "0" : Json(f.min).dump();
       throw FieldError(spec.path_of(f.key), Json(*value).dump() + " must be " +
                                                 (f.zero_ok ? "between " : "above ") + lo +
-                                                " and at most " + Json(f.max).dump());
+                                                (f.zero_ok ? " and " : " and at most ") +
+                                                Json(f.max).dump());
     }
     out.profile.*f.field = *value;
   }
+  // CPU profiles: whether the CPU has bf16 matmuls (GPU profiles: whether bf16 is native).
+  out.profile.has_bf16 = spec.boolean("bf16").value_or(out.profile.has_bf16);
   spec.finish();
   const Json measurements = top.raw("measurements");
   if (!measurements.is_null()) {

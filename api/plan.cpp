@@ -179,6 +179,7 @@ static Json executed_part(const Plan& plan) {
         {"embeddings", placement_json(plan.embeddings)},
         {"layers", layers}}},
       {"precision", std::string(to_string(plan.precision))},
+      {"precisionAuto", plan.precision_auto},
       {"device", std::string(to_string(plan.device))},
       {"training",
        {{"steps", t.steps},
@@ -279,6 +280,7 @@ Plan decode_plan(const Json& doc) {
   for (const auto& l : plan.layers) gpu_units += l.update == UpdateDevice::kGpu ? 1 : 0;
   plan.config.gpu_units = gpu_units;
   plan.precision = read_enum_field(r, "precision", Precision::kBf16);
+  plan.precision_auto = r.boolean("precisionAuto").value_or(false);
   plan.device = read_enum_field(r, "device", DeviceKind::kCuda);
   ObjectReader t = r.object("training");
   plan.training.steps = t.integer("steps").value_or(0);

@@ -111,6 +111,9 @@ struct Plan {
   std::vector<std::string> placement;  // node names, index = node rank
   std::string hardware;                // profile name ("H200", "cpu")
   Precision precision = Precision::kBf16;
+  // The job left precision to the planner: a CPU worker without bf16 matmuls then trains in fp32
+  // with a warning instead of refusing a bf16 plan.
+  bool precision_auto = false;
   DeviceKind device = DeviceKind::kCuda;
   double gpu_update_fraction = 1.0;  // parameter fraction updated on the device
   LayerPlacement embeddings;

@@ -156,8 +156,8 @@ int main(int argc, char** argv) {
   std::printf("%-40s %10.3f s   (forward+backward %.3f s, norm+AdamW %.3f s; median of %d)\n",
               "GPT-2 124M step, B=4 T=64, fp32", fp32.step, fp32.fwd_bwd, fp32.opt, steps);
   std::printf("%-40s %10.0f\n", "tokens/s", B * T / fp32.step);
-  std::printf("%-40s %10.1f GFLOP/s = %.1f%% of the sgemm peak (6·N·tokens + 12·L·C·T·tokens)\n",
-              "achieved", flops / fp32.step / 1e9, 100 * flops / fp32.step / peak);
+  std::printf("%-40s %10.1f GFLOP/s = %.1f%% of the sgemm peak "
+              "(6·N·tokens + 12·L·C·T·tokens)\n", "achieved", flops / fp32.step / 1e9, 100 * flops / fp32.step / peak);
   if (has_bf16) {
     const double peak16 = (bf16_peaks[0] + bf16_peaks[1]) / 2 * 1e9;
     std::printf("%-40s %10.3f s   (forward+backward %.3f s, norm+AdamW %.3f s; median of %d)\n",

@@ -184,7 +184,10 @@ double rank_flops_per_second(const Problem& p, const ParallelConfig& c) {
   const double peak =
       p.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops;
   const double per_rank = p.cpu_device ? peak * cpu_threads_per_rank(p, c) : peak;
-  return per_rank * hw.achieved_fraction / hw.compute_scale;
+  const double eta = p.precision == api::Precision::kBf16 && hw.achieved_fraction_bf16 > 0
+                         ? hw.achieved_fraction_bf16
+                         : hw.achieved_fraction;
+  return per_rank * eta / hw.compute_scale;
 }
 
 double device_capacity(const Problem& p, const ParallelConfig& c) {

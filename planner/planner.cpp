@@ -29,7 +29,8 @@ std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memo
   key << hw.name << '|' << hw.peak_bf16_flops << '|' << hw.peak_fp32_flops << '|' << hw.memory_bytes
       << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw << '|'
       << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
-      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|' << hw.compute_scale
+      << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|'
+      << hw.achieved_fraction_bf16 << '|' << hw.has_bf16 << '|' << hw.compute_scale
       << '|' << hw.tp_comm_scale << '|' << hw.dp_comm_scale << '|' << hw.transfer_scale << '|'
       << hw.cpu_optimizer_scale << '|' << cores << '|' << memory
       << '|' << slots;
@@ -66,7 +67,7 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
   const bool cpu = res.cpu_only || !any_gpu;
   std::map<std::string, NodeGroup> groups;
   std::map<std::tuple<std::string, double, double, double, double, double, double, double, double,
-                      double, int64_t, double, int64_t>,
+                      double, double, bool, int64_t, double, int64_t>,
            std::string, std::less<>>
       keys;
   int64_t total_gpus = 0;
@@ -78,14 +79,16 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
     std::optional<api::HardwareProfile> cpu_of_gpu_node;  // a GPU node's CPUs, for a CPU job
     if (cpu && !node->is_cpu_node())
       cpu_of_gpu_node =
-          api::apply_overrides(api::cpu_profile(), node->annotations, "nodes." + node->name);
+          api::apply_overrides(api::apply_cpu_features(api::cpu_profile(), node->labels),
+                               node->annotations, "nodes." + node->name);
     const api::HardwareProfile& hw = cpu_of_gpu_node ? *cpu_of_gpu_node : node->hardware;
     // The key's text once per distinct node kind: formatting it for each of 10,000 nodes was
     // most of a plan's time.
     const auto exact = std::tie(hw.name, hw.peak_bf16_flops, hw.peak_fp32_flops, hw.memory_bytes,
                                 hw.host_link_bandwidth, hw.intra_allreduce_busbw,
                                 hw.inter_node_bandwidth, hw.allreduce_latency,
-                                hw.cpu_adam_params_per_core, hw.achieved_fraction, node->cpu_cores,
+                                hw.cpu_adam_params_per_core, hw.achieved_fraction,
+                                hw.achieved_fraction_bf16, hw.has_bf16, node->cpu_cores,
                                 node->memory_bytes, slots);
     auto known = keys.find(exact);
     if (known == keys.end())
@@ -97,8 +100,9 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
       g.problem.model = model;
       g.problem.global_batch = job.spec.training.global_batch_size;
       g.problem.cpu_device = cpu;
-      g.problem.precision =
-          job.spec.training.precision.value_or(cpu ? api::Precision::kFp32 : api::Precision::kBf16);
+      // Unset: bf16 on GPUs, and on CPUs known to have bf16 matmuls (AMX-BF16, AVX512-BF16).
+      g.problem.precision = job.spec.training.precision.value_or(
+          cpu && !hw.has_bf16 ? api::Precision::kFp32 : api::Precision::kBf16);
       g.problem.hw = hw;
       g.problem.cpu_cores_per_node = node->cpu_cores;
       g.problem.host_memory_per_node = node->memory_bytes;
@@ -112,6 +116,14 @@ std::vector<NodeGroup> node_groups(const api::TrainingJob& job, const api::Inven
   std::vector<NodeGroup> out;
   for (auto& [key, g] : groups) {
     std::sort(g.nodes.begin(), g.nodes.end());
+    // CPUs with bf16 and no precision asked for: both precisions are candidates, and the faster
+    // prediction wins (bf16 speeds up the matmuls only, which small models hardly have).
+    const bool both = g.problem.cpu_device && !job.spec.training.precision && g.problem.hw.has_bf16;
+    if (both) {
+      NodeGroup fp32 = g;
+      fp32.problem.precision = api::Precision::kFp32;
+      out.push_back(std::move(fp32));
+    }
     out.push_back(std::move(g));
   }
   return out;
@@ -306,6 +318,7 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
 
   const NodeGroup* chosen_group = nullptr;
   std::optional<Candidate> best, nearest, fastest_any;
+  std::map<api::Precision, double> best_by_precision;  // tokens/s, for the explanation
   std::string structural_error;
   for (const NodeGroup& g : groups) {
     const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
@@ -319,6 +332,10 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
     }
     SearchResult r = search(g.problem, max_nodes, g.slots, space);
     if (structural_error.empty() && !r.best && !r.nearest_miss) structural_error = r.empty_reason;
+    if (r.best) {
+      double& tps = best_by_precision[g.problem.precision];
+      tps = std::max(tps, r.best->eval.predicted.tokens_per_second);
+    }
     if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
                                 best->eval.predicted.tokens_per_second)) {
       best = r.best;
@@ -397,10 +414,28 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   plan.alternatives = std::move(alternatives);
   plan.explanation = explain(*best, g.problem.hw.name, g.problem.cpu_device, fastest_any,
                              runner.best, plan.alternatives);
-  if (!g.problem.hw.has_bf16 && plan.precision == api::Precision::kBf16)
+  plan.precision_auto = !job.spec.training.precision.has_value();
+  if (g.problem.cpu_device) {
+    if (g.problem.hw.has_bf16 && plan.precision_auto && best_by_precision.size() == 2) {
+      const bool bf16 = plan.precision == api::Precision::kBf16;
+      const api::Precision other = bf16 ? api::Precision::kFp32 : api::Precision::kBf16;
+      plan.explanation.push_back(
+          std::string(bf16 ? "bf16" : "fp32") + " on the CPU: predicted " +
+          api::fmt("%.0f", best_by_precision[plan.precision]) + " tokens/s against " +
+          api::fmt("%.0f", best_by_precision[other]) + " in " + (bf16 ? "fp32" : "bf16") +
+          " (these CPUs have bf16 matmuls — AMX-BF16 or AVX512-BF16, from their Node Feature "
+          "Discovery labels or a measured profile; bf16 keeps fp32 master weights and AdamW). "
+          "spec.training.precision decides instead.");
+    } else if (plan.precision == api::Precision::kBf16 && !g.problem.hw.has_bf16)
+      plan.explanation.push_back(
+          "bf16 on the CPU as asked, but nothing says these CPUs have AMX-BF16 or AVX512-BF16 "
+          "(no feature.node.kubernetes.io/cpu-cpuid label, no measured profile): the worker "
+          "refuses bf16 on a CPU without them.");
+  } else if (!g.problem.hw.has_bf16 && plan.precision == api::Precision::kBf16) {
     plan.explanation.push_back(g.problem.hw.name +
                                " has no bf16 tensor cores: predicted with its fp16 peak; the "
                                "worker's bf16 path needs Ampere (sm_80) or newer.");
+  }
   if (!hints.empty()) plan.explanation.push_back("Honoured from spec.parallelism: " + hints + ".");
   plan.plan_hash = api::compute_plan_hash(plan);
   return plan;

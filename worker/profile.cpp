@@ -70,20 +70,43 @@ std::vector<Gemm> model_gemms(const api::ModelDims& m) {
 
 struct GemmBuffers {
   std::vector<float> inp, weight, out, dinp, dweight, dbias;
+  std::vector<uint16_t> weight16;  // the weight in bf16 (bf16 runs)
 };
 
-// One forward and backward of every GEMM; returns its FLOPs.
-double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuffers>& buffers) {
+// One forward and backward of every GEMM, in fp32 or bf16 (the worker's kernels); returns its
+// FLOPs.
+double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuffers>& buffers,
+                 bool bf16 = false) {
   double flops = 0;
   for (size_t i = 0; i < gemms.size(); ++i) {
     const auto [C, OC] = gemms[i];
     GemmBuffers& b = buffers[i];
-    k::matmul_forward(b.out.data(), b.inp.data(), b.weight.data(), nullptr, BT, C, OC);
-    k::matmul_backward(b.dinp.data(), b.dweight.data(), b.dbias.data(), b.out.data(),
-                       b.inp.data(), b.weight.data(), BT, C, OC, false);
+    if (bf16) {
+      k::matmul_forward_bf16(b.out.data(), b.inp.data(), b.weight16.data(), nullptr, BT, C, OC);
+      k::matmul_backward_bf16(b.dinp.data(), b.dweight.data(), b.dbias.data(), b.out.data(),
+                              b.inp.data(), b.weight16.data(), BT, C, OC, false);
+    } else {
+      k::matmul_forward(b.out.data(), b.inp.data(), b.weight.data(), nullptr, BT, C, OC);
+      k::matmul_backward(b.dinp.data(), b.dweight.data(), b.dbias.data(), b.out.data(),
+                         b.inp.data(), b.weight.data(), BT, C, OC, false);
+    }
     flops += 6.0 * static_cast<double>(BT) * static_cast<double>(C) * static_cast<double>(OC);
   }
   return flops;
+}
+
+// Median seconds of one micro-batch (forward and backward) of the model in `precision`.
+double micro_batch_seconds(const api::ModelDims& m, int64_t B, int64_t T, int reps,
+                           api::Precision precision) {
+  Gpt model(GptConfig::from(m), B, T, Device::cpu(), {}, 1, api::Recompute::kNone, precision);
+  model.init_weights(1);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T + 1));
+  std::mt19937 rng(3);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.vocab));
+  return median_seconds(reps, [&] {
+    model.zero_grad();
+    model.train_micro_step(tokens.data(), tokens.data() + 1, 1.0f);
+  });
 }
 
 int free_port() {
@@ -161,7 +184,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
                   std::vector<float>(static_cast<size_t>(BT * OC)),
                   std::vector<float>(static_cast<size_t>(BT * C)),
                   std::vector<float>(static_cast<size_t>(OC * C)),
-                  std::vector<float>(static_cast<size_t>(OC))};
+                  std::vector<float>(static_cast<size_t>(OC)), {}};
   }
   double gemm_flops = 0;
   const double gemm_s = median_seconds(reps, [&] { gemm_flops = run_gemms(BT, gemms, buffers); });
@@ -171,23 +194,46 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
   say("model GEMMs (fwd + bwd), all threads", gemm_rate / 1e9, "GFLOP/s");
 
   // 2. One micro-batch of the model itself.
+  const double micro_flops =
+      api::gpt_flops_per_token(static_cast<double>(api::parameter_count(m)), m.layers, m.hidden,
+                               T) *
+      static_cast<double>(BT);
   {
-    auto device = Device::cpu();
-    Gpt model(GptConfig::from(m), B, T, device);
-    model.init_weights(1);
-    std::vector<int32_t> tokens(static_cast<size_t>(BT + 1));
-    std::mt19937 rng(3);
-    for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.vocab));
-    const double step_s = median_seconds(reps, [&] {
-      model.zero_grad();
-      model.train_micro_step(tokens.data(), tokens.data() + 1, 1.0f);
-    });
-    const double step_rate = model.flops_per_micro_step() / step_s;
+    const double step_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
+    const double step_rate = micro_flops / step_s;
     hw.achieved_fraction = std::clamp(step_rate / gemm_rate, 0.01, 1.0);
     record["microBatchSeconds"] = step_s;
     record["microBatchFlopsPerSecond"] = step_rate;
     say("micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e9, "GFLOP/s");
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
+  }
+
+  // 2b. The same in bf16 where the CPU has bf16 matmuls (AMX-BF16 or AVX512-BF16).
+  const std::string isa = k::bf16_matmul_isa();
+  hw.has_bf16 = !isa.empty();
+  if (hw.has_bf16) {
+    for (size_t i = 0; i < gemms.size(); ++i) {
+      buffers[i].weight16.resize(buffers[i].weight.size());
+      k::to_bf16(buffers[i].weight16.data(), buffers[i].weight.data(),
+                 static_cast<int64_t>(buffers[i].weight.size()));
+    }
+    double flops16 = 0;
+    const double gemm16_s =
+        median_seconds(reps, [&] { flops16 = run_gemms(BT, gemms, buffers, true); });
+    const double gemm16_rate = flops16 / gemm16_s;
+    hw.peak_bf16_flops = gemm16_rate / threads;
+    record["bf16GemmFlopsPerSecond"] = gemm16_rate;
+    say(("model GEMMs in bf16 (" + isa + "), all threads").c_str(), gemm16_rate / 1e9,
+        "GFLOP/s");
+    const double step16_s = micro_batch_seconds(m, B, T, reps, api::Precision::kBf16);
+    const double step16_rate = micro_flops / step16_s;
+    hw.achieved_fraction_bf16 = std::clamp(step16_rate / gemm16_rate, 0.01, 1.0);
+    record["bf16MicroBatchSeconds"] = step16_s;
+    say("bf16 micro-batch (fwd + bwd)", step16_rate / 1e9, "GFLOP/s");
+    say("  = achieved fraction of the bf16 GEMM rate", hw.achieved_fraction_bf16, "");
+  } else {
+    std::fprintf(stderr, "profile: bf16: this CPU has neither AMX-BF16 nor AVX512-BF16 (planned "
+                 "in fp32)\n");
   }
 
   // 3. Memory: a triad over all threads; memcpy on one.

@@ -743,10 +743,11 @@ void check_executable(const api::Plan& plan) {
   }
   // bf16 on the CPU: bf16 matmuls on AMX or AVX512-BF16 (oneDNN would emulate them elsewhere,
   // slower than fp32).
-  if (plan.precision == api::Precision::kBf16 && kernels::cpu::bf16_matmul_isa().empty())
+  if (plan.precision == api::Precision::kBf16 && !plan.precision_auto &&
+      kernels::cpu::bf16_matmul_isa().empty())
     refuse("precision bf16 on this CPU (" + cpu_model_name() +
-           "), which has neither AMX-BF16 nor AVX512-BF16 (no amx_bf16 or avx512_bf16 in "
-           "/proc/cpuinfo); set spec.training.precision: fp32");
+           "), which has neither AMX-BF16 nor AVX512-BF16 (/proc/cpuinfo flags amx_bf16, "
+           "avx512_bf16, as far as ONEDNN_MAX_CPU_ISA allows); set spec.training.precision: fp32");
   // The CPU device's memory is this machine's (an allocation beyond it would be an OOM kill).
   const RankFootprint footprint = rank_footprint(plan);
   const double physical = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
@@ -757,6 +758,22 @@ void check_executable(const api::Plan& plan) {
                                        " for " + std::to_string(plan.config.procs_per_node) +
                                        " rank(s), more than this machine's " +
                                        api::format_bytes(physical) + " of memory");
+}
+
+// What a CPU rank computes in: the plan's precision, except that a bf16 plan the planner chose
+// (spec.training.precision unset) falls back to fp32, with a warning, on a CPU without bf16
+// matmuls (check_executable refuses the same plan when the job asked for bf16).
+api::Precision cpu_precision(const api::Plan& plan,
+                             const std::function<void(const std::string&)>& log) {
+  if (plan.precision != api::Precision::kBf16) return plan.precision;
+  const std::string isa = kernels::cpu::bf16_matmul_isa();
+  if (!isa.empty()) {
+    log("bf16 matmuls on " + isa + " (" + cpu_model_name() + "), fp32 master weights and AdamW");
+    return api::Precision::kBf16;
+  }
+  log("warning: the plan chose bf16, and this CPU (" + cpu_model_name() +
+      ") has neither AMX-BF16 nor AVX512-BF16: training in fp32");
+  return api::Precision::kFp32;
 }
 
 double learning_rate_at(const api::TrainingSpec& t, int64_t step) {
@@ -788,9 +805,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int dp_rank = groups.dp->rank();
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
+  const api::Precision precision = cpu_precision(plan, log);
   Gpt model(GptConfig::from(plan.model), B, T, device,
             TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
-            static_cast<int>(plan.config.sub_batches), plan.config.recompute, plan.precision);
+            static_cast<int>(plan.config.sub_batches), plan.config.recompute, precision);
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
@@ -817,9 +835,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
 
   // MFU against the plan's peak (a measured profile's when the planner had one), else the
   // built-in CPU profile's.
-  const double peak = plan.peak_flops > 0
+  const double peak = plan.peak_flops > 0 && precision == plan.precision
                           ? plan.peak_flops
-                          : (plan.precision == api::Precision::kBf16
+                          : (precision == api::Precision::kBf16
                                  ? api::cpu_profile().peak_bf16_flops
                                  : api::cpu_profile().peak_fp32_flops) *
                                 static_cast<double>(std::max<int64_t>(1, plan.cpu_threads));

@@ -10,6 +10,8 @@
 #include <memory>
 #include <sstream>
 
+#include "api/hardware.h"
+
 namespace kt::local {
 
 using kube::Object;
@@ -90,6 +92,22 @@ std::string gfd_product_name(const std::string& name) {
   return out;
 }
 
+// The "flags" line of /proc/cpuinfo (the first CPU's), as words.
+std::vector<std::string> cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    std::istringstream words(line.substr(colon + 1));
+    std::vector<std::string> flags;
+    for (std::string w; words >> w;) flags.push_back(w);
+    return flags;
+  }
+  return {};
+}
+
 LocalMachine detect_local_machine() {
   LocalMachine m;
   char host[256] = {};
@@ -99,6 +117,10 @@ LocalMachine detect_local_machine() {
   m.memory_bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
   m.gpus = on_path("nvidia-smi") ? gpus_from_nvidia_smi() : std::vector<LocalGpu>{};
   if (m.gpus.empty()) m.gpus = gpus_from_proc();
+  for (const std::string& f : cpu_flags()) {
+    m.amx_bf16 = m.amx_bf16 || f == "amx_bf16";
+    m.avx512_bf16 = m.avx512_bf16 || f == "avx512_bf16";
+  }
   return m;
 }
 
@@ -109,6 +131,8 @@ Object local_node_object(const LocalMachine& machine) {
   Object resources = {{"cpu", std::to_string(machine.cpu_cores)},
                       {"memory", std::to_string(machine.memory_bytes / 1024) + "Ki"},
                       {"pods", "110"}};
+  if (machine.amx_bf16) labels[api::kNfdAmxBf16] = "true";
+  if (machine.avx512_bf16) labels[api::kNfdAvx512Bf16] = "true";
   if (!machine.gpus.empty()) {
     const LocalGpu& first = machine.gpus.front();
     labels["nvidia.com/gpu.product"] = first.product;

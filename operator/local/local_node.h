@@ -21,6 +21,9 @@ struct LocalMachine {
   int64_t cpu_cores = 1;
   int64_t memory_bytes = 0;
   std::vector<LocalGpu> gpus;
+  // The CPU's bf16 matmul instructions (/proc/cpuinfo flags amx_bf16, avx512_bf16), labelled as
+  // Node Feature Discovery does (feature.node.kubernetes.io/cpu-cpuid.AMXBF16, .AVX512BF16).
+  bool amx_bf16 = false, avx512_bf16 = false;
 };
 
 // Reads this machine: sysconf for CPUs and memory; GPUs from `nvidia-smi` when it is on PATH,
@@ -31,7 +34,8 @@ LocalMachine detect_local_machine();
 std::string gfd_product_name(const std::string& name);
 
 // The Node object: capacity and allocatable cpu, memory, pods and nvidia.com/gpu; Ready; the
-// hostname label; the GFD labels when there are GPUs (all GPUs must be one product).
+// hostname label; the GFD labels when there are GPUs (all GPUs must be one product); the NFD
+// cpu-cpuid labels of the bf16 instructions.
 kube::Object local_node_object(const LocalMachine& machine);
 
 // Creates the Node, or updates it when it exists (status through the status subresource).

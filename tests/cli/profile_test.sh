@@ -20,6 +20,16 @@ for key in peakFp32Flops achievedFraction allreduceLatency intraAllreduceBusbw \
   grep -q "^  $key: [0-9]" "$DIR/profile.yaml" || fail "no $key in $(cat "$DIR/profile.yaml")"
 done
 grep -q '^kind: HardwareProfile' "$DIR/profile.yaml" || fail "not a HardwareProfile"
+# bf16 (issue 21): measured where the CPU has bf16 matmuls, said to be absent elsewhere.
+if grep -qE '\b(amx_bf16|avx512_bf16)\b' /proc/cpuinfo; then
+  grep -q '^  bf16: true' "$DIR/profile.yaml" ||
+    fail "bf16 not measured: $(cat "$DIR/profile.yaml")"
+  grep -q '^  bf16GemmFlopsPerSecond: [0-9]' "$DIR/profile.yaml" || fail "no bf16 GEMM rate"
+  grep -q '^  achievedFractionBf16: 0\.[0-9]' "$DIR/profile.yaml" || fail "no bf16 fraction"
+else
+  grep -q '^  bf16: false' "$DIR/profile.yaml" ||
+    fail "bf16 said present: $(cat "$DIR/profile.yaml")"
+fi
 grep -q '^  model: L=2 h=64 B=8 T=64' "$DIR/profile.yaml" || fail "not at the plan's shapes"
 grep -q "^  host: " "$DIR/profile.yaml" || fail "no provenance"
 
@@ -29,9 +39,12 @@ grep -q '^  figures      measured on ' "$DIR/table" || fail "the plan does not s
 "$KT" plan examples/jobs/tiny.yaml -c $CLUSTER --profile "$DIR/profile.yaml" -o json \
   > "$DIR/measured.json" || fail "plan --profile -o json"
 peak=$(python3 -c "import json; print(json.load(open('$DIR/measured.json'))['peak']['flopsPerRank'])")
+# (The planner chose the precision: the profile's bf16 or fp32 peak, by the prediction.)
 want=$(python3 -c "
-import yaml; p = yaml.safe_load(open('$DIR/profile.yaml'))
-print(p['spec']['peakFp32Flops'] * int(p['provenance']['threads']))")
+import json, yaml; p = yaml.safe_load(open('$DIR/profile.yaml'))
+bf16 = json.load(open('$DIR/measured.json'))['precision'] == 'bf16'
+key = 'peakBf16Flops' if bf16 else 'peakFp32Flops'
+print(p['spec'][key] * int(p['provenance']['threads']))")
 python3 -c "import sys; sys.exit(0 if abs($peak - $want) <= 1e-6 * $want else 1)" ||
   fail "the plan's peak $peak is not the profile's $want"
 # The worker's MFU is against that peak: model FLOPs per second / peak, as it prints them.

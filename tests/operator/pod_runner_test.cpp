@@ -43,6 +43,23 @@ TEST(LocalNode, CpuMachine_DecodesAsACpuNodeForThePlanner) {
   EXPECT_EQ(inv.nodes[0].labels.at("kubernetes.io/hostname"), "box");
 }
 
+TEST(LocalNode, Bf16Cpu_CarriesNfdLabelsThePlannerReads) {
+  LocalMachine m;
+  m.node_name = "amxbox";
+  m.cpu_cores = 2;
+  m.memory_bytes = int64_t{24} << 30;
+  m.amx_bf16 = m.avx512_bf16 = true;
+  const Object node = local_node_object(m);
+  EXPECT_EQ(node["metadata"]["labels"]["feature.node.kubernetes.io/cpu-cpuid.AMXBF16"], "true");
+  EXPECT_EQ(node["metadata"]["labels"]["feature.node.kubernetes.io/cpu-cpuid.AVX512BF16"], "true");
+  const api::Inventory inv = api::decode_kubectl_nodes({{"kind", "List"}, {"items", {node}}});
+  EXPECT_TRUE(inv.nodes[0].hardware.has_bf16);
+  EXPECT_DOUBLE_EQ(inv.nodes[0].hardware.peak_bf16_flops, 1.1e12) << "AMX wins over AVX512-BF16";
+  m.amx_bf16 = m.avx512_bf16 = false;
+  EXPECT_FALSE(local_node_object(m)["metadata"]["labels"].contains(
+      "feature.node.kubernetes.io/cpu-cpuid.AMXBF16"));
+}
+
 TEST(LocalNode, GpuMachine_CarriesGfdLabelsAndAllocatableGpus) {
   LocalMachine m;
   m.node_name = "gpubox";

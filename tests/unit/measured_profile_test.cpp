@@ -115,5 +115,76 @@ TEST(MeasuredProfile, ThePlannerPredictsWithItAndSaysSo) {
   EXPECT_EQ(api::decode_plan(api::to_json(b)).peak_source, b.peak_source);
 }
 
+// bf16 on CPU nodes (issue 21): a measured profile says whether the CPU has bf16 matmuls and at
+// what rate; with no precision asked for, the planner then plans both precisions and takes the
+// faster prediction — fp32 where the measured bf16 step is slower (a small model), bf16 where
+// it is faster — and says which and why; a profile without bf16 keeps the job in fp32.
+TEST(MeasuredProfile, CpuBf16FiguresDecideThePrecisionWhenTheJobLeavesItOpen) {
+  auto doc = measured_cpu();
+  EXPECT_FALSE(api::decode_measured_profile(doc).profile.has_bf16) << "the built-in: unknown";
+  doc["spec"]["bf16"] = true;
+  doc["spec"]["peakBf16Flops"] = 4.0e11;
+  doc["spec"]["achievedFractionBf16"] = 0.05;  // 20 GFLOP/s per core: slower than fp32's 30
+  const api::MeasuredProfile slow = api::decode_measured_profile(doc);
+  EXPECT_TRUE(slow.profile.has_bf16);
+  EXPECT_DOUBLE_EQ(slow.profile.achieved_fraction_bf16, 0.05);
+  EXPECT_EQ(api::to_json(api::decode_measured_profile(api::to_json(slow))), api::to_json(slow));
+  doc["spec"]["achievedFractionBf16"] = 0.5;  // 200 GFLOP/s per core
+  const api::MeasuredProfile fast = api::decode_measured_profile(doc);
+
+  const std::string head =
+      "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: p}\nspec:\n"
+      "  model: {preset: tiny}\n  training: {steps: 10, globalBatchSize: 8";
+  const auto open = test::job_from_yaml(head + "}\n");
+  const auto fp32 = test::job_from_yaml(head + ", precision: fp32}\n");
+  api::Inventory inv = test::cluster("cpu-local");
+  api::apply_measured_profiles(inv, {slow});
+  const api::Plan a = planner::best_plan(open, inv);
+  EXPECT_EQ(a.precision, api::Precision::kFp32);
+  EXPECT_TRUE(a.precision_auto);
+  bool said = false;
+  for (const auto& line : a.explanation)
+    said = said || line.rfind("fp32 on the CPU: predicted", 0) == 0;
+  EXPECT_TRUE(said) << "the plan says why fp32";
+  inv = test::cluster("cpu-local");
+  api::apply_measured_profiles(inv, {fast});
+  const api::Plan b = planner::best_plan(open, inv);
+  EXPECT_EQ(b.precision, api::Precision::kBf16);
+  EXPECT_DOUBLE_EQ(b.peak_flops, 4.0e11 * static_cast<double>(b.cpu_threads));
+  EXPECT_GT(b.predicted.tokens_per_second, a.predicted.tokens_per_second);
+  EXPECT_TRUE(api::decode_plan(api::to_json(b)).precision_auto);
+  const api::Plan c = planner::best_plan(fp32, inv);
+  EXPECT_EQ(c.precision, api::Precision::kFp32) << "the job's precision decides";
+  EXPECT_FALSE(c.precision_auto);
+  doc["spec"]["bf16"] = false;
+  inv = test::cluster("cpu-local");
+  api::apply_measured_profiles(inv, {api::decode_measured_profile(doc)});
+  EXPECT_EQ(planner::best_plan(open, inv).precision, api::Precision::kFp32);
+  doc["spec"]["achievedFractionBf16"] = 2;
+  EXPECT_EQ(field_error(doc), "spec.achievedFractionBf16: 2.0 must be between 0 and 1.0");
+  doc["spec"]["achievedFractionBf16"] = 0.5;
+  doc["spec"]["bf16"] = "yes";
+  EXPECT_NE(field_error(doc).find("spec.bf16"), std::string::npos) << field_error(doc);
+}
+
+// Without a measured profile, Node Feature Discovery's labels say what a CPU node has.
+TEST(MeasuredProfile, NfdLabelsGiveCpuNodesTheirBf16) {
+  const auto inv = test::inventory_from_yaml(
+      "kind: Inventory\nnodes:\n"
+      "- name: plain\n  cpu: {cores: 4}\n  memory: 16Gi\n"
+      "- name: amx\n  cpu: {cores: 4}\n  memory: 16Gi\n"
+      "  labels: {feature.node.kubernetes.io/cpu-cpuid.AMXBF16: 'true'}\n"
+      "- name: zen4\n  cpu: {cores: 4}\n  memory: 16Gi\n"
+      "  labels: {feature.node.kubernetes.io/cpu-cpuid.AVX512BF16: 'true'}\n");
+  ASSERT_EQ(inv.nodes.size(), 3u);
+  EXPECT_FALSE(inv.nodes[0].hardware.has_bf16);
+  EXPECT_TRUE(inv.nodes[1].hardware.has_bf16);
+  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.peak_bf16_flops, 1.1e12);
+  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.achieved_fraction_bf16, 0.2);
+  EXPECT_TRUE(inv.nodes[2].hardware.has_bf16);
+  EXPECT_DOUBLE_EQ(inv.nodes[2].hardware.peak_bf16_flops,
+                   2 * inv.nodes[2].hardware.peak_fp32_flops);
+}
+
 }  // namespace
 }  // namespace kt
