@@ -1,5 +1,7 @@
 // Worker benchmark (CPU): the machine's single-GEMM peak, then one GPT-2 124M training step at
-// B=4, T=64 (forward, backward, global norm, AdamW) against it.
+// B=4, T=64 (forward, backward, global norm, AdamW) against it — in fp32 against the sgemm peak,
+// and in bf16 (where the CPU has AMX-BF16 or AVX512-BF16) against the same run's bf16 matmul
+// peak (oneDNN's matmul primitive at 1024³, before and after the bf16 steps).
 // Usage: bench_worker [steps]   (default 7 timed steps after 2 warm-up steps)
 #include <dnnl.h>
 #include <omp.h>

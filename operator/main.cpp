@@ -149,6 +149,18 @@ int main(int argc, char** argv) {
                  "plan switches autotune makes per job at most (0: never switch, only fold back)")
       ->check(CLI::Range(int64_t{0}, int64_t{100}))
       ->capture_default_str();
+  bool profiling = false, profiling_quick = false;
+  int64_t profiling_timeout = 600;
+  app.add_flag("--profiling", profiling,
+               "before planning a CPU job for a node kind with no hardware-profile ConfigMap in "
+               "its namespace, measure one with a profiling pod (kubetrain-worker profile) and "
+               "plan with it");
+  app.add_flag("--profiling-quick", profiling_quick,
+               "profiling pods run `profile --quick` (seconds; fewer repetitions)");
+  app.add_option("--profiling-timeout", profiling_timeout,
+                 "seconds a job waits for a profiling pod before it is planned without it")
+      ->check(CLI::Range(int64_t{10}, int64_t{86400}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   // The stop signals go to sigwait below only.
@@ -187,6 +199,9 @@ int main(int argc, char** argv) {
     controller_options.autotune_restart_cost = std::chrono::seconds(autotune_restart_cost);
     controller_options.autotune_warmup_steps = autotune_warmup_steps;
     controller_options.autotune_max_switches = autotune_max_switches;
+    controller_options.profiling = profiling;
+    controller_options.profiling_quick = profiling_quick;
+    controller_options.profiling_timeout = std::chrono::seconds(profiling_timeout);
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };

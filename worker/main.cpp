@@ -283,8 +283,29 @@ int cmd_launch(const std::string& plan_path, const std::string& checkpoint_dir, 
   return kt::worker::launch_ranks(options);
 }
 
+// The profile as the container's termination message (what a profiling pod returns to the
+// operator, which stores it in a ConfigMap): compact JSON within the kubelet's 4 KiB, the raw
+// measurements dropped if they do not fit.
+void write_termination_message(kt::api::MeasuredProfile profile) {
+  const char* env = std::getenv("KUBETRAIN_TERMINATION_MESSAGE_PATH");
+  const std::string path = env && *env ? env : "/dev/termination-log";
+  std::string text = kt::api::to_json(profile).dump();
+  if (text.size() > 4096) {
+    profile.measurements.clear();
+    text = kt::api::to_json(profile).dump();
+  }
+  if (text.size() > 4096)
+    throw kt::Error("profile: " + std::to_string(text.size()) +
+                    " bytes of profile do not fit a 4096-byte termination message");
+  // In place, not by rename: the kubelet bind-mounts that file.
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  const bool ok = file && std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  if (file && std::fclose(file) != 0) throw kt::Error("profile: cannot write " + path);
+  if (!ok) throw kt::Error("profile: cannot write " + path);
+}
+
 int cmd_profile(const std::string& plan_path, const std::string& out, int threads, bool quick,
-                const std::string& command) {
+                bool termination_message, const std::string& command) {
   std::optional<kt::api::Plan> plan;
   if (!plan_path.empty()) plan = kt::api::decode_plan(kt::api::load_document(plan_path));
   kt::worker::ProfileOptions options;
@@ -293,7 +314,9 @@ int cmd_profile(const std::string& plan_path, const std::string& out, int thread
   options.quick = quick;
   options.version = kVersion;
   options.command = command;
-  const std::string text = kt::api::json_to_yaml(kt::api::to_json(kt::worker::measure_profile(options)));
+  const kt::api::MeasuredProfile measured = kt::worker::measure_profile(options);
+  if (termination_message) write_termination_message(measured);
+  const std::string text = kt::api::json_to_yaml(kt::api::to_json(measured));
   if (out.empty()) {
     std::fputs(text.c_str(), stdout);
     return 0;
@@ -359,6 +382,11 @@ int main(int argc, char** argv) {
   profile->add_option("--output,-o", out, "write the profile here (YAML; default: stdout)");
   profile->add_option("--threads", profile_threads, "threads (default: every core)");
   profile->add_flag("--quick", quick, "small shapes, few repetitions (a few seconds; for tests)");
+  bool termination_message = false;
+  profile->add_flag("--termination-message", termination_message,
+                    "also write the profile as the container's termination message (JSON, "
+                    "$KUBETRAIN_TERMINATION_MESSAGE_PATH or /dev/termination-log): what the "
+                    "operator's profiling pods return");
 
   try {
     app.parse(argc, argv);
@@ -376,7 +404,7 @@ int main(int argc, char** argv) {
     if (*profile) {
       std::string command = "kubetrain-worker";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-      return cmd_profile(profile_plan, out, profile_threads, quick, command);
+      return cmd_profile(profile_plan, out, profile_threads, quick, termination_message, command);
     }
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());

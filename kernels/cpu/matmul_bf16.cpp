@@ -102,29 +102,6 @@ uint16_t* scratch(int which, size_t count) {
   return b.data();
 }
 
-// dst (cols, rows) = bf16(src (rows, cols))ᵀ, by 64 × 64 tiles: each tile's rows are rounded
-// with vector loads into a buffer that stays in L1, then written out column by column.
-KT_SIMD_CLONES void transpose_to_bf16(uint16_t* dst, const float* src, int64_t rows,
-                                      int64_t cols) {
-  constexpr int64_t kTile = 64;
-  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < row_tiles * col_tiles; ++t) {
-    const int64_t r0 = t % row_tiles * kTile, c0 = t / row_tiles * kTile;
-    const int64_t nr = std::min(kTile, rows - r0), nc = std::min(kTile, cols - c0);
-    uint16_t tile[kTile][kTile];
-    for (int64_t r = 0; r < nr; ++r) {
-      const float* in = src + (r0 + r) * cols + c0;
-#pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) tile[r][c] = float_to_bf16(in[c]);
-    }
-    for (int64_t c = 0; c < nc; ++c) {
-      uint16_t* out = dst + (c0 + c) * rows + r0;
-      for (int64_t r = 0; r < nr; ++r) out[r] = tile[r][c];
-    }
-  }
-}
-
 }  // namespace
 
 KT_SIMD_CLONES void to_bf16(uint16_t* out, const float* in, int64_t N) {
@@ -162,11 +139,11 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float
   // dinp (BT,C) += bf16(dout) (BT,OC) · weight (OC,C)
   to_bf16(d, dout, BT * OC);
   gemm({BT, C, OC, OC, 1, C, 1, false, true}, d, weight, dinp, nullptr);
-  // dweight (OC,C) (+)= bf16(dout)ᵀ (OC,BT) · bf16(inp) (BT,C); doutᵀ is written out row-major
-  // (oneDNN's AMX kernels want a row-major A).
-  transpose_to_bf16(d, dout, BT, OC);
+  // dweight (OC,C) (+)= bf16(dout)ᵀ (OC,BT) · bf16(inp) (BT,C): the same bf16 dout, read
+  // transposed through its strides (oneDNN's copy of it into its blocks beat a transposing
+  // conversion of ours by ~20 ms per GPT-2 124M step, docs/PERFORMANCE.md).
   to_bf16(x, inp, BT * C);
-  gemm({OC, C, BT, BT, 1, C, 1, false, accumulate_dweight}, d, x, dweight, nullptr);
+  gemm({OC, C, BT, 1, OC, C, 1, false, accumulate_dweight}, d, x, dweight, nullptr);
   if (dbias) column_sums(dbias, dout, BT, OC);
 }
 

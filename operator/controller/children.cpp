@@ -196,6 +196,26 @@ Object render_service(const Object& owner, const ChildOptions& options) {
               {{"name", "metrics"}, {"port", options.metrics_port}, {"protocol", "TCP"}}}}}}};
 }
 
+namespace {
+
+// The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/
+// pod-security-standards): kubetrain's pods need no privilege and write only to their volumes.
+// 65532 is the image's user; fsGroup makes a checkpoint PVC writable.
+Object restricted_container_security() {
+  return {{"allowPrivilegeEscalation", false},
+          {"readOnlyRootFilesystem", true},
+          {"capabilities", {{"drop", {"ALL"}}}}};
+}
+Object restricted_pod_security() {
+  return {{"runAsNonRoot", true},
+          {"runAsUser", kWorkerUid},
+          {"runAsGroup", kWorkerUid},
+          {"fsGroup", kWorkerUid},
+          {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+}
+
+}  // namespace
+
 Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const api::Plan& plan,
                          int64_t node_rank, int64_t attempt, const ChildOptions& options) {
   const std::string name = job.metadata.name;
@@ -290,12 +310,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
         {{"name", "metrics"}, {"containerPort", options.metrics_port}}}},
       {"volumeMounts", mounts},
       {"resources", resources},
-      // The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/
-      // pod-security-standards): the worker needs no privilege, and writes only to its volumes.
-      {"securityContext",
-       {{"allowPrivilegeEscalation", false},
-        {"readOnlyRootFilesystem", true},
-        {"capabilities", {{"drop", {"ALL"}}}}}},
+      {"securityContext", restricted_container_security()},
   };
 
   // Placement: the plan names the node of each node rank; the scheduler (or the local pod
@@ -310,13 +325,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
                      {"restartPolicy", "Never"},
                      // SIGTERM makes the worker checkpoint before it exits (DESIGN.md §7).
                      {"terminationGracePeriodSeconds", need.termination_grace_seconds},
-                     // 65532: the image's user. fsGroup makes the checkpoint PVC writable.
-                     {"securityContext",
-                      {{"runAsNonRoot", true},
-                       {"runAsUser", kWorkerUid},
-                       {"runAsGroup", kWorkerUid},
-                       {"fsGroup", kWorkerUid},
-                       {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
+                     {"securityContext", restricted_pod_security()},
                      {"nodeSelector", node_selector},
                      {"containers", Object::array({container})},
                      {"volumes", volumes}};
@@ -349,6 +358,41 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
   if (!spec.resources.tolerations.is_null()) pod_spec["tolerations"] = spec.resources.tolerations;
   if (!spec.resources.affinity.is_null()) pod_spec["affinity"] = spec.resources.affinity;
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
+}
+
+Object render_profiling_pod(const std::string& ns, const std::string& name,
+                            const std::string& kind, const std::string& hostname,
+                            int64_t cores, const std::string& image, bool quick,
+                            const std::string& started, const ChildOptions& options) {
+  Object command = {"kubetrain-worker", "profile", "--termination-message"};
+  if (quick) command.push_back("--quick");
+  const Object container = {
+      {"name", "profile"},
+      {"image", image.empty() ? options.default_image : image},
+      {"command", command},
+      {"env", Object::array({env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH",
+                                     kTerminationMessagePath)})},
+      {"terminationMessagePath", kTerminationMessagePath},
+      // Every core: what it measures is the node's, and nothing else should run beside it.
+      {"resources", {{"requests", {{"cpu", std::to_string(cores)}}}}},
+      {"securityContext", restricted_container_security()}};
+  Object pod_spec = {{"restartPolicy", "Never"},
+                     {"securityContext", restricted_pod_security()},
+                     {"nodeSelector", {{"kubernetes.io/hostname", hostname}}},
+                     {"containers", Object::array({container})}};
+  if (!options.image_pull_secrets.empty()) {
+    Object secrets = Object::array();
+    for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
+    pod_spec["imagePullSecrets"] = secrets;
+  }
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata",
+           {{"name", name},
+            {"namespace", ns},
+            {"labels", {{kProfilingLabel, kind}}},
+            {"annotations", {{kNodeKindAnnotation, kind}, {kProfilingStartedAnnotation, started}}}}},
+          {"spec", pod_spec}};
 }
 
 }  // namespace kt::controller

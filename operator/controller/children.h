@@ -85,6 +85,18 @@ kube::Object render_pod_group(const kube::Object& owner, const api::TrainingJob&
 // Kueue's pod group of one restart attempt ("<job>-a<attempt>"): a new gang is a new workload.
 std::string kueue_pod_group_name(const std::string& job, int64_t attempt);
 
+// A profiling pod (ControllerOptions::profiling): `kubetrain-worker profile
+// --termination-message [--quick]` on the node whose kubernetes.io/hostname is `hostname`,
+// requesting its `cores`, with the worker pods' security and pull secrets; labelled with the
+// node kind (kProfilingLabel) and the time it was started (by the operator's clock).
+inline constexpr const char* kProfilingLabel = "kubetrain.dev/profiling";
+inline constexpr const char* kNodeKindAnnotation = "kubetrain.dev/node-kind";
+inline constexpr const char* kProfilingStartedAnnotation = "kubetrain.dev/profiling-started";
+kube::Object render_profiling_pod(const std::string& ns, const std::string& name,
+                                  const std::string& kind, const std::string& hostname,
+                                  int64_t cores, const std::string& image, bool quick,
+                                  const std::string& started, const ChildOptions& options);
+
 // Bytes a job's checkpoint volume needs: `keep` checkpoints and one being written, each of
 // 16 bytes per parameter (fp32 weights, Adam m and v, and the bf16/fp32 copy), plus 25 %;
 // at least 1 GiB.

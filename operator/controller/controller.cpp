@@ -484,6 +484,8 @@ class Controller::Pass {
   void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
   void autotune(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
   void save_profile(const planner::Refit& refit, int64_t steps, double measured);
+  std::optional<std::string> profile_node_kinds(const api::TrainingJob& job,
+                                                const api::Inventory& nodes);
   void checkpoint_health(const WorkerProgress& rank0);
 
   kube::Client& client_;
@@ -548,7 +550,19 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   bool fits_when_free = false;  // ... though one fits the cluster with every GPU, core, byte free
   double planning_seconds = 0;
   std::string profiles_hash;
-  const std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
+  std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
+  if (options_.profiling) {
+    std::optional<api::Inventory> nodes;
+    with_inventory([&](const PlannerInventory& inventory) { nodes = inventory.allocatable(); });
+    if (const auto waiting = profile_node_kinds(job, *nodes)) {
+      set_phase(JobPhase::kPending);
+      set_condition("Planned", false, "ProfilingNodes", *waiting);
+      result.requeue_after = std::chrono::seconds(5);
+      return std::nullopt;
+    }
+    profiles_hash.clear();
+    profiles = stored_profiles(profiles_hash);  // with what profiling stored just now
+  }
   with_inventory([&](const PlannerInventory& inventory) {
     inventory_hash = inventory.fingerprint + profiles_hash;
     if (stored && same_generation && annotation(kInventoryHashAnnotation) == inventory_hash) return;
@@ -878,6 +892,101 @@ void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, 
       if (!create_error.already_exists()) throw;  // another job's fold-back won: next time
     }
   }
+}
+
+// Profiling pods (ControllerOptions::profiling): for a CPU job, the node kind "cpu" when no
+// ConfigMap of the namespace profiles it. Returns why the job waits, or nothing when planning may
+// go on (profiled now, profiling failed or timed out, or nothing to profile). GPU kinds wait for
+// the GPU profiler (docs/HARDWARE.md).
+std::optional<std::string> Controller::Pass::profile_node_kinds(const api::TrainingJob& job,
+                                                                const api::Inventory& nodes) {
+  const bool gpus = std::any_of(nodes.nodes.begin(), nodes.nodes.end(),
+                                [](const api::Node& n) { return !n.is_cpu_node(); });
+  if (gpus && !job.spec.resources.cpu_only) return std::nullopt;
+  const std::string kind = "cpu";
+  if (stored_by_kind_.count(kind)) return std::nullopt;
+  const api::Node* target = nullptr;
+  for (const api::Node& n : nodes.nodes)
+    if (n.schedulable && (!target || n.cpu_cores > target->cpu_cores)) target = &n;
+  if (!target) return std::nullopt;
+  const std::string pod_name = profile_config_map_name(kind);
+  std::optional<Object> pod;
+  kube::ListOptions by_kind;  // a LIST (which the operator's role has), not a GET
+  by_kind.label_selector = std::string(kProfilingLabel) + "=" + kind_label(kind);
+  for (const Object& p : client_.list(kube::kPods, ns_, by_kind).items)
+    if (p["metadata"].value("name", "") == pod_name) pod = p;
+  if (!pod) {
+    const auto host = target->labels.find("kubernetes.io/hostname");
+    const Object want = render_profiling_pod(
+        ns_, pod_name, kind_label(kind), host != target->labels.end() ? host->second : target->name,
+        target->cpu_cores, job.spec.resources.image, options_.profiling_quick, rfc3339(now_),
+        options_.children);
+    try {
+      client_.create(kube::kPods, ns_, want);
+    } catch (const ApiError& e) {
+      if (!e.already_exists()) throw;  // another job's reconcile created it
+    }
+    event("Normal", "ProfilingNodes",
+          "no hardware profile of node kind " + kind + " in " + ns_ + ": measuring one on " +
+              target->name + " (pod " + pod_name + ") before planning");
+    return "measuring node kind " + kind + " on " + target->name + " (pod " + pod_name + ")";
+  }
+  const Object status = pod->value("status", Object::object());
+  const std::string phase = status.value("phase", "Pending");
+  if (phase == "Succeeded") {
+    const std::string message = termination_message(*pod);
+    try {
+      api::MeasuredProfile measured = api::decode_measured_profile(
+          api::parse_json(message, "pod " + pod_name + " termination message"));
+      if (measured.profile.name != kind)
+        throw kt::Error("it profiles node kind " + measured.profile.name + ", not " + kind);
+      measured.provenance["profilingPod"] = ns_ + "/" + pod_name;
+      Object cm = {{"apiVersion", "v1"},
+                   {"kind", "ConfigMap"},
+                   {"metadata",
+                    {{"name", profile_config_map_name(kind)},
+                     {"namespace", ns_},
+                     {"labels", {{kHardwareProfileLabel, kind_label(kind)}}}}},
+                   {"data", {{kProfileKey, api::json_to_yaml(api::to_json(measured))}}}};
+      try {
+        client_.create(kube::kConfigMaps, ns_, cm);
+      } catch (const ApiError& e) {
+        if (!e.already_exists()) throw;
+      }
+      client_.remove(kube::kPods, ns_, pod_name, kube::Propagation::Background);
+      event("Normal", "Profiled",
+            "node kind " + kind + " measured on " + target->name + " (" +
+                measured.profile.source + "), stored in ConfigMap " + ns_ + "/" +
+                profile_config_map_name(kind) + "; planning with it");
+    } catch (const kt::Error& e) {
+      event("Warning", "ProfilingFailed",
+            "pod " + pod_name + " ended without a usable profile: " + e.what() +
+                " (planned with the built-in figures; delete the pod to profile again)");
+    }
+    return std::nullopt;
+  }
+  if (phase == "Failed") {
+    const auto code = exit_code(*pod);
+    event("Warning", "ProfilingFailed",
+          "pod " + pod_name + " failed" +
+              (code ? " with exit code " + std::to_string(*code) : std::string()) +
+              " (planned with the built-in figures; kubectl logs " + pod_name +
+              "; delete the pod to profile again)");
+    return std::nullopt;
+  }
+  // Timed from the operator's own clock (the annotation), not the API server's.
+  const auto created = parse_rfc3339(pod->at("metadata")
+                                         .value("annotations", Object::object())
+                                         .value(kProfilingStartedAnnotation, ""));
+  if (created && now_ - *created > options_.profiling_timeout) {
+    client_.remove(kube::kPods, ns_, pod_name, kube::Propagation::Background);
+    event("Warning", "ProfilingFailed",
+          "pod " + pod_name + " did not finish within " +
+              std::to_string(options_.profiling_timeout.count()) +
+              " s (deleted; planned with the built-in figures)");
+    return std::nullopt;
+  }
+  return "measuring node kind " + kind + " (pod " + pod_name + " " + phase + ")";
 }
 
 // One reconcile, as the list of its steps; each says in its comment what it decides.

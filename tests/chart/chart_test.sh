@@ -46,7 +46,9 @@ render image --set operator.image.registry=registry.example.com:5000,operator.im
   --set 'worker.image.pullSecrets={worker-cred}' \
   --set worker.checkpointStorage.storageClassName=fast,worker.checkpointStorage.size=200Gi \
   --set worker.gangScheduling.scheduler=Volcano,worker.gangScheduling.schedulerName=volcano-gpu \
-  --set autotune.restartCostSeconds=600,autotune.maxSwitches=0
+  --set autotune.restartCostSeconds=600,autotune.maxSwitches=0 \
+  --set profiling.quick=true,profiling.timeoutSeconds=120
+render noprofiling --set profiling.enabled=false
 MONITORING=(--set "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,metrics.prometheusRule.enabled=true"
             --set "metrics.prometheusRule.labels.release=prom"
             --set "metrics.serviceMonitor.labels.release=prom,metrics.podMonitor.interval=5s")
@@ -122,5 +124,6 @@ refuse "metrics[./]serviceMonitor[./]interval" --set metrics.serviceMonitor.inte
 refuse "worker[./]checkpointStorage[./]volume" --set worker.checkpointStorage.volume=hostPath
 refuse "worker[./]checkpointStorage[./]size" --set worker.checkpointStorage.size=lots
 refuse "worker[./]gangScheduling[./]scheduler" --set worker.gangScheduling.scheduler=yunikorn
+refuse "profiling[./]timeoutSeconds" --set profiling.timeoutSeconds=5
 
 python3 tests/chart/check_chart.py "$OUT" .

@@ -128,7 +128,7 @@ check(sorted(c.get("args", [])) == sorted([
     "--workers=2", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
     f"--worker-image=ghcr.io/kubetrain/kubetrain-worker:{APP}", "--default-checkpoint-volume=pvc",
     "--gang-scheduler=None", "--autotune-restart-cost=120", "--autotune-warmup-steps=20",
-    "--autotune-max-switches=3"]),
+    "--autotune-max-switches=3", "--profiling", "--profiling-timeout=600"]),
     f"default: args {c.get('args')}")
 check("imagePullSecrets" not in spec, "default: imagePullSecrets without pullSecrets")
 check(c.get("resources") == values["operator"]["resources"], "default: resources are not values.yaml's")
@@ -347,8 +347,13 @@ check("--worker-image-pull-secret=worker-cred" in ci.get("args", []),
 for want in ["--default-checkpoint-volume=pvc", "--checkpoint-storage-class=fast",
              "--checkpoint-volume-size=200Gi", "--gang-scheduler=Volcano",
              "--gang-scheduler-name=volcano-gpu", "--autotune-restart-cost=600",
-             "--autotune-max-switches=0"]:
+             "--autotune-max-switches=0", "--profiling", "--profiling-quick",
+             "--profiling-timeout=120"]:
     check(want in ci.get("args", []), f"image: {want} not in {ci.get('args')}")
+noprof = one(rendered("noprofiling"), "Deployment", FULLNAME, "noprofiling")
+noprof_args = noprof["spec"]["template"]["spec"]["containers"][0].get("args", [])
+check(not any(a.startswith("--profiling") for a in noprof_args),
+      f"noprofiling: profiling flags in {noprof_args}")
 
 # ---- monitoring: only when asked for and the cluster has monitoring.coreos.com/v1 -------------
 children_h, children_cpp = read("operator/controller/children.h"), read("operator/controller/children.cpp")

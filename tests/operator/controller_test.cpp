@@ -570,9 +570,9 @@ TEST_F(ControllerTest, GangRestart_ReplansWhenTheInventoryChanged) {
   EXPECT_EQ(plan.placement, std::vector<std::string>{"node-b"});
 }
 
-api::Plan stored_plan(local::Store& store) {
+api::Plan stored_plan(local::Store& store, const std::string& job = "job") {
   return api::decode_plan(Object::parse(
-      store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"].get<std::string>()));
+      store.get(kConfigMaps, "default", job + "-plan")["data"]["plan.json"].get<std::string>()));
 }
 
 // Rank 0's metrics after `steps` steps in which each phase took `scale[phase]` times what the
@@ -822,6 +822,104 @@ TEST_F(ControllerTest, StoredProfile_IsPlannedWith_AndABrokenOneIsSaidInAnEvent)
   const std::string hash = store.get(kConfigMaps, "default", "job-plan")["metadata"]
                                ["annotations"]["kubetrain.dev/inventory-hash"];
   EXPECT_NE(hash.find("kubetrain-profile-cpu@"), std::string::npos) << hash;
+}
+
+// Profiling pods (issue 19): a CPU job for nodes with no profile waits while a profiling pod
+// measures one; what it returns (its termination message) becomes the kind's ConfigMap and the
+// job is planned with it; the pod is removed.
+TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
+  options.profiling = true;
+  options.profiling_quick = true;
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  const ReconcileResult r = reconcile();
+  EXPECT_EQ(status()["phase"], "Pending");
+  EXPECT_EQ(condition("Planned")["reason"], "ProfilingNodes");
+  EXPECT_TRUE(r.requeue_after.has_value());
+  EXPECT_THROW(store.get(kConfigMaps, "default", "job-plan"), kube::ApiError) << "not planned";
+  const Object pod = store.get(kPods, "default", "kubetrain-profile-cpu");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-a");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(pod["spec"]["containers"][0]["command"],
+            Object({"kubetrain-worker", "profile", "--termination-message", "--quick"}));
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "4");
+  reconcile();  // still running: still waiting, no second pod
+  EXPECT_EQ(condition("Planned")["reason"], "ProfilingNodes");
+  EXPECT_EQ(pods().size(), 1u);
+
+  const std::string measured =
+      "{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"HardwareProfile\","
+      "\"metadata\":{\"name\":\"cpu\"},\"provenance\":{\"host\":\"node-a\","
+      "\"date\":\"2026-12-04T21:00:00Z\"},\"spec\":{\"peakFp32Flops\":3.0e10}}";
+  set_pod_status("kubetrain-profile-cpu",
+                 {{"phase", "Succeeded"},
+                  {"containerStatuses",
+                   Object::array({{{"name", "profile"},
+                                   {"state",
+                                    {{"terminated",
+                                      {{"exitCode", 0}, {"message", measured}}}}}}})}});
+  reconcile();
+  const Object cm = store.get(kConfigMaps, "default", "kubetrain-profile-cpu");
+  EXPECT_EQ(cm["metadata"]["labels"]["kubetrain.dev/hardware-profile"], "cpu");
+  const api::MeasuredProfile stored = api::decode_measured_profile(
+      api::yaml_to_json(cm["data"]["profile.yaml"].get<std::string>(), "cm"));
+  EXPECT_DOUBLE_EQ(stored.profile.peak_fp32_flops, 3.0e10);
+  EXPECT_EQ(stored.provenance.at("profilingPod"), "default/kubetrain-profile-cpu");
+  EXPECT_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"), kube::ApiError)
+      << "the profiling pod is removed once stored";
+  const api::Plan plan = stored_plan(store);
+  EXPECT_EQ(plan.peak_source, "measured on node-a 2026-12-04T21:00:00Z");
+  const std::vector<std::string> reasons = event_reasons();
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "ProfilingNodes"), reasons.end());
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "Profiled"), reasons.end());
+
+  // The next job in the namespace finds the profile: no pod, planned at once.
+  store.create(kTrainingJobs, "default", tiny_job("second"));
+  reconcile("second");
+  EXPECT_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"), kube::ApiError);
+  EXPECT_EQ(stored_plan(store, "second").peak_source, plan.peak_source);
+}
+
+// A profiling pod that fails, or returns what is no profile, or outlives the timeout, does not
+// hold the job: it is planned with the built-in figures and a Warning says why.
+TEST_F(ControllerTest, Profiling_FailedOrBrokenOrSlow_PlansWithTheBuiltInFigures) {
+  options.profiling = true;
+  for (const std::string how : {"failed", "garbage", "slow"}) {
+    SCOPED_TRACE(how);
+    const std::string name = "job-" + how;
+    store.create(kTrainingJobs, "default", tiny_job(name));
+    reconcile(name);
+    ASSERT_EQ(condition("Planned", name)["reason"], "ProfilingNodes");
+    if (how == "failed") {
+      set_pod_exited("kubetrain-profile-cpu", 1);
+    } else if (how == "garbage") {
+      set_pod_status("kubetrain-profile-cpu",
+                     {{"phase", "Succeeded"},
+                      {"containerStatuses",
+                       Object::array({{{"name", "profile"},
+                                       {"state",
+                                        {{"terminated",
+                                          {{"exitCode", 0}, {"message", "{\"kind\": 3"}}}}}}})}});
+    } else {
+      now += options.profiling_timeout + std::chrono::seconds(1);
+    }
+    reconcile(name);
+    const api::Plan plan = stored_plan(store, name);
+    EXPECT_EQ(plan.peak_source, "built-in cpu profile");
+    EXPECT_THROW(store.get(kConfigMaps, "default", "kubetrain-profile-cpu"), kube::ApiError);
+    const std::vector<std::string> reasons = event_reasons();
+    EXPECT_NE(std::find(reasons.begin(), reasons.end(), "ProfilingFailed"), reasons.end());
+    // A failed pod stays for `kubectl logs` (and keeps the next job from profiling again until
+    // it is deleted); the others are gone.
+    if (how == "failed") {
+      EXPECT_NO_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"));
+      store.remove(kPods, "default", "kubetrain-profile-cpu");
+    } else if (how == "garbage") {
+      EXPECT_NO_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"));
+      store.remove(kPods, "default", "kubetrain-profile-cpu");
+    } else {
+      EXPECT_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"), kube::ApiError);
+    }
+  }
 }
 
 TEST_F(ControllerTest, ElasticRestart_NotReadyNodeIsLeftOut_MinNodesWaits_HistorySaysWhy) {
