@@ -245,6 +245,30 @@ plan.update({"tp": 2, "dp": 1, "recompute": "commAware", "overlap": {"subBatches
 del plan["offload"]
 write("plan", "tp2", json.dumps(plan, indent=2))
 
+# worker_progress: rank 0's /metrics as the worker serves it (two ranks merged), and its
+# termination message.
+write("worker_progress", "metrics", "\n".join([
+    "# HELP kubetrain_worker_steps_total Steps this process ran.",
+    "# TYPE kubetrain_worker_steps_total counter",
+    'kubetrain_worker_steps_total{rank="0"} 30',
+    'kubetrain_worker_steps_total{rank="1"} 30',
+    'kubetrain_worker_step{rank="0"} 130',
+    'kubetrain_worker_loss{rank="0"} 3.25',
+    'kubetrain_worker_tokens_per_second{rank="0"} 45210.5',
+    'kubetrain_worker_phase_seconds_total{rank="0",phase="compute"} 2.5',
+    'kubetrain_worker_phase_seconds_total{rank="0",phase="tp_comm_total"} 0.75',
+    'kubetrain_worker_checkpoint_failures_total{rank="0",reason="ENOSPC"} 2',
+    'kubetrain_worker_last_checkpoint_step{rank="0"} 100',
+]) + "\n")
+write("worker_progress", "termination", "kubetrain_worker_steps_total 200\n"
+      "kubetrain_worker_loss 4.3785\nkubetrain_worker_tokens_per_second 29831\n"
+      "kubetrain_worker_checkpoint_failures_total 0\n"
+      "kubetrain_worker_checkpoint_consecutive_failures 0\n")
+write("worker_progress", "hostile", "kubetrain_worker_loss nan\nkubetrain_worker_step inf\n"
+      'kubetrain_worker_phase_seconds_total{phase="x"} 1e308\n'
+      'kubetrain_worker_phase_seconds_total{phase="x"} 1e308\n'
+      'kubetrain_worker_loss{rank="0 1\nkubetrain_worker_loss{\n')
+
 # steps_log: the fixture (a restart after a torn write, a failed checkpoint), its head with a
 # torn last line, and a record of each kind with nulls where the writer has no finite value.
 steps = read("tests/data/steps.jsonl").decode()

@@ -12,7 +12,7 @@
 namespace kt::telemetry {
 
 std::optional<std::string> http_get(const std::string& host, int port, const std::string& path,
-                                    std::chrono::milliseconds timeout) {
+                                    std::chrono::milliseconds timeout, size_t max_bytes) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -31,8 +31,13 @@ std::optional<std::string> http_get(const std::string& host, int port, const std
         static_cast<ssize_t>(request.size())) {
       char buffer[8192];
       ssize_t n;
-      while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0)
+      while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) {
         response.append(buffer, static_cast<size_t>(n));
+        if (response.size() > max_bytes) {
+          ::close(fd);
+          return std::nullopt;
+        }
+      }
     }
   }
   ::close(fd);

@@ -1,5 +1,6 @@
 #include "operator/controller/progress.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -20,6 +21,17 @@ std::optional<std::string> label_value(const std::string& labels, const std::str
     return labels.substr(start, end - start);
   }
   return std::nullopt;
+}
+
+// map[label] += value, within the bounds of parse_worker_progress.
+void add_labelled(std::map<std::string, double>& map, const std::string& label, double value) {
+  if (label.size() > kMaxProgressLabelBytes) return;
+  const auto it = map.find(label);
+  if (it != map.end()) {
+    if (std::isfinite(it->second + value)) it->second += value;
+  } else if (map.size() < kMaxProgressLabels) {
+    map.emplace(label, value);
+  }
 }
 
 }  // namespace
@@ -51,13 +63,13 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
     const char* text = line.c_str() + value_start;
     char* end = nullptr;
     const double value = std::strtod(text, &end);
-    if (end == text) continue;
+    if (end == text || !std::isfinite(value)) continue;
     if (name == "kubetrain_worker_steps_total")
       out.steps = value;
     else if (name == "kubetrain_worker_step")
       out.step = value;
     else if (name == "kubetrain_worker_phase_seconds_total")
-      out.phase_seconds[label_value(labels, "phase").value_or("")] += value;
+      add_labelled(out.phase_seconds, label_value(labels, "phase").value_or(""), value);
     else if (name == "kubetrain_worker_loss")
       out.loss = value;
     else if (name == "kubetrain_worker_tokens_per_second")
@@ -67,7 +79,7 @@ WorkerProgress parse_worker_progress(const std::string& exposition) {
     else if (name == "kubetrain_worker_checkpoint_consecutive_failures")
       out.checkpoint_consecutive_failures = value;
     else if (name == "kubetrain_worker_checkpoint_failures_total")
-      out.checkpoint_failures[label_value(labels, "reason").value_or("")] += value;
+      add_labelled(out.checkpoint_failures, label_value(labels, "reason").value_or(""), value);
   }
   return out;
 }

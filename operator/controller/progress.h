@@ -28,7 +28,13 @@ struct WorkerProgress {
   std::map<std::string, double> phase_seconds;
 };
 
-// Reads the samples with rank="0" (or without a rank label) of the worker metrics above.
+// Reads the samples with rank="0" (or without a rank label) of the worker metrics above. Any
+// text is accepted (it comes from whatever answers on a pod's port, or from its termination
+// message): lines that are not samples of these metrics, values that are not finite, and
+// additions that would overflow a sum are skipped; the two maps keep at most kMaxProgressLabels distinct label values of at most
+// kMaxProgressLabelBytes each (the worker emits about ten).
+inline constexpr size_t kMaxProgressLabels = 32;
+inline constexpr size_t kMaxProgressLabelBytes = 64;
 WorkerProgress parse_worker_progress(const std::string& exposition);
 
 }  // namespace kt::controller

@@ -1650,5 +1650,23 @@ TEST(ParseWorkerProgress, ReadsRankZeroOnly) {
   EXPECT_FALSE(p.tokens_per_second);
 }
 
+// What answers on a pod's port is outside data: non-finite values and overflowing sums are
+// skipped, the label maps stay bounded.
+TEST(ParseWorkerProgress, HostileValuesAndLabelsAreBounded) {
+  std::string text = "kubetrain_worker_loss nan\nkubetrain_worker_step inf\n"
+                     "kubetrain_worker_phase_seconds_total{phase=\"compute\"} 1e308\n"
+                     "kubetrain_worker_phase_seconds_total{phase=\"compute\"} 1e308\n";
+  for (int i = 0; i < 1000; ++i)
+    text += "kubetrain_worker_phase_seconds_total{phase=\"p" + std::to_string(i) + "\"} 1\n";
+  text += "kubetrain_worker_checkpoint_failures_total{reason=\"" + std::string(100, 'x') +
+          "\"} 1\n";
+  const auto p = parse_worker_progress(text);
+  EXPECT_FALSE(p.loss);
+  EXPECT_FALSE(p.step);
+  EXPECT_DOUBLE_EQ(p.phase_seconds.at("compute"), 1e308) << "the overflowing addition skipped";
+  EXPECT_EQ(p.phase_seconds.size(), kMaxProgressLabels);
+  EXPECT_TRUE(p.checkpoint_failures.empty()) << "a 100-byte reason is no errno name";
+}
+
 }  // namespace
 }  // namespace kt::controller

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "api/error.h"
+#include "telemetry/http_get.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 #include "telemetry/metrics_endpoint.h"
@@ -295,6 +296,23 @@ HttpReply http_request(int port, const std::string& method, const std::string& t
 
 HttpReply http_get(int port, const std::string& target) {
   return http_request(port, "GET", target);
+}
+
+// The scraper's GET (the operator reading rank 0, the launcher its ranks) holds at most
+// max_bytes of whatever answers: a bigger body is no answer.
+TEST(TelemetryHttp, HttpGetRefusesAnswersBeyondItsBound) {
+  HttpServer server("127.0.0.1", 0);
+  server.handle("/metrics", [](const Request&) {
+    Response r;
+    r.body = std::string(64 * 1024, 'x');
+    return r;
+  });
+  server.start();
+  const auto whole = kt::telemetry::http_get("127.0.0.1", server.port(), "/metrics");
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->size(), 64u * 1024);
+  EXPECT_FALSE(kt::telemetry::http_get("127.0.0.1", server.port(), "/metrics",
+                                       std::chrono::seconds(2), 16 * 1024));
 }
 
 TEST(TelemetryHttp, ServesMetricsHealthzAndAnswers404And405) {
