@@ -362,7 +362,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
 
 Object render_profiling_pod(const std::string& ns, const std::string& name,
                             const std::string& kind, const std::string& hostname,
-                            int64_t cores, const std::string& image, bool quick,
+                            const std::string& image, bool quick,
                             const std::string& started, const ChildOptions& options) {
   Object command = {"kubetrain-worker", "profile", "--termination-message"};
   if (quick) command.push_back("--quick");
@@ -373,8 +373,10 @@ Object render_profiling_pod(const std::string& ns, const std::string& name,
       {"env", Object::array({env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH",
                                      kTerminationMessagePath)})},
       {"terminationMessagePath", kTerminationMessagePath},
-      // Every core: what it measures is the node's, and nothing else should run beside it.
-      {"resources", {{"requests", {{"cpu", std::to_string(cores)}}}}},
+      // It measures with every core of the node, and asks for one: a request of the node's
+      // every core would never fit beside the node's daemons (the job waits meanwhile, so
+      // nothing of kubetrain's runs beside it).
+      {"resources", {{"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}}},
       {"securityContext", restricted_container_security()}};
   Object pod_spec = {{"restartPolicy", "Never"},
                      {"securityContext", restricted_pod_security()},

@@ -86,15 +86,16 @@ kube::Object render_pod_group(const kube::Object& owner, const api::TrainingJob&
 std::string kueue_pod_group_name(const std::string& job, int64_t attempt);
 
 // A profiling pod (ControllerOptions::profiling): `kubetrain-worker profile
-// --termination-message [--quick]` on the node whose kubernetes.io/hostname is `hostname`,
-// requesting its `cores`, with the worker pods' security and pull secrets; labelled with the
-// node kind (kProfilingLabel) and the time it was started (by the operator's clock).
+// --termination-message [--quick]` on the node whose kubernetes.io/hostname is `hostname`
+// (requesting one core: it measures with all of them), with the worker pods' security and pull
+// secrets; labelled with the node kind (kProfilingLabel) and the time it was started (by the
+// operator's clock).
 inline constexpr const char* kProfilingLabel = "kubetrain.dev/profiling";
 inline constexpr const char* kNodeKindAnnotation = "kubetrain.dev/node-kind";
 inline constexpr const char* kProfilingStartedAnnotation = "kubetrain.dev/profiling-started";
 kube::Object render_profiling_pod(const std::string& ns, const std::string& name,
                                   const std::string& kind, const std::string& hostname,
-                                  int64_t cores, const std::string& image, bool quick,
+                                  const std::string& image, bool quick,
                                   const std::string& started, const ChildOptions& options);
 
 // Bytes a job's checkpoint volume needs: `keep` checkpoints and one being written, each of

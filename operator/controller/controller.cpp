@@ -919,7 +919,7 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
     const auto host = target->labels.find("kubernetes.io/hostname");
     const Object want = render_profiling_pod(
         ns_, pod_name, kind_label(kind), host != target->labels.end() ? host->second : target->name,
-        target->cpu_cores, job.spec.resources.image, options_.profiling_quick, rfc3339(now_),
+        job.spec.resources.image, options_.profiling_quick, rfc3339(now_),
         options_.children);
     try {
       client_.create(kube::kPods, ns_, want);

@@ -841,7 +841,8 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
   EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
   EXPECT_EQ(pod["spec"]["containers"][0]["command"],
             Object({"kubetrain-worker", "profile", "--termination-message", "--quick"}));
-  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "4");
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "1");
+  EXPECT_EQ(pod["spec"]["securityContext"]["runAsNonRoot"], true) << "restricted, as workers";
   reconcile();  // still running: still waiting, no second pod
   EXPECT_EQ(condition("Planned")["reason"], "ProfilingNodes");
   EXPECT_EQ(pods().size(), 1u);
