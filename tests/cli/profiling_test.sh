@@ -14,11 +14,7 @@ OPERATOR=$2
 require_kubectl
 with_scratch
 
-"$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
-PIDS+=($!)
-wait_for 10 test -s "$OUT/kubeconfig" || fail "local serve wrote no kubeconfig"
-K() { kubectl --kubeconfig "$OUT/kubeconfig" --request-timeout=20s "$@"; }
-K apply -f crds/trainingjobs.kubetrain.dev.yaml > /dev/null || fail "apply CRD"
+serve_local
 run_operator --profiling --profiling-quick
 
 sed 's/name: tiny/name: prof/; s/steps: 200/steps: 30/' examples/jobs/tiny.yaml > "$OUT/job.yaml"

@@ -98,6 +98,15 @@ class ControllerTest : public ::testing::Test {
     p["status"] = pod_status;
     store.update_status(kPods, "default", p);
   }
+  // The profiling pod's end: Succeeded with `message` as its termination message.
+  void set_profile_returned(const std::string& message) {
+    const Object terminated = {{"exitCode", 0}, {"message", message}};
+    set_pod_status("kubetrain-profile-cpu",
+                   {{"phase", "Succeeded"},
+                    {"containerStatuses",
+                     Object::array(
+                         {{{"name", "profile"}, {"state", {{"terminated", terminated}}}}})}});
+  }
   void set_pod_running(const std::string& pod) {
     set_pod_status(pod, {{"phase", "Running"},
                          {"podIP", "10.0.0.7"},
@@ -851,13 +860,7 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
       "{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"HardwareProfile\","
       "\"metadata\":{\"name\":\"cpu\"},\"provenance\":{\"host\":\"node-a\","
       "\"date\":\"2026-12-04T21:00:00Z\"},\"spec\":{\"peakFp32Flops\":3.0e10}}";
-  set_pod_status("kubetrain-profile-cpu",
-                 {{"phase", "Succeeded"},
-                  {"containerStatuses",
-                   Object::array({{{"name", "profile"},
-                                   {"state",
-                                    {{"terminated",
-                                      {{"exitCode", 0}, {"message", measured}}}}}}})}});
+  set_profile_returned(measured);
   reconcile();
   const Object cm = store.get(kConfigMaps, "default", "kubetrain-profile-cpu");
   EXPECT_EQ(cm["metadata"]["labels"]["kubetrain.dev/hardware-profile"], "cpu");
@@ -893,13 +896,7 @@ TEST_F(ControllerTest, Profiling_FailedOrBrokenOrSlow_PlansWithTheBuiltInFigures
     if (how == "failed") {
       set_pod_exited("kubetrain-profile-cpu", 1);
     } else if (how == "garbage") {
-      set_pod_status("kubetrain-profile-cpu",
-                     {{"phase", "Succeeded"},
-                      {"containerStatuses",
-                       Object::array({{{"name", "profile"},
-                                       {"state",
-                                        {{"terminated",
-                                          {{"exitCode", 0}, {"message", "{\"kind\": 3"}}}}}}})}});
+      set_profile_returned("{\"kind\": 3");
     } else {
       now += options.profiling_timeout + std::chrono::seconds(1);
     }

@@ -66,8 +66,15 @@ _scratch_cleanup() {
 
 # serve_simulated N: `$KT local serve --simulate-nodes N` in the background (kubeconfig
 # $OUT/kubeconfig, log $OUT/serve.log), K (kubectl against it), and the TrainingJob CRD applied.
+# serve_local: the same with this machine as the only Node, its pods run as local processes.
 serve_simulated() {
-  "$KT" local serve --simulate-nodes "$1" --simulate-pod-start-delay 0.2 \
+  _serve --simulate-nodes "$1" --simulate-pod-start-delay 0.2
+}
+serve_local() {
+  _serve
+}
+_serve() {
+  "$KT" local serve "$@" \
     --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
   PIDS+=($!)
   wait_for 10 test -s "$OUT/kubeconfig" || fail "local serve wrote no kubeconfig"
