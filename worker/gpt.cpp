@@ -477,7 +477,7 @@ std::pair<float*, int64_t> Gpt::attention_forward_block(Lane& lane, int64_t l, b
   if (!project) return {nullptr, 0};
   float* attproj = a.attproj + proj_slot(l) * BT * C;
   gemm_forward(attproj, atty, p.attprojw + l * C * Cl,
-                    tp_.rank == 0 ? p.attprojb + l * C : nullptr, BT, Cl, C);
+               tp_.rank == 0 ? p.attprojb + l * C : nullptr, BT, Cl, C);
   return {tp_.size > 1 ? attproj : nullptr, BT * C};  // row-parallel projection
 }
 
@@ -502,7 +502,7 @@ std::pair<float*, int64_t> Gpt::mlp_forward_block(Lane& lane, int64_t l, bool pr
   if (!project) return {nullptr, 0};
   float* fcproj = a.fcproj + proj_slot(l) * BT * C;
   gemm_forward(fcproj, fch_gelu, p.fcprojw + l * C * Fl,
-                    tp_.rank == 0 ? p.fcprojb + l * C : nullptr, BT, Fl, C);
+               tp_.rank == 0 ? p.fcprojb + l * C : nullptr, BT, Fl, C);
   return {tp_.size > 1 ? fcproj : nullptr, BT * C};  // row-parallel fc2
 }
 
@@ -607,10 +607,10 @@ std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool ml
   if (mlp_half) {
     k::residual_backward(d.residual2 + sc, d.fcproj + pc, d.residual3 + lc, BT * C);
     gemm_backward(d.fch_gelu + sf, g.fcprojw + l * C * Fl, g.fcprojb + l * C, d.fcproj + pc,
-                       a.fch_gelu + sf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
+                  a.fch_gelu + sf, p.fcprojw + l * C * Fl, BT, Fl, C, acc);
     k::gelu_backward(d.fch + sf, a.fch + sf, d.fch_gelu + sf, BT * Fl);
     gemm_backward(d.ln2 + sc, g.fcw + l * Fl * C, g.fcb + l * Fl, d.fch + sf, a.ln2 + sc,
-                       p.fcw + l * Fl * C, BT, C, Fl, acc);
+                  p.fcw + l * Fl * C, BT, C, Fl, acc);
     return {tp_.size > 1 ? d.ln2 + sc : nullptr, BT * C};  // column-parallel fc1
   }
   float* dresidual = l == 0 ? d.encoded : d.residual3 + (l - 1) * BT * C;
@@ -619,11 +619,11 @@ std::pair<float*, int64_t> Gpt::layer_backward_op(Lane& lane, int64_t l, bool ml
                         BT, C);
   k::residual_backward(dresidual, d.attproj + pc, d.residual2 + sc, BT * C);
   gemm_backward(d.atty + sa, g.attprojw + l * C * Cl, g.attprojb + l * C, d.attproj + pc,
-                     a.atty + sa, p.attprojw + l * C * Cl, BT, Cl, C, acc);
+                a.atty + sa, p.attprojw + l * C * Cl, BT, Cl, C, acc);
   k::attention_backward(d.qkv + sq, d.preatt + sh, d.att + sh, d.atty + sa, a.qkv + sq, a.att + sh,
                         B, T, Cl, NHl);
   gemm_backward(d.ln1 + sc, g.qkvw + l * 3 * Cl * C, g.qkvb + l * 3 * Cl, d.qkv + sq,
-                     a.ln1 + sc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
+                a.ln1 + sc, p.qkvw + l * 3 * Cl * C, BT, C, 3 * Cl, acc);
   return {tp_.size > 1 ? d.ln1 + sc : nullptr, BT * C};  // column-parallel qkv
 }
 
