@@ -446,11 +446,12 @@ HardwareProfile apply_cpu_features(HardwareProfile profile,
   if (!profile.is_cpu) return profile;
   if (has(kNfdAmxBf16)) {
     // Measured (docs/PERFORMANCE.md, "bf16 on the CPU", 2 vCPUs of a Xeon with AMX, oneDNN 2.6
-    // brgemm): bf16 matmul 1024^3 1.9-2.5 TFLOP/s on 2 threads, ~1.1 TFLOP/s per core; the GPT-2
-    // 124M B 4 T 64 step keeps ~20 % of that (AdamW and the row kernels stay memory-bound).
+    // brgemm, random inputs): bf16 matmul 1024^3 1.3-1.7 TFLOP/s on 2 threads, ~0.75 TFLOP/s per
+    // core; the GPT-2 124M B 4 T 64 step keeps ~28 % of that (AdamW and the row kernels stay
+    // memory-bound).
     profile.has_bf16 = true;
-    profile.peak_bf16_flops = 1.1e12;
-    profile.achieved_fraction_bf16 = 0.2;
+    profile.peak_bf16_flops = 0.75e12;
+    profile.achieved_fraction_bf16 = 0.28;
   } else if (has(kNfdAvx512Bf16)) {
     // ESTIMATE: vdpbf16ps does twice the FMAs of vfmadd231ps per instruction; the rest of the
     // step is as memory-bound as in fp32.

@@ -179,8 +179,8 @@ TEST(MeasuredProfile, NfdLabelsGiveCpuNodesTheirBf16) {
   ASSERT_EQ(inv.nodes.size(), 3u);
   EXPECT_FALSE(inv.nodes[0].hardware.has_bf16);
   EXPECT_TRUE(inv.nodes[1].hardware.has_bf16);
-  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.peak_bf16_flops, 1.1e12);
-  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.achieved_fraction_bf16, 0.2);
+  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.peak_bf16_flops, 0.75e12);
+  EXPECT_DOUBLE_EQ(inv.nodes[1].hardware.achieved_fraction_bf16, 0.28);
   EXPECT_TRUE(inv.nodes[2].hardware.has_bf16);
   EXPECT_DOUBLE_EQ(inv.nodes[2].hardware.peak_bf16_flops,
                    2 * inv.nodes[2].hardware.peak_fp32_flops);
