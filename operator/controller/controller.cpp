@@ -485,7 +485,7 @@ class Controller::Pass {
   void autotune(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
   void save_profile(const planner::Refit& refit, int64_t steps, double measured);
   std::optional<std::string> profile_node_kinds(const api::TrainingJob& job,
-                                                const api::Inventory& nodes);
+                                                const api::Inventory& nodes, bool& stored);
   void checkpoint_health(const WorkerProgress& rank0);
 
   kube::Client& client_;
@@ -551,17 +551,20 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   double planning_seconds = 0;
   std::string profiles_hash;
   std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
-  if (options_.profiling) {
+  if (options_.profiling && !stored_by_kind_.count("cpu")) {  // (profiling measures CPU nodes)
     std::optional<api::Inventory> nodes;
     with_inventory([&](const PlannerInventory& inventory) { nodes = inventory.allocatable(); });
-    if (const auto waiting = profile_node_kinds(job, *nodes)) {
+    bool stored = false;
+    if (const auto waiting = profile_node_kinds(job, *nodes, stored)) {
       set_phase(JobPhase::kPending);
       set_condition("Planned", false, "ProfilingNodes", *waiting);
       result.requeue_after = std::chrono::seconds(5);
       return std::nullopt;
     }
-    profiles_hash.clear();
-    profiles = stored_profiles(profiles_hash);  // with what profiling stored just now
+    if (stored) {  // plan with what profiling stored just now
+      profiles_hash.clear();
+      profiles = stored_profiles(profiles_hash);
+    }
   }
   with_inventory([&](const PlannerInventory& inventory) {
     inventory_hash = inventory.fingerprint + profiles_hash;
@@ -896,10 +899,11 @@ void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, 
 
 // Profiling pods (ControllerOptions::profiling): for a CPU job, the node kind "cpu" when no
 // ConfigMap of the namespace profiles it. Returns why the job waits, or nothing when planning may
-// go on (profiled now, profiling failed or timed out, or nothing to profile). GPU kinds wait for
-// the GPU profiler (docs/HARDWARE.md).
+// go on (profiled now — `stored` — profiling failed or timed out, or nothing to profile). GPU
+// kinds wait for the GPU profiler (docs/HARDWARE.md).
 std::optional<std::string> Controller::Pass::profile_node_kinds(const api::TrainingJob& job,
-                                                                const api::Inventory& nodes) {
+                                                                const api::Inventory& nodes,
+                                                                bool& stored) {
   const bool gpus = std::any_of(nodes.nodes.begin(), nodes.nodes.end(),
                                 [](const api::Node& n) { return !n.is_cpu_node(); });
   if (gpus && !job.spec.resources.cpu_only) return std::nullopt;
@@ -952,8 +956,14 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
         client_.create(kube::kConfigMaps, ns_, cm);
       } catch (const ApiError& e) {
         if (!e.already_exists()) throw;
+        // One that does not decode (else no profiling would have run): the measurement wins.
+        Object existing = client_.get(kube::kConfigMaps, ns_, profile_config_map_name(kind));
+        existing["metadata"]["labels"][kHardwareProfileLabel] = kind_label(kind);
+        existing["data"][kProfileKey] = cm["data"][kProfileKey];
+        client_.update(kube::kConfigMaps, ns_, existing);
       }
       client_.remove(kube::kPods, ns_, pod_name, kube::Propagation::Background);
+      stored = true;
       event("Normal", "Profiled",
             "node kind " + kind + " measured on " + target->name + " (" +
                 measured.profile.source + "), stored in ConfigMap " + ns_ + "/" +

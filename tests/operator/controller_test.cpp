@@ -883,6 +883,31 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
   EXPECT_EQ(stored_plan(store, "second").peak_source, plan.peak_source);
 }
 
+// A profile ConfigMap that does not decode is no profile: the node kind is measured again and the
+// measurement replaces it (else every plan would profile again).
+TEST_F(ControllerTest, Profiling_ABrokenStoredProfileIsReplacedByTheMeasurement) {
+  options.profiling = true;
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", "kubetrain-profile-cpu"},
+                  {"labels", {{"kubetrain.dev/hardware-profile", "cpu"}}}}},
+                {"data", {{"profile.yaml", "kind: HardwareProfile\n"}}}});
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  ASSERT_EQ(condition("Planned")["reason"], "ProfilingNodes");
+  set_profile_returned(
+      "{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"HardwareProfile\","
+      "\"metadata\":{\"name\":\"cpu\"},\"provenance\":{\"host\":\"node-a\","
+      "\"date\":\"2026-12-04T22:00:00Z\"},\"spec\":{\"peakFp32Flops\":4.0e10}}");
+  reconcile();
+  EXPECT_EQ(stored_plan(store).peak_source, "measured on node-a 2026-12-04T22:00:00Z");
+  const Object cm = store.get(kConfigMaps, "default", "kubetrain-profile-cpu");
+  EXPECT_NE(cm["data"]["profile.yaml"].get<std::string>().find("peakFp32Flops: 4"),
+            std::string::npos);
+}
+
 // A profiling pod that fails, or returns what is no profile, or outlives the timeout, does not
 // hold the job: it is planned with the built-in figures and a Warning says why.
 TEST_F(ControllerTest, Profiling_FailedOrBrokenOrSlow_PlansWithTheBuiltInFigures) {
