@@ -579,6 +579,17 @@ TEST_F(ControllerTest, GangRestart_ReplansWhenTheInventoryChanged) {
   EXPECT_EQ(plan.placement, std::vector<std::string>{"node-b"});
 }
 
+// A hardware-profile ConfigMap of the namespace: `name`, labelled `kind`, profile.yaml `yaml`.
+void store_profile(local::Store& store, const std::string& name, const std::string& kind,
+                   const std::string& yaml) {
+  store.create(kConfigMaps, "default",
+               {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", name}, {"labels", {{"kubetrain.dev/hardware-profile", kind}}}}},
+                {"data", {{"profile.yaml", yaml}}}});
+}
+
 api::Plan stored_plan(local::Store& store, const std::string& job = "job") {
   return api::decode_plan(Object::parse(
       store.get(kConfigMaps, "default", job + "-plan")["data"]["plan.json"].get<std::string>()));
@@ -766,15 +777,9 @@ TEST_F(ControllerTest, Autotune_ProfileChangedSinceThePlan_RefitsAgainstTheFigur
   const api::Plan first = start_gpt2_on_h100(100000);  // planned with the built-in figures
   // Another job's fold-back has since put TP all-reduces at 3x.
   const std::string kind = api::find_profile("NVIDIA-H100-80GB-HBM3")->name;
-  store.create(kConfigMaps, "default",
-               {{"apiVersion", "v1"},
-                {"kind", "ConfigMap"},
-                {"metadata",
-                 {{"name", "kubetrain-profile-x"},
-                  {"labels", {{"kubetrain.dev/hardware-profile", "x"}}}}},
-                {"data",
-                 {{"profile.yaml", "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\n"
-                                   "metadata: {name: " + kind + "}\nspec: {tpCommScale: 3}\n"}}}});
+  store_profile(store, "kubetrain-profile-x", "x",
+                "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\nmetadata: {name: " +
+                    kind + "}\nspec: {tpCommScale: 3}\n");
   // This job's all-reduces ran 6x what the built-in figures said in total (and it did not say
   // how much of that was exposed): the scale is 6, not 3 x 6.
   metrics_text = phase_metrics(first, 30, {{"tp_comm_total", 6}, {"tp_comm_exposed", -1}});
@@ -806,20 +811,8 @@ TEST_F(ControllerTest, StoredProfile_IsPlannedWith_AndABrokenOneIsSaidInAnEvent)
   const std::string profile =
       "apiVersion: kubetrain.dev/v1alpha1\nkind: HardwareProfile\nmetadata: {name: cpu}\n"
       "spec: {peakFp32Flops: 3.0e10, computeScale: 2}\n";
-  store.create(kConfigMaps, "default",
-               {{"apiVersion", "v1"},
-                {"kind", "ConfigMap"},
-                {"metadata",
-                 {{"name", "kubetrain-profile-cpu"},
-                  {"labels", {{"kubetrain.dev/hardware-profile", "cpu"}}}}},
-                {"data", {{"profile.yaml", profile}}}});
-  store.create(kConfigMaps, "default",
-               {{"apiVersion", "v1"},
-                {"kind", "ConfigMap"},
-                {"metadata",
-                 {{"name", "kubetrain-profile-bad"},
-                  {"labels", {{"kubetrain.dev/hardware-profile", "h200"}}}}},
-                {"data", {{"profile.yaml", "kind: HardwareProfile\n"}}}});
+  store_profile(store, "kubetrain-profile-cpu", "cpu", profile);
+  store_profile(store, "kubetrain-profile-bad", "h200", "kind: HardwareProfile\n");
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();
   const api::Plan plan = stored_plan(store);
@@ -887,13 +880,7 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
 // measurement replaces it (else every plan would profile again).
 TEST_F(ControllerTest, Profiling_ABrokenStoredProfileIsReplacedByTheMeasurement) {
   options.profiling = true;
-  store.create(kConfigMaps, "default",
-               {{"apiVersion", "v1"},
-                {"kind", "ConfigMap"},
-                {"metadata",
-                 {{"name", "kubetrain-profile-cpu"},
-                  {"labels", {{"kubetrain.dev/hardware-profile", "cpu"}}}}},
-                {"data", {{"profile.yaml", "kind: HardwareProfile\n"}}}});
+  store_profile(store, "kubetrain-profile-cpu", "cpu", "kind: HardwareProfile\n");
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();
   ASSERT_EQ(condition("Planned")["reason"], "ProfilingNodes");
