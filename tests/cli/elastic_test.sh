@@ -53,7 +53,9 @@ first_hash=$(jp '{.status.plan.planHash}')
 
 # ---- 2. a node lost: re-planned onto the one left ----
 node_ready sim-node-00001 False || fail "patch node status"
-K get nodes | grep -q "^sim-node-00001 *NotReady" || fail "kubectl get nodes: $(K get nodes)"
+# (Not `K get nodes | grep -q`: under pipefail, grep -q's early exit can SIGPIPE kubectl.)
+nodes=$(K get nodes)
+grep -q "^sim-node-00001 *NotReady" <<< "$nodes" || fail "kubectl get nodes: $nodes"
 victim=$(pod_on sim-node-00001)
 [[ -n $victim ]] || fail "no pod on sim-node-00001"
 K annotate pod "$victim" kubetrain.dev/simulate-exit-code=137 > /dev/null || fail "annotate"
