@@ -6,15 +6,14 @@
 #include <dnnl.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
-#include <vector>
 
 #include "kernels/bf16.h"
 #include "kernels/cpu/matmul_internal.h"

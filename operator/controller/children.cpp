@@ -206,6 +206,13 @@ Object restricted_container_security() {
           {"readOnlyRootFilesystem", true},
           {"capabilities", {{"drop", {"ALL"}}}}};
 }
+// The operator's imagePullSecrets for worker and profiling pods (none: the field is left out).
+void add_pull_secrets(Object& pod_spec, const ChildOptions& options) {
+  if (options.image_pull_secrets.empty()) return;
+  Object secrets = Object::array();
+  for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
+  pod_spec["imagePullSecrets"] = secrets;
+}
 Object restricted_pod_security() {
   return {{"runAsNonRoot", true},
           {"runAsUser", kWorkerUid},
@@ -329,11 +336,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
                      {"nodeSelector", node_selector},
                      {"containers", Object::array({container})},
                      {"volumes", volumes}};
-  if (!options.image_pull_secrets.empty()) {
-    Object secrets = Object::array();
-    for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
-    pod_spec["imagePullSecrets"] = secrets;
-  }
+  add_pull_secrets(pod_spec, options);
   switch (gang_scheduler(job, options)) {
     case api::GangScheduler::kNone:
       break;
@@ -382,11 +385,7 @@ Object render_profiling_pod(const std::string& ns, const std::string& name,
                      {"securityContext", restricted_pod_security()},
                      {"nodeSelector", {{"kubernetes.io/hostname", hostname}}},
                      {"containers", Object::array({container})}};
-  if (!options.image_pull_secrets.empty()) {
-    Object secrets = Object::array();
-    for (const std::string& secret : options.image_pull_secrets) secrets.push_back({{"name", secret}});
-    pod_spec["imagePullSecrets"] = secrets;
-  }
+  add_pull_secrets(pod_spec, options);
   return {{"apiVersion", "v1"},
           {"kind", "Pod"},
           {"metadata",
