@@ -112,7 +112,8 @@ void gemm(const GemmKey& key, const uint16_t* A, const uint16_t* B, float* Cm, c
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(g.bias, engine(), const_cast<float*>(bias)));
   thread_local AlignedBuffer pad;
   args.emplace(DNNL_ARG_SCRATCHPAD,
-               memory(g.scratchpad, engine(), pad.get(std::max<size_t>(1, g.scratchpad.get_size()))));
+               memory(g.scratchpad, engine(),
+                      pad.get(std::max<size_t>(1, g.scratchpad.get_size()))));
   g.primitive.execute(stream, args);
   stream.wait();
 }

@@ -392,7 +392,8 @@ Object render_profiling_pod(const std::string& ns, const std::string& name,
            {{"name", name},
             {"namespace", ns},
             {"labels", {{kProfilingLabel, kind}}},
-            {"annotations", {{kNodeKindAnnotation, kind}, {kProfilingStartedAnnotation, started}}}}},
+            {"annotations",
+             {{kNodeKindAnnotation, kind}, {kProfilingStartedAnnotation, started}}}}},
           {"spec", pod_spec}};
 }
 
