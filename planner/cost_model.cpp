@@ -493,6 +493,14 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // Gradients of CPU-updated units must also be final before the step ends.
   lateness = std::max(lateness, last_final - step_device_end);
   lateness = std::max(lateness, 0.0);
+  // On a CPU rank the "device" is the rank's own cores, and its compute keeps all of them busy:
+  // the offload engine's copy lanes and CPU AdamW pool run on the same cores and take them from
+  // the compute rather than hiding beside it. Their whole time adds to the step (measured here,
+  // 2 cores: the window plan's step grew by more than its copies and AdamW together, the
+  // optimizer-offload plan's by about them; docs/PLANNER.md §8).
+  const double copy_window = window ? pcie_bytes / pcie : 0;
+  if (p.cpu_device && c.offload != OffloadMode::kNone)
+    lateness = std::max(lateness, copy_window + copy_total + cpu_total);
   const double offload_overhead = c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
   double step = step_device_end + lateness + offload_overhead;
   // The node's DRAM serves every rank's copies and every rank's CPU AdamW within one step; when
@@ -518,9 +526,10 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.optimizer_cpu_total = cpu_total;
   const double window_stall =
       c.grad_accum * (micro_batch_seconds - timing.forward - timing.backward);
-  const double copy_window = window ? pcie_bytes / pcie : 0;
   time.transfer_total = copy_total + copy_window;
-  const double tail_share = cpu_total + copy_total > 0 ? cpu_total / (cpu_total + copy_total) : 1;
+  // The late tail is CPU AdamW and copies, in proportion (on a CPU rank the window's copies too).
+  const double tail_copies = copy_total + (p.cpu_device ? copy_window : 0);
+  const double tail_share = cpu_total + tail_copies > 0 ? cpu_total / (cpu_total + tail_copies) : 1;
   time.optimizer_cpu_exposed = lateness * tail_share;
   time.transfer_exposed =
       window_stall + lateness * (1 - tail_share) + offload_overhead + dram_stretch;

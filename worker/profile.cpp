@@ -109,6 +109,121 @@ double micro_batch_seconds(const api::ModelDims& m, int64_t B, int64_t T, int re
   });
 }
 
+// 6. Two ranks at work, as a plan's two ranks of a node are: both processes compute with half
+//    the threads and all-reduce between or beside their compute. All-reduces between idle
+//    processes (step 5) are not what a TP 2 or DP 2 run gets: there the peer is late by its own
+//    compute's jitter, and Gloo's threads wait for a core the GEMMs hold (measured on a 2-core
+//    machine: TP 2's all-reduces 4x, DP 2's 12x the idle prediction). Both ranks run:
+//    the TP pattern: the forward and backward GEMMs of a layer at TP 2 shapes, a blocking
+//      all-reduce of the activations (rows x C floats) after each row-parallel product;
+//    the DP pattern: the GEMMs of a micro-batch on the main thread while the group's comm thread
+//      all-reduces one layer's gradients after another (the worker's per-unit buckets).
+//    `in` is zero but for x[0], the in-band stop flag: its sum falls below 2 once a rank is done.
+struct RanksAtWork {
+  double tp_allreduce_seconds = 0;  // median of the TP pattern's mean per all-reduce
+  double dp_step_comm_seconds = 0;  // median comm thread seconds of the DP pattern's step
+  double dp_step_bytes = 0;         // what it all-reduced
+  int dp_step_allreduces = 0;       // in how many all-reduces
+};
+
+RanksAtWork ranks_at_work(Communicator& group, int64_t rows, const api::ModelDims& m,
+                          int reps) {
+  const int64_t C = m.hidden, F = m.ffn_hidden;
+  // TP 2 shards: qkv and fc column-parallel (out/2), the projection and fc2 row-parallel (in/2).
+  const std::vector<Gemm> shards = {{C, 3 * C / 2}, {C / 2, C}, {C, F / 2}, {F / 2, C}};
+  std::vector<GemmBuffers> b(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto [in, out] = shards[i];
+    b[i] = {random_floats(rows * in, 11), random_floats(out * in, 12),
+            std::vector<float>(static_cast<size_t>(rows * out)),
+            std::vector<float>(static_cast<size_t>(rows * in)),
+            std::vector<float>(static_cast<size_t>(out * in)),
+            std::vector<float>(static_cast<size_t>(out)), {}};
+  }
+  std::vector<float> act(static_cast<size_t>(rows * C), 0.0f);
+  const int64_t layers = std::clamp<int64_t>(m.layers, 1, 4);
+  auto fwd = [&](size_t i) {
+    k::matmul_forward(b[i].out.data(), b[i].inp.data(), b[i].weight.data(), nullptr, rows,
+                      shards[i].C, shards[i].OC);
+  };
+  auto bwd = [&](size_t i) {
+    k::matmul_backward(b[i].dinp.data(), b[i].dweight.data(), b[i].dbias.data(), b[i].out.data(),
+                       b[i].inp.data(), b[i].weight.data(), rows, shards[i].C, shards[i].OC,
+                       false);
+  };
+  double in_allreduce = 0;
+  int64_t allreduces = 0;
+  auto allreduce = [&] {
+    const auto t0 = Clock::now();
+    group.allreduce(act.data(), act.size());
+    in_allreduce += seconds_since(t0);
+    ++allreduces;
+  };
+  std::vector<double> per_rep;
+  for (int r = 0; r <= reps; ++r) {  // the first is a warm-up
+    in_allreduce = 0;
+    allreduces = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      fwd(0), fwd(1), allreduce(), fwd(2), fwd(3), allreduce();
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      bwd(3), bwd(2), allreduce(), bwd(1), bwd(0), allreduce();
+    }
+    if (r > 0) per_rep.push_back(in_allreduce / static_cast<double>(allreduces));
+  }
+  std::sort(per_rep.begin(), per_rep.end());
+  RanksAtWork out;
+  out.tp_allreduce_seconds = per_rep[per_rep.size() / 2];
+
+  // The DP pattern, as the trainer's step runs it: the forward GEMMs of every layer, then each
+  //    layer's backward GEMMs followed by the asynchronous all-reduce of that layer's gradients
+  //    (the comm thread works beside the next layer's backward), the embeddings' last, all
+  //    waited for at the end, then the loss's sum. The comm thread's seconds per step (what the
+  //    worker reports as dp_comm_total) over the reps.
+  const std::vector<Gemm> full = {{C, 3 * C}, {C, C}, {C, F}, {F, C}};
+  std::vector<GemmBuffers> g(full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    const auto [in, o] = full[i];
+    g[i] = {random_floats(rows * in, 13), random_floats(o * in, 14),
+            std::vector<float>(static_cast<size_t>(rows * o)),
+            std::vector<float>(static_cast<size_t>(rows * in)),
+            std::vector<float>(static_cast<size_t>(o * in)),
+            std::vector<float>(static_cast<size_t>(o)), {}};
+  }
+  const int64_t layer_floats = 12 * C * C + 13 * C;  // one layer's parameters (GPT-2)
+  const int64_t embedding_floats = (m.padded_vocab() + m.seq_len) * C;
+  std::vector<std::vector<float>> grads(static_cast<size_t>(layers));
+  for (auto& v : grads) v.assign(static_cast<size_t>(layer_floats), 0.0f);
+  std::vector<float> embedding_grads(static_cast<size_t>(embedding_floats), 0.0f);
+  float loss = 0;
+  std::vector<double> comm_per_step;
+  for (int r = 0; r <= reps; ++r) {
+    const CommStats before = group.stats();
+    for (int64_t l = 0; l < layers; ++l)
+      for (size_t i = 0; i < full.size(); ++i)
+        k::matmul_forward(g[i].out.data(), g[i].inp.data(), g[i].weight.data(), nullptr, rows,
+                          full[i].C, full[i].OC);
+    std::vector<std::shared_ptr<CommWork>> works;
+    for (int64_t l = layers - 1; l >= 0; --l) {
+      for (size_t i = full.size(); i-- > 0;)
+        k::matmul_backward(g[i].dinp.data(), g[i].dweight.data(), g[i].dbias.data(),
+                           g[i].out.data(), g[i].inp.data(), g[i].weight.data(), rows, full[i].C,
+                           full[i].OC, false);
+      works.push_back(group.allreduce_async(grads[l].data(), grads[l].size(), ReduceOp::kSum));
+    }
+    works.push_back(
+        group.allreduce_async(embedding_grads.data(), embedding_grads.size(), ReduceOp::kSum));
+    for (auto& w : works) w->wait();
+    group.allreduce(&loss, 1);
+    if (r > 0) comm_per_step.push_back(group.stats().seconds - before.seconds);
+  }
+  std::sort(comm_per_step.begin(), comm_per_step.end());
+  out.dp_step_comm_seconds = comm_per_step[comm_per_step.size() / 2];
+  out.dp_step_bytes = 4.0 * static_cast<double>(layers * layer_floats + embedding_floats);
+  out.dp_step_allreduces = static_cast<int>(layers) + 2;
+  return out;
+}
+
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error("profile: no socket for the all-reduce test");
@@ -123,6 +238,44 @@ int free_port() {
   }
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// Runs `second` in a child process as rank 1 and `first` here as rank 0 of a 2-rank Gloo group
+// over loopback TCP (as two ranks of a node are); waits for the child. Throws if either fails.
+void with_second_rank(const std::function<void(Communicator&)>& second,
+                      const std::function<void(Communicator&)>& first) {
+  RendezvousConfig config;
+  config.master_port = free_port();
+  config.world_size = 2;
+  config.job_id = "profile";
+  config.timeout = std::chrono::seconds(30);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child < 0) throw Error("profile: cannot start the second rank (fork failed)");
+  if (child == 0) {
+    try {
+      config.rank = 1;
+      ProcessGroups groups = connect_process_groups(config, 1, 2);
+      second(*groups.dp);
+      std::fflush(nullptr);
+      ::_exit(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "profile: the second rank failed: %s\n", e.what());
+      ::_exit(1);
+    }
+  }
+  try {
+    ProcessGroups groups = connect_process_groups(config, 1, 2);
+    first(*groups.dp);
+  } catch (...) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    throw;
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw Error("profile: the second rank of the all-reduce test failed");
 }
 
 std::string hostname() {
@@ -272,48 +425,39 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
   //    over loopback TCP — and the GEMMs' slow-down while all-reduces run beside them. The child
   //    makes the same calls in the same order; the last phase stops in band (the sum of a flag).
   {
-    RendezvousConfig config;
-    config.master_port = free_port();
-    config.world_size = 2;
-    config.job_id = "profile";
-    config.timeout = std::chrono::seconds(30);
     const int64_t big = int64_t{1} << 20;  // 4 MiB of floats
     const int small_times = options.quick ? 20 : 100, big_times = options.quick ? 2 : 8;
     std::vector<float> x(big, 1.0f);
-    std::fflush(nullptr);
-    const pid_t child = ::fork();
-    if (child < 0) throw Error("profile: cannot start the second rank (fork failed)");
-    if (child == 0) {  // rank 1: only the all-reduces, then out
-      try {
-        config.rank = 1;
-        ProcessGroups groups = connect_process_groups(config, 1, 2);
-        for (int i = 0; i < (reps + 1) * small_times; ++i) groups.dp->allreduce(x.data(), 1);
-        for (int i = 0; i < (reps + 1) * big_times; ++i) groups.dp->allreduce(x.data(), big);
-        do {
-          x[0] = 0.0f;
-          groups.dp->allreduce(x.data(), big);
-        } while (x[0] > 0.5f);
-        std::fflush(nullptr);
-        ::_exit(0);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "profile: the second rank failed: %s\n", e.what());
-        ::_exit(1);
-      }
-    }
-    ProcessGroups groups;
-    try {
-      groups = connect_process_groups(config, 1, 2);
-    } catch (...) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, nullptr, 0);
-      throw;
-    }
-    const double small_s = median_seconds(reps, [&] {
-      for (int i = 0; i < small_times; ++i) groups.dp->allreduce(x.data(), 1);
-    }) / small_times;
-    const double big_s = median_seconds(reps, [&] {
-      for (int i = 0; i < big_times; ++i) groups.dp->allreduce(x.data(), big);
-    }) / big_times;
+    double small_s = 0, big_s = 0, alone = 0, beside = 0;
+    with_second_rank(
+        [&](Communicator& group) {  // rank 1: only the all-reduces, then out
+          for (int i = 0; i < (reps + 1) * small_times; ++i) group.allreduce(x.data(), 1);
+          for (int i = 0; i < (reps + 1) * big_times; ++i) group.allreduce(x.data(), big);
+          do {
+            x[0] = 0.0f;
+            group.allreduce(x.data(), big);
+          } while (x[0] > 0.5f);
+        },
+        [&](Communicator& group) {
+          small_s = median_seconds(reps, [&] {
+            for (int i = 0; i < small_times; ++i) group.allreduce(x.data(), 1);
+          }) / small_times;
+          big_s = median_seconds(reps, [&] {
+            for (int i = 0; i < big_times; ++i) group.allreduce(x.data(), big);
+          }) / big_times;
+          alone = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
+          std::atomic<bool> stop{false};
+          std::thread noise([&] {
+            for (;;) {
+              x[0] = stop.load() ? 0.0f : 1.0f;
+              group.allreduce(x.data(), big);
+              if (x[0] < 0.5f) return;
+            }
+          });
+          beside = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
+          stop = true;
+          noise.join();
+        });
     // allreduce_seconds: 2(n−1)·α + 2(n−1)/n · bytes / busbw; n = 2.
     hw.allreduce_latency = small_s / 2.0;
     const double bytes = 4.0 * static_cast<double>(big);
@@ -322,27 +466,42 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     record["allreduce4MiBSeconds"] = big_s;
     say("all-reduce latency α (2 processes, per ring step)", hw.allreduce_latency * 1e6, "us");
     say("all-reduce bus bandwidth (2 processes, 4 MiB)", hw.intra_allreduce_busbw / 1e9, "GB/s");
-
-    const double alone = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
-    std::atomic<bool> stop{false};
-    std::thread noise([&] {
-      for (;;) {
-        x[0] = stop.load() ? 0.0f : 1.0f;
-        groups.dp->allreduce(x.data(), big);
-        if (x[0] < 0.5f) return;
-      }
-    });
-    const double beside = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
-    stop = true;
-    noise.join();
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw Error("profile: the second rank of the all-reduce test failed");
     hw.overlap_interference = std::clamp(beside / alone - 1.0, 0.0, 4.0);
     record["gemmSecondsAlone"] = alone;
     record["gemmSecondsBesideAllreduce"] = beside;
     say("GEMM slow-down beside all-reduces", hw.overlap_interference, "");
+  }
+
+  // 6. The same all-reduces with both ranks at work (ranks_at_work): what they take there over
+  //    what step 5's α and bus bandwidth predict becomes the profile's tpCommScale and
+  //    dpCommScale (the scales autotune's fold-back refines later from a running job).
+  {
+    const int rank_threads = std::max(1, threads / 2);
+    const int64_t C = m.hidden;
+    RanksAtWork at_work;
+    auto both = [&](Communicator& group) {
+      omp_set_num_threads(rank_threads);
+      return ranks_at_work(group, BT, m, reps);
+    };
+    with_second_rank([&](Communicator& group) { both(group); },
+                     [&](Communicator& group) { at_work = both(group); });
+    omp_set_num_threads(threads);
+    auto idle_prediction = [&](double bytes) {  // step 5's figures, n = 2
+      return 2.0 * hw.allreduce_latency + bytes / hw.intra_allreduce_busbw;
+    };
+    const double tp_predicted = idle_prediction(4.0 * static_cast<double>(BT * C));
+    const double dp_predicted = at_work.dp_step_allreduces * 2.0 * hw.allreduce_latency +
+                                at_work.dp_step_bytes / hw.intra_allreduce_busbw;
+    hw.tp_comm_scale = std::clamp(at_work.tp_allreduce_seconds / tp_predicted, 1.0, 100.0);
+    hw.dp_comm_scale = std::clamp(at_work.dp_step_comm_seconds / dp_predicted, 1.0, 100.0);
+    record["tpAllreduceAtWorkSeconds"] = at_work.tp_allreduce_seconds;
+    record["dpStepAllreduceAtWorkSeconds"] = at_work.dp_step_comm_seconds;
+    say("TP all-reduce, both ranks at work (activations)", at_work.tp_allreduce_seconds * 1e3,
+        "ms");
+    say("  = tpCommScale (over the idle prediction)", hw.tp_comm_scale, "");
+    say("DP all-reduces of a step, beside the backward", at_work.dp_step_comm_seconds * 1e3,
+        "ms");
+    say("  = dpCommScale (over the idle prediction)", hw.dp_comm_scale, "");
   }
 
   out.provenance = {{"host", hostname()},
