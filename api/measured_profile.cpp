@@ -33,6 +33,7 @@ constexpr SpecField kSpecFields[] = {
     {"allreduceLatency", &HardwareProfile::allreduce_latency, 0, 10, true},
     {"cpuAdamParamsPerCore", &HardwareProfile::cpu_adam_params_per_core, 0, 1e15, false},
     {"overlapInterference", &HardwareProfile::overlap_interference, 0, 4, true},
+    {"recomputeRateRatio", &HardwareProfile::recompute_rate_ratio, 0.5, 3, false},
     {"computeScale", &HardwareProfile::compute_scale, 0.01, 100, false},
     {"tpCommScale", &HardwareProfile::tp_comm_scale, 0.01, 100, false},
     {"dpCommScale", &HardwareProfile::dp_comm_scale, 0.01, 100, false},

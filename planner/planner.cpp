@@ -32,7 +32,8 @@ std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memo
       << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|'
       << hw.achieved_fraction_bf16 << '|' << hw.has_bf16 << '|' << hw.compute_scale
       << '|' << hw.tp_comm_scale << '|' << hw.dp_comm_scale << '|' << hw.transfer_scale << '|'
-      << hw.cpu_optimizer_scale << '|' << cores << '|' << memory
+      << hw.cpu_optimizer_scale << '|' << hw.memory_bandwidth << '|' << hw.overlap_interference
+      << '|' << hw.recompute_rate_ratio << '|' << cores << '|' << memory
       << '|' << slots;
   return key.str();
 }

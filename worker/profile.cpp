@@ -95,10 +95,12 @@ double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuf
   return flops;
 }
 
-// Median seconds of one micro-batch (forward and backward) of the model in `precision`.
+// Median seconds of one micro-batch (forward and backward) of the model in `precision`, with
+// `recompute`.
 double micro_batch_seconds(const api::ModelDims& m, int64_t B, int64_t T, int reps,
-                           api::Precision precision) {
-  Gpt model(GptConfig::from(m), B, T, Device::cpu(), {}, 1, api::Recompute::kNone, precision);
+                           api::Precision precision,
+                           api::Recompute recompute = api::Recompute::kNone) {
+  Gpt model(GptConfig::from(m), B, T, Device::cpu(), {}, 1, recompute, precision);
   model.init_weights(1);
   std::vector<int32_t> tokens(static_cast<size_t>(B * T + 1));
   std::mt19937 rng(3);
@@ -359,6 +361,19 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     record["microBatchFlopsPerSecond"] = step_rate;
     say("micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e9, "GFLOP/s");
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
+    // What full recompute adds: every layer's forward again (8bsh² + 4bshf + 4bs²h per layer,
+    // planner/cost_model.h), at the rate it runs there.
+    const double full_s =
+        micro_batch_seconds(m, B, T, reps, api::Precision::kFp32, api::Recompute::kFull);
+    const double b = static_cast<double>(B), s = static_cast<double>(T);
+    const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn_hidden);
+    const double recompute_flops =
+        static_cast<double>(m.layers) * (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h);
+    const double recompute_rate = recompute_flops / std::max(full_s - step_s, 1e-9);
+    hw.recompute_rate_ratio = std::clamp(recompute_rate / step_rate, 0.5, 3.0);
+    record["microBatchFullRecomputeSeconds"] = full_s;
+    say("micro-batch with full recompute", full_s * 1e3, "ms");
+    say("  = recompute rate over the micro-batch's", hw.recompute_rate_ratio, "");
   }
 
   // 2b. The same in bf16 where the CPU has bf16 matmuls (AMX-BF16 or AVX512-BF16).

@@ -185,5 +185,61 @@ TEST(CostModel, CpuRanksUseHostMemoryAsDeviceMemory) {
   EXPECT_GT(ev.predicted.tokens_per_second, 0);
 }
 
+// A recompute pass at the profile's measured rate: full recompute adds every layer's forward
+// FLOPs, (8bsh² + 4bshf + 4bs²h)·L, at ratio × the micro-batch's rate — and nothing else moves.
+TEST(CostModel, RecomputeRunsAtTheProfilesRecomputeRate) {
+  Problem p = problem_3090();
+  const ParallelConfig one_rank = [] {
+    ParallelConfig c = config(1, 2, 1, Recompute::kNone);
+    c.procs_per_node = 1;
+    c.dp = 1;
+    return c;
+  }();
+  ParallelConfig full = one_rank;
+  full.recompute = Recompute::kFull;
+  const double b = 2, s = p.model.seq_len, h = p.model.hidden, f = p.model.ffn_hidden;
+  const double layer_forward_flops = 8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h;
+  const double rate = p.hw.peak_bf16_flops * p.hw.achieved_fraction;
+  for (double ratio : {1.0, 1.3, 0.7}) {
+    p.hw.recompute_rate_ratio = ratio;
+    const auto none_t = planner::time_micro_batch(p, one_rank);
+    const auto full_t = planner::time_micro_batch(p, full);
+    const double added = (full_t.forward + full_t.backward) - (none_t.forward + none_t.backward);
+    EXPECT_NEAR(added, p.model.layers * layer_forward_flops / (ratio * rate), added * 1e-9)
+        << ratio;
+    EXPECT_NEAR(full_t.forward, none_t.forward, none_t.forward * 1e-12) << "the forward is not";
+  }
+}
+
+// On a CPU rank the offload engine's copy lanes and CPU AdamW run on the cores the compute
+// keeps busy: nothing of them is hidden. On a GPU node the same lanes hide behind the backward.
+TEST(CostModel, OnCpuRanksTheOffloadLanesAddToTheStep_OnGpusTheyHide) {
+  Problem p;
+  p.model = {4, 256, 4, 1024, 256, 128};
+  p.global_batch = 8;
+  p.hw = api::cpu_profile();
+  p.cpu_device = true;
+  p.precision = api::Precision::kFp32;
+  p.cpu_cores_per_node = 2;
+  p.host_memory_per_node = 24 * api::kGiB;
+  ParallelConfig c;
+  c.micro_batch = 8;
+  c.offload = OffloadMode::kOptimizer;
+  c.gpu_units = 3;  // embeddings and layers 0-1 on the device, layers 2-3 on the CPU
+  const auto t = planner::evaluate(p, c).predicted.time;
+  EXPECT_GT(t.optimizer_cpu_total, 0);
+  EXPECT_GT(t.transfer_total, 0);
+  EXPECT_NEAR(t.optimizer_cpu_exposed + t.transfer_exposed,
+              t.optimizer_cpu_total + t.transfer_total + 2e-3 /* per-step hand-off */, 1e-9);
+
+  Problem gpu = problem_3090();
+  ParallelConfig g = config(4, 4, 1, Recompute::kNone);
+  g.offload = OffloadMode::kOptimizer;
+  g.gpu_units = 12;
+  const auto tg = planner::evaluate(gpu, g).predicted.time;
+  EXPECT_GT(tg.optimizer_cpu_total, 0);
+  EXPECT_LT(tg.optimizer_cpu_exposed, tg.optimizer_cpu_total);
+}
+
 }  // namespace
 }  // namespace kt

@@ -76,6 +76,9 @@ TEST(MeasuredProfile, EveryBadFieldIsAnErrorNamingIt) {
   doc["spec"]["tpCommScale"] = 0.001;  // a fold-back 1000x faster than predicted: broken
   EXPECT_EQ(field_error(doc), "spec.tpCommScale: 0.001 must be above 0.01 and at most 100.0");
   doc = measured_cpu();
+  doc["spec"]["recomputeRateRatio"] = 0.2;  // recompute 5x slower than the step: not a CPU
+  EXPECT_EQ(field_error(doc), "spec.recomputeRateRatio: 0.2 must be above 0.5 and at most 3.0");
+  doc = measured_cpu();
   doc["measurements"]["x"] = "1";
   EXPECT_NE(field_error(doc).find("measurements.x: must be a finite number"), std::string::npos);
 }

@@ -48,6 +48,7 @@ struct RunResult {
   std::vector<std::vector<worker::TensorView>> params;  // per rank (views copied to storage)
   std::vector<std::vector<std::vector<float>>> values;
   std::vector<int64_t> transfer_bytes;  // rank 0's offload copies per step, both directions
+  std::vector<int64_t> dp_allreduces;   // rank 0's DP all-reduces so far, after each step
 };
 
 RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int stop_after = 0) {
@@ -75,6 +76,8 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
       options.poison_evicted = true;  // a read before the parameters landed shows as NaN
       options.on_step = [&, r, stop_after](const worker::StepReport& report) {
         if (r == 0) out.transfer_bytes.push_back(report.h2d_bytes + report.d2h_bytes);
+        if (r == 0 && report.comm.count("dp"))
+          out.dp_allreduces.push_back(report.comm.at("dp").allreduces);
         // one rank "gets SIGTERM"
         if (stop_after > 0 && r == world - 1 && report.step == stop_after) worker::request_stop();
       };
@@ -246,6 +249,15 @@ TEST(ParallelTraining, TensorParallelTwoEqualsOneRank) {
 }
 TEST(ParallelTraining, DataParallelTwoEqualsOneRank) {
   expect_same_training("tensorParallel: 1, dataParallel: 2, overlap: off");
+}
+// The DP sum is bucketed by offload unit (the embeddings and final LayerNorm, each layer): a
+// step all-reduces L + 1 packed buckets and the loss, not each of a layer's 12 tensors.
+TEST(ParallelTraining, DataParallelSumsOneBucketPerUnit) {
+  const api::Plan plan = plan_for("tensorParallel: 1, dataParallel: 2, overlap: off");
+  const RunResult r = run(plan);
+  ASSERT_GE(r.dp_allreduces.size(), 2u);
+  for (size_t i = 1; i < r.dp_allreduces.size(); ++i)
+    EXPECT_EQ(r.dp_allreduces[i] - r.dp_allreduces[i - 1], plan.model.layers + 2) << "step " << i;
 }
 TEST(ParallelTraining, TwoByTwoEqualsOneRank) {
   expect_same_training("tensorParallel: 2, dataParallel: 2, overlap: off");
