@@ -363,13 +363,18 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
     // What full recompute adds: every layer's forward again (8bsh² + 4bshf + 4bs²h per layer,
     // planner/cost_model.h), at the rate it runs there.
+    // Bracketed by a second plain measurement, so that the machine's drift between the two
+    // falls out of the difference.
     const double full_s =
         micro_batch_seconds(m, B, T, reps, api::Precision::kFp32, api::Recompute::kFull);
+    const double again_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
+    record["microBatchSecondsAfterwards"] = again_s;
     const double b = static_cast<double>(B), s = static_cast<double>(T);
     const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn_hidden);
     const double recompute_flops =
         static_cast<double>(m.layers) * (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h);
-    const double recompute_rate = recompute_flops / std::max(full_s - step_s, 1e-9);
+    const double recompute_rate =
+        recompute_flops / std::max(full_s - 0.5 * (step_s + again_s), 1e-9);
     hw.recompute_rate_ratio = std::clamp(recompute_rate / step_rate, 0.5, 3.0);
     record["microBatchFullRecomputeSeconds"] = full_s;
     say("micro-batch with full recompute", full_s * 1e3, "ms");
