@@ -55,6 +55,15 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
   c.sub_batches = overlap.integer("subBatches").value_or(1);
   overlap.finish();
   c.recompute = read_enum_field(r, "recompute", Recompute::kNone);
+  // Absent in plans without a pipeline or a distributed optimizer (their hash stays as it was).
+  ObjectReader pipeline = r.object("pipeline");
+  c.pp = pipeline.integer("stages").value_or(1);
+  if (c.pp < 1 || c.pp > JobLimits::kParallel)
+    throw FieldError(pipeline.path_of("stages"), std::to_string(c.pp) + " must be between 1 and " +
+                                                     std::to_string(JobLimits::kParallel));
+  pipeline.integer("layersPerStage");
+  pipeline.finish();
+  c.distributed_optimizer = r.boolean("distributedOptimizer").value_or(false);
   return c;
 }
 
@@ -65,6 +74,8 @@ Json to_json(const ParallelConfig& c) {
           {"procsPerNode", c.procs_per_node},
           {"tp", c.tp},
           {"dp", c.dp},
+          {"pp", c.pp},
+          {"distributedOptimizer", c.distributed_optimizer},
           {"microBatch", c.micro_batch},
           {"gradAccum", c.grad_accum},
           {"subBatches", c.sub_batches},
@@ -147,7 +158,7 @@ static Json executed_part(const Plan& plan) {
   const auto& t = plan.training;
   Json data = {{"source", std::string(to_string(plan.data.source))}};
   if (!plan.data.path.empty()) data["path"] = plan.data.path;
-  return {
+  Json out = {
       {"apiVersion", kApiVersion},
       {"kind", kPlanKind},
       {"job", {{"name", plan.job_name}, {"namespace", plan.job_namespace}}},
@@ -192,6 +203,11 @@ static Json executed_part(const Plan& plan) {
       {"checkpoint",
        {{"intervalSteps", plan.checkpoint.interval_steps}, {"keep", plan.checkpoint.keep}}},
   };
+  // Only where used, so that the plans made before these existed keep their hash.
+  if (c.pp > 1)
+    out["pipeline"] = {{"stages", c.pp}, {"layersPerStage", m.layers / c.pp}};
+  if (c.distributed_optimizer) out["distributedOptimizer"] = true;
+  return out;
 }
 
 std::string compute_plan_hash(const Plan& plan) {
@@ -325,9 +341,13 @@ Plan decode_plan(const Json& doc) {
       if (line.is_string()) plan.explanation.push_back(line.get<std::string>());
   plan.plan_hash = r.string("planHash").value_or("");
   r.finish();
-  if (plan.config.tp * plan.config.dp != plan.world)
-    throw FieldError("plan.world", std::to_string(plan.world) + " is not tp × dp = " +
-                                       std::to_string(plan.config.tp * plan.config.dp));
+  const auto& pc = plan.config;
+  if (pc.tp * pc.pp * pc.dp != plan.world)
+    throw FieldError("plan.world", std::to_string(plan.world) + " is not tp × pp × dp = " +
+                                       std::to_string(pc.tp * pc.pp * pc.dp));
+  if (plan.model.layers % pc.pp)
+    throw FieldError("plan.pipeline.stages", std::to_string(pc.pp) + " does not divide the " +
+                                                 std::to_string(plan.model.layers) + " layers");
   if (!plan.plan_hash.empty() && plan.plan_hash != compute_plan_hash(plan))
     throw FieldError("plan.planHash", "\"" + plan.plan_hash +
                                           "\" does not match the plan's content (edited by hand?)");

@@ -23,7 +23,16 @@ struct ParallelConfig {
   int64_t nodes = 1;
   int64_t procs_per_node = 1;  // ranks per node (GPUs, or CPU rank processes)
   int64_t tp = 1;              // tensor-parallel degree (consecutive ranks inside a node)
-  int64_t dp = 1;              // data-parallel degree; nodes·procs_per_node = tp·dp
+  int64_t dp = 1;              // data-parallel degree; nodes·procs_per_node = tp·pp·dp
+  // Pipeline stages: layers [s·L/pp, (s+1)·L/pp) on the s-th group of tp·dp consecutive ranks,
+  // the 1F1B schedule over the grad_accum micro-batches (Narayanan et al. SC21). The first
+  // stage holds the embeddings, the last the LM head (tied: a copy of wte, its gradient summed
+  // with the first stage's).
+  int64_t pp = 1;
+  // The distributed optimizer (ZeRO-1; Megatron's --use-distributed-optimizer): fp32 master
+  // weights and AdamW moments sharded over the DP group; gradients reduce-scattered, updated
+  // parameters all-gathered.
+  bool distributed_optimizer = false;
   int64_t micro_batch = 1;     // sequences per micro-batch per DP rank
   int64_t grad_accum = 1;      // micro-batches per step
   int64_t sub_batches = 1;     // 2: the Oases overlapped schedule

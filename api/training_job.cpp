@@ -105,6 +105,8 @@ ParallelismSpec decode_parallelism(ObjectReader r) {
   ParallelismSpec p;
   p.tensor_parallel = r.integer_or_auto("tensorParallel");
   p.data_parallel = r.integer_or_auto("dataParallel");
+  p.pipeline_parallel = r.integer_or_auto("pipelineParallel");
+  p.distributed_optimizer = read_on_off(r, "distributedOptimizer");
   p.overlap = read_on_off(r, "overlap");
   p.recompute = read_enum<Recompute>(r, "recompute", true);
   p.offload = read_enum<OffloadMode>(r, "offload", true);
@@ -404,7 +406,14 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   const auto& p = job.spec.parallelism;
   check_positive(errors, "spec.parallelism.tensorParallel", p.tensor_parallel);
   check_positive(errors, "spec.parallelism.dataParallel", p.data_parallel);
+  check_positive(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel);
   check_positive(errors, "spec.parallelism.offloadWindow", p.offload_window);
+  check_at_most(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel, JL::kParallel);
+  if (dims && p.pipeline_parallel && *p.pipeline_parallel > 0 &&
+      dims->layers % *p.pipeline_parallel != 0)
+    errors.emplace_back("spec.parallelism.pipelineParallel",
+                        std::to_string(*p.pipeline_parallel) + " does not divide the model's " +
+                            std::to_string(dims->layers) + " layers (stages hold equal layers)");
   check_at_most(errors, "spec.parallelism.tensorParallel", p.tensor_parallel, JL::kParallel);
   check_at_most(errors, "spec.parallelism.dataParallel", p.data_parallel, JL::kParallel);
   if (dims && p.tensor_parallel && *p.tensor_parallel > 0) {
@@ -549,6 +558,8 @@ Json to_json(const TrainingJobSpec& s) {
   Json& par = spec["parallelism"] = Json::object();
   put_auto(par, "tensorParallel", p.tensor_parallel);
   put_auto(par, "dataParallel", p.data_parallel);
+  put_auto(par, "pipelineParallel", p.pipeline_parallel);
+  if (p.distributed_optimizer) par["distributedOptimizer"] = *p.distributed_optimizer ? "on" : "off";
   par["overlap"] = p.overlap ? (*p.overlap ? "on" : "off") : "auto";
   if (p.autotune) par["autotune"] = *p.autotune ? "on" : "off";
   put_enum_auto(par, "recompute", p.recompute);

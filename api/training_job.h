@@ -87,6 +87,11 @@ struct ResourcesSpec {
 struct ParallelismSpec {
   std::optional<int64_t> tensor_parallel;
   std::optional<int64_t> data_parallel;
+  // Pipeline stages (1F1B) and the distributed optimizer (ZeRO-1). Unset (auto): the planner
+  // uses them only where no plan without them fits (the CPU and CUDA workers do not run them
+  // yet; a plan with them is refused by the worker, saying so).
+  std::optional<int64_t> pipeline_parallel;
+  std::optional<bool> distributed_optimizer;  // on/off
   std::optional<bool> overlap;  // on/off
   std::optional<Recompute> recompute;
   std::optional<OffloadMode> offload;

@@ -212,10 +212,13 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   const double recompute_scale = rate / recompute_rate;
   const double logits = logits_forward_flops(m, b, c.tp) / rate;
 
+  // One pipeline stage's layers (all of them without a pipeline). The stage timed is the last,
+  // which also runs the LM head: the slowest, so the one the 1F1B schedule waits for.
+  const int64_t stage_layers = m.layers / c.pp;
   std::vector<Op> ops;
-  ops.reserve(6 * m.layers + 2);
+  ops.reserve(6 * stage_layers + 2);
   ops.push_back({0, ar});  // vocab-parallel embedding: all-reduce of the looked-up rows
-  for (int64_t l = 0; l < m.layers; ++l) {
+  for (int64_t l = 0; l < stage_layers; ++l) {
     ops.push_back({attn, ar});  // attention block, row-parallel projection all-reduce
     ops.push_back({mlp, ar});   // MLP block, row-parallel fc2 all-reduce
   }
@@ -223,7 +226,7 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   // LM head forward + backward (3× the logits GEMM); the gradient of the final LayerNorm
   // output is summed over the vocabulary shards.
   ops.push_back({3 * logits, ar});
-  for (int64_t l = 0; l < m.layers; ++l) {
+  for (int64_t l = 0; l < stage_layers; ++l) {
     if (c.recompute == Recompute::kFull) {
       ops.push_back({attn * recompute_scale, ar});
       ops.push_back({mlp * recompute_scale, ar});
@@ -267,7 +270,7 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
   const auto& m = p.model;
   Shape sh;
-  sh.L = m.layers;
+  sh.L = m.layers / c.pp;  // the stage's layers (every stage holds the tied embeddings' unit)
   sh.bpe = bytes_per_element(p.precision);
   sh.emb = embedding_unit_params(m, c.tp);
   sh.lay = layer_unit_params(m, c.tp);
@@ -320,9 +323,13 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   if (window) grads += slots * lay * bpe;
   mem.grads = grads;
   mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
+  if (c.distributed_optimizer) mem.optimizer /= static_cast<double>(c.dp);  // ZeRO-1
   const double act_scale = bpe / 2;
   const int64_t layers_on_device = window ? L - streamed + slots : L;
-  double activations = layers_on_device * act_layer;
+  // 1F1B: the first stage holds the activations of min(pp, micro-batches) micro-batches in
+  // flight (Narayanan et al. SC21 §2.2; Korthikanti et al. 2022 §4.2.3).
+  const double in_flight = static_cast<double>(std::min(c.pp, c.grad_accum));
+  double activations = in_flight * layers_on_device * act_layer;
   if (c.recompute != Recompute::kNone)  // the recomputed layer's full working set
     activations += layer_activation_bytes(m, b, c.tp, Recompute::kNone) * act_scale;
   // fp32 logits / probabilities (B, T, V/t) and the embedding output.
@@ -419,15 +426,34 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
         c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * bpe + 2 * streamed * act_layer) +
         slots * lay * bpe;
   }
-  const double forward_backward = c.grad_accum * micro_batch_seconds;
+  // With a pipeline (1F1B), each micro-batch also passes its activations to the next stage and
+  // its input gradients to the one before, point to point (b·s·h elements each way per stage
+  // boundary, blocking as Megatron's default schedule's send/recv are), and the schedule takes
+  // m + pp − 1 micro-batch slots: the bubble (pp − 1)/m (Narayanan et al. SC21 §2.2).
+  double p2p_seconds = 0;
+  if (c.pp > 1) {
+    const double bytes = sh.b * m.seq_len * m.hidden * bpe;
+    // A stage of tp·dp ranks that spans nodes sends over the NICs, all of a node's ranks at
+    // once; stages within a node over the intra-node link.
+    const bool across_nodes = c.nodes > 1 && c.tp * c.dp >= c.procs_per_node;
+    const double bandwidth =
+        across_nodes
+            ? hw.inter_node_bandwidth / static_cast<double>(std::min(c.procs_per_node, c.tp * c.dp))
+            : hw.intra_allreduce_busbw;
+    p2p_seconds = 2 * (hw.allreduce_latency + bytes / bandwidth);
+  }
+  const double forward_backward =
+      static_cast<double>(c.grad_accum + c.pp - 1) * (micro_batch_seconds + p2p_seconds);
 
   // Tail of the step: the last micro-batch's backward frees unit gradients from the top layer
   // down; DP all-reduces them bucket by bucket; GPU-updated units then run AdamW on the device;
   // CPU-updated units go D2H, through CPU AdamW and (optimizer mode) back H2D, overlapped with
   // the rest of the backward and the next step's forward, which must not read a layer early.
-  const int64_t n_inter = c.nodes;
+  // DP groups are the ranks of one stage with the same TP position (Megatron's order: TP
+  // fastest, then DP, then PP): inside a node while a stage's tp·dp ranks fit in one.
+  const bool dp_across_nodes = c.nodes > 1 && c.tp * c.dp > c.procs_per_node;
   double dp_busbw = hw.intra_allreduce_busbw;
-  if (n_inter > 1) {
+  if (dp_across_nodes) {
     // The node's NICs carry one ring per TP position: t data-parallel groups at once.
     dp_busbw = std::min(dp_busbw, hw.inter_node_bandwidth / static_cast<double>(c.tp));
   }
@@ -459,13 +485,29 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       dp_free = t;
       dp_total += seconds;
     }
+    // A pipeline's first and last stages both hold the tied word embeddings: their gradients
+    // are summed between the two (Megatron's embedding group), after the DP sum.
+    if (c.pp > 1 && i + 1 == units.size()) {
+      const double vocab_bytes = static_cast<double>(m.padded_vocab()) * m.hidden / c.tp * bpe;
+      const double seconds =
+          allreduce_seconds(vocab_bytes, 2, hw.inter_node_bandwidth, hw.allreduce_latency) *
+          hw.dp_comm_scale;
+      t = std::max(t, dp_free) + seconds;
+      dp_free = t;
+      dp_total += seconds;
+    }
     final_time[i] = t;
     if (units[i].on_gpu) gpu_ready = std::max(gpu_ready, t);
   }
+  // The distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the updated
+  // parameters: 2(d−1)/d of the bytes in all, the all-reduce's (a ring all-reduce is a
+  // reduce-scatter and an all-gather; Rajbhandari et al. SC20 §7), so the DP lane above stands;
+  // each rank updates 1/d of the parameters.
   const double cores_per_rank = cpu_threads_per_rank(p, c);
   const double device_bandwidth =
       p.cpu_device ? hw.memory_bandwidth * cores_per_rank : hw.memory_bandwidth;
-  const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth;
+  const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth /
+                          (c.distributed_optimizer ? static_cast<double>(c.dp) : 1.0);
   const double step_device_end = gpu_ready + gpu_adam;
 
   const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank / hw.cpu_optimizer_scale;

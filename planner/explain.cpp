@@ -19,7 +19,10 @@ std::string seconds(double s) {
 }  // namespace
 
 std::string describe_config(const ParallelConfig& c) {
-  std::string out = "TP " + std::to_string(c.tp) + " × DP " + std::to_string(c.dp) +
+  std::string out = "TP " + std::to_string(c.tp) +
+                    (c.pp > 1 ? " × PP " + std::to_string(c.pp) : std::string()) + " × DP " +
+                    std::to_string(c.dp) +
+                    (c.distributed_optimizer ? " (distributed optimizer)" : std::string()) +
                     ", micro-batch " + std::to_string(c.micro_batch) + " × " +
                     std::to_string(c.grad_accum) + " accumulation, overlap " +
                     (c.sub_batches == 2 ? "on" : "off") + ", recompute " +

@@ -234,12 +234,19 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
                                         const SearchSpace& resources) {
   const int64_t procs = resources.procs_per_node.empty() ? g.slots : resources.procs_per_node[0];
   std::vector<api::Alternative> out;
-  auto run = [&](const char* name, const char* description, SearchSpace space) {
+  // `wider`: the space tried when nothing fits in `space` (Megatron adds pipeline stages).
+  auto run = [&](const char* name, const char* description, SearchSpace space,
+                 std::optional<SearchSpace> wider = std::nullopt) {
     space.procs_per_node = resources.procs_per_node;
     api::Alternative alt;
     alt.name = name;
     alt.description = description;
     SearchResult r = search(g.problem, max_nodes, g.slots, space);
+    if (!r.best && wider) {
+      wider->procs_per_node = resources.procs_per_node;
+      SearchResult w = search(g.problem, max_nodes, g.slots, *wider);
+      if (w.best || !r.nearest_miss) r = std::move(w);
+    }
     if (r.best) {
       alt.feasible = true;
       alt.config = r.best->config;
@@ -258,10 +265,16 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
     s.sub_batches = {1};
     s.recompute = {Recompute::kNone, Recompute::kFull};
     s.offload = {OffloadMode::kNone};
+    // Where that does not fit, as Megatron-LM trains GPT-3 175B: pipeline stages across nodes
+    // and the distributed optimizer (Narayanan et al. SC21, Table 1; --use-distributed-optimizer).
+    SearchSpace pipelined = s;
+    pipelined.pp.clear();
+    pipelined.distributed_optimizer = {true};
     run("megatron",
         "Megatron-LM: TP = the largest degree inside a node that divides the heads, no overlap, "
-        "full recompute only if needed, no offload",
-        s);
+        "full recompute only if needed, no offload; where that does not fit, pipeline stages "
+        "across nodes (1F1B) and the distributed optimizer",
+        s, pipelined);
     // Say why TP had to be smaller than the node when the heads forbid it.
     int64_t t = procs;
     while (t > 1 && (m.heads % t || m.ffn_hidden % t || m.padded_vocab() % t || procs % t)) --t;
@@ -310,17 +323,42 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
   return out;
 }
 
+// The space widened to pipelines (every stage count that divides the layers) and the
+// distributed optimizer, where the job left them to the planner.
+SearchSpace with_pipelines(const api::TrainingJob& job, SearchSpace space) {
+  const auto& p = job.spec.parallelism;
+  if (!p.pipeline_parallel) space.pp.clear();
+  if (!p.distributed_optimizer) space.distributed_optimizer = {false, true};
+  return space;
+}
+
 }  // namespace
 
 api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory) {
   const api::ModelDims model = api::resolve_model(job.spec.model);
   std::vector<NodeGroup> groups = node_groups(job, inventory, model);
-  const SearchSpace space = space_from_hints(job);
+  SearchSpace space = space_from_hints(job);
 
   const NodeGroup* chosen_group = nullptr;
   std::optional<Candidate> best, nearest, fastest_any;
   std::map<api::Precision, double> best_by_precision;  // tokens/s, for the explanation
   std::string structural_error;
+  // Pipelines and the distributed optimizer only where nothing without them fits in memory:
+  // the workers do not run them yet (docs/PLANNER.md §15), so a plan without them is always
+  // preferred (and a hint no shape admits keeps its own error).
+  const bool can_widen =
+      !job.spec.parallelism.pipeline_parallel || !job.spec.parallelism.distributed_optimizer;
+  bool widened = false;
+  for (int tier = 0; tier < (can_widen ? 2 : 1) && !best; ++tier) {
+  if (tier == 1) {
+    if (!nearest) break;
+    space = with_pipelines(job, space);
+    widened = true;
+    nearest.reset();
+    structural_error.clear();
+    best_by_precision.clear();
+    chosen_group = nullptr;
+  }
   for (const NodeGroup& g : groups) {
     const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
                                                 job.spec.resources.max_nodes.value_or(INT64_MAX));
@@ -348,6 +386,7 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
       nearest = r.nearest_miss;
       if (!best) chosen_group = &g;
     }
+  }
   }
   const std::string hints = hints_summary(job);
   if (!best) {
@@ -437,6 +476,18 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
                                " has no bf16 tensor cores: predicted with its fp16 peak; the "
                                "worker's bf16 path needs Ampere (sm_80) or newer.");
   }
+  if (widened && (c.pp > 1 || c.distributed_optimizer))
+    plan.explanation.push_back(
+        "No plan without pipeline stages or a distributed optimizer fits these nodes: " +
+        std::string(c.pp > 1 ? std::to_string(c.pp) + " stages of " +
+                                   std::to_string(model.layers / c.pp) + " layers (1F1B, bubble " +
+                                   api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) + " %)"
+                             : std::string("no pipeline")) +
+        (c.distributed_optimizer ? ", optimizer state sharded over the " + std::to_string(c.dp) +
+                                       " data-parallel ranks (ZeRO-1)"
+                                 : std::string()) +
+        ". The workers of this version refuse such a plan (pipelines and the distributed "
+        "optimizer are planned, not yet executed).");
   if (!hints.empty()) plan.explanation.push_back("Honoured from spec.parallelism: " + hints + ".");
   plan.plan_hash = api::compute_plan_hash(plan);
   return plan;

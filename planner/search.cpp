@@ -29,9 +29,9 @@ std::vector<int64_t> divisors(int64_t n) {
 // Deterministic preference among equally fast plans: fewer ranks, less offload, less TP,
 // no overlap, less recompute, larger micro-batches.
 auto simplicity(const ParallelConfig& c) {
-  return std::make_tuple(c.nodes * c.procs_per_node, static_cast<int>(c.offload), c.tp,
-                         c.sub_batches, static_cast<int>(c.recompute), -c.micro_batch, -c.gpu_units,
-                         -c.window);
+  return std::make_tuple(c.nodes * c.procs_per_node, c.pp, c.distributed_optimizer,
+                         static_cast<int>(c.offload), c.tp, c.sub_batches,
+                         static_cast<int>(c.recompute), -c.micro_batch, -c.gpu_units, -c.window);
 }
 
 bool better(const Candidate& a, const Candidate& b) {
@@ -45,7 +45,7 @@ struct Searcher {
   const Problem& problem;
   const SearchSpace& space;
   SearchResult result;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, MicroBatchTiming> timings;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t>, MicroBatchTiming> timings;
 
   // Memory first (O(1)); the timing simulation only for configurations that fit.
   void consider(const ParallelConfig& c) {
@@ -64,8 +64,8 @@ struct Searcher {
   }
 
   const MicroBatchTiming& timing(const ParallelConfig& c) {
-    const auto key =
-        std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute));
+    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
+                                     static_cast<int>(c.recompute), c.pp);
     auto it = timings.find(key);
     if (it == timings.end()) it = timings.emplace(key, time_micro_batch(problem, c)).first;
     return it->second;
@@ -232,8 +232,11 @@ struct Searcher {
           });
           continue;
         }
-        for (int64_t t : tps) {
-          const int64_t d = world / t;
+        for (int64_t t : tps)
+          for (int64_t pp : divisors(m.layers)) {
+          if ((world / t) % pp) continue;
+          if (space.pp.empty() ? false : !contains(space.pp, pp)) continue;
+          const int64_t d = world / t / pp;
           if (!space.dp.empty() && !contains(space.dp, d)) {
             note(Stage::kDataParallel,
                  [&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
@@ -250,6 +253,7 @@ struct Searcher {
           c.nodes = n;
           c.procs_per_node = g;
           c.tp = t;
+          c.pp = pp;
           c.dp = d;
           if (result.best) {
             const double lower_bound = step_flops / world / rank_flops_per_second(problem, c);
@@ -273,11 +277,19 @@ struct Searcher {
                 c.sub_batches = sb;
                 if (contains_mode(OffloadMode::kNone)) {
                   c.offload = OffloadMode::kNone;
-                  c.gpu_units = m.layers + 1;
+                  c.gpu_units = m.layers / pp + 1;
                   c.window = 0;
-                  consider(c);
+                  const auto& zeros = space.distributed_optimizer;
+                  const bool plain_too = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
+                  for (bool zero : zeros) {
+                    if (zero && d == 1 && plain_too) continue;  // nothing to shard
+                    c.distributed_optimizer = zero && d > 1;
+                    consider(c);
+                  }
+                  c.distributed_optimizer = false;
                 }
-                offload_variants(c);
+                // Offload plans a stage's units; with a pipeline it is not planned (yet).
+                if (pp == 1) offload_variants(c);
               }
             }
           }
@@ -364,7 +376,8 @@ struct Searcher {
 }  // namespace
 
 std::string kind_of(const ParallelConfig& c) {
-  return "tp" + std::to_string(c.tp) + (c.sub_batches == 2 ? "+overlap" : "") + "/" +
+  return "tp" + std::to_string(c.tp) + (c.pp > 1 ? "pp" + std::to_string(c.pp) : "") +
+         (c.sub_batches == 2 ? "+overlap" : "") + "/" +
          std::string(api::to_string(c.recompute)) +
          (c.offload == api::OffloadMode::kNone ? "" : "/offload");
 }

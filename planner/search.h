@@ -19,6 +19,11 @@ struct SearchSpace {
   int64_t min_nodes = 1;                // fewest nodes (spec.resources.minNodes)
   std::vector<int64_t> procs_per_node;  // ranks per node
   std::vector<int64_t> tp, dp, micro_batch;
+  // Pipeline stages and the distributed optimizer: by default none (the planner widens the
+  // space to every stage count that divides the layers, and ZeRO-1, only when nothing without
+  // them fits; planner.cpp). Empty pp: every valid count.
+  std::vector<int64_t> pp{1};
+  std::vector<bool> distributed_optimizer{false};
   std::vector<int64_t> sub_batches{1, 2};
   std::vector<Recompute> recompute{Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
   std::vector<api::OffloadMode> offload{api::OffloadMode::kNone, api::OffloadMode::kOptimizer,
