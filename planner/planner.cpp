@@ -138,6 +138,8 @@ SearchSpace space_from_hints(const api::TrainingJob& job) {
   s.min_nodes = r.min_nodes.value_or(1);
   if (p.tensor_parallel) s.tp = {*p.tensor_parallel};
   if (p.data_parallel) s.dp = {*p.data_parallel};
+  if (p.pipeline_parallel) s.pp = {*p.pipeline_parallel};
+  if (p.distributed_optimizer) s.distributed_optimizer = {*p.distributed_optimizer};
   if (r.gpus_per_node) s.procs_per_node = {*r.gpus_per_node};
   if (job.spec.training.micro_batch_size) s.micro_batch = {*job.spec.training.micro_batch_size};
   if (p.overlap) s.sub_batches = {*p.overlap ? int64_t{2} : int64_t{1}};
@@ -208,6 +210,11 @@ std::string hints_summary(const api::TrainingJob& job) {
   std::vector<std::string> parts;
   if (p.tensor_parallel) parts.push_back("tensorParallel=" + std::to_string(*p.tensor_parallel));
   if (p.data_parallel) parts.push_back("dataParallel=" + std::to_string(*p.data_parallel));
+  if (p.pipeline_parallel)
+    parts.push_back("pipelineParallel=" + std::to_string(*p.pipeline_parallel));
+  if (p.distributed_optimizer)
+    parts.push_back(std::string("distributedOptimizer=") +
+                    (*p.distributed_optimizer ? "on" : "off"));
   if (p.overlap) parts.push_back(std::string("overlap=") + (*p.overlap ? "on" : "off"));
   if (p.recompute) parts.push_back("recompute=" + std::string(api::to_string(*p.recompute)));
   if (p.offload) parts.push_back("offload=" + std::string(api::to_string(*p.offload)));

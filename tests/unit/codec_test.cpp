@@ -200,6 +200,14 @@ TEST(Validation, NamesTheFieldAndTheValue) {
                         "  parallelism: {tensorParallel: 3}\n"),
             "spec.parallelism.tensorParallel: 3 does not divide heads 4");
   EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {pipelineParallel: 3}\n"),
+            "spec.parallelism.pipelineParallel: 3 does not divide the model's 2 layers (stages "
+            "hold equal layers)");
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
+                        "  parallelism: {distributedOptimizer: maybe}\n")
+                .rfind("spec.parallelism.distributedOptimizer", 0),
+            0u);
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n"
                         "  parallelism: {gpuUpdateFraction: 1.5}\n"),
             "spec.parallelism.gpuUpdateFraction: 1.5 must be between 0 and 1");
   EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10, globalBatchSize: 10, "

@@ -241,5 +241,112 @@ TEST(CostModel, OnCpuRanksTheOffloadLanesAddToTheStep_OnGpusTheyHide) {
   EXPECT_LT(tg.optimizer_cpu_exposed, tg.optimizer_cpu_total);
 }
 
+// ---- pipeline stages and the distributed optimizer (issue 20) --------------------------------
+
+// GPT with 8 layers on H100s; `links_free`: point-to-point and all-reduces cost nothing.
+Problem problem_h100(bool links_free) {
+  Problem p;
+  p.model = {8, 4096, 32, 16384, 50257, 2048};
+  p.global_batch = 64;
+  p.hw = *api::find_profile("NVIDIA-H100-80GB-HBM3");
+  p.cpu_cores_per_node = 112;
+  p.host_memory_per_node = 2048 * api::kGiB;
+  p.ignore_memory = true;
+  if (links_free) {
+    p.hw.inter_node_bandwidth = p.hw.intra_allreduce_busbw = 1e30;
+    p.hw.allreduce_latency = 0;
+  }
+  return p;
+}
+
+ParallelConfig pipeline(int64_t pp, int64_t micro_batches) {
+  ParallelConfig c;
+  c.nodes = pp;
+  c.procs_per_node = 1;
+  c.pp = pp;
+  c.micro_batch = 64 / micro_batches;
+  c.grad_accum = micro_batches;
+  c.gpu_units = 8 / pp + 1;
+  return c;
+}
+
+// 1F1B: m + p − 1 slots of one stage's micro-batch (the bubble (p − 1)/m), the stage being a
+// plain model of L/p layers; then the device AdamW of the stage's parameters.
+TEST(CostModel, PipelineStepIsMPlusPMinusOneStageSlots) {
+  const Problem p = problem_h100(true);
+  for (int64_t pp : {2, 4, 8})
+    for (int64_t m : {4, 16, 64}) {
+      const ParallelConfig c = pipeline(pp, m);
+      Problem stage = p;
+      stage.model.layers = 8 / pp;
+      ParallelConfig plain = c;
+      plain.pp = 1;
+      plain.nodes = 1;
+      const auto t = planner::time_micro_batch(stage, plain);
+      const auto ev = planner::evaluate(p, c);
+      const double slots = static_cast<double>(m + pp - 1) * (t.forward + t.backward);
+      EXPECT_NEAR(ev.predicted.step_seconds - ev.predicted.time.optimizer_gpu, slots, slots * 1e-9)
+          << "pp " << pp << " m " << m;
+    }
+}
+
+// Each stage sends b·s·h activations forward and the same gradients back per micro-batch.
+TEST(CostModel, PipelineStagesPayTheirPointToPointPerMicroBatch) {
+  Problem free_links = problem_h100(true), real = problem_h100(false);
+  real.hw.allreduce_latency = 0;
+  const ParallelConfig c = pipeline(4, 16);
+  const double diff =
+      planner::evaluate(real, c).predicted.step_seconds -
+      planner::evaluate(free_links, c).predicted.step_seconds;
+  // Stages on different nodes: one rank per node sends over the node's NICs; and once per step
+  // the first and last stages sum their tied word embeddings' gradients (2 ranks).
+  const double bytes = 4.0 * 2048 * 4096 * 2;  // micro-batch 4, bf16
+  const double embedding_sum = 50304.0 * 4096 * 2 / real.hw.inter_node_bandwidth;
+  EXPECT_NEAR(diff, (16 + 4 - 1) * 2 * bytes / real.hw.inter_node_bandwidth + embedding_sum,
+              diff * 1e-6);
+}
+
+// A stage holds its L/p layers and the (tied) embeddings, and the first stage the activations
+// of min(p, m) micro-batches in flight.
+TEST(CostModel, PipelineStageHoldsItsLayersAndTheMicroBatchesInFlight) {
+  const Problem p = problem_h100(true);
+  const ParallelConfig one = pipeline(1, 16), four = pipeline(4, 16), few = pipeline(4, 2);
+  const auto m1 = planner::evaluate_memory(p, one).predicted.memory;
+  const auto m4 = planner::evaluate_memory(p, four).predicted.memory;
+  const double emb = planner::embedding_unit_params(p.model, 1);
+  const double lay = planner::layer_unit_params(p.model, 1);
+  EXPECT_NEAR(m1.params, (emb + 8 * lay) * 2, 1);
+  EXPECT_NEAR(m4.params, (emb + 2 * lay) * 2, 1);
+  const double act = planner::layer_activation_bytes(p.model, 4, 1, Recompute::kNone);
+  const double rest = m1.activations - 8 * act;  // logits and embedding output
+  EXPECT_NEAR(m4.activations, 4 * 2 * act + rest, 1);
+  const double act32 = planner::layer_activation_bytes(p.model, 32, 1, Recompute::kNone);
+  const double rest32 =
+      planner::evaluate_memory(p, pipeline(1, 2)).predicted.memory.activations - 8 * act32;
+  EXPECT_NEAR(planner::evaluate_memory(p, few).predicted.memory.activations,
+              2 * 2 * act32 + rest32, 1) << "2 micro-batches: only 2 in flight";
+}
+
+// ZeRO-1: optimizer state and AdamW divided over DP; reduce-scatter + all-gather move what the
+// all-reduce did.
+TEST(CostModel, DistributedOptimizerShardsTheOptimizerStateOverDataParallel) {
+  const Problem p = problem_h100(false);
+  ParallelConfig c;
+  c.nodes = 4;
+  c.procs_per_node = 8;
+  c.tp = 8;
+  c.dp = 4;
+  c.micro_batch = 4;
+  c.grad_accum = 4;
+  c.gpu_units = 9;
+  ParallelConfig zero = c;
+  zero.distributed_optimizer = true;
+  const auto plain = planner::evaluate(p, c).predicted, sharded = planner::evaluate(p, zero).predicted;
+  EXPECT_NEAR(sharded.memory.optimizer, plain.memory.optimizer / 4, 1);
+  EXPECT_NEAR(sharded.time.optimizer_gpu, plain.time.optimizer_gpu / 4, 1e-12);
+  EXPECT_NEAR(sharded.time.dp_comm_total, plain.time.dp_comm_total, 1e-12);
+  EXPECT_EQ(sharded.memory.params, plain.memory.params);
+}
+
 }  // namespace
 }  // namespace kt

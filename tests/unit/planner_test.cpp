@@ -344,5 +344,55 @@ TEST(Planner, PlansAreDeterministic) {
             planner::best_plan(job, test::cluster("h100x32")).plan_hash);
 }
 
+// GPT-3 175B on 128 × 8 H100-80GB (issue 20): with TP and DP alone no plan fits (an eighth of
+// the model per GPU, the rest offloaded beyond the hosts' memory); with pipeline stages and the
+// distributed optimizer it plans, TP inside a node as Megatron-LM does, and says why.
+TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimizer) {
+  const auto job = test::gpt_job(
+      "{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", "", 1536);
+  const api::Plan plan = planner::best_plan(job, test::cluster("h100x1024"));
+  EXPECT_EQ(plan.config.tp, 8);
+  EXPECT_GT(plan.config.pp, 1);
+  EXPECT_EQ(96 % plan.config.pp, 0);
+  EXPECT_EQ(plan.config.tp * plan.config.pp * plan.config.dp, plan.world);
+  EXPECT_LE(plan.predicted.memory.total(), plan.predicted.device_capacity_bytes);
+  bool said = false;
+  for (const auto& line : plan.explanation)
+    said |= line.find("pipeline stages") != std::string::npos;
+  EXPECT_TRUE(said);
+  const auto& megatron = plan.alternatives.front();
+  EXPECT_EQ(megatron.name, "megatron");
+  EXPECT_TRUE(megatron.feasible) << megatron.reason;
+  EXPECT_GT(megatron.config.pp, 1);
+  EXPECT_TRUE(megatron.config.distributed_optimizer);
+  // The contract carries the stages; it round-trips, and the hash covers them.
+  const api::Json doc = api::to_json(plan);
+  EXPECT_EQ(doc["pipeline"]["stages"], plan.config.pp);
+  const api::Plan back = api::decode_plan(doc);
+  EXPECT_EQ(back.config.pp, plan.config.pp);
+  EXPECT_EQ(back.config.distributed_optimizer, plan.config.distributed_optimizer);
+  api::Plan other = plan;
+  other.config.pp = 1;
+  EXPECT_NE(api::compute_plan_hash(other), plan.plan_hash);
+}
+
+// Where a plan without them fits, there are no stages and no sharded optimizer — and the plan's
+// document has neither key (so plans made before they existed keep their hash).
+TEST(Planner, PipelinesOnlyWhereNothingElseFits_OrWhenAsked) {
+  const auto inv = gpu_cluster("NVIDIA-H100-80GB-HBM3", 4, 8, 80, 25, 150, 25);
+  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 64), inv);
+  EXPECT_EQ(plain.config.pp, 1);
+  EXPECT_FALSE(plain.config.distributed_optimizer);
+  const api::Json doc = api::to_json(plain);
+  EXPECT_FALSE(doc.contains("pipeline"));
+  EXPECT_FALSE(doc.contains("distributedOptimizer"));
+  const api::Plan asked = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}",
+                    "  parallelism: {pipelineParallel: 4, distributedOptimizer: on}\n", 64),
+      inv);
+  EXPECT_EQ(asked.config.pp, 4);
+  EXPECT_TRUE(asked.config.distributed_optimizer);
+}
+
 }  // namespace
 }  // namespace kt
