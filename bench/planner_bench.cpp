@@ -49,9 +49,11 @@ int main(int argc, char** argv) {
       try {
         const auto plan = kt::planner::best_plan(c.job, inv);
         char buf[160];
-        std::snprintf(buf, sizeof buf, "tp%lld dp%lld mb%lld sb%lld %s/%s, %.0f tokens/s",
+        std::snprintf(buf, sizeof buf, "tp%lld pp%lld dp%lld%s mb%lld sb%lld %s/%s, %.0f tokens/s",
                       static_cast<long long>(plan.config.tp),
+                      static_cast<long long>(plan.config.pp),
                       static_cast<long long>(plan.config.dp),
+                      plan.config.distributed_optimizer ? " zero1" : "",
                       static_cast<long long>(plan.config.micro_batch),
                       static_cast<long long>(plan.config.sub_batches),
                       std::string(kt::api::to_string(plan.config.recompute)).c_str(),
