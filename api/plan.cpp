@@ -204,8 +204,7 @@ static Json executed_part(const Plan& plan) {
        {{"intervalSteps", plan.checkpoint.interval_steps}, {"keep", plan.checkpoint.keep}}},
   };
   // Only where used, so that the plans made before these existed keep their hash.
-  if (c.pp > 1)
-    out["pipeline"] = {{"stages", c.pp}, {"layersPerStage", m.layers / c.pp}};
+  if (c.pp > 1) out["pipeline"] = {{"stages", c.pp}, {"layersPerStage", m.layers / c.pp}};
   if (c.distributed_optimizer) out["distributedOptimizer"] = true;
   return out;
 }

@@ -559,7 +559,8 @@ Json to_json(const TrainingJobSpec& s) {
   put_auto(par, "tensorParallel", p.tensor_parallel);
   put_auto(par, "dataParallel", p.data_parallel);
   put_auto(par, "pipelineParallel", p.pipeline_parallel);
-  if (p.distributed_optimizer) par["distributedOptimizer"] = *p.distributed_optimizer ? "on" : "off";
+  if (p.distributed_optimizer)
+    par["distributedOptimizer"] = *p.distributed_optimizer ? "on" : "off";
   par["overlap"] = p.overlap ? (*p.overlap ? "on" : "off") : "auto";
   if (p.autotune) par["autotune"] = *p.autotune ? "on" : "off";
   put_enum_auto(par, "recompute", p.recompute);

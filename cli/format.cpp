@@ -33,9 +33,8 @@ std::string grouped(double v) {
 
 std::string config_cell(const api::ParallelConfig& c) {
   std::string s = std::to_string(c.nodes) + "×" + std::to_string(c.procs_per_node) + " tp" +
-                  std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") +
-                  " dp" + std::to_string(c.dp) + (c.distributed_optimizer ? " zero1" : "") +
-                  " mb" +
+                  std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") + " dp" +
+                  std::to_string(c.dp) + (c.distributed_optimizer ? " zero1" : "") + " mb" +
                   std::to_string(c.micro_batch) + "×" + std::to_string(c.grad_accum) +
                   (c.sub_batches == 2 ? " overlap" : "") +
                   " rc:" + std::string(api::to_string(c.recompute));
@@ -67,8 +66,7 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
   if (c.pp > 1) out << " × PP " << c.pp << " (" << m.layers / c.pp << " layers per stage, 1F1B)";
   out << " × DP " << c.dp;
   if (c.distributed_optimizer) out << ", distributed optimizer (ZeRO-1)";
-  out << ", overlap "
-      << (c.sub_batches == 2 ? "on (2 sub-batches)" : "off") << ", recompute "
+  out << ", overlap " << (c.sub_batches == 2 ? "on (2 sub-batches)" : "off") << ", recompute "
       << api::to_string(c.recompute) << "\n";
   out << "  offload      " << api::to_string(c.offload);
   if (c.offload != api::OffloadMode::kNone)

@@ -19,15 +19,14 @@ std::string seconds(double s) {
 }  // namespace
 
 std::string describe_config(const ParallelConfig& c) {
-  std::string out = "TP " + std::to_string(c.tp) +
-                    (c.pp > 1 ? " × PP " + std::to_string(c.pp) : std::string()) + " × DP " +
-                    std::to_string(c.dp) +
-                    (c.distributed_optimizer ? " (distributed optimizer)" : std::string()) +
-                    ", micro-batch " + std::to_string(c.micro_batch) + " × " +
-                    std::to_string(c.grad_accum) + " accumulation, overlap " +
-                    (c.sub_batches == 2 ? "on" : "off") + ", recompute " +
-                    std::string(api::to_string(c.recompute)) + ", offload " +
-                    std::string(api::to_string(c.offload));
+  std::string out =
+      "TP " + std::to_string(c.tp) + (c.pp > 1 ? " × PP " + std::to_string(c.pp) : std::string()) +
+      " × DP " + std::to_string(c.dp) +
+      (c.distributed_optimizer ? " (distributed optimizer)" : std::string()) + ", micro-batch " +
+      std::to_string(c.micro_batch) + " × " + std::to_string(c.grad_accum) +
+      " accumulation, overlap " + (c.sub_batches == 2 ? "on" : "off") + ", recompute " +
+      std::string(api::to_string(c.recompute)) + ", offload " +
+      std::string(api::to_string(c.offload));
   if (c.offload == api::OffloadMode::kWindow) out += " (W=" + std::to_string(c.window) + ")";
   return out;
 }

@@ -30,11 +30,10 @@ std::string group_key(const api::HardwareProfile& hw, int64_t cores, double memo
       << '|' << hw.host_link_bandwidth << '|' << hw.intra_allreduce_busbw << '|'
       << hw.inter_node_bandwidth << '|' << hw.allreduce_latency << '|'
       << hw.cpu_adam_params_per_core << '|' << hw.achieved_fraction << '|'
-      << hw.achieved_fraction_bf16 << '|' << hw.has_bf16 << '|' << hw.compute_scale
-      << '|' << hw.tp_comm_scale << '|' << hw.dp_comm_scale << '|' << hw.transfer_scale << '|'
+      << hw.achieved_fraction_bf16 << '|' << hw.has_bf16 << '|' << hw.compute_scale << '|'
+      << hw.tp_comm_scale << '|' << hw.dp_comm_scale << '|' << hw.transfer_scale << '|'
       << hw.cpu_optimizer_scale << '|' << hw.memory_bandwidth << '|' << hw.overlap_interference
-      << '|' << hw.recompute_rate_ratio << '|' << cores << '|' << memory
-      << '|' << slots;
+      << '|' << hw.recompute_rate_ratio << '|' << cores << '|' << memory << '|' << slots;
   return key.str();
 }
 
@@ -357,43 +356,44 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
       !job.spec.parallelism.pipeline_parallel || !job.spec.parallelism.distributed_optimizer;
   bool widened = false;
   for (int tier = 0; tier < (can_widen ? 2 : 1) && !best; ++tier) {
-  if (tier == 1) {
-    if (!nearest) break;
-    space = with_pipelines(job, space);
-    widened = true;
-    nearest.reset();
-    structural_error.clear();
-    best_by_precision.clear();
-    chosen_group = nullptr;
-  }
-  for (const NodeGroup& g : groups) {
-    const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
-                                                job.spec.resources.max_nodes.value_or(INT64_MAX));
-    try {
-      check_hints(job, g, max_nodes);
-    } catch (const kt::FieldError& e) {
-      if (groups.size() == 1) throw;
-      structural_error = e.what();
-      continue;
+    if (tier == 1) {
+      if (!nearest) break;
+      space = with_pipelines(job, space);
+      widened = true;
+      nearest.reset();
+      structural_error.clear();
+      best_by_precision.clear();
+      chosen_group = nullptr;
     }
-    SearchResult r = search(g.problem, max_nodes, g.slots, space);
-    if (structural_error.empty() && !r.best && !r.nearest_miss) structural_error = r.empty_reason;
-    if (r.best) {
-      double& tps = best_by_precision[g.problem.precision];
-      tps = std::max(tps, r.best->eval.predicted.tokens_per_second);
+    for (const NodeGroup& g : groups) {
+      const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
+                                                  job.spec.resources.max_nodes.value_or(INT64_MAX));
+      try {
+        check_hints(job, g, max_nodes);
+      } catch (const kt::FieldError& e) {
+        if (groups.size() == 1) throw;
+        structural_error = e.what();
+        continue;
+      }
+      SearchResult r = search(g.problem, max_nodes, g.slots, space);
+      if (structural_error.empty() && !r.best && !r.nearest_miss) structural_error = r.empty_reason;
+      if (r.best) {
+        double& tps = best_by_precision[g.problem.precision];
+        tps = std::max(tps, r.best->eval.predicted.tokens_per_second);
+      }
+      if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
+                                  best->eval.predicted.tokens_per_second)) {
+        best = r.best;
+        chosen_group = &g;
+      }
+      if (r.nearest_miss &&
+          (!nearest ||
+           std::max(r.nearest_miss->eval.device_ratio, r.nearest_miss->eval.host_ratio) <
+               std::max(nearest->eval.device_ratio, nearest->eval.host_ratio))) {
+        nearest = r.nearest_miss;
+        if (!best) chosen_group = &g;
+      }
     }
-    if (r.best && (!best || r.best->eval.predicted.tokens_per_second >
-                                best->eval.predicted.tokens_per_second)) {
-      best = r.best;
-      chosen_group = &g;
-    }
-    if (r.nearest_miss &&
-        (!nearest || std::max(r.nearest_miss->eval.device_ratio, r.nearest_miss->eval.host_ratio) <
-                         std::max(nearest->eval.device_ratio, nearest->eval.host_ratio))) {
-      nearest = r.nearest_miss;
-      if (!best) chosen_group = &g;
-    }
-  }
   }
   const std::string hints = hints_summary(job);
   if (!best) {

@@ -64,8 +64,8 @@ struct Searcher {
   }
 
   const MicroBatchTiming& timing(const ParallelConfig& c) {
-    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
-                                     static_cast<int>(c.recompute), c.pp);
+    const auto key =
+        std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute), c.pp);
     auto it = timings.find(key);
     if (it == timings.end()) it = timings.emplace(key, time_micro_batch(problem, c)).first;
     return it->second;
@@ -234,66 +234,68 @@ struct Searcher {
         }
         for (int64_t t : tps)
           for (int64_t pp : divisors(m.layers)) {
-          if ((world / t) % pp) continue;
-          if (space.pp.empty() ? false : !contains(space.pp, pp)) continue;
-          const int64_t d = world / t / pp;
-          if (!space.dp.empty() && !contains(space.dp, d)) {
-            note(Stage::kDataParallel,
-                 [&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
-            continue;
-          }
-          if (problem.global_batch % d) {
-            note(Stage::kBatch, [&] {
-              return "globalBatchSize " + std::to_string(problem.global_batch) +
-                     " is not divisible by the data-parallel degree " + std::to_string(d);
-            });
-            continue;
-          }
-          ParallelConfig c;
-          c.nodes = n;
-          c.procs_per_node = g;
-          c.tp = t;
-          c.pp = pp;
-          c.dp = d;
-          if (result.best) {
-            const double lower_bound = step_flops / world / rank_flops_per_second(problem, c);
-            if (lower_bound >= result.best->eval.predicted.step_seconds) continue;
-          }
-          const int64_t per_rank = problem.global_batch / d;
-          if (!space.micro_batch.empty() && per_rank % space.micro_batch[0])
-            note(Stage::kMicroBatch, [&] {
-              return "microBatchSize " + list(space.micro_batch) + " does not divide the " +
-                     std::to_string(per_rank) + " sequences per data-parallel rank";
-            });
-          for (int64_t b : divisors(per_rank)) {
-            if (!space.micro_batch.empty() && !contains(space.micro_batch, b)) continue;
-            c.micro_batch = b;
-            c.grad_accum = per_rank / b;
-            for (Recompute rc : space.recompute) {
-              c.recompute = rc;
-              for (int64_t sb : space.sub_batches) {
-                if (sb == 2 && b % 2) continue;
-                if (sb == 2 && t == 1 && space.sub_batches.size() > 1) continue;  // nothing to hide
-                c.sub_batches = sb;
-                if (contains_mode(OffloadMode::kNone)) {
-                  c.offload = OffloadMode::kNone;
-                  c.gpu_units = m.layers / pp + 1;
-                  c.window = 0;
-                  const auto& zeros = space.distributed_optimizer;
-                  const bool plain_too = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
-                  for (bool zero : zeros) {
-                    if (zero && d == 1 && plain_too) continue;  // nothing to shard
-                    c.distributed_optimizer = zero && d > 1;
-                    consider(c);
+            if ((world / t) % pp) continue;
+            if (!space.pp.empty() && !contains(space.pp, pp)) continue;
+            const int64_t d = world / t / pp;
+            if (!space.dp.empty() && !contains(space.dp, d)) {
+              note(Stage::kDataParallel,
+                   [&] { return dp_mismatch(nodes, procs, max_nodes, slots); });
+              continue;
+            }
+            if (problem.global_batch % d) {
+              note(Stage::kBatch, [&] {
+                return "globalBatchSize " + std::to_string(problem.global_batch) +
+                       " is not divisible by the data-parallel degree " + std::to_string(d);
+              });
+              continue;
+            }
+            ParallelConfig c;
+            c.nodes = n;
+            c.procs_per_node = g;
+            c.tp = t;
+            c.pp = pp;
+            c.dp = d;
+            if (result.best) {
+              const double lower_bound = step_flops / world / rank_flops_per_second(problem, c);
+              if (lower_bound >= result.best->eval.predicted.step_seconds) continue;
+            }
+            const int64_t per_rank = problem.global_batch / d;
+            if (!space.micro_batch.empty() && per_rank % space.micro_batch[0])
+              note(Stage::kMicroBatch, [&] {
+                return "microBatchSize " + list(space.micro_batch) + " does not divide the " +
+                       std::to_string(per_rank) + " sequences per data-parallel rank";
+              });
+            for (int64_t b : divisors(per_rank)) {
+              if (!space.micro_batch.empty() && !contains(space.micro_batch, b)) continue;
+              c.micro_batch = b;
+              c.grad_accum = per_rank / b;
+              for (Recompute rc : space.recompute) {
+                c.recompute = rc;
+                for (int64_t sb : space.sub_batches) {
+                  if (sb == 2 && b % 2) continue;
+                  if (sb == 2 && t == 1 && space.sub_batches.size() > 1)
+                    continue;  // nothing to hide
+                  c.sub_batches = sb;
+                  if (contains_mode(OffloadMode::kNone)) {
+                    c.offload = OffloadMode::kNone;
+                    c.gpu_units = m.layers / pp + 1;
+                    c.window = 0;
+                    const auto& zeros = space.distributed_optimizer;
+                    const bool plain_too =
+                        std::find(zeros.begin(), zeros.end(), false) != zeros.end();
+                    for (bool zero : zeros) {
+                      if (zero && d == 1 && plain_too) continue;  // nothing to shard
+                      c.distributed_optimizer = zero && d > 1;
+                      consider(c);
+                    }
+                    c.distributed_optimizer = false;
                   }
-                  c.distributed_optimizer = false;
+                  // Offload plans a stage's units; with a pipeline it is not planned (yet).
+                  if (pp == 1) offload_variants(c);
                 }
-                // Offload plans a stage's units; with a pipeline it is not planned (yet).
-                if (pp == 1) offload_variants(c);
               }
             }
           }
-        }
       }
     }
   }
@@ -377,8 +379,7 @@ struct Searcher {
 
 std::string kind_of(const ParallelConfig& c) {
   return "tp" + std::to_string(c.tp) + (c.pp > 1 ? "pp" + std::to_string(c.pp) : "") +
-         (c.sub_batches == 2 ? "+overlap" : "") + "/" +
-         std::string(api::to_string(c.recompute)) +
+         (c.sub_batches == 2 ? "+overlap" : "") + "/" + std::string(api::to_string(c.recompute)) +
          (c.offload == api::OffloadMode::kNone ? "" : "/offload");
 }
 

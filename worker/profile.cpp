@@ -73,6 +73,22 @@ struct GemmBuffers {
   std::vector<uint16_t> weight16;  // the weight in bf16 (bf16 runs)
 };
 
+// Inputs and weights (random, seeded) and outputs and gradients for each of `gemms` at `rows`.
+std::vector<GemmBuffers> gemm_buffers(int64_t rows, const std::vector<Gemm>& gemms, uint32_t seed) {
+  std::vector<GemmBuffers> out(gemms.size());
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const auto [in, o] = gemms[i];
+    out[i] = {random_floats(rows * in, seed),
+              random_floats(o * in, seed + 1),
+              std::vector<float>(static_cast<size_t>(rows * o)),
+              std::vector<float>(static_cast<size_t>(rows * in)),
+              std::vector<float>(static_cast<size_t>(o * in)),
+              std::vector<float>(static_cast<size_t>(o)),
+              {}};
+  }
+  return out;
+}
+
 // One forward and backward of every GEMM, in fp32 or bf16 (the worker's kernels); returns its
 // FLOPs.
 double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuffers>& buffers,
@@ -128,20 +144,11 @@ struct RanksAtWork {
   int dp_step_allreduces = 0;       // in how many all-reduces
 };
 
-RanksAtWork ranks_at_work(Communicator& group, int64_t rows, const api::ModelDims& m,
-                          int reps) {
+RanksAtWork ranks_at_work(Communicator& group, int64_t rows, const api::ModelDims& m, int reps) {
   const int64_t C = m.hidden, F = m.ffn_hidden;
   // TP 2 shards: qkv and fc column-parallel (out/2), the projection and fc2 row-parallel (in/2).
   const std::vector<Gemm> shards = {{C, 3 * C / 2}, {C / 2, C}, {C, F / 2}, {F / 2, C}};
-  std::vector<GemmBuffers> b(shards.size());
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto [in, out] = shards[i];
-    b[i] = {random_floats(rows * in, 11), random_floats(out * in, 12),
-            std::vector<float>(static_cast<size_t>(rows * out)),
-            std::vector<float>(static_cast<size_t>(rows * in)),
-            std::vector<float>(static_cast<size_t>(out * in)),
-            std::vector<float>(static_cast<size_t>(out)), {}};
-  }
+  std::vector<GemmBuffers> b = gemm_buffers(rows, shards, 11);
   std::vector<float> act(static_cast<size_t>(rows * C), 0.0f);
   const int64_t layers = std::clamp<int64_t>(m.layers, 1, 4);
   auto fwd = [&](size_t i) {
@@ -150,8 +157,7 @@ RanksAtWork ranks_at_work(Communicator& group, int64_t rows, const api::ModelDim
   };
   auto bwd = [&](size_t i) {
     k::matmul_backward(b[i].dinp.data(), b[i].dweight.data(), b[i].dbias.data(), b[i].out.data(),
-                       b[i].inp.data(), b[i].weight.data(), rows, shards[i].C, shards[i].OC,
-                       false);
+                       b[i].inp.data(), b[i].weight.data(), rows, shards[i].C, shards[i].OC, false);
   };
   double in_allreduce = 0;
   int64_t allreduces = 0;
@@ -183,15 +189,7 @@ RanksAtWork ranks_at_work(Communicator& group, int64_t rows, const api::ModelDim
   //    waited for at the end, then the loss's sum. The comm thread's seconds per step (what the
   //    worker reports as dp_comm_total) over the reps.
   const std::vector<Gemm> full = {{C, 3 * C}, {C, C}, {C, F}, {F, C}};
-  std::vector<GemmBuffers> g(full.size());
-  for (size_t i = 0; i < full.size(); ++i) {
-    const auto [in, o] = full[i];
-    g[i] = {random_floats(rows * in, 13), random_floats(o * in, 14),
-            std::vector<float>(static_cast<size_t>(rows * o)),
-            std::vector<float>(static_cast<size_t>(rows * in)),
-            std::vector<float>(static_cast<size_t>(o * in)),
-            std::vector<float>(static_cast<size_t>(o)), {}};
-  }
+  std::vector<GemmBuffers> g = gemm_buffers(rows, full, 13);
   const int64_t layer_floats = 12 * C * C + 13 * C;  // one layer's parameters (GPT-2)
   const int64_t embedding_floats = (m.padded_vocab() + m.seq_len) * C;
   std::vector<std::vector<float>> grads(static_cast<size_t>(layers));
@@ -332,15 +330,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
 
   // 1. The model's GEMMs.
   const auto gemms = model_gemms(m);
-  std::vector<GemmBuffers> buffers(gemms.size());
-  for (size_t i = 0; i < gemms.size(); ++i) {
-    const auto [C, OC] = gemms[i];
-    buffers[i] = {random_floats(BT * C, 1), random_floats(OC * C, 2),
-                  std::vector<float>(static_cast<size_t>(BT * OC)),
-                  std::vector<float>(static_cast<size_t>(BT * C)),
-                  std::vector<float>(static_cast<size_t>(OC * C)),
-                  std::vector<float>(static_cast<size_t>(OC)), {}};
-  }
+  std::vector<GemmBuffers> buffers = gemm_buffers(BT, gemms, 1);
   double gemm_flops = 0;
   const double gemm_s = median_seconds(reps, [&] { gemm_flops = run_gemms(BT, gemms, buffers); });
   const double gemm_rate = gemm_flops / gemm_s;
@@ -459,12 +449,18 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
           } while (x[0] > 0.5f);
         },
         [&](Communicator& group) {
-          small_s = median_seconds(reps, [&] {
-            for (int i = 0; i < small_times; ++i) group.allreduce(x.data(), 1);
-          }) / small_times;
-          big_s = median_seconds(reps, [&] {
-            for (int i = 0; i < big_times; ++i) group.allreduce(x.data(), big);
-          }) / big_times;
+          small_s = median_seconds(reps,
+                                   [&] {
+                                     for (int i = 0; i < small_times; ++i)
+                                       group.allreduce(x.data(), 1);
+                                   }) /
+                    small_times;
+          big_s = median_seconds(reps,
+                                 [&] {
+                                   for (int i = 0; i < big_times; ++i)
+                                     group.allreduce(x.data(), big);
+                                 }) /
+                  big_times;
           alone = median_seconds(reps, [&] { run_gemms(BT, gemms, buffers); });
           std::atomic<bool> stop{false};
           std::thread noise([&] {
@@ -519,8 +515,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("TP all-reduce, both ranks at work (activations)", at_work.tp_allreduce_seconds * 1e3,
         "ms");
     say("  = tpCommScale (over the idle prediction)", hw.tp_comm_scale, "");
-    say("DP all-reduces of a step, beside the backward", at_work.dp_step_comm_seconds * 1e3,
-        "ms");
+    say("DP all-reduces of a step, beside the backward", at_work.dp_step_comm_seconds * 1e3, "ms");
     say("  = dpCommScale (over the idle prediction)", hw.dp_comm_scale, "");
   }
 

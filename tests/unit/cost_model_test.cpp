@@ -165,15 +165,21 @@ TEST(CostModel, MoreGpuUpdateFractionNeedsMoreDeviceMemory) {
   }
 }
 
-TEST(CostModel, CpuRanksUseHostMemoryAsDeviceMemory) {
+// `model` in fp32 on a CPU node of 2 cores and 24 GiB (this project's build machine).
+Problem problem_cpu(const api::ModelDims& model) {
   Problem p;
-  p.model = api::find_model_preset("tiny")->dims;
+  p.model = model;
   p.global_batch = 8;
   p.hw = api::cpu_profile();
   p.cpu_device = true;
   p.precision = api::Precision::kFp32;
   p.cpu_cores_per_node = 2;
   p.host_memory_per_node = 24 * api::kGiB;
+  return p;
+}
+
+TEST(CostModel, CpuRanksUseHostMemoryAsDeviceMemory) {
+  const Problem p = problem_cpu(api::find_model_preset("tiny")->dims);
   ParallelConfig c;
   c.procs_per_node = 2;
   c.tp = 2;
@@ -214,14 +220,7 @@ TEST(CostModel, RecomputeRunsAtTheProfilesRecomputeRate) {
 // On a CPU rank the offload engine's copy lanes and CPU AdamW run on the cores the compute
 // keeps busy: nothing of them is hidden. On a GPU node the same lanes hide behind the backward.
 TEST(CostModel, OnCpuRanksTheOffloadLanesAddToTheStep_OnGpusTheyHide) {
-  Problem p;
-  p.model = {4, 256, 4, 1024, 256, 128};
-  p.global_batch = 8;
-  p.hw = api::cpu_profile();
-  p.cpu_device = true;
-  p.precision = api::Precision::kFp32;
-  p.cpu_cores_per_node = 2;
-  p.host_memory_per_node = 24 * api::kGiB;
+  const Problem p = problem_cpu({4, 256, 4, 1024, 256, 128});
   ParallelConfig c;
   c.micro_batch = 8;
   c.offload = OffloadMode::kOptimizer;
@@ -295,9 +294,8 @@ TEST(CostModel, PipelineStagesPayTheirPointToPointPerMicroBatch) {
   Problem free_links = problem_h100(true), real = problem_h100(false);
   real.hw.allreduce_latency = 0;
   const ParallelConfig c = pipeline(4, 16);
-  const double diff =
-      planner::evaluate(real, c).predicted.step_seconds -
-      planner::evaluate(free_links, c).predicted.step_seconds;
+  const double diff = planner::evaluate(real, c).predicted.step_seconds -
+                      planner::evaluate(free_links, c).predicted.step_seconds;
   // Stages on different nodes: one rank per node sends over the node's NICs; and once per step
   // the first and last stages sum their tied word embeddings' gradients (2 ranks).
   const double bytes = 4.0 * 2048 * 4096 * 2;  // micro-batch 4, bf16
@@ -323,8 +321,9 @@ TEST(CostModel, PipelineStageHoldsItsLayersAndTheMicroBatchesInFlight) {
   const double act32 = planner::layer_activation_bytes(p.model, 32, 1, Recompute::kNone);
   const double rest32 =
       planner::evaluate_memory(p, pipeline(1, 2)).predicted.memory.activations - 8 * act32;
-  EXPECT_NEAR(planner::evaluate_memory(p, few).predicted.memory.activations,
-              2 * 2 * act32 + rest32, 1) << "2 micro-batches: only 2 in flight";
+  EXPECT_NEAR(planner::evaluate_memory(p, few).predicted.memory.activations, 2 * 2 * act32 + rest32,
+              1)
+      << "2 micro-batches: only 2 in flight";
 }
 
 // ZeRO-1: optimizer state and AdamW divided over DP; reduce-scatter + all-gather move what the
@@ -341,7 +340,8 @@ TEST(CostModel, DistributedOptimizerShardsTheOptimizerStateOverDataParallel) {
   c.gpu_units = 9;
   ParallelConfig zero = c;
   zero.distributed_optimizer = true;
-  const auto plain = planner::evaluate(p, c).predicted, sharded = planner::evaluate(p, zero).predicted;
+  const auto plain = planner::evaluate(p, c).predicted,
+             sharded = planner::evaluate(p, zero).predicted;
   EXPECT_NEAR(sharded.memory.optimizer, plain.memory.optimizer / 4, 1);
   EXPECT_NEAR(sharded.time.optimizer_gpu, plain.time.optimizer_gpu / 4, 1e-12);
   EXPECT_NEAR(sharded.time.dp_comm_total, plain.time.dp_comm_total, 1e-12);

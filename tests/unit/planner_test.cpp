@@ -348,8 +348,8 @@ TEST(Planner, PlansAreDeterministic) {
 // the model per GPU, the rest offloaded beyond the hosts' memory); with pipeline stages and the
 // distributed optimizer it plans, TP inside a node as Megatron-LM does, and says why.
 TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimizer) {
-  const auto job = test::gpt_job(
-      "{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", "", 1536);
+  const auto job =
+      test::gpt_job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", "", 1536);
   const api::Plan plan = planner::best_plan(job, test::cluster("h100x1024"));
   EXPECT_EQ(plan.config.tp, 8);
   EXPECT_GT(plan.config.pp, 1);
