@@ -69,6 +69,20 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
 
 }  // namespace
 
+std::string not_yet_executable(const Plan& plan) {
+  const auto& c = plan.config;
+  if (c.pp > 1)
+    return "it has " + std::to_string(c.pp) +
+           " pipeline stages, and the workers do not run pipeline parallelism yet (give the job "
+           "nodes where a plan without stages fits, or set spec.parallelism.pipelineParallel: 1 "
+           "to see what is missing)";
+  if (c.distributed_optimizer)
+    return "it shards the optimizer over the " + std::to_string(c.dp) +
+           " data-parallel ranks, and the workers do not run the distributed optimizer yet (set "
+           "spec.parallelism.distributedOptimizer: off)";
+  return "";
+}
+
 Json to_json(const ParallelConfig& c) {
   return {{"nodes", c.nodes},
           {"procsPerNode", c.procs_per_node},

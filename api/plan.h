@@ -143,6 +143,12 @@ struct Plan {
   std::string plan_hash;
 };
 
+// Why no worker of this version can execute `plan` — pipeline stages or the distributed
+// optimizer, which the planner plans where nothing else fits (docs/PLANNER.md §15) — naming the
+// spec field to change; empty when the workers run it. The worker refuses such a plan with it,
+// and the operator fails the job with it before creating pods.
+std::string not_yet_executable(const Plan& plan);
+
 Json to_json(const ParallelConfig& c);
 Json to_json(const Prediction& p);
 Json to_json(const Plan& plan);

@@ -703,17 +703,7 @@ void check_plan_values(const api::Plan& plan) {
 void check_executable(const api::Plan& plan) {
   check_plan_values(plan);
   auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
-  // The planner plans these only where nothing without them fits, or when a job asks for them
-  // (docs/PLANNER.md §15); this worker does not run them yet.
-  if (plan.config.pp > 1)
-    refuse("it has " + std::to_string(plan.config.pp) +
-           " pipeline stages, and this worker does not run pipeline parallelism yet (set "
-           "spec.parallelism.pipelineParallel: 1, or give the job nodes where a plan without "
-           "stages fits)");
-  if (plan.config.distributed_optimizer)
-    refuse("it shards the optimizer over the " + std::to_string(plan.config.dp) +
-           " data-parallel ranks, and this worker does not run the distributed optimizer yet "
-           "(set spec.parallelism.distributedOptimizer: off)");
+  if (const std::string why = api::not_yet_executable(plan); !why.empty()) refuse(why);
   if (plan.config.tp * plan.config.dp != plan.world)
     refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
            std::to_string(plan.world));

@@ -610,6 +610,14 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   }
   const api::Plan& plan = *fresh;
   if (options_.metrics) options_.metrics->planner_duration_seconds.observe(planning_seconds);
+  // A plan the workers would refuse (pipeline stages, the distributed optimizer): said now,
+  // before a gang of pods starts only to exit.
+  if (const std::string why = api::not_yet_executable(plan); !why.empty()) {
+    const std::string message = "the plan cannot run: " + why;
+    finish(JobPhase::kFailed, "PlanNotExecutable", message, job.spec.run_policy.clean_pod_policy);
+    set_condition("Planned", false, "PlanNotExecutable", message);
+    return std::nullopt;
+  }
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
   if (plan_changed && pods_exist) {  // the running gang executes the old plan

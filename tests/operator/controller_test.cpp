@@ -1290,6 +1290,22 @@ TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
   EXPECT_TRUE(pods().empty());
 }
 
+// Pipeline stages are planned (docs/PLANNER.md §15) but no worker runs them yet: the job fails
+// at planning, naming why, and no pod starts only to exit.
+TEST_F(ControllerTest, APlanWithPipelineStages_FailsBeforeAnyPodStarts) {
+  Object j = tiny_job("job");
+  j["spec"]["parallelism"] = {{"pipelineParallel", 2}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  EXPECT_EQ(condition("Planned")["reason"], "PlanNotExecutable");
+  EXPECT_NE(condition("Planned")["message"].get<std::string>().find(
+                "the workers do not run pipeline parallelism yet"),
+            std::string::npos)
+      << condition("Planned");
+  EXPECT_TRUE(pods().empty());
+}
+
 TEST_F(ControllerTest, ControllerRestartMidReconcile_NoDuplicatePodsNoLostStatus) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   // The first controller dies after writing the ConfigMap, before any pod exists.

@@ -236,10 +236,10 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   // Planned, not yet executed (issue 20): pipeline stages and the distributed optimizer.
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
-  expect_refusal(staged, "does not run pipeline parallelism yet");
+  expect_refusal(staged, "do not run pipeline parallelism yet");
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;
-  expect_refusal(sharded, "does not run the distributed optimizer yet");
+  expect_refusal(sharded, "do not run the distributed optimizer yet");
   api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   window.config.recompute = api::Recompute::kNone;
   expect_refusal(window, "needs recompute");
