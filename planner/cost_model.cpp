@@ -208,8 +208,7 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   const double attn = (8 * b * s * h * h + 4 * b * s * s * h) / c.tp / rate;
   const double mlp = 4 * b * s * h * f / c.tp / rate;
   // A recompute pass runs at its own measured rate (HardwareProfile::recompute_rate_ratio).
-  const double recompute_rate = rate * p.hw.recompute_rate_ratio;
-  const double recompute_scale = rate / recompute_rate;
+  const double recompute_ratio = p.hw.recompute_rate_ratio;
   const double logits = logits_forward_flops(m, b, c.tp) / rate;
 
   // One pipeline stage's layers (all of them without a pipeline). The stage timed is the last,
@@ -228,10 +227,11 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   ops.push_back({3 * logits, ar});
   for (int64_t l = 0; l < stage_layers; ++l) {
     if (c.recompute == Recompute::kFull) {
-      ops.push_back({attn * recompute_scale, ar});
-      ops.push_back({mlp * recompute_scale, ar});
+      ops.push_back({attn / recompute_ratio, ar});
+      ops.push_back({mlp / recompute_ratio, ar});
     } else if (c.recompute == Recompute::kCommAware) {
-      ops.push_back({layer_recompute_flops(m, b, c.tp, Recompute::kCommAware) / recompute_rate, 0});
+      ops.push_back(
+          {layer_recompute_flops(m, b, c.tp, Recompute::kCommAware) / (rate * recompute_ratio), 0});
     }
     ops.push_back({2 * mlp, ar});   // fc2, GELU, fc1 backward; all-reduce of the input grad
     ops.push_back({2 * attn, ar});  // attention backward; all-reduce of the input grad

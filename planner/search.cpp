@@ -204,6 +204,9 @@ struct Searcher {
       }
     }
     std::sort(procs.rbegin(), procs.rend());
+    // The plain optimizer is among the choices (then a DP 1 plan is not also tried "sharded").
+    const auto& zeros = space.distributed_optimizer;
+    const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
     // Total training FLOPs of one step (forward + backward, no recompute): a lower bound on
     // any configuration's compute, divided evenly among the ranks.
     const double step_flops =
@@ -280,11 +283,8 @@ struct Searcher {
                     c.offload = OffloadMode::kNone;
                     c.gpu_units = m.layers / pp + 1;
                     c.window = 0;
-                    const auto& zeros = space.distributed_optimizer;
-                    const bool plain_too =
-                        std::find(zeros.begin(), zeros.end(), false) != zeros.end();
-                    for (bool zero : zeros) {
-                      if (zero && d == 1 && plain_too) continue;  // nothing to shard
+                    for (bool zero : space.distributed_optimizer) {
+                      if (zero && d == 1 && zero_optional) continue;  // nothing to shard
                       c.distributed_optimizer = zero && d > 1;
                       consider(c);
                     }

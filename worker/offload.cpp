@@ -131,6 +131,7 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   const bool window = mode == api::OffloadMode::kWindow;
   KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");
   units_.resize(L + 1);
+  dp_buckets_.resize(L + 1);
   first_streamed_ = window ? gpu_units : L + 1;
   num_streamed_ = L + 1 - first_streamed_;
   slots_ = window ? std::min<int64_t>(plan.config.window, num_streamed_) : 0;
@@ -337,9 +338,11 @@ namespace {
 // and an all-reduce of each costs a round trip between the ranks — between CPU ranks that share
 // their cores with the backward, milliseconds each (2 ranks here: 52 all-reduces a step took
 // 95 ms on the comm thread; packed, 5). wait() unpacks the sums, once, whoever waits first.
+// `bucket` is the unit's, owned by the engine and untouched until this work is waited for.
 class BucketWork : public CommWork {
  public:
-  BucketWork(Communicator& group, Pieces pieces) : pieces_(std::move(pieces)) {
+  BucketWork(Communicator& group, Pieces pieces, std::vector<float>& bucket)
+      : pieces_(std::move(pieces)), bucket_(bucket) {
     int64_t floats = 0;
     for (const auto& piece : pieces_) floats += piece.second;
     bucket_.resize(static_cast<size_t>(floats));
@@ -355,21 +358,21 @@ class BucketWork : public CommWork {
 
  private:
   Pieces pieces_;
-  std::vector<float> bucket_;
+  std::vector<float>& bucket_;
   std::shared_ptr<CommWork> inner_;
   std::once_flag unpacked_;
 };
 
 }  // namespace
 
-std::vector<std::shared_ptr<CommWork>> OffloadEngine::reduce(const Pieces& slices) {
+std::vector<std::shared_ptr<CommWork>> OffloadEngine::reduce(int64_t u, const Pieces& slices) {
   std::vector<std::shared_ptr<CommWork>> works;
   if (!dp_ || micro_ + 1 != micro_batches_ || slices.empty()) return works;
   if (slices.size() == 1)
     works.push_back(dp_->allreduce_async(slices[0].first, static_cast<size_t>(slices[0].second),
                                          ReduceOp::kSum));
   else
-    works.push_back(std::make_shared<BucketWork>(*dp_, slices));
+    works.push_back(std::make_shared<BucketWork>(*dp_, slices, dp_buckets_[u]));
   reductions_.insert(reductions_.end(), works.begin(), works.end());
   return works;
 }
@@ -389,7 +392,7 @@ void OffloadEngine::grads_final(int64_t u) {
       fetch(streamed_unit(unit.stream_index - slots_));
     }
   } else if (last) {  // before the last micro-batch there is nothing to sum or copy yet
-    auto dp_work = reduce(model_.layer_gradient_slices(u - 1));
+    auto dp_work = reduce(u, model_.layer_gradient_slices(u - 1));
     if (unit.cpu) copy_grads_home(u, std::move(dp_work));
   }
   compute_start_ = Clock::now();
@@ -404,7 +407,7 @@ void OffloadEngine::embedding_grads_final() {
   for (int i = 0; i < kNumParamTensors; ++i)
     if (!kParams[static_cast<size_t>(i)].per_layer)
       slices.emplace_back(views[i].data, views[i].numel());
-  auto dp_work = reduce(slices);
+  auto dp_work = reduce(0, slices);
   if (units_[0].cpu) copy_grads_home(0, std::move(dp_work));
 }
 

@@ -157,10 +157,10 @@ class OffloadEngine final : public Gpt::UnitObserver {
   void wait_landed(int64_t unit, const char* pass);
   void copy_grads_home(int64_t unit, std::vector<std::shared_ptr<CommWork>> dp_work);
   void embedding_grads_final();  // grads_final(0)
-  // Starts the DP all-reduce of `slices` (last micro-batch, DP > 1); the works, also kept to be
-  // waited for in finish_backward.
+  // Starts the DP all-reduce of unit `u`'s `slices` (last micro-batch, DP > 1), packed into the
+  // unit's bucket; the works, also kept to be waited for in finish_backward.
   std::vector<std::shared_ptr<CommWork>> reduce(
-      const std::vector<std::pair<float*, int64_t>>& slices);
+      int64_t u, const std::vector<std::pair<float*, int64_t>>& slices);
   void copy_checkpoint_back(int64_t layer);
   int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
   void span(const std::string& lane, const std::string& what,
@@ -171,6 +171,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
   Communicator* dp_;  // nullptr: DP 1
   OffloadOptions options_;
   std::vector<std::shared_ptr<CommWork>> reductions_;  // this step's DP sums in flight
+  // Per unit, the packed gradients its DP sum runs on: kept across steps (a step's sums are all
+  // waited for in finish_backward before the next begins), so no step allocates them anew.
+  std::vector<std::vector<float>> dp_buckets_;
   std::vector<Unit> units_;
   int64_t first_streamed_ = 0, num_streamed_ = 0, slots_ = 0;
   int64_t micro_ = 0, micro_batches_ = 1;

@@ -134,9 +134,8 @@ double micro_batch_seconds(const api::ModelDims& m, int64_t B, int64_t T, int re
 //    machine: TP 2's all-reduces 4x, DP 2's 12x the idle prediction). Both ranks run:
 //    the TP pattern: the forward and backward GEMMs of a layer at TP 2 shapes, a blocking
 //      all-reduce of the activations (rows x C floats) after each row-parallel product;
-//    the DP pattern: the GEMMs of a micro-batch on the main thread while the group's comm thread
-//      all-reduces one layer's gradients after another (the worker's per-unit buckets).
-//    `in` is zero but for x[0], the in-band stop flag: its sum falls below 2 once a rank is done.
+//    the DP pattern: each layer's backward GEMMs, then that layer's gradient bucket all-reduced
+//      asynchronously beside the next layer's (the worker's per-unit buckets).
 struct RanksAtWork {
   double tp_allreduce_seconds = 0;  // median of the TP pattern's mean per all-reduce
   double dp_step_comm_seconds = 0;  // median comm thread seconds of the DP pattern's step
@@ -502,12 +501,12 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     with_second_rank([&](Communicator& group) { both(group); },
                      [&](Communicator& group) { at_work = both(group); });
     omp_set_num_threads(threads);
-    auto idle_prediction = [&](double bytes) {  // step 5's figures, n = 2
-      return 2.0 * hw.allreduce_latency + bytes / hw.intra_allreduce_busbw;
+    // Step 5's figures, n = 2: 2α per all-reduce plus the bytes over the bus bandwidth.
+    auto idle_prediction = [&](int allreduces, double bytes) {
+      return allreduces * 2.0 * hw.allreduce_latency + bytes / hw.intra_allreduce_busbw;
     };
-    const double tp_predicted = idle_prediction(4.0 * static_cast<double>(BT * C));
-    const double dp_predicted = at_work.dp_step_allreduces * 2.0 * hw.allreduce_latency +
-                                at_work.dp_step_bytes / hw.intra_allreduce_busbw;
+    const double tp_predicted = idle_prediction(1, 4.0 * static_cast<double>(BT * C));
+    const double dp_predicted = idle_prediction(at_work.dp_step_allreduces, at_work.dp_step_bytes);
     hw.tp_comm_scale = std::clamp(at_work.tp_allreduce_seconds / tp_predicted, 1.0, 100.0);
     hw.dp_comm_scale = std::clamp(at_work.dp_step_comm_seconds / dp_predicted, 1.0, 100.0);
     record["tpAllreduceAtWorkSeconds"] = at_work.tp_allreduce_seconds;
