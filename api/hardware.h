@@ -70,6 +70,12 @@ struct HardwareProfile {
   bool measured = false;  // from a measured profile (api/measured_profile.h), not built in
 };
 
+// AdamW touches 28 bytes per parameter: reads grad (2), fp32 master, m, v (12), writes master,
+// m, v (12) and the 16-bit parameter copy (2). Memory-bound on every device: the cost model
+// charges a device's AdamW these bytes at memory_bandwidth, and a measured GPU profile sets
+// memory_bandwidth from the AdamW kernel's parameters/s times these bytes.
+inline constexpr double kAdamBytesPerParam = 28;
+
 const std::vector<HardwareProfile>& builtin_profiles();
 // Matches a product name or alias, ignoring case and treating ' ', '_' and '-' alike.
 // nullptr when unknown.

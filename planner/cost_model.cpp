@@ -19,9 +19,7 @@ constexpr double kGpuWorkspaceBytes = 512 * api::kMiB;
 constexpr double kCpuWorkspaceBytes = 64 * api::kMiB;
 // Host memory left to the OS, the kubelet, data loaders and the page cache.
 constexpr double kHostUsableFraction = 0.85;
-// AdamW touches 28 bytes per parameter: reads grad (2), fp32 master, m, v (12), writes master,
-// m, v (12) and the 16-bit parameter copy (2). Memory-bound on every device.
-constexpr double kAdamBytesPerParam = 28;
+using api::kAdamBytesPerParam;
 
 
 // Fixed costs of offloading that the lanes above do not see: per step, the hand-off between

@@ -305,7 +305,8 @@ void write_termination_message(kt::api::MeasuredProfile profile) {
 }
 
 int cmd_profile(const std::string& plan_path, const std::string& out, int threads, bool quick,
-                bool termination_message, const std::string& command) {
+                const std::string& device, const std::string& kind, bool termination_message,
+                const std::string& command) {
   std::optional<kt::api::Plan> plan;
   if (!plan_path.empty()) plan = kt::api::decode_plan(kt::api::load_document(plan_path));
   kt::worker::ProfileOptions options;
@@ -314,7 +315,10 @@ int cmd_profile(const std::string& plan_path, const std::string& out, int thread
   options.quick = quick;
   options.version = kVersion;
   options.command = command;
-  const kt::api::MeasuredProfile measured = kt::worker::measure_profile(options);
+  options.device = device;
+  options.kind = kind;
+  std::optional<kt::api::MeasuredProfile> gpu = kt::worker::measure_gpu_profile(options);
+  const kt::api::MeasuredProfile measured = gpu ? *gpu : kt::worker::measure_profile(options);
   if (termination_message) write_termination_message(measured);
   const std::string text = kt::api::json_to_yaml(kt::api::to_json(measured));
   if (out.empty()) {
@@ -382,6 +386,15 @@ int main(int argc, char** argv) {
   profile->add_option("--output,-o", out, "write the profile here (YAML; default: stdout)");
   profile->add_option("--threads", profile_threads, "threads (default: every core)");
   profile->add_flag("--quick", quick, "small shapes, few repetitions (a few seconds; for tests)");
+  std::string profile_device = "auto", profile_kind;
+  profile->add_option("--device", profile_device,
+                      "what to measure: cpu (this node as a CPU node), cuda (its GPUs; two of "
+                      "them for NCCL where it has two), auto (cuda where a GPU is usable)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  profile->add_option("--kind", profile_kind,
+                      "the GPU node kind the profile is for (a docs/HARDWARE.md product name or "
+                      "alias; default: the GPU's own product name)");
   bool termination_message = false;
   profile->add_flag("--termination-message", termination_message,
                     "also write the profile as the container's termination message (JSON, "
@@ -404,7 +417,8 @@ int main(int argc, char** argv) {
     if (*profile) {
       std::string command = "kubetrain-worker";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-      return cmd_profile(profile_plan, out, profile_threads, quick, termination_message, command);
+      return cmd_profile(profile_plan, out, profile_threads, quick, profile_device, profile_kind,
+                         termination_message, command);
     }
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());

@@ -32,23 +32,12 @@ namespace kt::worker {
 namespace {
 
 namespace k = kernels::cpu;
+using profiling::median_seconds;
+using profiling::say;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The median of `reps` timings of fn (after one warm-up).
-double median_seconds(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    fn();
-    t.push_back(seconds_since(t0));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
@@ -239,15 +228,96 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-// Runs `second` in a child process as rank 1 and `first` here as rank 0 of a 2-rank Gloo group
-// over loopback TCP (as two ranks of a node are); waits for the child. Throws if either fails.
+}  // namespace
+
+namespace profiling {
+
+Shapes shapes_of(const ProfileOptions& options) {
+  Shapes out;
+  if (options.plan) {
+    out.model = options.plan->model;
+    out.B = options.plan->config.micro_batch;
+    out.T = out.model.seq_len;
+  } else {
+    const api::ModelPreset* preset = api::find_model_preset(options.quick ? "tiny" : "gpt2-124m");
+    if (!preset) throw Error("profile: no built-in model to measure");
+    out.model = preset->dims;
+    out.T = options.quick ? out.model.seq_len : 64;
+  }
+  out.reps = options.quick ? 3 : 7;
+  return out;
+}
+
+double median_seconds(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void say(const std::string& what, double value, const char* unit) {
+  std::fprintf(stderr, "profile: %-44s %12.4g %s\n", what.c_str(), value, unit);
+}
+
+double cpu_adamw_params_per_second(int64_t n, int reps) {
+  std::vector<float> p = random_floats(n, 6), g = random_floats(n, 7), m(n, 0.0f), v(n, 0.0f);
+  kernels::AdamWStep step;
+  step.learning_rate = 1e-4f;
+  const double s = median_seconds(
+      reps, [&] { k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, step); });
+  return static_cast<double>(n) / s;
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
 void with_second_rank(const std::function<void(Communicator&)>& second,
-                      const std::function<void(Communicator&)>& first) {
+                      const std::function<void(Communicator&)>& first, SecondRank where) {
   RendezvousConfig config;
   config.master_port = free_port();
   config.world_size = 2;
   config.job_id = "profile";
   config.timeout = std::chrono::seconds(30);
+  if (where == SecondRank::kThread) {
+    std::string failed;
+    std::thread rank1([&] {
+      try {
+        RendezvousConfig mine = config;
+        mine.rank = 1;
+        ProcessGroups groups = connect_process_groups(mine, 1, 2);
+        second(*groups.dp);
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+    });
+    try {
+      ProcessGroups groups = connect_process_groups(config, 1, 2);
+      first(*groups.dp);
+    } catch (...) {
+      rank1.join();  // it fails too: its peer's sockets close (or its rendezvous times out)
+      throw;
+    }
+    rank1.join();
+    if (!failed.empty()) throw Error("profile: the second rank failed: " + failed);
+    return;
+  }
   std::fflush(nullptr);
   const pid_t child = ::fork();
   if (child < 0) throw Error("profile: cannot start the second rank (fork failed)");
@@ -277,46 +347,17 @@ void with_second_rank(const std::function<void(Communicator&)>& second,
     throw Error("profile: the second rank of the all-reduce test failed");
 }
 
-std::string hostname() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
-
-void say(const char* what, double value, const char* unit) {
-  std::fprintf(stderr, "profile: %-44s %12.4g %s\n", what, value, unit);
-}
-
-}  // namespace
+}  // namespace profiling
 
 api::MeasuredProfile measure_profile(const ProfileOptions& options) {
   const int threads = options.threads > 0
                           ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   omp_set_num_threads(threads);
-  api::ModelDims m;
-  int64_t B = 4, T = 64;
-  if (options.plan) {
-    m = options.plan->model;
-    B = options.plan->config.micro_batch;
-    T = m.seq_len;
-  } else {
-    const api::ModelPreset* preset = api::find_model_preset(options.quick ? "tiny" : "gpt2-124m");
-    if (!preset) throw Error("profile: no built-in model to measure");
-    m = preset->dims;
-    if (options.quick) T = m.seq_len;
-    else T = 64;
-  }
-  const int reps = options.quick ? 3 : 7;
+  const profiling::Shapes shapes = profiling::shapes_of(options);
+  const api::ModelDims& m = shapes.model;
+  const int64_t B = shapes.B, T = shapes.T;
+  const int reps = shapes.reps;
   const int64_t BT = B * T;
   api::MeasuredProfile out;
   out.profile = api::cpu_profile();
@@ -385,7 +426,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     const double gemm16_rate = flops16 / gemm16_s;
     hw.peak_bf16_flops = gemm16_rate / threads;
     record["bf16GemmFlopsPerSecond"] = gemm16_rate;
-    say(("model GEMMs in bf16 (" + isa + "), all threads").c_str(), gemm16_rate / 1e9,
+    say("model GEMMs in bf16 (" + isa + "), all threads", gemm16_rate / 1e9,
         "GFLOP/s");
     const double step16_s = micro_batch_seconds(m, B, T, reps, api::Precision::kBf16);
     const double step16_rate = micro_flops / step16_s;
@@ -419,15 +460,11 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
 
   // 4. The CPU AdamW kernel.
   {
-    const int64_t n = options.quick ? (int64_t{1} << 20) : (int64_t{1} << 23);
-    std::vector<float> p = random_floats(n, 6), g = random_floats(n, 7), mo(n, 0.0f), v(n, 0.0f);
-    kernels::AdamWStep step;
-    step.learning_rate = 1e-4f;
-    const double s =
-        median_seconds(reps, [&] { k::adamw_update(p.data(), g.data(), mo.data(), v.data(), n, step); });
-    hw.cpu_adam_params_per_core = static_cast<double>(n) / s / threads;
-    record["adamwParamsPerSecond"] = static_cast<double>(n) / s;
-    say("AdamW, all threads", static_cast<double>(n) / s / 1e6, "M params/s");
+    const double rate =
+        profiling::cpu_adamw_params_per_second(options.quick ? (int64_t{1} << 20) : (int64_t{1} << 23), reps);
+    hw.cpu_adam_params_per_core = rate / threads;
+    record["adamwParamsPerSecond"] = rate;
+    say("AdamW, all threads", rate / 1e6, "M params/s");
   }
 
   // 5. All-reduce between 2 ranks — this process and a child, as two ranks of a node are, Gloo
@@ -438,7 +475,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     const int small_times = options.quick ? 20 : 100, big_times = options.quick ? 2 : 8;
     std::vector<float> x(big, 1.0f);
     double small_s = 0, big_s = 0, alone = 0, beside = 0;
-    with_second_rank(
+    profiling::with_second_rank(
         [&](Communicator& group) {  // rank 1: only the all-reduces, then out
           for (int i = 0; i < (reps + 1) * small_times; ++i) group.allreduce(x.data(), 1);
           for (int i = 0; i < (reps + 1) * big_times; ++i) group.allreduce(x.data(), big);
@@ -498,7 +535,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
       omp_set_num_threads(rank_threads);
       return ranks_at_work(group, BT, m, reps);
     };
-    with_second_rank([&](Communicator& group) { both(group); },
+    profiling::with_second_rank([&](Communicator& group) { both(group); },
                      [&](Communicator& group) { at_work = both(group); });
     omp_set_num_threads(threads);
     // Step 5's figures, n = 2: 2α per all-reduce plus the bytes over the bus bandwidth.
@@ -518,13 +555,13 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("  = dpCommScale (over the idle prediction)", hw.dp_comm_scale, "");
   }
 
-  out.provenance = {{"host", hostname()},
+  out.provenance = {{"host", profiling::hostname()},
                     {"cpu", cpu_model_name()},
                     {"gpu", "none"},
                     {"threads", std::to_string(threads)},
                     {"model", "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +
                                   " B=" + std::to_string(B) + " T=" + std::to_string(T)},
-                    {"date", utc_now()},
+                    {"date", profiling::utc_now()},
                     {"version", options.version},
                     {"command", options.command}};
   hw.source = "measured on " + out.provenance["host"] + " " + out.provenance["date"];

@@ -10,8 +10,12 @@
 //   * intraAllreduceBusbw and allreduceLatency: Gloo all-reduces between this process and a
 //     child, 2 ranks over loopback TCP (α from a 1-float all-reduce, bus bandwidth from 4 MiB);
 //   * overlapInterference: how much slower the GEMMs run while those all-reduces go on.
+// GPU nodes: measure_gpu_profile (worker/cuda_profile.cpp) measures the same figures per GPU.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "api/measured_profile.h"
@@ -19,15 +23,61 @@
 
 namespace kt::worker {
 
+class Communicator;  // worker/comm.h
+
 struct ProfileOptions {
   // The model and micro-batch whose shapes are measured (a plan's), or GPT-2 124M at B 4, T 64.
   const api::Plan* plan = nullptr;
   int threads = 0;     // 0: every core of this machine
   bool quick = false;  // small shapes and few repetitions (tests): seconds, not half a minute
   std::string version, command;
+  // "cpu", "cuda", or "auto": the GPU where this machine has one.
+  std::string device = "auto";
+  // The node kind a GPU profile is for (a built-in profile's name or alias, as the operator
+  // knows it from the node's labels); "": the GPU's own product name.
+  std::string kind;
 };
 
-// Runs the measurements (progress on stderr) and returns the profile.
+// Runs the measurements (progress on stderr) and returns the profile of a CPU node.
 api::MeasuredProfile measure_profile(const ProfileOptions& options);
+
+// The profile of a GPU node, per GPU (docs/HARDWARE.md, "Measured profiles"): the model's bf16
+// and fp32 GEMMs (cuBLASLt), one micro-batch of the CUDA model with and without full recompute,
+// pinned host<->device copies, the device and the CPU AdamW, and — where the node has 2+ GPUs and
+// libnccl — NCCL all-reduces between two of them and the GEMMs' slow-down beside them.
+// Nothing when options.device is "cpu", or "auto" on a machine without a usable GPU; throws when
+// it is "cuda" and there is none (or this worker was built without the CUDA path).
+std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& options);
+
+// What the CPU and the GPU profilers share (worker/profile.cpp).
+namespace profiling {
+
+// The model and micro-batch measured: a plan's, else GPT-2 124M at B 4, T 64 (tiny with quick).
+struct Shapes {
+  api::ModelDims model;
+  int64_t B = 4, T = 64;
+  int reps = 7;  // timings per median
+};
+Shapes shapes_of(const ProfileOptions& options);
+
+// The median of `reps` timings of fn (after one warm-up).
+double median_seconds(int reps, const std::function<void()>& fn);
+// One line of progress on stderr.
+void say(const std::string& what, double value, const char* unit);
+// The CPU AdamW kernel's parameters per second with this process's OpenMP threads.
+double cpu_adamw_params_per_second(int64_t n, int reps);
+std::string hostname();
+std::string utc_now();  // RFC 3339, seconds
+
+// Runs `second` as rank 1 and `first` as rank 0 of a 2-rank Gloo group over loopback TCP; waits
+// for the second. kProcess: a child process, as two ranks of a node are. kThread: a thread of
+// this process, for ranks that each use a GPU (CUDA does not survive fork). Throws if either
+// fails.
+enum class SecondRank { kProcess, kThread };
+void with_second_rank(const std::function<void(Communicator&)>& second,
+                      const std::function<void(Communicator&)>& first,
+                      SecondRank where = SecondRank::kProcess);
+
+}  // namespace profiling
 
 }  // namespace kt::worker

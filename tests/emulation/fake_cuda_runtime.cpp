@@ -298,8 +298,18 @@ const char* copy_name(cudaMemcpyKind kind, bool async) {
 
 extern "C" {
 
+// KT_EMULATED_GPUS: how many devices to report (default 1; all are the same host memory).
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
-  *count = 1;
+  const char* env = std::getenv("KT_EMULATED_GPUS");
+  *count = env && *env ? std::max(1, std::atoi(env)) : 1;
+  return ok();
+}
+cudaError_t CUDARTAPI cudaDriverGetVersion(int* version) {
+  *version = 13000;
+  return ok();
+}
+cudaError_t CUDARTAPI cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
   return ok();
 }
 cudaError_t CUDARTAPI cudaSetDevice(int) {

@@ -106,6 +106,51 @@ grep -q "cannot execute this plan: precision fp32 on CUDA" "$DIR/fp32.log" ||
   fail "CUDA fp32 not refused clearly: $(cat "$DIR/fp32.log")"
 echo "ok   refused: NCCL forced on a shared GPU, a CUDA plan in fp32"
 
+# `kubetrain-worker profile --device cuda` (worker/cuda_profile.cpp) on two emulated GPUs: the
+# profile of the kind named, its figures derived from its measurements as documented (NCCL's where
+# the emulated libnccl is built), within the termination message's 4 KiB; the planner takes it.
+KT_EMULATED_GPUS=2 KUBETRAIN_TERMINATION_MESSAGE_PATH="$DIR/profile.json" "$WORKER" profile \
+  --device cuda --kind NVIDIA-H200 --quick --termination-message -o "$DIR/profile.yaml" \
+  > /dev/null 2> "$DIR/profile.log" || fail "GPU profile: $(tail -5 "$DIR/profile.log")"
+python3 - "$DIR/profile.json" "${KUBETRAIN_NCCL_LIBRARY:+nccl}" <<'PY' || fail "GPU profile figures"
+import json, os, sys
+doc = json.load(open(sys.argv[1]))
+spec, m, prov = doc["spec"], doc["measurements"], doc["provenance"]
+assert os.path.getsize(sys.argv[1]) <= 4096
+assert doc["metadata"]["name"] == "H200", doc["metadata"]
+assert prov["gpu"] == "emulated on the host" and prov["gpus"] == "2" and prov["driver"].startswith("CUDA ")
+def near(a, b): return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+assert near(spec["peakBf16Flops"], m["bf16GemmFlopsPerSecond"])
+assert near(spec["peakFp32Flops"], m["gemmFlopsPerSecond"])
+assert near(spec["memoryBandwidth"], 28 * m["deviceAdamwParamsPerSecond"])
+assert near(spec["hostLinkBandwidth"], min(m["pinnedHostToDeviceBytesPerSecond"], m["pinnedDeviceToHostBytesPerSecond"]))
+assert near(spec["cpuAdamParamsPerCore"] * os.cpu_count(), m["adamwParamsPerSecond"])
+assert 0 < spec["achievedFraction"] <= 1 and spec["achievedFractionBf16"] == spec["achievedFraction"]
+if sys.argv[2] == "nccl":
+    assert near(spec["allreduceLatency"], m["ncclAllreduce1FloatSeconds"] / 2)
+    a = spec["allreduceLatency"]
+    assert near(spec["intraAllreduceBusbw"], m["ncclAllreduceBigBytes"] / (m["ncclAllreduceBigSeconds"] - 2 * a))
+    want = min(max(m["gemmSecondsBesideAllreduce"] / m["gemmSecondsAlone"] - 1, 0), 4)
+    assert near(spec["overlapInterference"], want)
+else:
+    assert "ncclAllreduce1FloatSeconds" not in m
+PY
+"$KT" plan "$DIR/cuda.yaml" --cluster $h200 --profile "$DIR/profile.yaml" > "$DIR/measured-plan.txt" 2>&1 ||
+  fail "planning with the GPU profile: $(cat "$DIR/measured-plan.txt")"
+grep -q "figures      measured on" "$DIR/measured-plan.txt" ||
+  fail "the plan does not say it used the measured figures: $(head -8 "$DIR/measured-plan.txt")"
+# Refused, saying why: a product it does not know without --kind, a kind that is no GPU, no GPU.
+"$WORKER" profile --device cuda --quick > /dev/null 2> "$DIR/nokind.log" && fail "profiled an unknown GPU"
+grep -q 'is not a known product (docs/HARDWARE.md lists them); name its node kind with --kind' \
+  "$DIR/nokind.log" || fail "unknown GPU not refused clearly: $(cat "$DIR/nokind.log")"
+"$WORKER" profile --device cuda --kind cpu --quick > /dev/null 2> "$DIR/cpukind.log" && fail "--kind cpu profiled a GPU"
+grep -q -- '--kind "cpu" is not a GPU node kind' "$DIR/cpukind.log" ||
+  fail "--kind cpu not refused clearly: $(cat "$DIR/cpukind.log")"
+"$CPU_WORKER" profile --device cuda --quick > /dev/null 2> "$DIR/nogpu.log" && fail "profiled a GPU without one"
+grep -Eq 'no GPU is usable here|built without the CUDA path' "$DIR/nogpu.log" ||
+  fail "--device cuda without a GPU not refused clearly: $(cat "$DIR/nogpu.log")"
+echo "ok   GPU profile (2 emulated GPUs${KUBETRAIN_NCCL_LIBRARY:+, NCCL}): figures from its measurements; planned with it; refusals"
+
 # While training: /metrics (promtool-clean) shows the GPU and the CPU AdamW and the copies; SIGTERM
 # checkpoints and exits 143; a plan of the same job two steps longer resumes from there.
 job long 400 1 "{offload: optimizer, gpuUpdateFraction: 0.5}"
