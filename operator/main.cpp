@@ -152,9 +152,9 @@ int main(int argc, char** argv) {
   bool profiling = false, profiling_quick = false;
   int64_t profiling_timeout = 600;
   app.add_flag("--profiling", profiling,
-               "before planning a CPU job for a node kind with no hardware-profile ConfigMap in "
-               "its namespace, measure one with a profiling pod (kubetrain-worker profile) and "
-               "plan with it");
+               "before planning a job for a node kind (cpu, or a GPU product) with no "
+               "hardware-profile ConfigMap in its namespace, measure one with a profiling pod "
+               "(kubetrain-worker profile) and plan with it");
   app.add_flag("--profiling-quick", profiling_quick,
                "profiling pods run `profile --quick` (seconds; fewer repetitions)");
   app.add_option("--profiling-timeout", profiling_timeout,

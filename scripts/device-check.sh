@@ -17,7 +17,8 @@
 #       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
 #       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
 #       the CPU, on the GPU, with offload: optimizer and window, and as 2 data-parallel and as 2
-#       tensor-parallel ranks sharing the GPU (`kubetrain-worker launch`), comparing their losses.
+#       tensor-parallel ranks sharing the GPU (`kubetrain-worker launch`), comparing their losses;
+#       and `kubetrain-worker profile --device cuda` (the node's measured profile, into $OUT).
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only),
@@ -220,6 +221,14 @@ PY
   done
   echo "kubetrain-worker, GPT-2 124M on one H200 (median of steps 3–12; gradient accumulation as planned):"
   printf '  %s\n' "${summary[@]}"
+  # The measured profile of this GPU node (worker/cuda_profile.cpp), for the fidelity table:
+  # plan the bundled jobs with it (`kubetrain plan --profile gpu-profile.yaml`) and compare.
+  echo "== kubetrain-worker profile --device cuda (GPT-2 124M shapes, B 4, T 64)"
+  LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" timeout 120 "$wdir/kubetrain-worker" profile \
+    --device cuda -o "$wdir/gpu-profile.yaml" 2>"$wdir/profile.log" ||
+    { worker_rc=1; echo "kubetrain-worker profile FAILED"; }
+  grep "^profile:" "$wdir/profile.log"
+  [[ -n "${OUT:-}" ]] && cp "$wdir/gpu-profile.yaml" "$wdir/profile.log" "$OUT/" 2>/dev/null
   # The same small job on the CPU (fp32) and on the GPU (bf16, and with offload: optimizer):
   # the same seed, weights and data, so the losses must agree within bf16's error.
   echo "== the same job on the CPU and on the GPU (L2 C128 hs64, 30 steps, seed 11)"

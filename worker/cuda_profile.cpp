@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -40,6 +41,22 @@ namespace {
 namespace kc = kernels::cuda;
 using profiling::median_seconds;
 using profiling::say;
+
+// Seconds per call of `enqueue` (asynchronous work on a stream that `sync` waits for): the median
+// of reps timings of n calls and one sync, n chosen so that a timing takes at least 20 ms (a
+// GPT-2 124M micro-batch's GEMMs take a tenth of a millisecond on an H200, and the host's
+// synchronisation tens of microseconds).
+double seconds_per_call(int reps, const std::function<void()>& enqueue,
+                        const std::function<void()>& sync) {
+  const double once = median_seconds(1, [&] { enqueue(), sync(); });
+  const int n = static_cast<int>(std::clamp(std::ceil(0.02 / std::max(once, 1e-7)), 1.0, 10000.0));
+  return median_seconds(reps,
+                        [&] {
+                          for (int i = 0; i < n; ++i) enqueue();
+                          sync();
+                        }) /
+         n;
+}
 
 // Device memory of `count` elements of T, freed with the device's allocator.
 template <typename T>
@@ -134,11 +151,13 @@ double micro_batch_seconds(CudaDevice& device, const api::ModelDims& m, int64_t 
   std::vector<int32_t> tokens(static_cast<size_t>(B * T + 1));
   std::mt19937 rng(3);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.vocab));
-  return median_seconds(reps, [&] {
-    model.zero_grad();
-    model.train_micro_step(tokens.data(), tokens.data() + 1, 1.0f, true);
-    model.synchronize();
-  });
+  return seconds_per_call(
+      reps,
+      [&] {
+        model.zero_grad();
+        model.train_micro_step(tokens.data(), tokens.data() + 1, 1.0f, true);
+      },
+      [&] { model.synchronize(); });
 }
 
 // The built-in profile of the node kind measured: `kind` when given (the operator passes the
@@ -202,18 +221,15 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
   std::vector<GemmOnDevice> gemms = gemms_on_device(*device, *ctx, m, BT);
   {
     double flops = 0;
-    gemm_alone_s = median_seconds(reps, [&] {
-      flops = enqueue_gemms(*ctx, gemms, BT, true);
-      compute.synchronize();
-    });
+    auto sync = [&] { compute.synchronize(); };
+    gemm_alone_s = seconds_per_call(
+        reps, [&] { flops = enqueue_gemms(*ctx, gemms, BT, true); }, sync);
     gemm16_rate = flops / gemm_alone_s;
     hw.peak_bf16_flops = gemm16_rate;
     record["bf16GemmFlopsPerSecond"] = gemm16_rate;
     say("model GEMMs in bf16 (fwd + bwd)", gemm16_rate / 1e12, "TFLOP/s");
-    const double s = median_seconds(reps, [&] {
-      flops = enqueue_gemms(*ctx, gemms, BT, false);
-      compute.synchronize();
-    });
+    const double s = seconds_per_call(
+        reps, [&] { flops = enqueue_gemms(*ctx, gemms, BT, false); }, sync);
     hw.peak_fp32_flops = flops / s;
     record["gemmFlopsPerSecond"] = flops / s;
     say("model GEMMs in fp32 (fwd + bwd)", flops / s / 1e12, "TFLOP/s");
@@ -305,19 +321,18 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
     kc::AdamWTensor tensor{p.data, g.data, mo.data, v.data, p16.data, n};
     kernels::AdamWStep step;
     step.learning_rate = 1e-4f;
-    const double adam_s = median_seconds(reps, [&] {
-      kc::adamw_update_multi(*ctx, &tensor, 1, step);
-      compute.synchronize();
-    });
+    auto sync = [&] { compute.synchronize(); };
+    const double adam_s = seconds_per_call(
+        reps, [&] { kc::adamw_update_multi(*ctx, &tensor, 1, step); }, sync);
     const double rate = static_cast<double>(n) / adam_s;
     hw.memory_bandwidth = rate * api::kAdamBytesPerParam;
     record["deviceAdamwParamsPerSecond"] = rate;
     say("AdamW on the device", rate / 1e9, "G params/s");
     say("  = memory bandwidth (its bytes per parameter)", hw.memory_bandwidth / 1e9, "GB/s");
-    const double copy_s = median_seconds(reps, [&] {
-      device->copy(g.data, p.data, static_cast<size_t>(n) * sizeof(float), compute);
-      compute.synchronize();
-    });
+    const double copy_s = seconds_per_call(
+        reps,
+        [&] { device->copy(g.data, p.data, static_cast<size_t>(n) * sizeof(float), compute); },
+        sync);
     record["deviceCopyBytesPerSecond"] = 2.0 * 4.0 * static_cast<double>(n) / copy_s;
     say("device -> device copy (read + write)", 8.0 * static_cast<double>(n) / copy_s / 1e9,
         "GB/s");
@@ -342,6 +357,14 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
     const int64_t big = options.quick ? (int64_t{1} << 20) : (int64_t{1} << 24);  // floats
     const int small_times = options.quick ? 20 : 100, big_times = options.quick ? 2 : 8;
     double small_s = 0, big_s = 0, beside_s = 0;
+    // GEMMs alone again, right before, so that both timings see the same clocks: `inner`
+    // sequences of them per timing, as beside the all-reduces.
+    const int inner = static_cast<int>(std::clamp(std::ceil(0.02 / gemm_alone_s), 1.0, 10000.0));
+    auto gemm_sequences = [&] {
+      for (int i = 0; i < inner; ++i) enqueue_gemms(*ctx, gemms, BT, true);
+      compute.synchronize();
+    };
+    gemm_alone_s = median_seconds(reps, gemm_sequences);
     // Each rank: a device, an NCCL group over the Gloo bootstrap, the same calls in the same
     // order. Rank 0 times; it tells rank 1 how many all-reduces cover its GEMMs.
     auto run_rank = [&](Communicator& bootstrap) {
@@ -356,7 +379,8 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
       };
       const double s1 = median_seconds(reps, [&] { many(small_times, 1); }) / small_times;
       const double s2 = median_seconds(reps, [&] { many(big_times, big); }) / big_times;
-      float cover = static_cast<float>(std::ceil(gemm_alone_s / std::max(s2, 1e-9))) + 1.0f;
+      // Twice the GEMMs' time alone: they run slower beside the all-reduces.
+      float cover = static_cast<float>(std::ceil(2.0 * gemm_alone_s / std::max(s2, 1e-9))) + 1.0f;
       bootstrap.broadcast(&cover, 1, 0);
       const int count = static_cast<int>(std::min(cover, 1000.0f));
       // The all-reduces are enqueued first (asynchronous, on the group's stream), so that the
@@ -368,8 +392,7 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
           works.push_back(group->allreduce_async(x.data, big, ReduceOp::kSum));
         if (rank == 0) {
           const auto t0 = std::chrono::steady_clock::now();
-          enqueue_gemms(*ctx, gemms, BT, true);
-          compute.synchronize();
+          gemm_sequences();
           if (r > 0)
             beside.push_back(
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -381,11 +404,6 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
         small_s = s1, big_s = s2, beside_s = beside[beside.size() / 2];
       }
     };
-    // GEMMs alone again, right before, so that both timings see the same clocks.
-    gemm_alone_s = median_seconds(reps, [&] {
-      enqueue_gemms(*ctx, gemms, BT, true);
-      compute.synchronize();
-    });
     profiling::with_second_rank(run_rank, run_rank, profiling::SecondRank::kThread);
     // The all-reduce's time is 2(n−1)·α + 2(n−1)/n · bytes / busbw (planner/cost_model.h); n = 2.
     hw.allreduce_latency = small_s / 2.0;

@@ -364,26 +364,33 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
 }
 
 Object render_profiling_pod(const std::string& ns, const std::string& name,
-                            const std::string& kind, const std::string& hostname,
-                            const std::string& image, bool quick,
+                            const ProfilingTarget& target, const std::string& image, bool quick,
                             const std::string& started, const ChildOptions& options) {
-  Object command = {"kubetrain-worker", "profile", "--termination-message"};
+  const bool gpu = target.gpus > 0;
+  Object command = {"kubetrain-worker", "profile", "--termination-message", "--device",
+                    gpu ? "cuda" : "cpu"};
+  if (gpu) command.push_back("--kind"), command.push_back(target.kind);
   if (quick) command.push_back("--quick");
+  // It measures with every core of the node, and asks for one: a request of the node's every
+  // core would never fit beside the node's daemons (the job waits meanwhile, so nothing of
+  // kubetrain's runs beside it). A GPU node's every GPU: two of them for NCCL, and none busy.
+  Object resources = {{"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}};
+  if (gpu) {
+    resources["requests"]["nvidia.com/gpu"] = std::to_string(target.gpus);
+    resources["limits"]["nvidia.com/gpu"] = std::to_string(target.gpus);
+  }
   const Object container = {
       {"name", "profile"},
       {"image", image.empty() ? options.default_image : image},
       {"command", command},
-      {"env", Object::array({env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH",
-                                     kTerminationMessagePath)})},
+      {"env",
+       Object::array({env_var("KUBETRAIN_TERMINATION_MESSAGE_PATH", kTerminationMessagePath)})},
       {"terminationMessagePath", kTerminationMessagePath},
-      // It measures with every core of the node, and asks for one: a request of the node's
-      // every core would never fit beside the node's daemons (the job waits meanwhile, so
-      // nothing of kubetrain's runs beside it).
-      {"resources", {{"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}}},
+      {"resources", resources},
       {"securityContext", restricted_container_security()}};
   Object pod_spec = {{"restartPolicy", "Never"},
                      {"securityContext", restricted_pod_security()},
-                     {"nodeSelector", {{"kubernetes.io/hostname", hostname}}},
+                     {"nodeSelector", {{"kubernetes.io/hostname", target.hostname}}},
                      {"containers", Object::array({container})}};
   add_pull_secrets(pod_spec, options);
   return {{"apiVersion", "v1"},
@@ -391,9 +398,9 @@ Object render_profiling_pod(const std::string& ns, const std::string& name,
           {"metadata",
            {{"name", name},
             {"namespace", ns},
-            {"labels", {{kProfilingLabel, kind}}},
+            {"labels", {{kProfilingLabel, target.label}}},
             {"annotations",
-             {{kNodeKindAnnotation, kind}, {kProfilingStartedAnnotation, started}}}}},
+             {{kNodeKindAnnotation, target.kind}, {kProfilingStartedAnnotation, started}}}}},
           {"spec", pod_spec}};
 }
 

@@ -85,18 +85,24 @@ kube::Object render_pod_group(const kube::Object& owner, const api::TrainingJob&
 // Kueue's pod group of one restart attempt ("<job>-a<attempt>"): a new gang is a new workload.
 std::string kueue_pod_group_name(const std::string& job, int64_t attempt);
 
-// A profiling pod (ControllerOptions::profiling): `kubetrain-worker profile
-// --termination-message [--quick]` on the node whose kubernetes.io/hostname is `hostname`
-// (requesting one core: it measures with all of them), with the worker pods' security and pull
-// secrets; labelled with the node kind (kProfilingLabel) and the time it was started (by the
-// operator's clock).
+// A profiling pod (ControllerOptions::profiling): `kubetrain-worker profile --device cpu|cuda
+// --termination-message [--quick]` on the node whose kubernetes.io/hostname is `hostname`, with
+// the worker pods' security and pull secrets; labelled with the node kind (kProfilingLabel) and
+// the time it was started (by the operator's clock). A CPU kind requests one core (it measures
+// with all of them); a GPU kind every GPU of the node (`--kind` names it; NCCL between two).
 inline constexpr const char* kProfilingLabel = "kubetrain.dev/profiling";
 inline constexpr const char* kNodeKindAnnotation = "kubetrain.dev/node-kind";
 inline constexpr const char* kProfilingStartedAnnotation = "kubetrain.dev/profiling-started";
+struct ProfilingTarget {
+  std::string kind;      // "cpu" or a built-in GPU profile's name
+  std::string label;     // the kind as a label value ("h100-sxm")
+  std::string hostname;  // the node's kubernetes.io/hostname
+  int64_t gpus = 0;      // the node's allocatable GPUs (0: a CPU node)
+};
 kube::Object render_profiling_pod(const std::string& ns, const std::string& name,
-                                  const std::string& kind, const std::string& hostname,
-                                  const std::string& image, bool quick,
-                                  const std::string& started, const ChildOptions& options);
+                                  const ProfilingTarget& target, const std::string& image,
+                                  bool quick, const std::string& started,
+                                  const ChildOptions& options);
 
 // Bytes a job's checkpoint volume needs: `keep` checkpoints and one being written, each of
 // 16 bytes per parameter (fp32 weights, Adam m and v, and the bf16/fp32 copy), plus 25 %;

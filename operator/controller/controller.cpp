@@ -484,6 +484,8 @@ class Controller::Pass {
   void progress(const api::TrainingJob& job, const api::Plan& plan, const Object& rank0);
   void autotune(const api::TrainingJob& job, Gang& gang, ReconcileResult& result);
   void save_profile(const planner::Refit& refit, int64_t steps, double measured);
+  std::optional<std::string> profile_kind(const std::string& kind, const api::Node& node,
+                                          const api::TrainingJob& job, bool& stored);
   std::optional<std::string> profile_node_kinds(const api::TrainingJob& job,
                                                 const api::Inventory& nodes, bool& stored);
   void checkpoint_health(const WorkerProgress& rank0);
@@ -551,7 +553,7 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   double planning_seconds = 0;
   std::string profiles_hash;
   std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
-  if (options_.profiling && !stored_by_kind_.count("cpu")) {  // (profiling measures CPU nodes)
+  if (options_.profiling) {
     std::optional<api::Inventory> nodes;
     with_inventory([&](const PlannerInventory& inventory) { nodes = inventory.allocatable(); });
     bool stored = false;
@@ -905,22 +907,48 @@ void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, 
   }
 }
 
-// Profiling pods (ControllerOptions::profiling): for a CPU job, the node kind "cpu" when no
-// ConfigMap of the namespace profiles it. Returns why the job waits, or nothing when planning may
-// go on (profiled now — `stored` — profiling failed or timed out, or nothing to profile). GPU
-// kinds wait for the GPU profiler (docs/HARDWARE.md).
+// Profiling pods (ControllerOptions::profiling): the node kinds a job could run on that no
+// ConfigMap of the namespace profiles — "cpu" for a CPU job (measured on its node with the most
+// cores), else each GPU product's kind (on its node with the most GPUs: NCCL is measured between
+// two of them). Returns why the job waits, or nothing when planning may go on (every kind
+// profiled now — `stored` — or profiling failed or timed out, or nothing to profile).
 std::optional<std::string> Controller::Pass::profile_node_kinds(const api::TrainingJob& job,
                                                                 const api::Inventory& nodes,
                                                                 bool& stored) {
   const bool gpus = std::any_of(nodes.nodes.begin(), nodes.nodes.end(),
                                 [](const api::Node& n) { return !n.is_cpu_node(); });
-  if (gpus && !job.spec.resources.cpu_only) return std::nullopt;
-  const std::string kind = "cpu";
-  if (stored_by_kind_.count(kind)) return std::nullopt;
-  const api::Node* target = nullptr;
-  for (const api::Node& n : nodes.nodes)
-    if (n.schedulable && (!target || n.cpu_cores > target->cpu_cores)) target = &n;
-  if (!target) return std::nullopt;
+  const bool cpu_job = job.spec.resources.cpu_only || !gpus;
+  std::map<std::string, const api::Node*> targets;  // kind -> the node to measure it on
+  for (const api::Node& n : nodes.nodes) {
+    if (!n.schedulable || n.is_cpu_node() != cpu_job) continue;
+    std::string kind = "cpu";
+    if (!cpu_job) {
+      const api::HardwareProfile* builtin = api::find_profile(n.gpu_product);
+      if (!builtin) continue;  // the planner names it; nothing to profile as
+      kind = builtin->name;
+    }
+    if (stored_by_kind_.count(kind)) continue;
+    const api::Node*& target = targets[kind];
+    if (!target || (cpu_job ? n.cpu_cores > target->cpu_cores : n.gpu_count > target->gpu_count))
+      target = &n;
+  }
+  std::string waiting;
+  for (const auto& [kind, target] : targets) {
+    bool kind_stored = false;
+    if (const auto why = profile_kind(kind, *target, job, kind_stored))
+      waiting += (waiting.empty() ? "" : "; ") + *why;
+    stored |= kind_stored;
+  }
+  if (waiting.empty()) return std::nullopt;
+  return waiting;
+}
+
+// One node kind's profiling pod (profile_node_kinds): creates it, or reads what it returned into
+// the kind's ConfigMap (`stored`), or gives up on it. Returns why the job waits, if it does.
+std::optional<std::string> Controller::Pass::profile_kind(const std::string& kind,
+                                                          const api::Node& target,
+                                                          const api::TrainingJob& job,
+                                                          bool& stored) {
   const std::string pod_name = profile_config_map_name(kind);
   std::optional<Object> pod;
   kube::ListOptions by_kind;  // a LIST (which the operator's role has), not a GET
@@ -928,11 +956,15 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
   for (const Object& p : client_.list(kube::kPods, ns_, by_kind).items)
     if (p["metadata"].value("name", "") == pod_name) pod = p;
   if (!pod) {
-    const auto host = target->labels.find("kubernetes.io/hostname");
-    const Object want = render_profiling_pod(
-        ns_, pod_name, kind_label(kind), host != target->labels.end() ? host->second : target->name,
-        job.spec.resources.image, options_.profiling_quick, rfc3339(now_),
-        options_.children);
+    const auto host = target.labels.find("kubernetes.io/hostname");
+    ProfilingTarget where;
+    where.kind = kind;
+    where.label = kind_label(kind);
+    where.hostname = host != target.labels.end() ? host->second : target.name;
+    where.gpus = target.gpu_count;
+    const Object want =
+        render_profiling_pod(ns_, pod_name, where, job.spec.resources.image,
+                             options_.profiling_quick, rfc3339(now_), options_.children);
     try {
       client_.create(kube::kPods, ns_, want);
     } catch (const ApiError& e) {
@@ -940,8 +972,8 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
     }
     event("Normal", "ProfilingNodes",
           "no hardware profile of node kind " + kind + " in " + ns_ + ": measuring one on " +
-              target->name + " (pod " + pod_name + ") before planning");
-    return "measuring node kind " + kind + " on " + target->name + " (pod " + pod_name + ")";
+              target.name + " (pod " + pod_name + ") before planning");
+    return "measuring node kind " + kind + " on " + target.name + " (pod " + pod_name + ")";
   }
   const Object status = pod->value("status", Object::object());
   const std::string phase = status.value("phase", "Pending");
@@ -973,9 +1005,9 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
       client_.remove(kube::kPods, ns_, pod_name, kube::Propagation::Background);
       stored = true;
       event("Normal", "Profiled",
-            "node kind " + kind + " measured on " + target->name + " (" +
-                measured.profile.source + "), stored in ConfigMap " + ns_ + "/" +
-                profile_config_map_name(kind) + "; planning with it");
+            "node kind " + kind + " measured on " + target.name + " (" + measured.profile.source +
+                "), stored in ConfigMap " + ns_ + "/" + profile_config_map_name(kind) +
+                "; planning with it");
     } catch (const kt::Error& e) {
       event("Warning", "ProfilingFailed",
             "pod " + pod_name + " ended without a usable profile: " + e.what() +

@@ -52,9 +52,10 @@ struct ControllerOptions {
   int64_t autotune_warmup_steps = 20;
   std::chrono::seconds autotune_restart_cost{120};
   int64_t autotune_max_switches = 3;
-  // Profiling pods (docs/PLANNER.md §11a): before planning a CPU job for nodes of a kind that
-  // has no hardware-profile ConfigMap in the job's namespace, run `kubetrain-worker profile` on
-  // one such node (pod kubetrain-profile-<kind>), store what it measured in that ConfigMap, and
+  // Profiling pods (docs/PLANNER.md §11a): before planning a job for nodes of a kind (cpu, or a
+  // GPU product: the pod then asks for all the node's GPUs) that has no hardware-profile
+  // ConfigMap in the job's namespace, run `kubetrain-worker profile` on one such node (pod
+  // kubetrain-profile-<kind>), store what it measured in that ConfigMap, and
   // plan with it; the job waits (Planned False, ProfilingNodes) at most profiling_timeout. A
   // failed profiling pod is left in place (delete it to profile again) and the job is planned
   // with the built-in figures. Off: plan with what is stored or built in.

@@ -99,13 +99,13 @@ class ControllerTest : public ::testing::Test {
     store.update_status(kPods, "default", p);
   }
   // The profiling pod's end: Succeeded with `message` as its termination message.
-  void set_profile_returned(const std::string& message) {
+  void set_profile_returned(const std::string& message,
+                            const std::string& pod = "kubetrain-profile-cpu") {
     const Object terminated = {{"exitCode", 0}, {"message", message}};
-    set_pod_status("kubetrain-profile-cpu",
-                   {{"phase", "Succeeded"},
-                    {"containerStatuses",
-                     Object::array(
-                         {{{"name", "profile"}, {"state", {{"terminated", terminated}}}}})}});
+    set_pod_status(
+        pod, {{"phase", "Succeeded"},
+              {"containerStatuses",
+               Object::array({{{"name", "profile"}, {"state", {{"terminated", terminated}}}}})}});
   }
   void set_pod_running(const std::string& pod) {
     set_pod_status(pod, {{"phase", "Running"},
@@ -842,7 +842,8 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
   EXPECT_EQ(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"], "node-a");
   EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
   EXPECT_EQ(pod["spec"]["containers"][0]["command"],
-            Object({"kubetrain-worker", "profile", "--termination-message", "--quick"}));
+            Object({"kubetrain-worker", "profile", "--termination-message", "--device", "cpu",
+                    "--quick"}));
   EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "1");
   EXPECT_EQ(pod["spec"]["securityContext"]["runAsNonRoot"], true) << "restricted, as workers";
   reconcile();  // still running: still waiting, no second pod
@@ -874,6 +875,48 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
   reconcile("second");
   EXPECT_THROW(store.get(kPods, "default", "kubetrain-profile-cpu"), kube::ApiError);
   EXPECT_EQ(stored_plan(store, "second").peak_source, plan.peak_source);
+}
+
+// A GPU job's node kinds are profiled on a node of each kind (issue 19's GPU half): the pod asks
+// for every GPU of the node (NCCL between two) and names the kind; no CPU profiling for it.
+TEST_F(ControllerTest, Profiling_GpuJob_MeasuresItsGpuKindWithEveryGpuOfANode) {
+  options.profiling = true;
+  add_node(h100_node("gpu-a"));
+  Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  j["spec"]["training"] = {{"steps", 100}, {"globalBatchSize", 64}};
+  j["spec"]["resources"] = Object::object();
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  ASSERT_EQ(condition("Planned")["reason"], "ProfilingNodes");
+  EXPECT_NE(condition("Planned")["message"].get<std::string>().find("H100-SXM on gpu-a"),
+            std::string::npos)
+      << condition("Planned")["message"];
+  ASSERT_EQ(pods().size(), 1u) << "the GPU kind only: the CPU node is not the job's";
+  const Object pod = store.get(kPods, "default", "kubetrain-profile-h100-sxm");
+  EXPECT_EQ(pod["metadata"]["labels"]["kubetrain.dev/profiling"], "h100-sxm");
+  EXPECT_EQ(pod["metadata"]["annotations"]["kubetrain.dev/node-kind"], "H100-SXM");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["kubernetes.io/hostname"], "gpu-a");
+  EXPECT_EQ(pod["spec"]["containers"][0]["command"],
+            Object({"kubetrain-worker", "profile", "--termination-message", "--device", "cuda",
+                    "--kind", "H100-SXM"}));
+  const Object resources = pod["spec"]["containers"][0]["resources"];
+  EXPECT_EQ(resources["limits"]["nvidia.com/gpu"], "8");
+  EXPECT_EQ(resources["requests"]["nvidia.com/gpu"], "8");
+
+  set_profile_returned(
+      "{\"apiVersion\":\"kubetrain.dev/v1alpha1\",\"kind\":\"HardwareProfile\","
+      "\"metadata\":{\"name\":\"H100-SXM\"},\"provenance\":{\"host\":\"gpu-a\","
+      "\"date\":\"2026-12-05T15:00:00Z\"},\"spec\":{\"peakBf16Flops\":7.0e14}}",
+      "kubetrain-profile-h100-sxm");
+  reconcile();
+  const Object cm = store.get(kConfigMaps, "default", "kubetrain-profile-h100-sxm");
+  EXPECT_EQ(cm["metadata"]["labels"]["kubetrain.dev/hardware-profile"], "h100-sxm");
+  const api::Plan plan = stored_plan(store);
+  EXPECT_EQ(plan.peak_source, "measured on gpu-a 2026-12-05T15:00:00Z");
+  EXPECT_EQ(plan.device, api::DeviceKind::kCuda);
+  EXPECT_THROW(store.get(kPods, "default", "kubetrain-profile-h100-sxm"), kube::ApiError);
+  EXPECT_THROW(store.get(kConfigMaps, "default", "kubetrain-profile-cpu"), kube::ApiError);
 }
 
 // A profile ConfigMap that does not decode is no profile: the node kind is measured again and the
