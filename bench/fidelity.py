@@ -13,12 +13,18 @@ one out, so that no plan predicts itself). Prints the table, the mean absolute p
 Kendall's tau between predicted and measured order, and whether the planner's pick (with the
 measured profile) is the measured fastest or within 3 % of it.
 
+With --gpu, the same on one GPU (examples/clusters/h200-single.yaml; scripts/device-check.sh runs
+it with the worker bundle): GPT-2 124M at global batch 8, the single-GPU plans (recompute
+none/full/commAware, offload none/optimizer/window), the profile measured with `profile --device
+cuda`. --model replaces the model (tests run it small under emulation).
+
 Usage: bench/fidelity.py [--kubetrain BIN] [--worker BIN] [--steps N] [--warmup N] [--rounds N]
-                         [--keep DIR]
+                         [--keep DIR] [--gpu] [--model SPEC] [--quick-profile]
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +46,16 @@ CONFIGS = [
     ("DP 2", "tensorParallel: 1, dataParallel: 2, recompute: none, offload: none"),
 ]
 CLUSTER = "examples/clusters/cpu-local.yaml"
+# One GPU: the plans a single GPU runs (tensor and data parallelism need more than one).
+GPU_MODEL = "preset: gpt2-124m"
+GPU_CONFIGS = [
+    ("recompute none", "recompute: none, offload: none"),
+    ("recompute full", "recompute: full, offload: none"),
+    ("commAware", "recompute: commAware, offload: none"),
+    ("offload optimizer 0.5", "recompute: none, offload: optimizer, gpuUpdateFraction: 0.5"),
+    ("window 2 + full", "recompute: full, offload: window, offloadWindow: 2, gpuUpdateFraction: 0.1"),
+]
+GPU_CLUSTER = "examples/clusters/h200-single.yaml"
 
 
 def job_yaml(name, parallelism, steps):
@@ -72,9 +88,13 @@ def run_dir(work, plan_path, round_):
 
 def measure(worker, plan_path, work, warmup, steps, round_):
     ckpt = run_dir(work, plan_path, round_)
+    shutil.rmtree(ckpt, ignore_errors=True)  # a kept dir's earlier run would be resumed
     env = dict(os.environ, MASTER_PORT=str(29600 + (hash(plan_path) % 300)))
-    subprocess.run([worker, "launch", "--plan", plan_path, "--checkpoint-dir", ckpt],
-                   check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run([worker, "launch", "--plan", plan_path, "--checkpoint-dir", ckpt],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{plan_path}: kubetrain-worker launch exited {done.returncode}:\n"
+                         + done.stderr[-2000:])
     seconds = [r["seconds"] for r in map(json.loads, open(os.path.join(ckpt, "steps.jsonl")))
                if r.get("kind") == "step"]
     if len(seconds) < warmup + steps:
@@ -103,7 +123,19 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="steps left out first")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, round robin")
     ap.add_argument("--keep", help="keep the plans, profile and logs here")
+    ap.add_argument("--gpu", action="store_true", help="one GPU (h200-single), GPT-2 124M")
+    ap.add_argument("--model", help="the model's fields, e.g. 'layers: 2, hidden: 128, ...'")
+    ap.add_argument("--quick-profile", action="store_true", help="`profile --quick` (tests)")
     args = ap.parse_args()
+    global MODEL, CONFIGS, CLUSTER
+    profile_args = []
+    if args.gpu:
+        MODEL, CONFIGS, CLUSTER = GPU_MODEL, GPU_CONFIGS, GPU_CLUSTER
+        profile_args = ["--device", "cuda", "--kind", "H200"]
+    if args.model:
+        MODEL = args.model
+    if args.quick_profile:
+        profile_args.append("--quick")
     work = args.keep or tempfile.mkdtemp(prefix="kt-fidelity-")
     os.makedirs(work, exist_ok=True)
     total = args.warmup + args.steps
@@ -116,8 +148,8 @@ def main():
     json.dump(plan(args.kubetrain, first_job), open(first_plan, "w"))
     profile = os.path.join(work, "measured-profile.yaml")
     t0 = time.time()
-    subprocess.run([args.worker, "profile", "--plan", first_plan, "-o", profile], check=True,
-                   capture_output=True, text=True)
+    subprocess.run([args.worker, "profile", "--plan", first_plan, "-o", profile] + profile_args,
+                   check=True, capture_output=True, text=True)
     profile_seconds = time.time() - t0
 
     rows = []

@@ -18,7 +18,8 @@
 #       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
 #       the CPU, on the GPU, with offload: optimizer and window, and as 2 data-parallel and as 2
 #       tensor-parallel ranks sharing the GPU (`kubetrain-worker launch`), comparing their losses;
-#       and `kubetrain-worker profile --device cuda` (the node's measured profile, into $OUT).
+#       `kubetrain-worker profile --device cuda` (the node's measured profile, into $OUT); and the
+#       plan-fidelity table on the GPU (bench/fidelity.py --gpu, with the bundled `kubetrain`).
 #
 # Environment: OUT (a folder: the full log goes to $OUT/device-check.log, else build-gpu/),
 # CUDA_ARCHS (default 90: H100/H200), JOBS (build parallelism; default nproc, 2 with --build-only),
@@ -42,9 +43,11 @@ if [[ "${1:-}" == "--bundle-worker" ]]; then
   [[ -x "$worker" && -x "$full/bin/kubetrain" ]] || { echo "device-check: build $worker first (make)" >&2; exit 1; }
   stage=$(mktemp -d)
   mkdir -p "$stage/lib" gpu-worker
-  cp "$worker" "$stage/"
-  # Everything it links but the C/C++ runtime and CUDA (the GPU machine's own are used).
-  ldd "$worker" | awk '/=>/ {print $3}' |
+  cp "$worker" "$full/bin/kubetrain" "$stage/"
+  strip --strip-debug "$stage/kubetrain-worker" "$stage/kubetrain"  # the carry limit is 64 MiB
+  # Everything they link but the C/C++ runtime and CUDA (the GPU machine's own are used); the
+  # planner binary plans there with the profile measured there (bench/fidelity.py --gpu).
+  ldd "$worker" "$full/bin/kubetrain" | awk '/=>/ {print $3}' | sort -u |
     grep -Ev 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|ld-linux|libcuda|libcublas|libcudart' |
     xargs -r -I{} cp -L {} "$stage/lib/"
   for offload in none optimizer; do
@@ -229,6 +232,15 @@ PY
     { worker_rc=1; echo "kubetrain-worker profile FAILED"; }
   grep "^profile:" "$wdir/profile.log"
   [[ -n "${OUT:-}" ]] && cp "$wdir/gpu-profile.yaml" "$wdir/profile.log" "$OUT/" 2>/dev/null
+  # The plan-fidelity table on the GPU (bench/fidelity.py --gpu: GPT-2 124M, the one-GPU plans,
+  # predicted with the built-in and the measured profile, then measured).
+  if [[ -x "$wdir/kubetrain" ]]; then
+    echo "== plan fidelity on the GPU (bench/fidelity.py --gpu, GPT-2 124M)"
+    LD_LIBRARY_PATH="$wdir/lib:${LD_LIBRARY_PATH:-}" timeout 420 python3 bench/fidelity.py --gpu \
+      --kubetrain "$wdir/kubetrain" --worker "$wdir/kubetrain-worker" --steps 10 --warmup 3 \
+      --rounds 2 --keep "${OUT:-$wdir}/fidelity" 2>&1 | tail -20 ||
+      echo "plan fidelity FAILED"
+  fi
   # The same small job on the CPU (fp32) and on the GPU (bf16, and with offload: optimizer):
   # the same seed, weights and data, so the losses must agree within bf16's error.
   echo "== the same job on the CPU and on the GPU (L2 C128 hs64, 30 steps, seed 11)"
