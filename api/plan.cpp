@@ -76,10 +76,15 @@ std::string not_yet_executable(const Plan& plan) {
            " pipeline stages, and the workers do not run pipeline parallelism yet (give the job "
            "nodes where a plan without stages fits, or set spec.parallelism.pipelineParallel: 1 "
            "to see what is missing)";
-  if (c.distributed_optimizer)
+  if (c.distributed_optimizer && plan.device != DeviceKind::kCpu)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
-           " data-parallel ranks, and the workers do not run the distributed optimizer yet (set "
-           "spec.parallelism.distributedOptimizer: off)";
+           " data-parallel ranks, and the CUDA workers do not run the distributed optimizer yet "
+           "(set spec.parallelism.distributedOptimizer: off)";
+  if (c.distributed_optimizer && c.offload != OffloadMode::kNone)
+    return "it shards the optimizer over the " + std::to_string(c.dp) +
+           " data-parallel ranks with offload " + std::string(to_string(c.offload)) +
+           ", and the workers run the distributed optimizer without offload only so far (set "
+           "spec.parallelism.distributedOptimizer: off, or offload: none)";
   return "";
 }
 

@@ -157,6 +157,29 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   Device& moments = mode == api::OffloadMode::kNone ? *model.device() : *host_;
   m_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   v_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  zero_ = plan.config.distributed_optimizer && dp_;
+  KT_CHECK(!zero_ || mode == api::OffloadMode::kNone,
+           "the distributed optimizer runs without offload (api::not_yet_executable)");
+  if (zero_) {
+    const int64_t d = dp_->size(), r = dp_->rank();
+    int64_t total = 0;
+    shards_.resize(L + 1);
+    for (int64_t u = 0; u <= L; ++u) {
+      Shard& shard = shards_[u];
+      shard.size = (units_[u].floats + d - 1) / d;
+      shard.begin = std::min(r * shard.size, units_[u].floats);
+      shard.end = std::min((r + 1) * shard.size, units_[u].floats);
+      shard.offset = total;
+      total += shard.size;
+    }
+    Device& device = *model.device();
+    shard_m_ = device.allocate_floats(total, MemoryKind::kOptimizer);
+    shard_v_ = device.allocate_floats(total, MemoryKind::kOptimizer);
+    shard_grads_ = device.allocate_floats(total, MemoryKind::kGrads);
+    int64_t largest = 0;
+    for (const Shard& shard : shards_) largest = std::max(largest, shard.size);
+    shard_scratch_ = device.allocate_floats(largest, MemoryKind::kWorkspace);
+  }
   // The lanes' kernels (CPU AdamW, bf16 rounding) run on their lane's thread alone. OpenMP would
   // give each lane a team of every core, beside the compute's team on the same cores: spinning
   // teams that oversubscribe the rank (measured, 2 cores, window 2 + commAware: step 150 → 134 ms
@@ -179,6 +202,80 @@ void OffloadEngine::start() {
     unit.residency = Residency::kResident;
   }
   for (int64_t i = slots_; i < num_streamed_; ++i) evict(streamed_unit(i));
+  if (zero_ && m_.data()) {  // keep this rank's shard of the (restored or zero) moments
+    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
+      for_each_shard_piece(u, [&](int, int64_t at, int64_t in_shard, int64_t n) {
+        const int64_t to = shards_[u].offset + in_shard;
+        std::memcpy(shard_m_.data() + to, m_.data() + at, n * sizeof(float));
+        std::memcpy(shard_v_.data() + to, v_.data() + at, n * sizeof(float));
+      });
+    m_ = DeviceBuffer();
+    v_ = DeviceBuffer();
+  }
+}
+
+void OffloadEngine::for_each_shard_piece(
+    int64_t u, const std::function<void(int, int64_t, int64_t, int64_t)>& fn) const {
+  const Shard& shard = shards_[u];
+  int64_t position = 0;  // in the unit's packed parameters
+  for (const auto& s : units_[u].slices) {
+    const int64_t lo = std::max(position, shard.begin);
+    const int64_t hi = std::min(position + s.count, shard.end);
+    if (lo < hi) fn(s.tensor, s.offset + (lo - position), lo - shard.begin, hi - lo);
+    position += s.count;
+  }
+}
+
+void OffloadEngine::reduce_scatter_gradients() {
+  const int64_t d = dp_->size();
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    const Shard& shard = shards_[u];
+    std::vector<float>& bucket = dp_buckets_[u];
+    bucket.assign(static_cast<size_t>(shard.size * d), 0.0f);  // the padding sums zeros
+    gather(bucket.data(), model_.grads(), units_[u].slices);
+    dp_->reduce_scatter(bucket.data(), shard_grads_.data() + shard.offset,
+                        static_cast<size_t>(shard.size));
+  }
+}
+
+void OffloadEngine::all_gather_shards(const float* shards, float* full) {
+  const int64_t d = dp_->size();
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    const Shard& shard = shards_[u];
+    std::vector<float>& bucket = dp_buckets_[u];
+    bucket.resize(static_cast<size_t>(shard.size * d));
+    dp_->allgather(shards + shard.offset, bucket.data(), static_cast<size_t>(shard.size));
+    scatter(full, bucket.data(), units_[u].slices);
+  }
+}
+
+void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_decay) {
+  float* params = model_.params();
+  float* scratch = shard_scratch_.data();
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    const int64_t at = shards_[u].offset;
+    std::fill(scratch, scratch + shards_[u].size, 0.0f);
+    for_each_shard_piece(u, [&](int tensor, int64_t model_at, int64_t in_shard, int64_t n) {
+      kernels::AdamWStep ts = step;
+      ts.weight_decay = Gpt::decays(tensor) ? weight_decay : 0.0f;
+      const int64_t i = at + in_shard;
+      k::adamw_update(params + model_at, shard_grads_.data() + i, shard_m_.data() + i,
+                      shard_v_.data() + i, n, ts);
+      std::memcpy(scratch + in_shard, params + model_at, n * sizeof(float));
+    });
+    // Shard r's new values to every rank: the shard in its slot of the packed unit.
+    const int64_t d = dp_->size();
+    std::vector<float>& bucket = dp_buckets_[u];
+    bucket.resize(static_cast<size_t>(shards_[u].size * d));
+    dp_->allgather(scratch, bucket.data(), static_cast<size_t>(shards_[u].size));
+    scatter(params, bucket.data(), units_[u].slices);
+    if (uint16_t* bf16 = model_.bf16_weights()) {
+      for (const auto& s : units_[u].slices)
+        if (kParams[static_cast<size_t>(s.tensor)].matmul_weight)
+          k::to_bf16(bf16 + s.offset, params + s.offset, s.count);
+      model_.bf16_written(u);
+    }
+  }
 }
 
 void OffloadEngine::span(const std::string& lane, const std::string& what, Clock::time_point start) {
@@ -367,7 +464,8 @@ class BucketWork : public CommWork {
 
 std::vector<std::shared_ptr<CommWork>> OffloadEngine::reduce(int64_t u, const Pieces& slices) {
   std::vector<std::shared_ptr<CommWork>> works;
-  if (!dp_ || micro_ + 1 != micro_batches_ || slices.empty()) return works;
+  // (the distributed optimizer reduce-scatters every unit after the backward)
+  if (!dp_ || zero_ || micro_ + 1 != micro_batches_ || slices.empty()) return works;
   if (slices.size() == 1)
     works.push_back(dp_->allreduce_async(slices[0].first, static_cast<size_t>(slices[0].second),
                                          ReduceOp::kSum));
@@ -418,12 +516,31 @@ void OffloadEngine::finish_backward() {
   d2h_.synchronize();
   exposed_transfer_seconds_ += seconds_between(start, Clock::now());
   if (!dp_) return;
+  if (zero_) return reduce_scatter_gradients();
   for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
     dp_->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
 }
 
 void OffloadEngine::sum_of_squares(double out[2]) const {
   out[0] = out[1] = 0;
+  if (zero_) {  // over this rank's shards, then summed over the DP group
+    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
+      for_each_shard_piece(u, [&](int tensor, int64_t, int64_t in_shard, int64_t n) {
+        out[model_.sharded(tensor) ? 0 : 1] +=
+            k::sum_of_squares(shard_grads_.data() + shards_[u].offset + in_shard, n);
+      });
+    // In floats, as the group sums: each double as a float and the float's remainder, so that
+    // the total keeps about 14 digits.
+    float parts[4];
+    for (int i = 0; i < 2; ++i) {
+      parts[2 * i] = static_cast<float>(out[i]);
+      parts[2 * i + 1] = static_cast<float>(out[i] - static_cast<double>(parts[2 * i]));
+    }
+    dp_->allreduce(parts, 4);
+    for (int i = 0; i < 2; ++i)
+      out[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+    return;
+  }
   const float* device = model_.grads();
   for (const auto& unit : units_) {
     const float* host = unit.cpu ? unit.grads.data() : nullptr;
@@ -461,6 +578,12 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
   };
   // Device units, on the compute lane.
   const auto t0 = Clock::now();
+  if (zero_) {
+    update_shards(step, weight_decay);
+    device_seconds_ += seconds_between(t0, Clock::now());
+    span("compute", "adam shards", t0);
+    return;
+  }
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
     if (!units_[u].cpu) update_on_device(model_, u, m_.data(), v_.data(), step, weight_decay);
   device_seconds_ += seconds_between(t0, Clock::now());
@@ -539,6 +662,17 @@ void OffloadEngine::with_all_parameters(const std::function<void()>& fn) {
       for (int64_t u : units) engine->evict(u);
     }
   } restore{this, evicted};
+  if (zero_) {  // the full moments, for the call
+    m_ = model_.device()->allocate_floats(model_.num_parameters(), MemoryKind::kOptimizer);
+    v_ = model_.device()->allocate_floats(model_.num_parameters(), MemoryKind::kOptimizer);
+    all_gather_shards(shard_m_.data(), m_.data());
+    all_gather_shards(shard_v_.data(), v_.data());
+    struct Free {
+      DeviceBuffer &m, &v;
+      ~Free() { m = DeviceBuffer(), v = DeviceBuffer(); }
+    } free_moments{m_, v_};
+    return fn();
+  }
   fn();
 }
 

@@ -15,6 +15,14 @@
 // micro-batch each unit's gradients are all-reduced over the DP group as soon as they are final,
 // bucket by bucket behind the backward of the layers below, before their copy home, the norm and
 // AdamW read them; the streamed layers' host copies are all-reduced after the backward.
+// The distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer; plan
+// distributedOptimizer over DP > 1, without offload): each unit's parameters, packed in its
+// slices' order and padded to a multiple of the DP size d, fall into d equal shards; rank r keeps
+// the AdamW moments of shard r only. After the backward each unit's gradients are
+// reduce-scattered (rank r gets shard r's sums), the gradient norm is summed over the shards, every
+// rank updates its shard, and the updated shards are all-gathered into every rank's parameters.
+// Checkpoints see the full moments: they are all-gathered for the save (a transient full copy),
+// and a restore's full moments are cut to the shard by start().
 // Four lanes with events between them: compute (the caller's thread), host→device, device→host
 // and the CPU optimizer pool. No op reads a unit before its parameters have landed: the engine
 // waits for the landing event, and a streamed layer read while evicted fails a KT_CHECK (with
@@ -30,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,9 +91,12 @@ class OffloadEngine final : public Gpt::UnitObserver {
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
 
-  // AdamW moments in llm.c's layout (views for checkpoints).
+  // AdamW moments in llm.c's layout (views for checkpoints). With the distributed optimizer they
+  // exist in full only from construction to start() (for a restore) and inside
+  // with_all_parameters (for a save).
   std::vector<TensorView> adam_m_views() const { return model_.views(m_.data()); }
   std::vector<TensorView> adam_v_views() const { return model_.views(v_.data()); }
+  bool distributed_optimizer() const { return zero_; }
 
   // After the model's parameters were initialised or loaded: take the master copies and leave
   // only the window's first W streamed layers on the device.
@@ -112,7 +124,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
   // Waits for every lane (before a checkpoint or the end of training).
   void synchronize();
   // Runs `fn` with every parameter's current value on the device (streamed layers' masters are
-  // copied in for the call and evicted again): for checkpoints and exports.
+  // copied in for the call and evicted again), and the full moments (adam_*_views): for
+  // checkpoints and exports. Every DP rank calls it together (the distributed optimizer
+  // all-gathers the moments).
   void with_all_parameters(const std::function<void()>& fn);
 
   // Bytes moved since the engine started, and seconds of AdamW by where it ran.
@@ -162,6 +176,19 @@ class OffloadEngine final : public Gpt::UnitObserver {
   std::vector<std::shared_ptr<CommWork>> reduce(
       int64_t u, const std::vector<std::pair<float*, int64_t>>& slices);
   void copy_checkpoint_back(int64_t layer);
+  // The distributed optimizer's shard of a unit: [begin, end) of its packed parameters (empty
+  // where the padding takes the whole shard), `size` floats per rank, at `offset` in the shard
+  // buffers.
+  struct Shard {
+    int64_t begin = 0, end = 0, size = 0, offset = 0;
+  };
+  // fn(tensor, model offset, offset in the shard, count) for each piece of unit u's shard.
+  void for_each_shard_piece(int64_t u,
+                            const std::function<void(int, int64_t, int64_t, int64_t)>& fn) const;
+  void reduce_scatter_gradients();  // finish_backward, distributed optimizer
+  void update_shards(const kernels::AdamWStep& step, float weight_decay);
+  // Every rank's shard of `shards` (a shard buffer) into `full` (llm.c layout), unit by unit.
+  void all_gather_shards(const float* shards, float* full);
   int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
   void span(const std::string& lane, const std::string& what,
             std::chrono::steady_clock::time_point start);
@@ -178,6 +205,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
   int64_t first_streamed_ = 0, num_streamed_ = 0, slots_ = 0;
   int64_t micro_ = 0, micro_batches_ = 1;
   DeviceBuffer m_, v_;
+  bool zero_ = false;  // the distributed optimizer
+  std::vector<Shard> shards_;
+  DeviceBuffer shard_m_, shard_v_, shard_grads_, shard_scratch_;
   std::shared_ptr<Device> host_;
   std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
   std::atomic<double> cpu_seconds_{0}, transfer_seconds_{0};

@@ -852,7 +852,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       const ShardedSave sharding = sharded_save(plan, groups);
       std::string dir;
       engine.with_all_parameters([&] {
-        dir = save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+        // The moments' views now: the distributed optimizer gathers them for the call.
+        const CheckpointTensors tensors{params, engine.adam_m_views(), engine.adam_v_views()};
+        dir = save_checkpoint(options.checkpoint_dir, meta, tensors,
                               static_cast<int>(plan.checkpoint.keep), sharding);
       });
       return dir;

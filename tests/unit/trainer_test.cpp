@@ -237,9 +237,18 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
   expect_refusal(staged, "do not run pipeline parallelism yet");
+  // The distributed optimizer runs on CPU ranks without offload; not with offload, not on CUDA.
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;
-  expect_refusal(sharded, "do not run the distributed optimizer yet");
+  EXPECT_NO_THROW(worker::check_executable(sharded));
+  api::Plan sharded_offload =
+      tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n");
+  sharded_offload.config.distributed_optimizer = true;
+  expect_refusal(sharded_offload, "without offload only so far");
+  api::Plan sharded_gpu = sharded;
+  sharded_gpu.device = api::DeviceKind::kCuda;
+  sharded_gpu.precision = api::Precision::kBf16;
+  expect_refusal(sharded_gpu, "CUDA workers do not run the distributed optimizer yet");
   api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   window.config.recompute = api::Recompute::kNone;
   expect_refusal(window, "needs recompute");
