@@ -471,10 +471,15 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   }
   units.push_back({emb, forward_backward, 0.0, gpu_units >= 1, false});
 
-  double dp_free = 0, dp_total = 0, gpu_ready = forward_backward;
+  // The CPU workers' distributed optimizer sums nothing during the backward: after it, unit by
+  // unit, a reduce-scatter (Gloo's is an all-reduce and a slice: the all-reduce's time), and
+  // after the update an all-gather of the new shards (half an all-reduce's time), both exposed
+  // (docs/WORKER.md, "The distributed optimizer").
+  const bool blocking_zero = p.cpu_device && c.distributed_optimizer && c.dp > 1;
+  double dp_free = 0, dp_total = 0, gpu_ready = forward_backward, zero_gather = 0;
   std::vector<double> final_time(units.size());
   for (size_t i = 0; i < units.size(); ++i) {
-    double t = units[i].grads_ready;
+    double t = blocking_zero ? forward_backward : units[i].grads_ready;
     if (c.dp > 1) {
       const double seconds =
           allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
@@ -482,6 +487,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       t = std::max(t, dp_free) + seconds;
       dp_free = t;
       dp_total += seconds;
+      if (blocking_zero) zero_gather += seconds / 2;
     }
     // A pipeline's first and last stages both hold the tied word embeddings: their gradients
     // are summed between the two (Megatron's embedding group), after the DP sum.
@@ -506,7 +512,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       p.cpu_device ? hw.memory_bandwidth * cores_per_rank : hw.memory_bandwidth;
   const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth /
                           (c.distributed_optimizer ? static_cast<double>(c.dp) : 1.0);
-  const double step_device_end = gpu_ready + gpu_adam;
+  const double step_device_end = gpu_ready + gpu_adam + zero_gather;
 
   const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank / hw.cpu_optimizer_scale;
   // CPU AdamW needs the global gradient norm (clipping), so it starts once every gradient is
@@ -563,8 +569,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.tp_comm_total = c.grad_accum * timing.tp_comm;
   time.tp_comm_exposed =
       c.grad_accum * std::max(0.0, timing.forward + timing.backward - timing.compute);
-  time.dp_comm_total = dp_total;
-  time.dp_comm_exposed = gpu_ready - forward_backward;
+  time.dp_comm_total = dp_total + zero_gather;
+  time.dp_comm_exposed = gpu_ready - forward_backward + zero_gather;
   time.optimizer_gpu = gpu_adam;
   time.optimizer_cpu_total = cpu_total;
   const double window_stall =
