@@ -471,15 +471,16 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   }
   units.push_back({emb, forward_backward, 0.0, gpu_units >= 1, false});
 
-  // The CPU workers' distributed optimizer sums nothing during the backward: after it, unit by
-  // unit, a reduce-scatter (Gloo's is an all-reduce and a slice: the all-reduce's time), and
-  // after the update an all-gather of the new shards (half an all-reduce's time), both exposed
-  // (docs/WORKER.md, "The distributed optimizer").
-  const bool blocking_zero = p.cpu_device && c.distributed_optimizer && c.dp > 1;
+  // The CPU workers' distributed optimizer reduce-scatters each unit's gradients as they become
+  // final, in the DP lane as the all-reduce it replaces (Gloo's reduce-scatter is an all-reduce
+  // and a slice: the all-reduce's time), and all-gathers the updated shards after the update,
+  // unit by unit, exposed: half an all-reduce's time each (docs/WORKER.md, "The distributed
+  // optimizer").
+  const bool gather_after_update = p.cpu_device && c.distributed_optimizer && c.dp > 1;
   double dp_free = 0, dp_total = 0, gpu_ready = forward_backward, zero_gather = 0;
   std::vector<double> final_time(units.size());
   for (size_t i = 0; i < units.size(); ++i) {
-    double t = blocking_zero ? forward_backward : units[i].grads_ready;
+    double t = units[i].grads_ready;
     if (c.dp > 1) {
       const double seconds =
           allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
@@ -487,7 +488,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       t = std::max(t, dp_free) + seconds;
       dp_free = t;
       dp_total += seconds;
-      if (blocking_zero) zero_gather += seconds / 2;
+      if (gather_after_update) zero_gather += seconds / 2;
     }
     // A pipeline's first and last stages both hold the tied word embeddings: their gradients
     // are summed between the two (Megatron's embedding group), after the DP sum.

@@ -57,11 +57,23 @@ class Communicator {
   virtual void allgather(const float* in, float* out, size_t count) = 0;
   // out[0 .. count) = Σ_ranks in[rank·count .. (rank+1)·count).
   virtual void reduce_scatter(const float* in, float* out, size_t count) = 0;
+  // The same, returning at once where the group has a communication thread (Gloo); in and out
+  // must stay valid until wait() returns. By default it runs now and returns a finished work.
+  virtual std::shared_ptr<CommWork> reduce_scatter_async(const float* in, float* out, size_t count);
   virtual void broadcast(float* data, size_t count, int root) = 0;
   virtual void barrier() = 0;
 
   virtual CommStats stats() const = 0;
 };
+
+inline std::shared_ptr<CommWork> Communicator::reduce_scatter_async(const float* in, float* out,
+                                                                    size_t count) {
+  reduce_scatter(in, out, count);
+  struct Done : CommWork {
+    void wait() override {}
+  };
+  return std::make_shared<Done>();
+}
 
 // A group of one rank: every collective is the identity (TP = 1 or DP = 1).
 std::unique_ptr<Communicator> make_single_rank_communicator(const std::string& name);

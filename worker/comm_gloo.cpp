@@ -190,11 +190,15 @@ class GlooCommunicator : public Communicator {
   }
 
   // All-reduce of a copy, then this rank's slice: Gloo's ReduceScatterHalvingDoubling uses the
-  // old slot-based API with per-rank counts. This moves size× the bytes of a ring
-  // reduce-scatter; fine for the CPU path, where reduce-scatter is not on the hot path.
+  // old slot-based API with per-rank counts. This moves twice the bytes of a ring
+  // reduce-scatter (the CPU workers' distributed optimizer pays it; docs/WORKER.md).
   void reduce_scatter(const float* in, float* out, size_t count) override {
+    reduce_scatter_async(in, out, count)->wait();
+  }
+  std::shared_ptr<CommWork> reduce_scatter_async(const float* in, float* out,
+                                                 size_t count) override {
     const size_t total = count * static_cast<size_t>(size());
-    run_sync("reduce-scatter", total * sizeof(float), [=, this](uint32_t tag) {
+    auto done = submit("reduce-scatter", total * sizeof(float), false, [=, this](uint32_t tag) {
       if (count == 0) return;
       std::vector<float> sum(in, in + total);
       gloo::AllreduceOptions options(context_);
@@ -206,6 +210,7 @@ class GlooCommunicator : public Communicator {
       const size_t offset = count * static_cast<size_t>(rank());
       std::copy(sum.begin() + offset, sum.begin() + offset + count, out);
     });
+    return std::make_shared<GlooWork>(std::move(done), [this](double s) { add_exposed(s); });
   }
 
   void broadcast(float* data, size_t count, int root) override {

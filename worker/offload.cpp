@@ -226,16 +226,13 @@ void OffloadEngine::for_each_shard_piece(
   }
 }
 
-void OffloadEngine::reduce_scatter_gradients() {
-  const int64_t d = dp_->size();
-  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
-    const Shard& shard = shards_[u];
-    std::vector<float>& bucket = dp_buckets_[u];
-    bucket.assign(static_cast<size_t>(shard.size * d), 0.0f);  // the padding sums zeros
-    gather(bucket.data(), model_.grads(), units_[u].slices);
-    dp_->reduce_scatter(bucket.data(), shard_grads_.data() + shard.offset,
-                        static_cast<size_t>(shard.size));
-  }
+std::shared_ptr<CommWork> OffloadEngine::reduce_scatter_unit(int64_t u) {
+  const Shard& shard = shards_[u];
+  std::vector<float>& bucket = dp_buckets_[u];
+  bucket.assign(static_cast<size_t>(shard.size * dp_->size()), 0.0f);  // the padding sums zeros
+  gather(bucket.data(), model_.grads(), units_[u].slices);
+  return dp_->reduce_scatter_async(bucket.data(), shard_grads_.data() + shard.offset,
+                                   static_cast<size_t>(shard.size));
 }
 
 void OffloadEngine::all_gather_shards(const float* shards, float* full) {
@@ -464,9 +461,10 @@ class BucketWork : public CommWork {
 
 std::vector<std::shared_ptr<CommWork>> OffloadEngine::reduce(int64_t u, const Pieces& slices) {
   std::vector<std::shared_ptr<CommWork>> works;
-  // (the distributed optimizer reduce-scatters every unit after the backward)
-  if (!dp_ || zero_ || micro_ + 1 != micro_batches_ || slices.empty()) return works;
-  if (slices.size() == 1)
+  if (!dp_ || micro_ + 1 != micro_batches_ || slices.empty()) return works;
+  if (zero_)  // the unit's whole bucket, its slices in the order the shards are cut
+    works.push_back(reduce_scatter_unit(u));
+  else if (slices.size() == 1)
     works.push_back(dp_->allreduce_async(slices[0].first, static_cast<size_t>(slices[0].second),
                                          ReduceOp::kSum));
   else
@@ -516,7 +514,7 @@ void OffloadEngine::finish_backward() {
   d2h_.synchronize();
   exposed_transfer_seconds_ += seconds_between(start, Clock::now());
   if (!dp_) return;
-  if (zero_) return reduce_scatter_gradients();
+  if (zero_) return;  // every unit's reduce-scatter was among the reductions
   for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
     dp_->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
 }

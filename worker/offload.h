@@ -185,7 +185,8 @@ class OffloadEngine final : public Gpt::UnitObserver {
   // fn(tensor, model offset, offset in the shard, count) for each piece of unit u's shard.
   void for_each_shard_piece(int64_t u,
                             const std::function<void(int, int64_t, int64_t, int64_t)>& fn) const;
-  void reduce_scatter_gradients();  // finish_backward, distributed optimizer
+  // The distributed optimizer's reduce-scatter of unit u's gradients (packed into its bucket).
+  std::shared_ptr<CommWork> reduce_scatter_unit(int64_t u);
   void update_shards(const kernels::AdamWStep& step, float weight_decay);
   // Every rank's shard of `shards` (a shard buffer) into `full` (llm.c layout), unit by unit.
   void all_gather_shards(const float* shards, float* full);
