@@ -474,10 +474,11 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // The CPU workers' distributed optimizer reduce-scatters each unit's gradients as they become
   // final, in the DP lane as the all-reduce it replaces (Gloo's reduce-scatter is an all-reduce
   // and a slice: the all-reduce's time), and all-gathers the updated shards after the update,
-  // unit by unit, exposed: half an all-reduce's time each (docs/WORKER.md, "The distributed
-  // optimizer").
+  // unit by unit in the order the next forward reads them, half an all-reduce's time each; the
+  // forward waits for a unit's (docs/WORKER.md, "The distributed optimizer").
   const bool gather_after_update = p.cpu_device && c.distributed_optimizer && c.dp > 1;
   double dp_free = 0, dp_total = 0, gpu_ready = forward_backward, zero_gather = 0;
+  std::vector<double> gather_seconds(units.size(), 0.0);
   std::vector<double> final_time(units.size());
   for (size_t i = 0; i < units.size(); ++i) {
     double t = units[i].grads_ready;
@@ -488,7 +489,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       t = std::max(t, dp_free) + seconds;
       dp_free = t;
       dp_total += seconds;
-      if (gather_after_update) zero_gather += seconds / 2;
+      if (gather_after_update) gather_seconds[i] = seconds / 2, zero_gather += seconds / 2;
     }
     // A pipeline's first and last stages both hold the tied word embeddings: their gradients
     // are summed between the two (Megatron's embedding group), after the DP sum.
@@ -513,7 +514,13 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       p.cpu_device ? hw.memory_bandwidth * cores_per_rank : hw.memory_bandwidth;
   const double gpu_adam = gpu_params * kAdamBytesPerParam / device_bandwidth /
                           (c.distributed_optimizer ? static_cast<double>(c.dp) : 1.0);
-  const double step_device_end = gpu_ready + gpu_adam + zero_gather;
+  const double step_device_end = gpu_ready + gpu_adam;
+  // The all-gathers from the step's end, embeddings first: what the next forward waits for.
+  double gather_lateness = 0, done = 0;
+  for (size_t i = units.size(); i-- > 0;) {
+    done += gather_seconds[i];
+    gather_lateness = std::max(gather_lateness, done - units[i].next_use);
+  }
 
   const double cpu_rate = hw.cpu_adam_params_per_core * cores_per_rank / hw.cpu_optimizer_scale;
   // CPU AdamW needs the global gradient norm (clipping), so it starts once every gradient is
@@ -552,7 +559,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   if (p.cpu_device && c.offload != OffloadMode::kNone)
     lateness = std::max(lateness, copy_window + copy_total + cpu_total);
   const double offload_overhead = c.offload == OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
-  double step = step_device_end + lateness + offload_overhead;
+  double step = step_device_end + std::max(lateness, gather_lateness) + offload_overhead;
   // The node's DRAM serves every rank's copies and every rank's CPU AdamW within one step; when
   // that traffic needs longer than the step, the step stretches to it (a roofline, not a lane).
   double dram_stretch = 0;
@@ -571,7 +578,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.tp_comm_exposed =
       c.grad_accum * std::max(0.0, timing.forward + timing.backward - timing.compute);
   time.dp_comm_total = dp_total + zero_gather;
-  time.dp_comm_exposed = gpu_ready - forward_backward + zero_gather;
+  time.dp_comm_exposed = gpu_ready - forward_backward + gather_lateness;
   time.optimizer_gpu = gpu_adam;
   time.optimizer_cpu_total = cpu_total;
   const double window_stall =

@@ -55,6 +55,9 @@ class Communicator {
   }
   // out[r·count .. (r+1)·count) = rank r's in[0 .. count).
   virtual void allgather(const float* in, float* out, size_t count) = 0;
+  // The same, returning at once where the group has a communication thread (Gloo); in and out
+  // must stay valid until wait() returns. By default it runs now and returns a finished work.
+  virtual std::shared_ptr<CommWork> allgather_async(const float* in, float* out, size_t count);
   // out[0 .. count) = Σ_ranks in[rank·count .. (rank+1)·count).
   virtual void reduce_scatter(const float* in, float* out, size_t count) = 0;
   // The same, returning at once where the group has a communication thread (Gloo); in and out
@@ -66,13 +69,19 @@ class Communicator {
   virtual CommStats stats() const = 0;
 };
 
+// A work that completed when it was made (the synchronous defaults below).
+struct FinishedWork : CommWork {
+  void wait() override {}
+};
+inline std::shared_ptr<CommWork> Communicator::allgather_async(const float* in, float* out,
+                                                               size_t count) {
+  allgather(in, out, count);
+  return std::make_shared<FinishedWork>();
+}
 inline std::shared_ptr<CommWork> Communicator::reduce_scatter_async(const float* in, float* out,
                                                                     size_t count) {
   reduce_scatter(in, out, count);
-  struct Done : CommWork {
-    void wait() override {}
-  };
-  return std::make_shared<Done>();
+  return std::make_shared<FinishedWork>();
 }
 
 // A group of one rank: every collective is the identity (TP = 1 or DP = 1).

@@ -178,8 +178,11 @@ class GlooCommunicator : public Communicator {
   }
 
   void allgather(const float* in, float* out, size_t count) override {
+    allgather_async(in, out, count)->wait();
+  }
+  std::shared_ptr<CommWork> allgather_async(const float* in, float* out, size_t count) override {
     const size_t total = count * static_cast<size_t>(size());
-    run_sync("all-gather", total * sizeof(float), [=, this](uint32_t tag) {
+    auto done = submit("all-gather", total * sizeof(float), false, [=, this](uint32_t tag) {
       if (count == 0) return;
       gloo::AllgatherOptions options(context_);
       options.setInput(const_cast<float*>(in), count);  // Gloo only reads it
@@ -187,6 +190,7 @@ class GlooCommunicator : public Communicator {
       options.setTag(tag);
       gloo::allgather(options);
     });
+    return std::make_shared<GlooWork>(std::move(done), [this](double s) { add_exposed(s); });
   }
 
   // All-reduce of a copy, then this rank's slice: Gloo's ReduceScatterHalvingDoubling uses the

@@ -176,9 +176,8 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
     shard_m_ = device.allocate_floats(total, MemoryKind::kOptimizer);
     shard_v_ = device.allocate_floats(total, MemoryKind::kOptimizer);
     shard_grads_ = device.allocate_floats(total, MemoryKind::kGrads);
-    int64_t largest = 0;
-    for (const Shard& shard : shards_) largest = std::max(largest, shard.size);
-    shard_scratch_ = device.allocate_floats(largest, MemoryKind::kWorkspace);
+    shard_send_ = device.allocate_floats(total, MemoryKind::kWorkspace);
+    gathers_.resize(L + 1);
   }
   // The lanes' kernels (CPU AdamW, bf16 rounding) run on their lane's thread alone. OpenMP would
   // give each lane a team of every core, beside the compute's team on the same cores: spinning
@@ -248,31 +247,32 @@ void OffloadEngine::all_gather_shards(const float* shards, float* full) {
 
 void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_decay) {
   float* params = model_.params();
-  float* scratch = shard_scratch_.data();
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     const int64_t at = shards_[u].offset;
-    std::fill(scratch, scratch + shards_[u].size, 0.0f);
+    float* send = shard_send_.data() + at;  // the shard's new values, padding zero
+    std::fill(send, send + shards_[u].size, 0.0f);
     for_each_shard_piece(u, [&](int tensor, int64_t model_at, int64_t in_shard, int64_t n) {
       kernels::AdamWStep ts = step;
       ts.weight_decay = Gpt::decays(tensor) ? weight_decay : 0.0f;
       const int64_t i = at + in_shard;
       k::adamw_update(params + model_at, shard_grads_.data() + i, shard_m_.data() + i,
                       shard_v_.data() + i, n, ts);
-      std::memcpy(scratch + in_shard, params + model_at, n * sizeof(float));
+      std::memcpy(send + in_shard, params + model_at, n * sizeof(float));
     });
-    // Shard r's new values to every rank: the shard in its slot of the packed unit.
-    const int64_t d = dp_->size();
+    // Every rank's shard into the unit's bucket, beside the next forward until it reads the unit
+    // (before_forward; Megatron's --overlap-param-gather). Units in the order the forward
+    // reads them. The forward's refresh rounds the bf16 copy from the gathered values.
     std::vector<float>& bucket = dp_buckets_[u];
-    bucket.resize(static_cast<size_t>(shards_[u].size * d));
-    dp_->allgather(scratch, bucket.data(), static_cast<size_t>(shards_[u].size));
-    scatter(params, bucket.data(), units_[u].slices);
-    if (uint16_t* bf16 = model_.bf16_weights()) {
-      for (const auto& s : units_[u].slices)
-        if (kParams[static_cast<size_t>(s.tensor)].matmul_weight)
-          k::to_bf16(bf16 + s.offset, params + s.offset, s.count);
-      model_.bf16_written(u);
-    }
+    bucket.resize(static_cast<size_t>(shards_[u].size * dp_->size()));
+    gathers_[u] = dp_->allgather_async(send, bucket.data(), static_cast<size_t>(shards_[u].size));
   }
+}
+
+void OffloadEngine::finish_gather(int64_t u) {
+  if (!gathers_[u]) return;
+  gathers_[u]->wait();
+  gathers_[u].reset();
+  scatter(model_.params(), dp_buckets_[u].data(), units_[u].slices);
 }
 
 void OffloadEngine::span(const std::string& lane, const std::string& what, Clock::time_point start) {
@@ -343,6 +343,7 @@ void OffloadEngine::begin_micro_batch(int64_t micro, int64_t micro_batches) {
 }
 
 void OffloadEngine::before_forward(int64_t u) {
+  if (zero_) finish_gather(u);
   wait_landed(u, "forward");
   compute_start_ = Clock::now();
 }
@@ -636,6 +637,8 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
 }
 
 void OffloadEngine::synchronize() {
+  if (zero_)
+    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) finish_gather(u);
   cpu_.synchronize();
   d2h_.synchronize();
   h2d_.synchronize();

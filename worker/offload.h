@@ -20,7 +20,8 @@
 // slices' order and padded to a multiple of the DP size d, fall into d equal shards; rank r keeps
 // the AdamW moments of shard r only. After the backward each unit's gradients are
 // reduce-scattered (rank r gets shard r's sums), the gradient norm is summed over the shards, every
-// rank updates its shard, and the updated shards are all-gathered into every rank's parameters.
+// rank updates its shard, and the updated shards are all-gathered into every rank's parameters
+// beside the next forward, each unit waited for before the forward reads it.
 // Checkpoints see the full moments: they are all-gathered for the save (a transient full copy),
 // and a restore's full moments are cut to the shard by start().
 // Four lanes with events between them: compute (the caller's thread), host→device, device→host
@@ -187,7 +188,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
                             const std::function<void(int, int64_t, int64_t, int64_t)>& fn) const;
   // The distributed optimizer's reduce-scatter of unit u's gradients (packed into its bucket).
   std::shared_ptr<CommWork> reduce_scatter_unit(int64_t u);
+  // AdamW on the rank's shards; starts each unit's all-gather of the new shards.
   void update_shards(const kernels::AdamWStep& step, float weight_decay);
+  void finish_gather(int64_t u);  // waits for unit u's all-gather and writes its parameters
   // Every rank's shard of `shards` (a shard buffer) into `full` (llm.c layout), unit by unit.
   void all_gather_shards(const float* shards, float* full);
   int64_t streamed_unit(int64_t index) const { return first_streamed_ + index; }
@@ -208,7 +211,8 @@ class OffloadEngine final : public Gpt::UnitObserver {
   DeviceBuffer m_, v_;
   bool zero_ = false;  // the distributed optimizer
   std::vector<Shard> shards_;
-  DeviceBuffer shard_m_, shard_v_, shard_grads_, shard_scratch_;
+  DeviceBuffer shard_m_, shard_v_, shard_grads_, shard_send_;
+  std::vector<std::shared_ptr<CommWork>> gathers_;  // per unit, until the forward reads it
   std::shared_ptr<Device> host_;
   std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
   std::atomic<double> cpu_seconds_{0}, transfer_seconds_{0};
