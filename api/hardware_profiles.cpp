@@ -453,11 +453,15 @@ HardwareProfile apply_cpu_features(HardwareProfile profile,
     profile.peak_bf16_flops = 0.75e12;
     profile.achieved_fraction_bf16 = 0.28;
   } else if (has(kNfdAvx512Bf16)) {
-    // ESTIMATE: vdpbf16ps does twice the FMAs of vfmadd231ps per instruction; the rest of the
-    // step is as memory-bound as in fp32.
+    // Measured (docs/PERFORMANCE.md, "bf16 on the CPU", 2026-12-05: 2 vCPUs of a Xeon with
+    // AVX512-BF16 and no AMX, oneDNN): bf16 matmul 1024^3 166-172 GFLOP/s against sgemm 313-316
+    // on the same 2 threads (0.53x; vdpbf16ps' twice the FMAs per instruction do not show in
+    // oneDNN's kernels there), the GPT-2 124M B 4 T 64 bf16 step at 83 % of that and 0.63x the
+    // fp32 step. So such a CPU is planned in fp32 unless a measured profile shows bf16 paying
+    // (`kubetrain-worker profile` measures both).
     profile.has_bf16 = true;
-    profile.peak_bf16_flops = 2 * profile.peak_fp32_flops;
-    profile.achieved_fraction_bf16 = 0.6;
+    profile.peak_bf16_flops = 0.53 * profile.peak_fp32_flops;
+    profile.achieved_fraction_bf16 = 0.8;
   }
   return profile;
 }

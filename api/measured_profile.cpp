@@ -98,14 +98,15 @@ MeasuredProfile decode_measured_profile(const Json& doc) {
   for (const SpecField& f : kSpecFields) {
     const auto value = spec.number(f.key);
     if (!value) continue;
-    const bool ok = std::isfinite(*value) && *value <= f.max &&
-                    (f.zero_ok ? *value >= f.min : *value > f.min);
+    // (The profiler clamps its figures into these ranges, so a bound itself is valid.)
+    const bool inclusive = f.zero_ok || f.min > 0;
+    const bool ok =
+        std::isfinite(*value) && *value <= f.max && (inclusive ? *value >= f.min : *value > f.min);
     if (!ok) {
       const std::string lo = f.min == 0 ? "0" : Json(f.min).dump();
-      throw FieldError(spec.path_of(f.key), Json(*value).dump() + " must be " +
-                                                (f.zero_ok ? "between " : "above ") + lo +
-                                                (f.zero_ok ? " and " : " and at most ") +
-                                                Json(f.max).dump());
+      throw FieldError(spec.path_of(f.key),
+                       Json(*value).dump() + " must be " + (inclusive ? "between " : "above ") +
+                           lo + (inclusive ? " and " : " and at most ") + Json(f.max).dump());
     }
     out.profile.*f.field = *value;
   }

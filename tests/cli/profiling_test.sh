@@ -24,7 +24,7 @@ profiling() { [[ "$(jp '{.status.conditions[?(@.type=="Planned")].reason}')" == 
 wait_for 30 profiling || fail "the job did not wait for profiling: $(K get tj prof -o yaml)"
 profiled() { K get configmap kubetrain-profile-cpu > /dev/null 2>&1; }
 wait_for 120 profiled ||
-  fail "no profile stored: $(K get pods -o wide 2>&1; tail -5 "$OUT"/work/pods/*profile*/log 2>&1)"
+  fail "no profile stored: $(K get pods -o wide 2>&1; K get events 2>&1 | tail -8; tail -5 "$OUT"/work/pods/*profile*/log 2>&1)"
 K get configmap kubetrain-profile-cpu -o jsonpath='{.data.profile\.yaml}' > "$OUT/profile.yaml"
 grep -q '^kind: HardwareProfile' "$OUT/profile.yaml" || fail "stored: $(cat "$OUT/profile.yaml")"
 grep -q '^  profilingPod: default/kubetrain-profile-cpu' "$OUT/profile.yaml" ||
