@@ -19,7 +19,6 @@
 #include "api/hardware.h"
 #include "api/model.h"
 #include "worker/comm.h"
-#include "worker/device.h"
 #include "worker/profile.h"
 
 #ifdef KUBETRAIN_WITH_CUDA
@@ -254,15 +253,8 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
     record["bf16MicroBatchFullRecomputeSeconds"] = full_s;
     say("bf16 micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e12, "TFLOP/s");
     say("  = achieved fraction of the bf16 GEMM rate", hw.achieved_fraction, "");
-    // Full recompute re-runs every layer's forward: 8bsh² + 4bshf + 4bs²h FLOPs per layer
-    // (planner/cost_model.h).
-    const double b = static_cast<double>(B), s = static_cast<double>(T);
-    const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn_hidden);
-    const double recompute_flops =
-        static_cast<double>(m.layers) * (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h);
-    const double recompute_rate =
-        recompute_flops / std::max(full_s - 0.5 * (step_s + again_s), 1e-9);
-    hw.recompute_rate_ratio = std::clamp(recompute_rate / step_rate, 0.5, 3.0);
+    hw.recompute_rate_ratio =
+        profiling::recompute_rate_ratio(m, B, T, micro_flops, step_s, full_s, again_s);
     say("bf16 micro-batch with full recompute", full_s * 1e3, "ms");
     say("  = recompute rate over the micro-batch's", hw.recompute_rate_ratio, "");
   }
@@ -405,21 +397,12 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
       }
     };
     profiling::with_second_rank(run_rank, run_rank, profiling::SecondRank::kThread);
-    // The all-reduce's time is 2(n−1)·α + 2(n−1)/n · bytes / busbw (planner/cost_model.h); n = 2.
-    hw.allreduce_latency = small_s / 2.0;
     const double bytes = 4.0 * static_cast<double>(big);
-    hw.intra_allreduce_busbw = bytes / std::max(big_s - 2.0 * hw.allreduce_latency, 1e-9);
+    profiling::set_two_rank_figures(hw, record, "2 GPUs, NCCL", small_s, big_s, bytes, gemm_alone_s,
+                                    beside_s);
     record["ncclAllreduce1FloatSeconds"] = small_s;
     record["ncclAllreduceBigSeconds"] = big_s;
     record["ncclAllreduceBigBytes"] = bytes;
-    say("NCCL all-reduce latency α (2 GPUs, per ring step)", hw.allreduce_latency * 1e6, "us");
-    say("NCCL all-reduce bus bandwidth (2 GPUs)", hw.intra_allreduce_busbw / 1e9, "GB/s");
-    // An op that hides an all-reduce of duration c takes interference·min(op, c) longer
-    // (api/hardware.h); here c covers the whole GEMM sequence.
-    hw.overlap_interference = std::clamp(beside_s / gemm_alone_s - 1.0, 0.0, 4.0);
-    record["gemmSecondsAlone"] = gemm_alone_s;
-    record["gemmSecondsBesideAllreduce"] = beside_s;
-    say("GEMM slow-down beside NCCL all-reduces", hw.overlap_interference, "");
     nccl_note.clear();
   }
 #endif
@@ -428,19 +411,11 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  out.provenance = {{"host", profiling::hostname()},
-                    {"cpu", cpu_model_name()},
-                    {"gpu", device->product()},
-                    {"gpus", std::to_string(gpus)},
-                    {"driver", "CUDA " + version_text(driver) + " (runtime " +
-                                   version_text(runtime) + ")"},
-                    {"model", "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +
-                                  " B=" + std::to_string(B) + " T=" + std::to_string(T)},
-                    {"date", profiling::utc_now()},
-                    {"version", options.version},
-                    {"command", options.command}};
-  hw.source = "measured on " + out.provenance["host"] + " " + out.provenance["date"];
-  hw.measured = true;
+  profiling::finish_profile(
+      out, options, shapes,
+      {{"gpu", device->product()},
+       {"gpus", std::to_string(gpus)},
+       {"driver", "CUDA " + version_text(driver) + " (runtime " + version_text(runtime) + ")"}});
   ctx.reset();
   return out;
 }

@@ -273,19 +273,64 @@ double cpu_adamw_params_per_second(int64_t n, int reps) {
   return static_cast<double>(n) / s;
 }
 
+void set_two_rank_figures(api::HardwareProfile& hw, std::map<std::string, double>& record,
+                          const std::string& ranks, double one_float_seconds, double big_seconds,
+                          double big_bytes, double gemm_alone_seconds, double gemm_beside_seconds) {
+  hw.allreduce_latency = one_float_seconds / 2.0;
+  hw.intra_allreduce_busbw = big_bytes / std::max(big_seconds - 2.0 * hw.allreduce_latency, 1e-9);
+  // An op that hides an all-reduce of duration c takes interference·min(op, c) longer
+  // (api/hardware.h); the all-reduces cover the whole GEMM sequence here.
+  hw.overlap_interference = std::clamp(gemm_beside_seconds / gemm_alone_seconds - 1.0, 0.0, 4.0);
+  record["gemmSecondsAlone"] = gemm_alone_seconds;
+  record["gemmSecondsBesideAllreduce"] = gemm_beside_seconds;
+  say("all-reduce latency α (" + ranks + ", per ring step)", hw.allreduce_latency * 1e6, "us");
+  say("all-reduce bus bandwidth (" + ranks + ")", hw.intra_allreduce_busbw / 1e9, "GB/s");
+  say("GEMM slow-down beside all-reduces", hw.overlap_interference, "");
+}
+
+double recompute_rate_ratio(const api::ModelDims& m, int64_t B, int64_t T, double step_flops,
+                            double plain_seconds, double full_seconds, double plain_again_seconds) {
+  const double b = static_cast<double>(B), s = static_cast<double>(T);
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn_hidden);
+  const double recompute_flops =
+      static_cast<double>(m.layers) * (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h);
+  const double added = full_seconds - 0.5 * (plain_seconds + plain_again_seconds);
+  const double recompute_rate = recompute_flops / std::max(added, 1e-9);
+  return std::clamp(recompute_rate / (step_flops / plain_seconds), 0.5, 3.0);
+}
+
+namespace {
+
 std::string hostname() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
   return name;
 }
 
-std::string utc_now() {
+std::string utc_now() {  // RFC 3339, seconds
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;
+}
+
+}  // namespace
+
+void finish_profile(api::MeasuredProfile& out, const ProfileOptions& options, const Shapes& shapes,
+                    const std::map<std::string, std::string>& device) {
+  const api::ModelDims& m = shapes.model;
+  out.provenance = device;
+  out.provenance["host"] = hostname();
+  out.provenance["cpu"] = cpu_model_name();
+  out.provenance["model"] = "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +
+                            " B=" + std::to_string(shapes.B) + " T=" + std::to_string(shapes.T);
+  out.provenance["date"] = utc_now();
+  out.provenance["version"] = options.version;
+  out.provenance["command"] = options.command;
+  out.profile.source = "measured on " + out.provenance["host"] + " " + out.provenance["date"];
+  out.profile.measured = true;
 }
 
 void with_second_rank(const std::function<void(Communicator&)>& second,
@@ -391,21 +436,13 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     record["microBatchFlopsPerSecond"] = step_rate;
     say("micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e9, "GFLOP/s");
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
-    // What full recompute adds: every layer's forward again (8bsh² + 4bshf + 4bs²h per layer,
-    // planner/cost_model.h), at the rate it runs there.
-    // Bracketed by a second plain measurement, so that the machine's drift between the two
-    // falls out of the difference.
+    // What full recompute adds, bracketed by a second plain measurement.
     const double full_s =
         micro_batch_seconds(m, B, T, reps, api::Precision::kFp32, api::Recompute::kFull);
     const double again_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
     record["microBatchSecondsAfterwards"] = again_s;
-    const double b = static_cast<double>(B), s = static_cast<double>(T);
-    const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn_hidden);
-    const double recompute_flops =
-        static_cast<double>(m.layers) * (8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h);
-    const double recompute_rate =
-        recompute_flops / std::max(full_s - 0.5 * (step_s + again_s), 1e-9);
-    hw.recompute_rate_ratio = std::clamp(recompute_rate / step_rate, 0.5, 3.0);
+    hw.recompute_rate_ratio =
+        profiling::recompute_rate_ratio(m, B, T, micro_flops, step_s, full_s, again_s);
     record["microBatchFullRecomputeSeconds"] = full_s;
     say("micro-batch with full recompute", full_s * 1e3, "ms");
     say("  = recompute rate over the micro-batch's", hw.recompute_rate_ratio, "");
@@ -510,18 +547,10 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
           stop = true;
           noise.join();
         });
-    // allreduce_seconds: 2(n−1)·α + 2(n−1)/n · bytes / busbw; n = 2.
-    hw.allreduce_latency = small_s / 2.0;
-    const double bytes = 4.0 * static_cast<double>(big);
-    hw.intra_allreduce_busbw = bytes / std::max(big_s - 2.0 * hw.allreduce_latency, 1e-9);
+    profiling::set_two_rank_figures(hw, record, "2 processes, Gloo", small_s, big_s,
+                                    4.0 * static_cast<double>(big), alone, beside);
     record["allreduce1FloatSeconds"] = small_s;
     record["allreduce4MiBSeconds"] = big_s;
-    say("all-reduce latency α (2 processes, per ring step)", hw.allreduce_latency * 1e6, "us");
-    say("all-reduce bus bandwidth (2 processes, 4 MiB)", hw.intra_allreduce_busbw / 1e9, "GB/s");
-    hw.overlap_interference = std::clamp(beside / alone - 1.0, 0.0, 4.0);
-    record["gemmSecondsAlone"] = alone;
-    record["gemmSecondsBesideAllreduce"] = beside;
-    say("GEMM slow-down beside all-reduces", hw.overlap_interference, "");
   }
 
   // 6. The same all-reduces with both ranks at work (ranks_at_work): what they take there over
@@ -555,17 +584,8 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("  = dpCommScale (over the idle prediction)", hw.dp_comm_scale, "");
   }
 
-  out.provenance = {{"host", profiling::hostname()},
-                    {"cpu", cpu_model_name()},
-                    {"gpu", "none"},
-                    {"threads", std::to_string(threads)},
-                    {"model", "L=" + std::to_string(m.layers) + " h=" + std::to_string(m.hidden) +
-                                  " B=" + std::to_string(B) + " T=" + std::to_string(T)},
-                    {"date", profiling::utc_now()},
-                    {"version", options.version},
-                    {"command", options.command}};
-  hw.source = "measured on " + out.provenance["host"] + " " + out.provenance["date"];
-  hw.measured = true;
+  profiling::finish_profile(out, options, shapes,
+                            {{"gpu", "none"}, {"threads", std::to_string(threads)}});
   return out;
 }
 

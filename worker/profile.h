@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
+#include "api/hardware.h"
 #include "api/measured_profile.h"
 #include "api/plan.h"
 
@@ -66,8 +68,25 @@ double median_seconds(int reps, const std::function<void()>& fn);
 void say(const std::string& what, double value, const char* unit);
 // The CPU AdamW kernel's parameters per second with this process's OpenMP threads.
 double cpu_adamw_params_per_second(int64_t n, int reps);
-std::string hostname();
-std::string utc_now();  // RFC 3339, seconds
+// From a 2-rank group's timings — one all-reduce of 1 float, one of `big_bytes`, the GEMMs alone
+// and beside all-reduces — the profile's allreduceLatency (α per ring step), intraAllreduceBusbw
+// and overlapInterference, by the cost model's all-reduce time 2(n−1)·α + 2(n−1)/n · bytes /
+// busbw with n = 2 (planner/cost_model.h).
+// Says them (`ranks`: "2 processes", "2 GPUs") and records the GEMM timings in `record`.
+void set_two_rank_figures(api::HardwareProfile& hw, std::map<std::string, double>& record,
+                          const std::string& ranks, double one_float_seconds, double big_seconds,
+                          double big_bytes, double gemm_alone_seconds, double gemm_beside_seconds);
+// The profile's recomputeRateRatio from a micro-batch's seconds without recompute, with full
+// recompute and without again (bracketing: the machine's drift between them falls out). Full
+// recompute re-runs every layer's forward, (8bsh² + 4bshf + 4bs²h)·L FLOPs (planner/
+// cost_model.h); the ratio is their rate over the micro-batch's (`step_flops` / `plain`),
+// clamped to the decoder's [0.5, 3].
+double recompute_rate_ratio(const api::ModelDims& m, int64_t B, int64_t T, double step_flops,
+                            double plain_seconds, double full_seconds, double plain_again_seconds);
+// The profile's provenance — host, CPU model, the model's shapes, date, version, command, and
+// `device`'s entries (gpu, threads, driver, …) — and its source line; marks it measured.
+void finish_profile(api::MeasuredProfile& out, const ProfileOptions& options, const Shapes& shapes,
+                    const std::map<std::string, std::string>& device);
 
 // Runs `second` as rank 1 and `first` as rank 0 of a 2-rank Gloo group over loopback TCP; waits
 // for the second. kProcess: a child process, as two ranks of a node are. kThread: a thread of
