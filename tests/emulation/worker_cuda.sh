@@ -126,6 +126,16 @@ assert near(spec["memoryBandwidth"], 28 * m["deviceAdamwParamsPerSecond"])
 assert near(spec["hostLinkBandwidth"], min(m["pinnedHostToDeviceBytesPerSecond"], m["pinnedDeviceToHostBytesPerSecond"]))
 assert near(spec["cpuAdamParamsPerCore"] * os.cpu_count(), m["adamwParamsPerSecond"])
 assert 0 < spec["achievedFraction"] <= 1 and spec["achievedFractionBf16"] == spec["achievedFraction"]
+# recomputeRateRatio: every layer's forward again, (8bsh² + 4bshf + 4bs²h)·L FLOPs, over the
+# time full recompute added (bracketed by the two plain runs), against the micro-batch's rate:
+# the quick profile's model is tiny (L 2, h 64, ffn 256, vocab 256 padded to 256, T 64) at B 4.
+L, h, f, T, B, V, P = 2, 64, 256, 64, 4, 256, None
+P = V * h + T * h + L * (12 * h * h + 13 * h) + 2 * h  # GPT-2's parameters (tied LM head)
+step_flops = (6 * P + 12 * L * h * T) * B * T  # api/flops.h
+plain, full, again = m["bf16MicroBatchSeconds"], m["bf16MicroBatchFullRecomputeSeconds"], m["bf16MicroBatchSecondsAfterwards"]
+added = max(full - (plain + again) / 2, 1e-9)
+ratio = L * (8 * B * T * h * h + 4 * B * T * h * f + 4 * B * T * T * h) / added / (step_flops / plain)
+assert near(spec["recomputeRateRatio"], min(max(ratio, 0.5), 3.0)), (spec["recomputeRateRatio"], ratio)
 if sys.argv[2] == "nccl":
     assert near(spec["allreduceLatency"], m["ncclAllreduce1FloatSeconds"] / 2)
     a = spec["allreduceLatency"]
