@@ -11,9 +11,9 @@
 #   scripts/device-check.sh                 build, test, bench (≈ 1–2 min on an H200)
 #   scripts/device-check.sh --build-only    build only (works without a GPU: CI and dev machines)
 #   scripts/device-check.sh --bundle-worker (here, after `make`) packs build/bin/kubetrain-worker,
-#       its non-system shared libraries (not the CUDA ones: the GPU machine's toolkit has those)
+#       and build/bin/kubetrain, their non-system shared libraries (not the CUDA ones: the GPU machine's toolkit has those)
 #       and two GPT-2 124M plans for one H200 (offload none and optimizer) into gpu-worker/
-#       (git-ignored; ≈ 20 MB xz). Carry ["gpu-worker"] and the check then also runs the real
+#       (git-ignored; ≈ 11 MB xz, stripped). Carry ["gpu-worker"] and the check then also runs the real
 #       `kubetrain-worker train` on both plans (12 steps each, checkpoint at the end) and prints
 #       its step time, tokens/s and MFU next to the planner's prediction; and one small job on
 #       the CPU, on the GPU, with offload: optimizer and window, and as 2 data-parallel and as 2
