@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "api/error.h"
-#include "api/flops.h"
 #include "api/hardware.h"
 #include "api/model.h"
 #include "worker/comm.h"
@@ -73,10 +72,7 @@ struct DeviceArray {
 // `count` uniform values in [-1, 1) from `seed`, on the device, in fp32 and in bf16.
 void fill_random(CudaDevice& device, const kc::Context& ctx, float* out32, kc::bf16* out16,
                  int64_t count, uint32_t seed) {
-  std::vector<float> host(static_cast<size_t>(count));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& x : host) x = u(rng);
+  const std::vector<float> host = profiling::random_floats(count, seed);
   CudaStream& stream = device.stream(StreamRole::kCompute);
   device.copy(out32, host.data(), host.size() * sizeof(float), stream);
   if (out16) kc::cast_to_bf16(ctx, out16, out32, count);
@@ -237,10 +233,7 @@ std::optional<api::MeasuredProfile> measure_gpu_profile(const ProfileOptions& op
   // 2. One micro-batch of the CUDA model (bf16), then with full recompute, then plain again
   //    (bracketing the recompute: the clocks' drift falls out of the difference).
   {
-    const double micro_flops =
-        api::gpt_flops_per_token(static_cast<double>(api::parameter_count(m)), m.layers, m.hidden,
-                                 T) *
-        static_cast<double>(BT);
+    const double micro_flops = profiling::micro_batch_flops(shapes);
     const double step_s = micro_batch_seconds(*device, m, B, T, reps, api::Recompute::kNone);
     const double full_s = micro_batch_seconds(*device, m, B, T, reps, api::Recompute::kFull);
     const double again_s = micro_batch_seconds(*device, m, B, T, reps, api::Recompute::kNone);

@@ -33,19 +33,12 @@ namespace {
 
 namespace k = kernels::cpu;
 using profiling::median_seconds;
+using profiling::random_floats;
 using profiling::say;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::vector<float> random_floats(int64_t n, uint32_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& x : v) x = u(rng);
-  return v;
 }
 
 // The model's GEMMs of one micro-batch, forward and backward: (rows, in, out) per product.
@@ -248,6 +241,21 @@ Shapes shapes_of(const ProfileOptions& options) {
   return out;
 }
 
+std::vector<float> random_floats(int64_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+double micro_batch_flops(const Shapes& shapes) {
+  const api::ModelDims& m = shapes.model;
+  return api::gpt_flops_per_token(static_cast<double>(api::parameter_count(m)), m.layers,
+                                  m.hidden, shapes.T) *
+         static_cast<double>(shapes.B * shapes.T);
+}
+
 double median_seconds(int reps, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
@@ -424,10 +432,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
   say("model GEMMs (fwd + bwd), all threads", gemm_rate / 1e9, "GFLOP/s");
 
   // 2. One micro-batch of the model itself.
-  const double micro_flops =
-      api::gpt_flops_per_token(static_cast<double>(api::parameter_count(m)), m.layers, m.hidden,
-                               T) *
-      static_cast<double>(BT);
+  const double micro_flops = profiling::micro_batch_flops(shapes);
   {
     const double step_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
     const double step_rate = micro_flops / step_s;

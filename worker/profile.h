@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/hardware.h"
 #include "api/measured_profile.h"
@@ -62,6 +63,10 @@ struct Shapes {
 };
 Shapes shapes_of(const ProfileOptions& options);
 
+// `n` uniform values in [-1, 1) from `seed`.
+std::vector<float> random_floats(int64_t n, uint32_t seed);
+// The training FLOPs of one B×T micro-batch of the model (api/flops.h).
+double micro_batch_flops(const Shapes& shapes);
 // The median of `reps` timings of fn (after one warm-up).
 double median_seconds(int reps, const std::function<void()>& fn);
 // One line of progress on stderr.

@@ -486,6 +486,8 @@ class Controller::Pass {
   void save_profile(const planner::Refit& refit, int64_t steps, double measured);
   std::optional<std::string> profile_kind(const std::string& kind, const api::Node& node,
                                           const api::TrainingJob& job, bool& stored);
+  std::map<std::string, const api::Node*> unprofiled_kinds(const api::TrainingJob& job,
+                                                          const api::Inventory& nodes) const;
   std::optional<std::string> profile_node_kinds(const api::TrainingJob& job,
                                                 const api::Inventory& nodes, bool& stored);
   void checkpoint_health(const WorkerProgress& rank0);
@@ -555,9 +557,13 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   std::vector<api::MeasuredProfile> profiles = stored_profiles(profiles_hash);
   if (options_.profiling) {
     std::optional<api::Inventory> nodes;
-    with_inventory([&](const PlannerInventory& inventory) { nodes = inventory.allocatable(); });
+    with_inventory([&](const PlannerInventory& inventory) {
+      // allocatable() builds the nodes anew: only while a kind has no profile (kinds, and
+      // whether nodes are schedulable, are the same in the free inventory).
+      if (!unprofiled_kinds(job, inventory.free).empty()) nodes = inventory.allocatable();
+    });
     bool stored = false;
-    if (const auto waiting = profile_node_kinds(job, *nodes, stored)) {
+    if (const auto waiting = nodes ? profile_node_kinds(job, *nodes, stored) : std::nullopt) {
       set_phase(JobPhase::kPending);
       set_condition("Planned", false, "ProfilingNodes", *waiting);
       result.requeue_after = std::chrono::seconds(5);
@@ -907,14 +913,11 @@ void Controller::Pass::save_profile(const planner::Refit& refit, int64_t steps, 
   }
 }
 
-// Profiling pods (ControllerOptions::profiling): the node kinds a job could run on that no
-// ConfigMap of the namespace profiles — "cpu" for a CPU job (measured on its node with the most
-// cores), else each GPU product's kind (on its node with the most GPUs: NCCL is measured between
-// two of them). Returns why the job waits, or nothing when planning may go on (every kind
-// profiled now — `stored` — or profiling failed or timed out, or nothing to profile).
-std::optional<std::string> Controller::Pass::profile_node_kinds(const api::TrainingJob& job,
-                                                                const api::Inventory& nodes,
-                                                                bool& stored) {
+// The node kinds a job could run on that no ConfigMap of the namespace profiles — "cpu" for a
+// CPU job (measured on its node with the most cores), else each GPU product's kind (on its node
+// with the most GPUs: NCCL is measured between two of them) — each with the node to measure it on.
+std::map<std::string, const api::Node*> Controller::Pass::unprofiled_kinds(
+    const api::TrainingJob& job, const api::Inventory& nodes) const {
   const bool gpus = std::any_of(nodes.nodes.begin(), nodes.nodes.end(),
                                 [](const api::Node& n) { return !n.is_cpu_node(); });
   const bool cpu_job = job.spec.resources.cpu_only || !gpus;
@@ -932,8 +935,17 @@ std::optional<std::string> Controller::Pass::profile_node_kinds(const api::Train
     if (!target || (cpu_job ? n.cpu_cores > target->cpu_cores : n.gpu_count > target->gpu_count))
       target = &n;
   }
+  return targets;
+}
+
+// Profiling pods (ControllerOptions::profiling) for unprofiled_kinds. Returns why the job waits,
+// or nothing when planning may go on (every kind profiled now — `stored` — or profiling failed or
+// timed out, or nothing to profile).
+std::optional<std::string> Controller::Pass::profile_node_kinds(const api::TrainingJob& job,
+                                                                const api::Inventory& nodes,
+                                                                bool& stored) {
   std::string waiting;
-  for (const auto& [kind, target] : targets) {
+  for (const auto& [kind, target] : unprofiled_kinds(job, nodes)) {
     bool kind_stored = false;
     if (const auto why = profile_kind(kind, *target, job, kind_stored))
       waiting += (waiting.empty() ? "" : "; ") + *why;

@@ -25,7 +25,10 @@ if grep -qE '\b(amx_bf16|avx512_bf16)\b' /proc/cpuinfo; then
   grep -q '^  bf16: true' "$DIR/profile.yaml" ||
     fail "bf16 not measured: $(cat "$DIR/profile.yaml")"
   grep -q '^  bf16GemmFlopsPerSecond: [0-9]' "$DIR/profile.yaml" || fail "no bf16 GEMM rate"
-  grep -q '^  achievedFractionBf16: 0\.[0-9]' "$DIR/profile.yaml" || fail "no bf16 fraction"
+  # (in (0, 1]: the profiler clamps it, and on a busy host the micro-batch can outrun the GEMMs
+  # timed before it, which clamps to 1)
+  grep -Eq '^  achievedFractionBf16: (0\.[0-9]+|1|1\.0)$' "$DIR/profile.yaml" ||
+    fail "no bf16 fraction: $(grep achievedFractionBf16 "$DIR/profile.yaml")"
 else
   grep -q '^  bf16: false' "$DIR/profile.yaml" ||
     fail "bf16 said present: $(cat "$DIR/profile.yaml")"
