@@ -529,6 +529,12 @@ bool assemble(const NamedView& v, const std::vector<Stored>& stored, std::vector
       continue;
     const int64_t n = overlap(box, mine);
     if (n == 0) continue;
+    // The same block again is a replica (a tensor TP does not split, written by every TP rank):
+    // one copy serves.
+    if (std::any_of(parts.begin(), parts.end(), [&](const Piece& other) {
+          return other.stored.lo == box.lo && other.stored.extent == box.extent;
+        }))
+      continue;
     for (const Piece& other : parts)  // an element stored twice would be counted twice
       if (overlap(other.stored, box) > 0) {
         problem = "tensor " + v.name + " is stored twice, in " + other.shard->name + " and " +

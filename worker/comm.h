@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "api/error.h"
+
 namespace kt::worker {
 
 enum class ReduceOp { kSum, kMax };
@@ -65,6 +67,14 @@ class Communicator {
   virtual std::shared_ptr<CommWork> reduce_scatter_async(const float* in, float* out, size_t count);
   virtual void broadcast(float* data, size_t count, int root) = 0;
   virtual void barrier() = 0;
+  // Point to point (pipeline stages): `count` floats to or from group rank `peer`. A send is
+  // matched with the peer's recv in issue order (per direction). Both return at once; the
+  // buffer must stay valid until wait() returns. A send never waits for the receiver to be
+  // ready before returning, so two stages may send to each other before either receives (the
+  // 1F1B schedule does). They do not run on the group's communication thread: a group that
+  // carries them should carry no collective at the same time. By default: refused (kt::Error).
+  virtual std::shared_ptr<CommWork> send_async(const float* data, size_t count, int peer);
+  virtual std::shared_ptr<CommWork> recv_async(float* data, size_t count, int peer);
 
   virtual CommStats stats() const = 0;
 };
@@ -84,6 +94,15 @@ inline std::shared_ptr<CommWork> Communicator::reduce_scatter_async(const float*
   return std::make_shared<FinishedWork>();
 }
 
+inline std::shared_ptr<CommWork> Communicator::send_async(const float*, size_t, int peer) {
+  throw Error("group " + name() + " has no point-to-point send (to rank " + std::to_string(peer) +
+              ")");
+}
+inline std::shared_ptr<CommWork> Communicator::recv_async(float*, size_t, int peer) {
+  throw Error("group " + name() + " has no point-to-point receive (from rank " +
+              std::to_string(peer) + ")");
+}
+
 // A group of one rank: every collective is the identity (TP = 1 or DP = 1).
 std::unique_ptr<Communicator> make_single_rank_communicator(const std::string& name);
 
@@ -98,14 +117,19 @@ struct RendezvousConfig {
   static RendezvousConfig from_env();  // MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, KUBETRAIN_JOB_ID
 };
 
-// The groups of one rank: world, its TP group (ranks ⌊rank/tp⌋·tp .. +tp-1) and its DP group
-// (ranks with the same rank % tp). tp · dp must equal world_size.
+// The groups of one rank. Ranks are laid out TP fastest, then DP, then pipeline stages
+// (Megatron's order): stage s holds ranks [s·tp·dp, (s+1)·tp·dp); inside it, rank w of the
+// stage is TP rank w % tp of DP rank ⌊w/tp⌋. Groups: world; TP (consecutive ranks); DP (the
+// stage's ranks with the same TP rank); PP (the ranks with the same place w in every stage:
+// group rank = stage, for the activations and gradients between stages); and, with stages, the
+// embedding group (the first and the last stage's rank at w, which sum the tied wte's gradient),
+// null on the other stages and without stages. tp · dp · pp must equal world_size.
 struct ProcessGroups {
-  std::unique_ptr<Communicator> world, tp, dp;
+  std::unique_ptr<Communicator> world, tp, dp, pp, embedding;
 };
 // Connects to the others (rank 0 also hosts the store). Throws kt::Error with a clear message
 // on a timeout (naming MASTER_ADDR:MASTER_PORT and the missing ranks), a port in use, or a
 // world-size mismatch between ranks.
-ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp);
+ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp = 1);
 
 }  // namespace kt::worker

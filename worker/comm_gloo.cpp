@@ -234,12 +234,90 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  // On the caller's thread: Gloo posts the unbound buffer to its device loop at once, so a send
+  // does not wait for the receiver; wait() blocks for the transfer.
+  std::shared_ptr<CommWork> send_async(const float* data, size_t count, int peer) override {
+    return point_to_point(true, const_cast<float*>(data), count, peer);  // Gloo only reads it
+  }
+  std::shared_ptr<CommWork> recv_async(float* data, size_t count, int peer) override {
+    return point_to_point(false, data, count, peer);
+  }
+
   CommStats stats() const override {
     std::lock_guard lock(mutex_);
     return stats_;
   }
 
  private:
+  // One slot for every point-to-point message (they match per peer and direction, in order),
+  // far above the collectives' tags.
+  static constexpr uint64_t kPointToPointSlot = uint64_t{1} << 40;
+
+  class PointToPointWork : public CommWork {
+   public:
+    PointToPointWork(GlooCommunicator& group, bool send, int peer, size_t bytes,
+                     std::unique_ptr<gloo::transport::UnboundBuffer> buffer)
+        : group_(group), send_(send), peer_(peer), bytes_(bytes), buffer_(std::move(buffer)) {}
+    ~PointToPointWork() override {
+      try {
+        wait();
+      } catch (...) {  // reported to whoever waited first; a destructor must not throw
+      }
+    }
+    void wait() override {
+      if (done_) return;
+      done_ = true;
+      const auto start = Clock::now();
+      std::string failure;
+      try {
+        const bool ok =
+            send_ ? buffer_->waitSend(group_.timeout_) : buffer_->waitRecv(group_.timeout_);
+        if (!ok) failure = "timed out";
+      } catch (const gloo::EnforceNotMet& e) {
+        failure = e.what();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      group_.add_exposed(seconds_since(start));
+      if (!failure.empty()) {
+        const std::string what = std::string(send_ ? "send of " : "receive of ") +
+                                 std::to_string(bytes_) + " bytes " + (send_ ? "to" : "from") +
+                                 " rank " + std::to_string(peer_);
+        throw Error(describe_failure(group_.name_, what, failure, group_.timeout_));
+      }
+    }
+
+   private:
+    GlooCommunicator& group_;
+    bool send_;
+    int peer_;
+    size_t bytes_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+    bool done_ = false;
+  };
+
+  std::shared_ptr<CommWork> point_to_point(bool send, float* data, size_t count, int peer) {
+    KT_CHECK(peer >= 0 && peer < size() && peer != rank(),
+             "point-to-point peer " + std::to_string(peer) + " in group " + name_ + " of " +
+                 std::to_string(size()));
+    const size_t bytes = count * sizeof(float);
+    {
+      std::lock_guard lock(mutex_);
+      if (!broken_.empty())
+        throw Error(name_ +
+                    " point-to-point failed: the group is broken by an earlier error: " + broken_);
+      ++stats_.collectives;
+      stats_.bytes += static_cast<int64_t>(bytes);
+    }
+    if (count == 0) return std::make_shared<FinishedWork>();
+    auto buffer = context_->createUnboundBuffer(data, bytes);
+    if (send)
+      buffer->send(peer, kPointToPointSlot);
+    else
+      buffer->recv(peer, kPointToPointSlot);
+    return std::make_shared<PointToPointWork>(*this, send, peer, bytes, std::move(buffer));
+  }
+
   // Queues `op` on the communication thread (issue order = execution order on every rank) and
   // returns its completion. The op gets a tag from the group's counter. Gloo's exceptions become
   // kt::Error here, on the thread that caught them.
@@ -372,7 +450,7 @@ std::shared_ptr<gloo::Context> connect_group(const std::string& name, int rank, 
 }
 
 // Everything after the store exists: the world-size check, then one Gloo context per group.
-ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp,
+ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int pp,
                              const std::shared_ptr<Rendezvous>& shared) {
   const int world = config.world_size;
   ProcessGroups groups;
@@ -429,20 +507,26 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp,
     throw Error("cannot open a Gloo TCP device on '" + attr.hostname + "': " + e.what());
   }
 
-  const int tp_index = config.rank / tp, dp_index = config.rank % tp;
+  // The layout of comm.h's ProcessGroups: TP fastest, then DP, then stages.
+  const int per_stage = tp * dp, stage = config.rank / per_stage, place = config.rank % per_stage;
   gloo::rendezvous::PrefixStore world_store("world", job_store);
-  gloo::rendezvous::PrefixStore tp_store("tp/" + std::to_string(tp_index), job_store);
-  gloo::rendezvous::PrefixStore dp_store("dp/" + std::to_string(dp_index), job_store);
+  gloo::rendezvous::PrefixStore tp_store("tp/" + std::to_string(config.rank / tp), job_store);
+  gloo::rendezvous::PrefixStore dp_store(
+      "dp/" + std::to_string(stage) + "/" + std::to_string(place % tp), job_store);
+  gloo::rendezvous::PrefixStore pp_store("pp/" + std::to_string(place), job_store);
+  gloo::rendezvous::PrefixStore embedding_store("embedding/" + std::to_string(place), job_store);
   auto world_context =
       connect_group("world", config.rank, world, world_store, shared->device, config.timeout);
-  std::shared_ptr<gloo::Context> tp_context, dp_context;
-  if (tp > 1) {
-    tp_context =
-        connect_group("tp", config.rank % tp, tp, tp_store, shared->device, config.timeout);
-  }
-  if (dp > 1) {
-    dp_context =
-        connect_group("dp", config.rank / tp, dp, dp_store, shared->device, config.timeout);
+  std::shared_ptr<gloo::Context> tp_context, dp_context, pp_context, embedding_context;
+  if (tp > 1)
+    tp_context = connect_group("tp", place % tp, tp, tp_store, shared->device, config.timeout);
+  if (dp > 1)
+    dp_context = connect_group("dp", place / tp, dp, dp_store, shared->device, config.timeout);
+  if (pp > 1) {
+    pp_context = connect_group("pp", stage, pp, pp_store, shared->device, config.timeout);
+    if (stage == 0 || stage == pp - 1)
+      embedding_context = connect_group("embedding", stage == 0 ? 0 : 1, 2, embedding_store,
+                                        shared->device, config.timeout);
   }
   // Nobody leaves before everybody is connected: after this no rank reads the store again, so
   // rank 0 may exit (taking the server down) without stranding a slower rank.
@@ -462,6 +546,12 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp,
   groups.dp = dp_context ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
                                "dp", dp_context, config.timeout, shared))
                          : make_single_rank_communicator("dp");
+  groups.pp = pp_context ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+                               "pp", pp_context, config.timeout, shared))
+                         : make_single_rank_communicator("pp");
+  if (embedding_context)
+    groups.embedding =
+        std::make_unique<GlooCommunicator>("embedding", embedding_context, config.timeout, shared);
   return groups;
 }
 
@@ -502,11 +592,11 @@ RendezvousConfig RendezvousConfig::from_env() {
   return config;
 }
 
-ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp) {
+ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp) {
   const int world = config.world_size;
-  if (tp < 1 || dp < 1 || tp * dp != world) {
-    throw Error("tp " + std::to_string(tp) + " × dp " + std::to_string(dp) +
-                " does not equal WORLD_SIZE=" + std::to_string(world));
+  if (tp < 1 || dp < 1 || pp < 1 || int64_t{tp} * dp * pp != world) {
+    throw Error("tp " + std::to_string(tp) + " × dp " + std::to_string(dp) + " × pp " +
+                std::to_string(pp) + " does not equal WORLD_SIZE=" + std::to_string(world));
   }
   if (config.rank < 0 || config.rank >= world) {
     throw Error("RANK=" + std::to_string(config.rank) +
@@ -517,6 +607,7 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
     groups.world = make_single_rank_communicator("world");
     groups.tp = make_single_rank_communicator("tp");
     groups.dp = make_single_rank_communicator("dp");
+    groups.pp = make_single_rank_communicator("pp");
     return groups;
   }
   // A peer that dies mid-send must give us an error, not kill this process (TOOLCHAIN.md §4.3).
@@ -527,7 +618,7 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
     shared->server = std::make_unique<TcpStoreServer>(config.master_port);
   }
   try {
-    return connect_groups(config, tp, dp, shared);
+    return connect_groups(config, tp, dp, pp, shared);
   } catch (const Error&) {
     // Rank 0 hosts the store: keep it up a moment so that the others read the reason (an abort
     // message, or their own timeout) instead of "lost the store".

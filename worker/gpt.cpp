@@ -89,14 +89,9 @@ int64_t total(const std::array<int64_t, 22>& sizes) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-         TensorParallel tp, int sub_batches, api::Recompute recompute,
-         api::Precision precision)
-    : config_(config),
-      B_(B),
-      T_(T),
-      device_(std::move(device)),
-      tp_(tp),
-      recompute_(recompute) {
+         TensorParallel tp, int sub_batches, api::Recompute recompute, api::Precision precision,
+         PipelineStage stage)
+    : config_(config), B_(B), T_(T), device_(std::move(device)), tp_(tp), recompute_(recompute) {
   const auto& c = config_;
   KT_CHECK(T <= c.max_seq_len, "sequence length exceeds the model's positions");
   KT_CHECK(c.channels % c.heads == 0, "heads must divide channels");
@@ -107,6 +102,11 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
            "the TP degree must divide heads, ffn and the padded vocabulary");
   KT_CHECK(sub_batches == 1 || (sub_batches == 2 && B % 2 == 0),
            "two sub-batches need an even micro-batch");
+  stage_ = stage;
+  if (stage_.model_layers == 0) stage_.model_layers = c.layers;
+  KT_CHECK(stage_.first_layer >= 0 && stage_.first_layer + c.layers <= stage_.model_layers &&
+               stage_.in_flight >= 1,
+           "bad pipeline stage");
   Cl_ = c.channels / t;
   NHl_ = c.heads / t;
   Fl_ = c.ffn / t;
@@ -129,6 +129,30 @@ Gpt::Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> 
     lane.grad_acts = device_->allocate_floats(acts, MemoryKind::kActivations);
     if (t > 1) lane.ce_scratch.resize(3 * lane.B * T);
   }
+  slot_acts_.resize(stage_.in_flight);
+  slot_tokens_.resize(stage_.in_flight);
+  for (int slot = 0; slot < stage_.in_flight; ++slot)
+    for (const Lane& lane : lanes_)
+      slot_acts_[slot].push_back(slot == active_slot_
+                                     ? DeviceBuffer()
+                                     : device_->allocate_floats(total(lane_activation_sizes(lane)),
+                                                                MemoryKind::kActivations));
+}
+
+void Gpt::use_slot(int slot) {
+  KT_CHECK(slot >= 0 && slot < stage_.in_flight, "activation slot out of range");
+  if (slot == active_slot_) return;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    std::swap(lanes_[i].acts, slot_acts_[active_slot_][i]);
+    std::swap(lanes_[i].acts, slot_acts_[slot][i]);
+  }
+  slot_tokens_[active_slot_] = {lanes_[0].inputs, lanes_[0].targets};
+  active_slot_ = slot;
+  const auto [inputs, targets] = slot_tokens_[slot];
+  for (size_t i = 0; i < lanes_.size() && inputs; ++i) {
+    lanes_[i].inputs = inputs + i * lanes_[0].B * T_;
+    lanes_[i].targets = targets + i * lanes_[0].B * T_;
+  }
 }
 
 Gpt::Params Gpt::params_at(float* base) const {
@@ -145,8 +169,9 @@ Gpt::Params Gpt::params_at(float* base) const {
 // attproj/fcproj unless full recompute (else 1).
 std::array<int64_t, 22> Gpt::lane_activation_sizes(const Lane& lane) const {
   const int64_t last = config_.layers - 1;
-  return activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, Vl_, slot(last) + 1,
-                          proj_slot(last) + 1);
+  // (A stage before the last has no logits.)
+  return activation_sizes(config_, lane.B, T_, Cl_, NHl_, Fl_, stage_.last ? Vl_ : 0,
+                          slot(last) + 1, proj_slot(last) + 1);
 }
 
 Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
@@ -161,7 +186,9 @@ Gpt::Acts Gpt::acts_at(const Lane& lane, float* base) const {
 }
 
 std::vector<TensorView> Gpt::views(float* base) const {
-  return gpt_rank_views(config_, tp_.size, tp_.rank, base);
+  GptConfig whole = config_;
+  whole.layers = stage_.model_layers;
+  return gpt_rank_views(whole, tp_.size, tp_.rank, base, stage_.first_layer, config_.layers);
 }
 
 bool Gpt::sharded(int tensor_index) const {
@@ -199,13 +226,19 @@ bool Gpt::decays(int tensor_index) {
 }
 
 double Gpt::flops_per_micro_step() const {
-  // This rank's share: its parameters and its Cl channels of attention (api/flops.h).
-  return api::gpt_flops_per_token(static_cast<double>(num_params_), config_.layers, Cl_, T_) *
-         static_cast<double>(B_ * T_);
+  // This rank's share: its parameters and its Cl channels of attention (api/flops.h); on a
+  // pipeline stage its layers, and the LM head's (wte and the final LayerNorm's) on the last.
+  double params = 0;
+  for (int i = 0; i < kNumParamTensors; ++i)
+    if (kParams[i].per_layer || stage_.last) params += static_cast<double>(param_sizes_[i]);
+  if (stage_.first && stage_.last) params = static_cast<double>(num_params_);
+  return api::gpt_flops_per_token(params, config_.layers, Cl_, T_) * static_cast<double>(B_ * T_);
 }
 
 void Gpt::init_weights(uint64_t seed) {
-  gpt_init_rank(config_, tp_.size, tp_.rank, seed, params_.data());
+  GptConfig whole = config_;
+  whole.layers = stage_.model_layers;
+  gpt_init_views(whole, seed, views(params_.data()));
   ++epoch_;
 }
 
@@ -240,7 +273,8 @@ void Gpt::zero_grad() {
   // matmul's first backward; everything else is accumulated into and must start at zero.
   auto grads = gradient_views();
   for (int i = 0; i < kNumParamTensors; ++i)
-    if (!kParams[i].matmul_weight) std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
+    if (!kParams[i].matmul_weight || (i == kWte && !stage_.last))  // no LM head writes wte's
+      std::memset(grads[i].data, 0, grads[i].numel() * sizeof(float));
   overwrite_weight_grads_ = true;
   // A step begins: the parameters may have changed since the last forward (the optimizer, a
   // checkpoint load); the units whose copy the optimizer wrote stay current.
@@ -248,6 +282,8 @@ void Gpt::zero_grad() {
 }
 
 float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
+  KT_CHECK(stage_.first && stage_.last, "evaluate runs the whole model, not a pipeline stage");
+  use_slot(0);
   ++epoch_;
   start(inputs, targets, 0.0f);
   run(false);
@@ -255,21 +291,51 @@ float Gpt::evaluate(const int32_t* inputs, const int32_t* targets) {
 }
 
 float Gpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale) {
+  KT_CHECK(stage_.first && stage_.last, "a pipeline stage runs forward_micro, backward_micro");
+  const float loss = forward_micro(0, inputs, targets, loss_scale);
+  backward_micro(0);
+  return loss;
+}
+
+float Gpt::forward_micro(int slot, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                         const float* input, float* output) {
+  KT_CHECK(stage_.first || input, "a stage after the first needs its input activations");
+  KT_CHECK(stage_.last || output, "a stage before the last needs a place for its output");
+  use_slot(slot);
   // d(mean loss · loss_scale)/d(loss of one token) = loss_scale / (B·T)
   start(inputs, targets, loss_scale / static_cast<float>(B_ * T_));
+  const int64_t C = config_.channels;
+  for (Lane& lane : lanes_) {
+    const int64_t rows = (lane.inputs - inputs) * C;  // this lane's first row, in floats
+    lane.stage_input = input ? input + rows : nullptr;
+    lane.stage_output = output ? output + rows : nullptr;
+  }
+  run(false);
+  return stage_.last ? finish_loss() : 0.0f;
+}
+
+void Gpt::backward_micro(int slot, const float* output_grad, float* input_grad) {
+  KT_CHECK(stage_.last || output_grad, "a stage before the last needs its output's gradient");
+  KT_CHECK(stage_.first || input_grad,
+           "a stage after the first needs a place for its input's "
+           "gradient");
+  use_slot(slot);
+  const int64_t C = config_.channels;
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
     // Backward kernels accumulate into the activation gradients, so they start at zero — all
-    // but dlogits, which the cross-entropy writes in full, and dlosses, which nothing reads.
+    // but dlogits, which the cross-entropy wrote in full in the forward, and dlosses, which
+    // nothing reads.
     const Acts grad = acts_at(lane, lane.grad_acts.data());
     std::memset(lane.grad_acts.data(), 0, (grad.logits - lane.grad_acts.data()) * sizeof(float));
     lane.accumulate = !(overwrite_weight_grads_ && i == 0);
+    const int64_t rows = (lane.inputs - lanes_[0].inputs) * C;
+    lane.stage_output_grad = output_grad ? output_grad + rows : nullptr;
+    lane.stage_input_grad = input_grad ? input_grad + rows : nullptr;
   }
   overwrite_weight_grads_ = false;
-  run(false);
   run(true);
   if (unit_observer) unit_observer->grads_final(0);
-  return finish_loss();
 }
 
 void Gpt::start(const int32_t* inputs, const int32_t* targets, float dloss) {
@@ -407,6 +473,10 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
   const Acts a = acts_at(lane, lane.acts.data());
   const int32_t* inputs = lane.inputs;
   if (k == 0) {
+    if (!stage_.first) {  // the previous stage's output
+      std::memcpy(a.encoded, lane.stage_input, BT * C * sizeof(float));
+      return {nullptr, 0};
+    }
     if (tp_.size == 1) {
       k::embedding_forward(a.encoded, inputs, p.wte, p.wpe, B, T, C);
       return {nullptr, 0};
@@ -428,6 +498,10 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
     float* last = a.residual3 + (L - 1) * BT * C;
     k::residual_forward(last, a.residual2 + slot(L - 1) * BT * C,
                         a.fcproj + proj_slot(L - 1) * BT * C, BT * C);
+    if (!stage_.last) {  // the next stage's input
+      std::memcpy(lane.stage_output, last, BT * C * sizeof(float));
+      return {nullptr, 0};
+    }
     k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, BT, C);
     gemm_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vl);
     const Acts d = acts_at(lane, lane.grad_acts.data());
@@ -444,7 +518,7 @@ std::pair<float*, int64_t> Gpt::forward_op(Lane& lane, int64_t k) {
   }
   const int64_t l = (k - 1) / 2;
   if (k % 2 == 1) {  // attention block of layer l
-    if (l == 0 && tp_.size > 1) {
+    if (l == 0 && tp_.size > 1 && stage_.first) {
 #pragma omp parallel for
       for (int64_t i = 0; i < BT; ++i)
         for (int64_t ch = 0; ch < C; ++ch) a.encoded[i * C + ch] += p.wpe[(i % T) * C + ch];
@@ -519,16 +593,25 @@ std::pair<float*, int64_t> Gpt::backward_op(Lane& lane, int64_t k) {
   const Acts d = acts_at(lane, lane.grad_acts.data());  // d.logits holds dloss/dlogits
   const int32_t* inputs = lane.inputs;
   if (k == 0) {
+    if (!stage_.last) {  // the next stage's gradient of this stage's output
+      std::memcpy(d.residual3 + (L - 1) * BT * C, lane.stage_output_grad, BT * C * sizeof(float));
+      return {nullptr, 0};
+    }
     gemm_backward(d.lnf, g.wte, nullptr, d.logits, a.lnf, p.wte, BT, C, Vl, lane.accumulate);
     return {tp_.size > 1 ? d.lnf : nullptr, BT * C};  // vocab-parallel LM head
   }
   if (k == 1) {
+    if (!stage_.last) return {nullptr, 0};
     const int64_t last = (L - 1) * BT * C;
     k::layernorm_backward(d.residual3 + last, g.lnfw, g.lnfb, d.lnf, a.residual3 + last, p.lnfw,
                           a.lnf_mean, a.lnf_rstd, BT, C);
     return {nullptr, 0};
   }
   if (k == backward_ops() - 1) {
+    if (!stage_.first) {  // for the previous stage
+      std::memcpy(lane.stage_input_grad, d.encoded, BT * C * sizeof(float));
+      return {nullptr, 0};
+    }
     if (tp_.size == 1) {
       k::embedding_backward(g.wte, g.wpe, d.encoded, inputs, B, T, C);
       return {nullptr, 0};

@@ -36,6 +36,19 @@ struct TensorParallel {
   Communicator* group = nullptr;  // required when size > 1
 };
 
+// Pipeline parallelism (Narayanan et al. SC21): this rank's stage holds layers [first_layer,
+// first_layer + the config's layers) of a model of `model_layers`; the first stage embeds the
+// tokens, the last holds the final LayerNorm and the LM head. Every stage keeps the tensors that
+// are not per layer (wte, wpe, lnfw, lnfb: offload unit 0) so that the layout stays llm.c's: the
+// first and the last stage use and train them (their gradients summed between the two, so both
+// copies stay equal), the ones between never read them. `in_flight`: the micro-batches whose
+// activations are kept at once (1F1B: p − s on stage s).
+struct PipelineStage {
+  int64_t first_layer = 0;
+  int64_t model_layers = 0;  // 0: the config's layers (no stages)
+  bool first = true, last = true;
+  int in_flight = 1;
+};
 
 class Gpt {
  public:
@@ -52,9 +65,8 @@ class Gpt {
   // a step (after zero_grad) or of an evaluate, unless the optimizer already wrote it
   // (bf16_written) after the last step.
   Gpt(const GptConfig& config, int64_t B, int64_t T, std::shared_ptr<Device> device,
-      TensorParallel tp = {}, int sub_batches = 1,
-      api::Recompute recompute = api::Recompute::kNone,
-      api::Precision precision = api::Precision::kFp32);
+      TensorParallel tp = {}, int sub_batches = 1, api::Recompute recompute = api::Recompute::kNone,
+      api::Precision precision = api::Precision::kFp32, PipelineStage stage = {});
 
   // GPT-2's initialisation (Radford et al. 2019; llm.c): weights N(0, 0.02), the residual
   // projections (attprojw, fcprojw) N(0, 0.02/√(2L)), biases 0, LayerNorm weights 1. A TP rank
@@ -68,6 +80,18 @@ class Gpt {
   // `loss_scale` (1 / gradient-accumulation steps for a mean over the whole step). Returns the
   // micro-batch's mean loss.
   float train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale);
+  // The same in two halves, for pipeline stages (1F1B runs a micro-batch's forward and backward
+  // apart, other micro-batches between them). `slot` < in_flight holds the micro-batch's
+  // activations from its forward to its backward; inputs and targets must stay valid until then.
+  // A stage after the first reads its input activations (B,T,C) from `input`; a stage before
+  // the last writes its output (B,T,C) to `output` and returns 0 (the last returns the loss).
+  // The last stage's backward must follow its forward of the same slot directly (1F1B does).
+  float forward_micro(int slot, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                      const float* input = nullptr, float* output = nullptr);
+  // A stage before the last reads the gradient of its output from `output_grad`; a stage after
+  // the first writes the gradient of its input to `input_grad`. Calls grads_final(0) at the end.
+  void backward_micro(int slot, const float* output_grad = nullptr, float* input_grad = nullptr);
+  const PipelineStage& stage() const { return stage_; }
   // Starts a new accumulation: the small tensors are zeroed now; the matmul weights' gradients
   // are overwritten (not accumulated) by the next backward, which saves a 4·P-byte memset.
   void zero_grad();
@@ -149,7 +173,20 @@ class Gpt {
     bool accumulate = true;  // weight gradients: accumulate (else overwrite)
     float mean_loss = 0;
     std::shared_ptr<CommWork> pending;
+    // Pipeline stages: this lane's rows of the stage's input and output activations and of
+    // their gradients.
+    const float* stage_input = nullptr;
+    float* stage_output = nullptr;
+    const float* stage_output_grad = nullptr;
+    float* stage_input_grad = nullptr;
   };
+  // Pipeline stages: the lanes' activations of the micro-batches in flight, by slot (the active
+  // slot's are in the lanes, its entry here empty), and each slot's tokens.
+  void use_slot(int slot);
+  std::vector<std::vector<DeviceBuffer>> slot_acts_;
+  std::vector<std::pair<const int32_t*, const int32_t*>> slot_tokens_;
+  int active_slot_ = 0;
+  PipelineStage stage_;
   Params params_at(float* base) const;
   Acts acts_at(const Lane& lane, float* base) const;
   std::array<int64_t, 22> lane_activation_sizes(const Lane& lane) const;

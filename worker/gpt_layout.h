@@ -205,21 +205,34 @@ inline std::vector<TensorView> gpt_whole_views(const GptConfig& c, float* base) 
 // The tensors rank r of a TP group of t holds over `base` (gpt_param_sizes(c, t) floats), with
 // their place in the logical tensors (Megatron's split): wte's rows, the q, k and v rows of the
 // rank's heads and their columns of attproj, the rank's ffn units of fc (rows) and fcproj
-// (columns); everything else replicated. t = 1: gpt_whole_views.
-inline std::vector<TensorView> gpt_rank_views(const GptConfig& c, int64_t t, int64_t r,
-                                              float* base) {
-  if (t == 1) return gpt_whole_views(c, base);
-  const auto sizes = gpt_param_sizes(c, t);
+// (columns); everything else replicated. A pipeline stage holds `layers` of the model's
+// c.layers, from `first_layer` (layers < 0: all): its per-layer tensors are that block of
+// rows (gpt_param_sizes of its own layer count). t = 1 and every layer: gpt_whole_views.
+inline std::vector<TensorView> gpt_rank_views(const GptConfig& c, int64_t t, int64_t r, float* base,
+                                              int64_t first_layer = 0, int64_t layers = -1) {
+  if (layers < 0) layers = c.layers;
+  const bool staged = layers != c.layers;
+  if (t == 1 && !staged) return gpt_whole_views(c, base);
+  GptConfig local = c;
+  local.layers = layers;
+  const auto sizes = gpt_param_sizes(local, t);
   std::vector<TensorView> out;
   for (int i = 0; i < kNumParamTensors; ++i) {
     const ParamSpec& p = kParams[static_cast<size_t>(i)];
-    if (p.tp_dim < 0) {
+    const bool split = t > 1 && p.tp_dim >= 0, cut = staged && p.per_layer;
+    if (!split && !cut) {
       out.push_back({p.name, gpt_llmc_shape(c, i), base, {}, {}});
     } else {
       const std::vector<int64_t> logical = gpt_logical_shape(c, i);
       std::vector<int64_t> shape = logical, offset(logical.size(), 0);
-      shape[static_cast<size_t>(p.tp_dim)] /= t;
-      offset[static_cast<size_t>(p.tp_dim)] = r * shape[static_cast<size_t>(p.tp_dim)];
+      if (split) {
+        shape[static_cast<size_t>(p.tp_dim)] /= t;
+        offset[static_cast<size_t>(p.tp_dim)] = r * shape[static_cast<size_t>(p.tp_dim)];
+      }
+      if (cut) {  // the stacked layers are the first dimension
+        shape[0] = layers;
+        offset[0] = first_layer;
+      }
       out.push_back({p.name, std::move(shape), base, logical, std::move(offset)});
     }
     base += sizes[static_cast<size_t>(i)];
@@ -268,12 +281,13 @@ inline void gpt_paste_slice(const TensorView& view, float* logical) {
   });
 }
 
-// GPT-2's initialisation of rank r's parameters (TP group of t) at `base`: every rank draws every
-// whole logical tensor and keeps its slice, so every TP degree starts from the same model.
-inline void gpt_init_rank(const GptConfig& c, int64_t t, int64_t r, uint64_t seed, float* base) {
+// GPT-2's initialisation of the slices `views` hold (gpt_rank_views of the model `c`): every rank
+// draws every whole logical tensor and keeps its slice, so every TP degree and pipeline layout
+// starts from the same model.
+inline void gpt_init_views(const GptConfig& c, uint64_t seed,
+                           const std::vector<TensorView>& views) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto views = gpt_rank_views(c, t, r, base);
   for (int i = 0; i < kNumParamTensors; ++i) {
     const TensorView& v = views[static_cast<size_t>(i)];
     int64_t n = 1;
@@ -282,6 +296,11 @@ inline void gpt_init_rank(const GptConfig& c, int64_t t, int64_t r, uint64_t see
     gpt_initial_values(c, i, n, rng, normal, whole.data());
     gpt_copy_slice(whole.data(), v);
   }
+}
+
+// The same for rank r's parameters (TP group of t) at `base`.
+inline void gpt_init_rank(const GptConfig& c, int64_t t, int64_t r, uint64_t seed, float* base) {
+  gpt_init_views(c, seed, gpt_rank_views(c, t, r, base));
 }
 
 }  // namespace kt::worker

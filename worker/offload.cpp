@@ -126,7 +126,8 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
       epoch_(Clock::now()) {
   const int64_t L = model.config().layers;
   const auto mode = plan.config.offload;
-  const int64_t gpu_units = device_units(plan);
+  // (A pipeline stage, which runs without offload, holds fewer layers than the plan's model.)
+  const int64_t gpu_units = mode == api::OffloadMode::kNone ? L + 1 : device_units(plan);
   KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpuUnits out of range");
   const bool window = mode == api::OffloadMode::kWindow;
   KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");
@@ -202,7 +203,7 @@ void OffloadEngine::start() {
   }
   for (int64_t i = slots_; i < num_streamed_; ++i) evict(streamed_unit(i));
   if (zero_ && m_.data()) {  // keep this rank's shard of the (restored or zero) moments
-    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
+    for (int64_t u = norm_counts_unit0_ ? 0 : 1; u < static_cast<int64_t>(units_.size()); ++u)
       for_each_shard_piece(u, [&](int, int64_t at, int64_t in_shard, int64_t n) {
         const int64_t to = shards_[u].offset + in_shard;
         std::memcpy(shard_m_.data() + to, m_.data() + at, n * sizeof(float));
@@ -499,16 +500,29 @@ void OffloadEngine::embedding_grads_final() {
   // The tensors that are not per layer: the embeddings (wte also takes the LM head's gradient)
   // and the final LayerNorm; summed and copied after the last micro-batch only.
   if (micro_ + 1 != micro_batches_) return;
+  // Pipeline stages: the sum over the embedding group waits for finish_backward, because the
+  // first stage is still computing the backward this stage's last input gradient feeds.
+  if (embedding_ && !unit0_deferred_) {
+    unit0_deferred_ = true;
+    return;
+  }
+  unit0_deferred_ = false;
   std::vector<std::pair<float*, int64_t>> slices;
   const auto views = model_.gradient_views();
   for (int i = 0; i < kNumParamTensors; ++i)
     if (!kParams[static_cast<size_t>(i)].per_layer)
       slices.emplace_back(views[i].data, views[i].numel());
+  // Pipeline stages: wte's gradient from the embedding (first stage) and from the LM head (last)
+  // summed, with wpe's (first only) and the final LayerNorm's (last only).
+  if (embedding_)
+    for (const auto& [data, count] : slices)
+      embedding_->allreduce(data, static_cast<size_t>(count));
   auto dp_work = reduce(0, slices);
   if (units_[0].cpu) copy_grads_home(0, std::move(dp_work));
 }
 
 void OffloadEngine::finish_backward() {
+  if (unit0_deferred_) embedding_grads_final();
   for (auto& work : reductions_) work->wait();
   reductions_.clear();
   const Clock::time_point start = Clock::now();
@@ -523,7 +537,7 @@ void OffloadEngine::finish_backward() {
 void OffloadEngine::sum_of_squares(double out[2]) const {
   out[0] = out[1] = 0;
   if (zero_) {  // over this rank's shards, then summed over the DP group
-    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
+    for (int64_t u = norm_counts_unit0_ ? 0 : 1; u < static_cast<int64_t>(units_.size()); ++u)
       for_each_shard_piece(u, [&](int tensor, int64_t, int64_t in_shard, int64_t n) {
         out[model_.sharded(tensor) ? 0 : 1] +=
             k::sum_of_squares(shard_grads_.data() + shards_[u].offset + in_shard, n);
@@ -542,6 +556,7 @@ void OffloadEngine::sum_of_squares(double out[2]) const {
   }
   const float* device = model_.grads();
   for (const auto& unit : units_) {
+    if (&unit == &units_[0] && !norm_counts_unit0_) continue;
     const float* host = unit.cpu ? unit.grads.data() : nullptr;
     for (const auto& s : unit.slices) {
       const float* g = host ? host : device + s.offset;

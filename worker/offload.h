@@ -99,6 +99,16 @@ class OffloadEngine final : public Gpt::UnitObserver {
   std::vector<TensorView> adam_v_views() const { return model_.views(v_.data()); }
   bool distributed_optimizer() const { return zero_; }
 
+  // Pipeline stages (the model's PipelineStage): `embedding`, on the first and the last stage,
+  // is the group of the two, over which the tensors that are not per layer (offload unit 0: the
+  // tied wte, wpe, the final LayerNorm) have their gradients summed in the last micro-batch,
+  // before the DP sum, so that both stages hold and update the same values; `norm_counts_unit0`:
+  // whether sum_of_squares counts them (on the first stage only). Default: no stages.
+  void set_pipeline(Communicator* embedding, bool norm_counts_unit0) {
+    embedding_ = embedding;
+    norm_counts_unit0_ = norm_counts_unit0;
+  }
+
   // After the model's parameters were initialised or loaded: take the master copies and leave
   // only the window's first W streamed layers on the device.
   void start();
@@ -200,6 +210,9 @@ class OffloadEngine final : public Gpt::UnitObserver {
 
   Gpt& model_;
   Communicator* dp_;  // nullptr: DP 1
+  Communicator* embedding_ = nullptr;  // set_pipeline
+  bool norm_counts_unit0_ = true;
+  bool unit0_deferred_ = false;  // embedding_grads_final waits for finish_backward
   OffloadOptions options_;
   std::vector<std::shared_ptr<CommWork>> reductions_;  // this step's DP sums in flight
   // Per unit, the packed gradients its DP sum runs on: kept across steps (a step's sums are all

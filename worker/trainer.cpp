@@ -230,17 +230,122 @@ ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
     single.dp = make_single_rank_communicator("dp");
   }
   ProcessGroups& groups = options.groups ? *options.groups : single;
-  KT_CHECK(groups.tp->size() == plan.config.tp && groups.dp->size() == plan.config.dp,
+  if (!groups.pp) groups.pp = make_single_rank_communicator("pp");
+  KT_CHECK(groups.tp->size() == plan.config.tp && groups.dp->size() == plan.config.dp &&
+               groups.pp->size() == plan.config.pp,
            "process groups do not match the plan");
+  KT_CHECK(plan.config.pp == 1 ||
+               (groups.pp->rank() > 0 && groups.pp->rank() + 1 < plan.config.pp) ||
+               groups.embedding,
+           "the first and the last pipeline stage need their embedding group");
   return groups;
 }
+
+// Rank `stage`'s part of the plan's pipeline (docs/WORKER.md, "Pipeline stages"): layers
+// [s·L/pp, (s+1)·L/pp), and the micro-batches 1F1B keeps in flight there.
+PipelineStage pipeline_stage(const api::Plan& plan, int stage) {
+  const int64_t L = plan.model.layers, pp = plan.config.pp;
+  PipelineStage s;
+  s.first_layer = stage * L / pp;
+  s.model_layers = L;
+  s.first = stage == 0;
+  s.last = stage + 1 == pp;
+  s.in_flight = static_cast<int>(std::min<int64_t>(pp - stage, plan.config.grad_accum));
+  return s;
+}
+
+// The tensors of `views` a stage owns: its layers' and, where `with_unit0`, those that are not
+// per layer (the first stage writes them to checkpoints; the first and the last hold them).
+std::vector<TensorView> stage_views(const std::vector<TensorView>& views, bool with_unit0) {
+  std::vector<TensorView> out;
+  for (int i = 0; i < kNumParamTensors; ++i)
+    if (with_unit0 || kParams[static_cast<size_t>(i)].per_layer)
+      out.push_back(views[static_cast<size_t>(i)]);
+  return out;
+}
+
+// One optimizer step's micro-batches on a pipeline stage, in the 1F1B schedule (Narayanan et
+// al. SC21; Megatron's forward_backward_pipelining_without_interleaving): stage s of p runs
+// min(p − s − 1, m) forwards, then alternates one forward and one backward, then the remaining
+// backwards. Activations go to the next stage and gradients to the previous one as soon as they
+// are made (the sends return at once); a stage waits only for what it receives.
+class PipelineSchedule {
+ public:
+  PipelineSchedule(Gpt& model, OffloadEngine& engine, Communicator& pp, int64_t B, int64_t T)
+      : model_(model), engine_(engine), pp_(pp), stage_(pp.rank()) {
+    const int slots = model.stage().in_flight;
+    const size_t n = static_cast<size_t>(B * T * model.config().channels);
+    for (auto* buffers : {&inputs_, &targets_}) buffers->resize(slots);
+    for (auto* buffers : {&act_in_, &act_out_, &grad_in_, &grad_out_})
+      buffers->assign(slots, std::vector<float>(n));
+    act_sent_.resize(slots);
+    grad_sent_.resize(slots);
+  }
+
+  // Returns the step's loss on the last stage (0 elsewhere); every send has completed.
+  double step(BatchFeeder& feeder, int64_t m, float loss_scale) {
+    const int64_t warmup = std::min<int64_t>(pp_.size() - stage_ - 1, m);
+    double loss = 0;
+    for (int64_t i = 0; i < warmup; ++i) loss += forward(feeder, i, loss_scale);
+    for (int64_t i = 0; i < m - warmup; ++i) {
+      loss += forward(feeder, warmup + i, loss_scale);
+      backward(i, m);
+    }
+    for (int64_t i = m - warmup; i < m; ++i) backward(i, m);
+    for (auto* sent : {&act_sent_, &grad_sent_})
+      for (auto& work : *sent) finish(work);
+    return loss / static_cast<double>(m);
+  }
+
+ private:
+  static void finish(std::shared_ptr<CommWork>& work) {
+    if (work) work->wait();
+    work.reset();
+  }
+  int slot(int64_t micro) const { return static_cast<int>(micro % model_.stage().in_flight); }
+  size_t floats() const { return act_in_[0].size(); }
+
+  double forward(BatchFeeder& feeder, int64_t micro, float loss_scale) {
+    const int s = slot(micro);
+    const PipelineStage& stage = model_.stage();
+    feeder.take(inputs_[s], targets_[s]);
+    if (!stage.first) pp_.recv_async(act_in_[s].data(), floats(), stage_ - 1)->wait();
+    finish(act_sent_[s]);  // the slot's previous output has left
+    const float loss = model_.forward_micro(s, inputs_[s].data(), targets_[s].data(), loss_scale,
+                                            stage.first ? nullptr : act_in_[s].data(),
+                                            stage.last ? nullptr : act_out_[s].data());
+    if (!stage.last) act_sent_[s] = pp_.send_async(act_out_[s].data(), floats(), stage_ + 1);
+    return loss;
+  }
+
+  void backward(int64_t micro, int64_t m) {
+    const int s = slot(micro);
+    const PipelineStage& stage = model_.stage();
+    // In the last micro-batch the engine sums each unit's gradients over DP once final.
+    engine_.begin_micro_batch(micro, m);
+    if (!stage.last) pp_.recv_async(grad_in_[s].data(), floats(), stage_ + 1)->wait();
+    finish(grad_sent_[s]);
+    model_.backward_micro(s, stage.last ? nullptr : grad_in_[s].data(),
+                          stage.first ? nullptr : grad_out_[s].data());
+    if (!stage.first) grad_sent_[s] = pp_.send_async(grad_out_[s].data(), floats(), stage_ - 1);
+  }
+
+  Gpt& model_;
+  OffloadEngine& engine_;
+  Communicator& pp_;
+  int stage_;
+  std::vector<std::vector<int32_t>> inputs_, targets_;
+  std::vector<std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
+  std::vector<std::shared_ptr<CommWork>> act_sent_, grad_sent_;
+};
 
 // Who writes what of a checkpoint: TP shards by TP rank, written by DP rank 0 (the replicas hold
 // the same values), world rank 0 publishing it after a barrier.
 ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
   ShardedSave sharding;
-  sharding.shard_index = groups.tp->rank();
-  sharding.shard_count = static_cast<int>(plan.config.tp);
+  // Stage s's TP ranks write shards s·tp .. s·tp + tp − 1.
+  sharding.shard_index = groups.pp->rank() * static_cast<int>(plan.config.tp) + groups.tp->rank();
+  sharding.shard_count = static_cast<int>(plan.config.tp * plan.config.pp);
   sharding.writes = groups.dp->rank() == 0;
   sharding.leader = groups.world->rank() == 0;
   if (plan.world > 1) {
@@ -334,18 +439,27 @@ double dp_mean_loss(double loss, ProcessGroups& groups) {
 }
 
 // The global gradient norm from this rank's Σ g²: the TP-sharded tensors' summed over the TP
-// group, the replicated ones once.
+// group, the replicated ones once; then over the pipeline stages (each counts its layers, the
+// first stage the tensors that are not per layer).
 double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& groups) {
   float sharded = static_cast<float>(sharded_sum);
   if (groups.tp->size() > 1) groups.tp->allreduce(&sharded, 1);
-  return std::sqrt(static_cast<double>(sharded) + replicated_sum);
+  double total = static_cast<double>(sharded) + replicated_sum;
+  if (groups.pp && groups.pp->size() > 1) {
+    // As a float and the float's remainder, so that the sum keeps about 14 digits.
+    float parts[2] = {static_cast<float>(total), 0.0f};
+    parts[1] = static_cast<float>(total - static_cast<double>(parts[0]));
+    groups.pp->allreduce(parts, 2);
+    total = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+  }
+  return std::sqrt(total);
 }
 
 // The communication totals of the rank's groups of more than one rank.
 std::map<std::string, CommStats> comm_totals(ProcessGroups& groups) {
   std::map<std::string, CommStats> totals;
-  for (Communicator* group : {groups.tp.get(), groups.dp.get()})
-    if (group->size() > 1) totals[group->name()] = group->stats();
+  for (Communicator* group : {groups.tp.get(), groups.dp.get(), groups.pp.get()})
+    if (group && group->size() > 1) totals[group->name()] = group->stats();
   return totals;
 }
 
@@ -613,11 +727,15 @@ RankFootprint rank_footprint(const api::Plan& plan) {
   const double F = static_cast<double>(m.ffn_hidden), NH = static_cast<double>(m.heads);
   const double T = static_cast<double>(m.seq_len), V = static_cast<double>(m.padded_vocab());
   const double B = static_cast<double>(c.micro_batch), tp = static_cast<double>(c.tp);
-  const double params = L * (4 * C * C + 2 * C * F + 9 * C + F) + V * C + T * C + 2 * C;
-  const double working_layers = c.recompute == api::Recompute::kNone ? L : 1;
+  // A pipeline stage holds L/pp layers, and the first stage the activations of min(pp, m)
+  // micro-batches (1F1B); every stage keeps the tensors that are not per layer.
+  const double pp = static_cast<double>(std::max<int64_t>(1, c.pp));
+  const double Ls = L / pp, in_flight = std::min(pp, static_cast<double>(c.grad_accum));
+  const double params = Ls * (4 * C * C + 2 * C * F + 9 * C + F) + V * C + T * C + 2 * C;
+  const double working_layers = c.recompute == api::Recompute::kNone ? Ls : 1;
   const double activations =
-      working_layers * B * T * (9 * C + 4 * C / tp + 2 * F / tp + 2 * NH / tp * T) + L * B * T * C +
-      B * T * (V / tp + 2 * C);
+      in_flight * (working_layers * B * T * (9 * C + 4 * C / tp + 2 * F / tp + 2 * NH / tp * T) +
+                   Ls * B * T * C + B * T * (V / tp + 2 * C));
   // fp32 parameters, gradients and both moments, + a bf16 weight copy on a bf16 CPU plan.
   const double param_bytes = plan.device == api::DeviceKind::kCpu &&
                                      plan.precision == api::Precision::kBf16
@@ -662,6 +780,7 @@ void check_plan_values(const api::Plan& plan) {
   in_range("plan.procsPerNode", c.procs_per_node, int64_t{1} << 16);
   in_range("plan.tp", c.tp, int64_t{1} << 16);
   in_range("plan.dp", c.dp, int64_t{1} << 20);
+  in_range("plan.pp", c.pp, int64_t{1} << 16);
   in_range("plan.batch.micro", c.micro_batch, int64_t{1} << 24);
   in_range("plan.batch.gradAccum", c.grad_accum, int64_t{1} << 24);
   at_least("plan.training.steps", plan.training.steps, 1);
@@ -704,9 +823,13 @@ void check_executable(const api::Plan& plan) {
   check_plan_values(plan);
   auto refuse = [](const std::string& why) { throw Error("cannot execute this plan: " + why); };
   if (const std::string why = api::not_yet_executable(plan); !why.empty()) refuse(why);
-  if (plan.config.tp * plan.config.dp != plan.world)
-    refuse("tp × dp = " + std::to_string(plan.config.tp * plan.config.dp) + " ≠ world " +
+  const auto& c = plan.config;
+  if (c.tp * c.dp * c.pp != plan.world)
+    refuse("tp × dp × pp = " + std::to_string(c.tp * c.dp * c.pp) + " ≠ world " +
            std::to_string(plan.world));
+  if (plan.model.layers % c.pp != 0)
+    refuse(std::to_string(c.pp) + " pipeline stages do not divide the model's " +
+           std::to_string(plan.model.layers) + " layers");
   if (plan.config.micro_batch * plan.config.grad_accum * plan.config.dp != plan.global_batch)
     refuse("batch: micro " + std::to_string(plan.config.micro_batch) + " × accumulation " +
            std::to_string(plan.config.grad_accum) + " ≠ global " +
@@ -804,16 +927,23 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   ProcessGroups single;
   ProcessGroups& groups = groups_of(plan, options, single);
   const int dp_rank = groups.dp->rank();
+  const int pp = static_cast<int>(plan.config.pp);
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
   const api::Precision precision = cpu_precision(plan, log);
-  Gpt model(GptConfig::from(plan.model), B, T, device,
+  const PipelineStage stage = pipeline_stage(plan, groups.pp->rank());
+  GptConfig config = GptConfig::from(plan.model);
+  config.layers /= pp;
+  Gpt model(config, B, T, device,
             TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
-            static_cast<int>(plan.config.sub_batches), plan.config.recompute, precision);
+            static_cast<int>(plan.config.sub_batches), plan.config.recompute, precision, stage);
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
   OffloadEngine engine(plan, model, groups.dp.get(), offload_options);
+  // Pipeline stages: the first and the last sum the tied embedding's gradients; the first
+  // counts the tensors that are not per layer in the gradient norm.
+  engine.set_pipeline(groups.embedding.get(), stage.first);
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
@@ -852,8 +982,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       const ShardedSave sharding = sharded_save(plan, groups);
       std::string dir;
       engine.with_all_parameters([&] {
-        // The moments' views now: the distributed optimizer gathers them for the call.
-        const CheckpointTensors tensors{params, engine.adam_m_views(), engine.adam_v_views()};
+        // The moments' views now: the distributed optimizer gathers them for the call. A stage
+        // after the first writes its layers only.
+        const CheckpointTensors tensors{stage_views(params, stage.first),
+                                        stage_views(engine.adam_m_views(), stage.first),
+                                        stage_views(engine.adam_v_views(), stage.first)};
         dir = save_checkpoint(options.checkpoint_dir, meta, tensors,
                               static_cast<int>(plan.checkpoint.keep), sharding);
       });
@@ -862,6 +995,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   };
 
   model.unit_observer = &engine;
+  std::optional<PipelineSchedule> pipeline;
+  if (pp > 1) pipeline.emplace(model, engine, *groups.pp, B, T);
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t h2d_before = engine.h2d_bytes(), d2h_before = engine.d2h_bytes();
@@ -871,7 +1006,12 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (options.on_timeline) engine.clear_timeline();
     model.zero_grad();
     double loss = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
+    if (pipeline) {  // the last stage has the loss
+      float last_loss = static_cast<float>(pipeline->step(feeder, accum, 1.0f / (accum * dp)));
+      groups.pp->broadcast(&last_loss, 1, pp - 1);
+      loss = last_loss;
+    }
+    for (int64_t micro = 0; micro < accum && !pipeline; ++micro) {
       feeder.take(inputs, targets);
       // The step's loss is the mean over the global batch: 1/accum here, 1/dp by the DP sum.
       // The offload engine takes each unit's gradients once final (UnitObserver::grads_final):
@@ -912,7 +1052,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   }
   feeder.synchronize();
   model.unit_observer = nullptr;
-  if (options.on_finish) engine.with_all_parameters([&] { options.on_finish(params); });
+  if (options.on_finish) {
+    engine.with_all_parameters(
+        [&] { options.on_finish(stage_views(params, stage.first || stage.last)); });
+  }
   return result;
 }
 

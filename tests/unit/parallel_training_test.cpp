@@ -29,7 +29,7 @@ constexpr const char* kFourLayers =
     "layers: 4, hidden: 64, heads: 4, ffnHidden: 256, vocab: 256, seqLen: 32";
 
 api::Plan plan_for(const std::string& parallelism, const std::string& model = kTiny,
-                   const std::string& precision = "fp32", int steps = 6) {
+                   const std::string& precision = "fp32", int steps = 6, int cores = 4) {
   const auto job = test::job_from_yaml(
       "apiVersion: kubetrain.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: par}\nspec:\n"
       "  model: {" + model + "}\n"
@@ -38,9 +38,10 @@ api::Plan plan_for(const std::string& parallelism, const std::string& model = kT
       "warmupSteps: 2, seed: 3, precision: " + precision + "}\n"
       "  parallelism: {" +
       parallelism + "}\n");
-  const auto four_cores = test::inventory_from_yaml(
-      "kind: Inventory\nnodes:\n- name: box\n  cpu: {cores: 4}\n  memory: 16Gi\n");
-  return planner::best_plan(job, four_cores);
+  const auto box = test::inventory_from_yaml(
+      "kind: Inventory\nnodes:\n- name: box\n  cpu: {cores: " + std::to_string(cores) +
+      "}\n  memory: 16Gi\n");
+  return planner::best_plan(job, box);
 }
 
 struct RunResult {
@@ -54,13 +55,19 @@ struct RunResult {
 
 RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int stop_after = 0) {
   const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
-  const int world = tp * dp;
+  const int pp = static_cast<int>(plan.config.pp);
+  const int per_stage = tp * dp, world = per_stage * pp;
   RunResult out;
   out.params.resize(world);
   out.values.resize(world);
-  std::vector<std::unique_ptr<test::ThreadGroup>> tp_groups, dp_groups;
-  for (int i = 0; i < dp; ++i) tp_groups.push_back(std::make_unique<test::ThreadGroup>(tp));
-  for (int i = 0; i < tp; ++i) dp_groups.push_back(std::make_unique<test::ThreadGroup>(dp));
+  // worker/comm.h's layout: TP fastest, then DP, then stages.
+  std::vector<std::unique_ptr<test::ThreadGroup>> tp_groups, dp_groups, pp_groups, emb_groups;
+  for (int i = 0; i < dp * pp; ++i) tp_groups.push_back(std::make_unique<test::ThreadGroup>(tp));
+  for (int i = 0; i < tp * pp; ++i) dp_groups.push_back(std::make_unique<test::ThreadGroup>(dp));
+  for (int i = 0; i < per_stage; ++i) {
+    pp_groups.push_back(std::make_unique<test::ThreadGroup>(pp));
+    emb_groups.push_back(std::make_unique<test::ThreadGroup>(2));
+  }
   test::ThreadGroup world_group(world);
   std::vector<worker::TrainResult> results(world);
   std::vector<std::thread> threads;
@@ -68,8 +75,12 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
     threads.emplace_back([&, r] {
       worker::ProcessGroups groups;
       groups.world = world_group.member(r, "world");
-      groups.tp = tp_groups[r / tp]->member(r % tp, "tp");
-      groups.dp = dp_groups[r % tp]->member(r / tp, "dp");
+      const int stage = r / per_stage, place = r % per_stage;
+      groups.tp = tp_groups[r / tp]->member(place % tp, "tp");
+      groups.dp = dp_groups[stage * tp + place % tp]->member(place / tp, "dp");
+      groups.pp = pp_groups[place]->member(stage, "pp");
+      if (pp > 1 && (stage == 0 || stage == pp - 1))
+        groups.embedding = emb_groups[place]->member(stage == 0 ? 0 : 1, "embedding");
       worker::TrainOptions options;
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
@@ -143,13 +154,15 @@ RunResult expect_same_training(const api::Plan& plan, const std::string& model =
         << "step " << i + 1;
   // Every rank's parameters equal the single run's (its slice of them, under TP).
   for (size_t r = 0; r < parallel.params.size(); ++r) {
-    for (size_t i = 0; i < parallel.params[r].size(); ++i) {
-      const auto& view = parallel.params[r][i];
+    for (size_t v = 0; v < parallel.params[r].size(); ++v) {
+      const auto& view = parallel.params[r][v];
+      size_t i = 0;  // the same tensor of the single run (a pipeline stage holds fewer)
+      while (single.params[0][i].name != view.name) ++i;
       double num = 0, den = 0, max_abs = 0;
       for (int64_t j = 0; j < view.numel(); ++j) {
         const float want = view.logical_shape.empty() ? single.values[0][i][j]
                                                       : logical_at(single.values[0][i], view, j);
-        const double diff = double(parallel.values[r][i][j]) - want;
+        const double diff = double(parallel.values[r][v][j]) - want;
         num += diff * diff;
         den += std::pow(double(want), 2);
         max_abs = std::max(max_abs, std::fabs(diff));
@@ -166,9 +179,17 @@ RunResult expect_same_training(const api::Plan& plan, const std::string& model =
   return parallel;
 }
 
+// The stage count a parallelism string asks for (1 without pipelineParallel).
+int64_t stages_in(const std::string& parallelism) {
+  const auto at = parallelism.find("pipelineParallel: ");
+  return at == std::string::npos ? 1 : std::stoll(parallelism.substr(at + 18));
+}
+
 RunResult expect_same_training(const std::string& parallelism, const std::string& model = kTiny) {
   SCOPED_TRACE(parallelism);
-  return expect_same_training(plan_for(parallelism, model), model);
+  const api::Plan plan = plan_for(parallelism, model);
+  EXPECT_EQ(plan.config.pp, stages_in(parallelism));
+  return expect_same_training(plan, model);
 }
 
 TEST(ParallelTraining, ShardedCheckpointResumesTwoByTwoExactly) {
@@ -225,7 +246,10 @@ void expect_resharded_resume(const api::Plan& before, const api::Plan& after) {
 void expect_resharded_resume(const std::string& from, const std::string& to,
                              const std::string& model = kTiny) {
   SCOPED_TRACE(from + " -> " + to);
-  expect_resharded_resume(plan_for(from, model), plan_for(to, model));
+  const api::Plan before = plan_for(from, model), after = plan_for(to, model);
+  EXPECT_EQ(before.config.pp, stages_in(from));
+  EXPECT_EQ(after.config.pp, stages_in(to));
+  expect_resharded_resume(before, after);
 }
 
 TEST(ParallelTraining, ResumesAtAnotherTensorParallelDegree) {
@@ -273,6 +297,48 @@ api::Plan with_distributed_optimizer(const std::string& parallelism,
   api::Plan plan = plan_for(parallelism, kTiny, precision);
   plan.config.distributed_optimizer = true;  // (the planner picks it only where memory asks)
   return plan;
+}
+// Pipeline stages (1F1B over the 4 micro-batches of a step; worker/trainer.cpp's
+// PipelineSchedule): every layout gives the single rank's losses and parameters; each rank is
+// checked on the layers its stage holds (and the first and the last on the tied embedding,
+// whose gradient the two sum).
+TEST(ParallelTraining, PipelineStagesEqualOneRank) {
+  expect_same_training("tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off");
+  expect_same_training("tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off",
+                       kFourLayers);
+  // Four stages of one layer each: two stages between the first and the last.
+  expect_same_training("tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off",
+                       kFourLayers);
+}
+TEST(ParallelTraining, PipelineTensorAndDataParallelEqualOneRank) {
+  const api::Plan plan =
+      plan_for("tensorParallel: 2, dataParallel: 2, pipelineParallel: 2, overlap: on", kFourLayers,
+               "fp32", 6, 8);
+  ASSERT_EQ(plan.config.pp, 2);
+  ASSERT_EQ(plan.world, 8);
+  expect_same_training(plan, kFourLayers);
+}
+TEST(ParallelTraining, PipelineStagesWithRecomputeAndDistributedOptimizerEqualOneRank) {
+  expect_same_training(
+      "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off, recompute: full",
+      kFourLayers);
+  api::Plan sharded = plan_for(
+      "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off, recompute: commAware",
+      kFourLayers);
+  sharded.config.distributed_optimizer = true;
+  expect_same_training(sharded, kFourLayers);
+}
+// Each stage writes its layers (the first also the tensors that are not per layer) as shards of
+// one checkpoint, which resumes at any layout, and any checkpoint resumes in stages.
+TEST(ParallelTraining, PipelineCheckpointsResumeAtAnyLayout) {
+  expect_resharded_resume("tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off",
+                          "tensorParallel: 1, dataParallel: 1, overlap: off", kFourLayers);
+  expect_resharded_resume("tensorParallel: 2, dataParallel: 1, overlap: off",
+                          "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off",
+                          kFourLayers);
+  expect_resharded_resume("tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off",
+                          "tensorParallel: 2, dataParallel: 1, pipelineParallel: 2, overlap: off",
+                          kFourLayers);
 }
 TEST(ParallelTraining, DistributedOptimizerEqualsOneRank) {
   const api::Plan dp2 =

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <barrier>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +28,9 @@ class ThreadGroup {
   std::vector<std::vector<float>> slots_;
   std::mutex mutex_;
   worker::CommStats stats_total_;
+  // Point to point: messages in flight per (sender, receiver), in order; a send never blocks.
+  std::condition_variable delivered_;
+  std::map<std::pair<int, int>, std::deque<std::vector<float>>> mailboxes_;
 };
 
 class ThreadCommunicator : public worker::Communicator {
@@ -82,6 +88,46 @@ class ThreadCommunicator : public worker::Communicator {
   void barrier() override {
     group_.barrier_.arrive_and_wait();
     ++stats_.collectives;
+  }
+  std::shared_ptr<worker::CommWork> send_async(const float* data, size_t count, int peer) override {
+    {
+      std::lock_guard lock(group_.mutex_);
+      group_.mailboxes_[{rank_, peer}].emplace_back(data, data + count);
+    }
+    group_.delivered_.notify_all();
+    ++stats_.collectives;
+    stats_.bytes += static_cast<int64_t>(count * sizeof(float));
+    return std::make_shared<worker::FinishedWork>();
+  }
+  // The message is taken when the receiver waits for it.
+  std::shared_ptr<worker::CommWork> recv_async(float* data, size_t count, int peer) override {
+    ++stats_.collectives;
+    stats_.bytes += static_cast<int64_t>(count * sizeof(float));
+    struct Receive : worker::CommWork {
+      ThreadGroup* group;
+      float* data;
+      size_t count;
+      std::pair<int, int> key;
+      bool done = false;
+      void wait() override {
+        if (done) return;
+        done = true;
+        std::unique_lock lock(group->mutex_);
+        auto& box = group->mailboxes_[key];
+        group->delivered_.wait(lock, [&] { return !box.empty(); });
+        if (box.front().size() != count)
+          throw Error("receive of " + std::to_string(count) + " floats got a message of " +
+                      std::to_string(box.front().size()));
+        std::memcpy(data, box.front().data(), count * sizeof(float));
+        box.pop_front();
+      }
+    };
+    auto work = std::make_shared<Receive>();
+    work->group = &group_;
+    work->data = data;
+    work->count = count;
+    work->key = {peer, rank_};
+    return work;
   }
   worker::CommStats stats() const override { return stats_; }
 
