@@ -1333,17 +1333,21 @@ TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
   EXPECT_TRUE(pods().empty());
 }
 
-// Pipeline stages are planned (docs/PLANNER.md §15) but no worker runs them yet: the job fails
-// at planning, naming why, and no pod starts only to exit.
-TEST_F(ControllerTest, APlanWithPipelineStages_FailsBeforeAnyPodStarts) {
+// Pipeline stages run on CPU ranks, not yet on CUDA ones (docs/WORKER.md): a GPU job planned
+// in stages fails at planning, naming why, and no pod starts only to exit.
+TEST_F(ControllerTest, APlanWithPipelineStagesOnGpus_FailsBeforeAnyPodStarts) {
+  add_node(h100_node("gpu-a"));
+  store.remove(kube::kNodes, "", "node-a");
   Object j = tiny_job("job");
+  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+  j["spec"]["resources"] = Object::object();
   j["spec"]["parallelism"] = {{"pipelineParallel", 2}};
   store.create(kTrainingJobs, "default", j);
   reconcile();
   EXPECT_EQ(status()["phase"], "Failed");
   EXPECT_EQ(condition("Planned")["reason"], "PlanNotExecutable");
   EXPECT_NE(condition("Planned")["message"].get<std::string>().find(
-                "the workers do not run pipeline parallelism yet"),
+                "the CUDA workers do not run pipeline parallelism yet"),
             std::string::npos)
       << condition("Planned");
   EXPECT_TRUE(pods().empty());

@@ -233,10 +233,26 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  // Planned, not yet executed (issue 20): pipeline stages and the distributed optimizer.
+  // Pipeline stages run on CPU ranks without offload; not with offload, not on CUDA, and only
+  // where the stages divide the layers and the ranks make up the world.
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
-  expect_refusal(staged, "do not run pipeline parallelism yet");
+  expect_refusal(staged, "tp × dp × pp = 2 ≠ world 1");
+  staged.world = 2;
+  EXPECT_NO_THROW(worker::check_executable(staged));
+  api::Plan staged_offload =
+      tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n");
+  staged_offload.config.pp = 2;
+  staged_offload.world = 2;
+  expect_refusal(staged_offload, "pipeline stages without offload only so far");
+  api::Plan staged_gpu = staged;
+  staged_gpu.device = api::DeviceKind::kCuda;
+  staged_gpu.precision = api::Precision::kBf16;
+  expect_refusal(staged_gpu, "CUDA workers do not run pipeline parallelism yet");
+  api::Plan three = tiny_plan(10);  // 2 layers
+  three.config.pp = 3;
+  three.world = 3;
+  expect_refusal(three, "3 pipeline stages do not divide the model's 2 layers");
   // The distributed optimizer runs on CPU ranks without offload; not with offload, not on CUDA.
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Pipeline stages over real processes and sockets (`kubetrain-worker launch`, Gloo's
+# point-to-point sends between stages): a tiny plan in 2 stages (1F1B over 4 micro-batches) ends
+# at the one-rank run's final loss; its step-30 checkpoint (a shard per stage) resumes as one rank
+# to the same loss, and the one rank's checkpoint resumes in stages; killing a stage makes
+# launch fail within the timeout, naming the rank.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
+KT=$1
+WORKER=$2
+DIR=$(mktemp -d)
+PID=
+trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+fail_context() { tail -20 "$DIR/log" "$DIR/log2" 2>/dev/null; }
+
+cat > "$DIR/job.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: tiny-pp2}
+spec:
+  model: {preset: tiny}
+  training: {steps: 60, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.005, warmupSteps: 5, seed: 4}
+  parallelism: {tensorParallel: 1, dataParallel: 1, pipelineParallel: 2}
+  checkpoint: {intervalSteps: 30}
+YAML
+sed 's/pipelineParallel: 2/pipelineParallel: 1/; s/tiny-pp2/tiny-one/' "$DIR/job.yaml" > "$DIR/one.yaml"
+for job in job one; do
+  "$KT" plan "$DIR/$job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/$job.json" ||
+    fail "planning $job.yaml"
+done
+python3 -c "import json, sys; sys.exit(json.load(open('$DIR/job.json'))['pipeline']['stages'] != 2)" ||
+  fail "the plan has no 2 stages"
+final() { sed -n 's/^\(\[rank 0\] \)\{0,1\}done: 60 steps, final loss \([0-9.]*\)$/\2/p' "$1"; }
+
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/ckpt" \
+  > "$DIR/log" 2>&1 || fail "the 2-stage launch failed"
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/one-ckpt" \
+  > "$DIR/one.log" 2>&1 || fail "the one-rank run failed"
+pp_final=$(final "$DIR/log")
+one_final=$(final "$DIR/one.log")
+[[ -n $one_final && $pp_final == "$one_final" ]] ||
+  fail "final losses differ: one rank '$one_final', 2 stages '$pp_final'"
+grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "stage 1 did not finish"
+[[ -f $DIR/ckpt/step-00000030/rank-00000.safetensors && -f $DIR/ckpt/step-00000030/rank-00001.safetensors ]] ||
+  fail "no shard per stage: $(ls "$DIR/ckpt/step-00000030")"
+
+# Stages -> one rank, and one rank -> stages, from step 30.
+for from in ckpt one-ckpt; do
+  rm -rf "$DIR/$from/step-00000060"
+  echo step-00000030 > "$DIR/$from/latest"
+done
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/ckpt" \
+  > "$DIR/resume1.log" 2>&1 || fail "one rank did not resume the stages' checkpoint: $(tail -3 "$DIR/resume1.log")"
+grep -q 'resumed from step 30 .*tensors resharded' "$DIR/resume1.log" ||
+  fail "no resharded resume: $(head -5 "$DIR/resume1.log")"
+[[ $(final "$DIR/resume1.log") == "$one_final" ]] ||
+  fail "stages -> one rank resumed to '$(final "$DIR/resume1.log")', not '$one_final'"
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/one-ckpt" \
+  > "$DIR/resume2.log" 2>&1 || fail "the stages did not resume one rank's checkpoint: $(tail -3 "$DIR/resume2.log")"
+grep -q '\[rank 1\] resumed from step 30' "$DIR/resume2.log" || fail "stage 1 did not resume"
+[[ $(final "$DIR/resume2.log") == "$one_final" ]] ||
+  fail "one rank -> stages resumed to '$(final "$DIR/resume2.log")', not '$one_final'"
+
+# A dead stage: the launcher stops the job and names it.
+sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
+"$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
+MASTER_PORT=$(free_port) KUBETRAIN_COMM_TIMEOUT_SECONDS=20 "$WORKER" launch --plan "$DIR/long.json" \
+  > "$DIR/log2" 2>&1 &
+PID=$!
+for _ in $(seq 100); do grep -qs '\[rank 0\] step  *5/' "$DIR/log2" && break; sleep 0.1; done
+victim=$(pgrep -P $PID | sort -n | tail -1)  # rank 1, the last stage
+[[ -n $victim ]] || fail "no rank processes"
+start=$(date +%s)
+kill -9 "$victim"
+wait $PID
+rc=$?
+PID=
+elapsed=$(( $(date +%s) - start ))
+[[ $rc -ne 0 ]] || fail "launch exited 0 after a stage was killed"
+grep -q 'kubetrain-worker launch: rank [01] exited' "$DIR/log2" || fail "the dead rank is not named"
+[[ $elapsed -le 45 ]] || fail "launch took ${elapsed}s to notice"
+echo "launch pp ok: final loss $one_final for 1 rank, 2 stages and both resumes; killed stage noticed in ${elapsed}s: $(grep -m1 'launch: rank' "$DIR/log2")"
