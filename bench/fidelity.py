@@ -2,7 +2,7 @@
 """bench_fidelity: how well the planner predicts the step time of plans it did not choose.
 
 Forced plans of one small GPT (L 4, h 256, T 128, global batch 8) on this machine — TP 1/2, DP 1/2,
-overlap on/off, recompute none/full/commAware, offload none/optimizer/window — and the planner's
+PP 1/2, overlap on/off, recompute none/full/commAware, offload none/optimizer/window — and the planner's
 own pick, each trained through `kubetrain-worker launch` for WARMUP + STEPS steps, ROUNDS times
 round robin. A plan's step time is the median over its rounds of the median of each run's last
 STEPS step times (steps.jsonl). Every plan is predicted three times: with
@@ -44,6 +44,8 @@ CONFIGS = [
     ("TP 2, overlap off", "tensorParallel: 2, dataParallel: 1, overlap: off, recompute: none"),
     ("TP 2, overlap on", "tensorParallel: 2, dataParallel: 1, overlap: on, recompute: none"),
     ("DP 2", "tensorParallel: 1, dataParallel: 2, recompute: none, offload: none"),
+    ("PP 2 (1F1B)",
+     "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, recompute: none, offload: none"),
 ]
 CLUSTER = "examples/clusters/cpu-local.yaml"
 # One GPU: the plans a single GPU runs (tensor and data parallelism need more than one).
@@ -78,7 +80,8 @@ def plan(kubetrain, job_path, profile=None, refit=()):
 
 def executed(p):
     """What the worker runs (so that two plans of one forced config can be compared)."""
-    keys = ("tp", "dp", "overlap", "recompute", "offload", "batch", "procsPerNode", "cpuThreads")
+    keys = ("tp", "dp", "pipeline", "overlap", "recompute", "offload", "batch", "procsPerNode",
+            "cpuThreads")
     return json.dumps({k: p.get(k) for k in keys}, sort_keys=True)
 
 

@@ -248,7 +248,7 @@ void OffloadEngine::all_gather_shards(const float* shards, float* full) {
 
 void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_decay) {
   float* params = model_.params();
-  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+  for (int64_t u = unit0_used_ ? 0 : 1; u < static_cast<int64_t>(units_.size()); ++u) {
     const int64_t at = shards_[u].offset;
     float* send = shard_send_.data() + at;  // the shard's new values, padding zero
     std::fill(send, send + shards_[u].size, 0.0f);
@@ -499,7 +499,7 @@ void OffloadEngine::grads_final(int64_t u) {
 void OffloadEngine::embedding_grads_final() {
   // The tensors that are not per layer: the embeddings (wte also takes the LM head's gradient)
   // and the final LayerNorm; summed and copied after the last micro-batch only.
-  if (micro_ + 1 != micro_batches_) return;
+  if (micro_ + 1 != micro_batches_ || !unit0_used_) return;
   // Pipeline stages: the sum over the embedding group waits for finish_backward, because the
   // first stage is still computing the backward this stage's last input gradient feeds.
   if (embedding_ && !unit0_deferred_) {
@@ -599,7 +599,8 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
     return;
   }
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
-    if (!units_[u].cpu) update_on_device(model_, u, m_.data(), v_.data(), step, weight_decay);
+    if (!units_[u].cpu && (u > 0 || unit0_used_))
+      update_on_device(model_, u, m_.data(), v_.data(), step, weight_decay);
   device_seconds_ += seconds_between(t0, Clock::now());
   span("compute", "adam device", t0);
 

@@ -103,10 +103,13 @@ class OffloadEngine final : public Gpt::UnitObserver {
   // is the group of the two, over which the tensors that are not per layer (offload unit 0: the
   // tied wte, wpe, the final LayerNorm) have their gradients summed in the last micro-batch,
   // before the DP sum, so that both stages hold and update the same values; `norm_counts_unit0`:
-  // whether sum_of_squares counts them (on the first stage only). Default: no stages.
-  void set_pipeline(Communicator* embedding, bool norm_counts_unit0) {
+  // whether sum_of_squares counts them (on the first stage only); `unit0_used`: false on the
+  // stages between, which never read them: their copy is neither summed nor updated. Default: no
+  // stages.
+  void set_pipeline(Communicator* embedding, bool norm_counts_unit0, bool unit0_used) {
     embedding_ = embedding;
     norm_counts_unit0_ = norm_counts_unit0;
+    unit0_used_ = unit0_used;
   }
 
   // After the model's parameters were initialised or loaded: take the master copies and leave
@@ -211,7 +214,7 @@ class OffloadEngine final : public Gpt::UnitObserver {
   Gpt& model_;
   Communicator* dp_;  // nullptr: DP 1
   Communicator* embedding_ = nullptr;  // set_pipeline
-  bool norm_counts_unit0_ = true;
+  bool norm_counts_unit0_ = true, unit0_used_ = true;
   bool unit0_deferred_ = false;  // embedding_grads_final waits for finish_backward
   OffloadOptions options_;
   std::vector<std::shared_ptr<CommWork>> reductions_;  // this step's DP sums in flight

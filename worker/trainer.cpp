@@ -942,8 +942,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
   OffloadEngine engine(plan, model, groups.dp.get(), offload_options);
   // Pipeline stages: the first and the last sum the tied embedding's gradients; the first
-  // counts the tensors that are not per layer in the gradient norm.
-  engine.set_pipeline(groups.embedding.get(), stage.first);
+  // counts the tensors that are not per layer in the gradient norm; the stages between leave
+  // their copy alone.
+  engine.set_pipeline(groups.embedding.get(), stage.first, stage.first || stage.last);
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
