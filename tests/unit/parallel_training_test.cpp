@@ -327,6 +327,12 @@ TEST(ParallelTraining, PipelineStagesWithRecomputeAndDistributedOptimizerEqualOn
       kFourLayers);
   sharded.config.distributed_optimizer = true;
   expect_same_training(sharded, kFourLayers);
+  // Four stages: the two between leave the tied embedding alone, sharded or not.
+  api::Plan four = plan_for("tensorParallel: 1, dataParallel: 2, pipelineParallel: 4, overlap: off",
+                            kFourLayers, "fp32", 6, 8);
+  ASSERT_EQ(four.config.pp, 4);
+  four.config.distributed_optimizer = true;
+  expect_same_training(four, kFourLayers);
 }
 // Each stage writes its layers (the first also the tensors that are not per layer) as shards of
 // one checkpoint, which resumes at any layout, and any checkpoint resumes in stages.
