@@ -6,7 +6,8 @@
 #  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind;
 #  5. a job deleted by ttlSecondsAfterFinished: 0 as it succeeds still exits 0;
 #  6. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
-#     the latest checkpoint and succeeds.
+#     the latest checkpoint and succeeds;
+#  7. the tiny job in 2 pipeline stages (two ranks, 1F1B) succeeds with the one-rank run's loss.
 set -u
 KT=$1
 DIR=$(mktemp -d)
@@ -127,5 +128,22 @@ elif [[ $(grep -c '^=== pod default/tiny-worker-0' "$log") -ne 2 ]]; then
   echo "FAIL restart: expected 2 pod starts in $log"; fail=1
 else
   echo "ok   restart: $(grep -o 'resumed from step [0-9]*' "$log")"
+fi
+
+# 7. Pipeline stages through the same path: the same losses as the one-rank run of 1.
+sed 's/name: tiny$/name: tiny-pp/' examples/jobs/tiny.yaml > "$DIR/pp.yaml"
+printf '  parallelism:\n    pipelineParallel: 2\n' >> "$DIR/pp.yaml"
+"$KT" run "$DIR/pp.yaml" --workdir "$DIR/pp" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+pp_summary=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
+one_summary=$(sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/' <<< "$summary")
+if [[ $rc -ne 0 || -z $pp_summary ]]; then
+  echo "FAIL pipeline: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q 'TP 1 × PP 2 (1F1B)' "$DIR/out"; then
+  echo "FAIL pipeline: the plan line names no stages"; head -5 "$DIR/out"; fail=1
+elif [[ $pp_summary != "$one_summary" ]]; then
+  echo "FAIL pipeline: $pp_summary in 2 stages, $one_summary on one rank"; fail=1
+else
+  echo "ok   pipeline: 2 stages, $pp_summary as on one rank"
 fi
 exit $fail
