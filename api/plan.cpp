@@ -85,11 +85,11 @@ std::string not_yet_executable(const Plan& plan) {
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks, and the CUDA workers do not run the distributed optimizer yet "
            "(set spec.parallelism.distributedOptimizer: off)";
-  if (c.distributed_optimizer && c.offload != OffloadMode::kNone)
+  if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
-           " data-parallel ranks with offload " + std::string(to_string(c.offload)) +
-           ", and the workers run the distributed optimizer without offload only so far (set "
-           "spec.parallelism.distributedOptimizer: off, or offload: none)";
+           " data-parallel ranks with offload window, and the workers run the distributed "
+           "optimizer without offload or with offload optimizer only so far (set "
+           "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
   return "";
 }
 

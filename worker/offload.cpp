@@ -143,24 +143,13 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
     for (const auto& s : unit.slices) unit.floats += s.count;
     unit.cpu = u >= gpu_units;
     unit.streamed = window && u >= first_streamed_;
-    if (unit.cpu) {
-      unit.master = host_->allocate_floats(unit.floats, MemoryKind::kParams);
-      unit.grads = host_->allocate_floats(unit.floats, MemoryKind::kGrads);
-    }
-    if (unit.streamed) {
-      unit.stream_index = u - first_streamed_;
-      int64_t floats = 0;
-      for (const auto& [data, count] : model.layer_checkpoint_slices(u - 1)) floats += count;
-      KT_CHECK(floats > 0, "window offload streams activation checkpoints: it needs recompute");
-      unit.checkpoint = host_->allocate_floats(floats, MemoryKind::kActivations);
-    }
   }
-  Device& moments = mode == api::OffloadMode::kNone ? *model.device() : *host_;
-  m_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
-  v_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   zero_ = plan.config.distributed_optimizer && dp_;
-  KT_CHECK(!zero_ || mode == api::OffloadMode::kNone,
-           "the distributed optimizer runs without offload (api::not_yet_executable)");
+  KT_CHECK(!zero_ || !window,
+           "the distributed optimizer runs without window offload (api::not_yet_executable)");
+  Device& device = *model.device();
+  // Where the moments live: on the device without offload, in host memory with it.
+  Device& moments = mode == api::OffloadMode::kNone ? device : *host_;
   if (zero_) {
     const int64_t d = dp_->size(), r = dp_->rank();
     int64_t total = 0;
@@ -173,13 +162,29 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
       shard.offset = total;
       total += shard.size;
     }
-    Device& device = *model.device();
-    shard_m_ = device.allocate_floats(total, MemoryKind::kOptimizer);
-    shard_v_ = device.allocate_floats(total, MemoryKind::kOptimizer);
+    shard_m_ = moments.allocate_floats(total, MemoryKind::kOptimizer);
+    shard_v_ = moments.allocate_floats(total, MemoryKind::kOptimizer);
     shard_grads_ = device.allocate_floats(total, MemoryKind::kGrads);
     shard_send_ = device.allocate_floats(total, MemoryKind::kWorkspace);
     gathers_.resize(L + 1);
   }
+  for (int64_t u = 0; u <= L; ++u) {
+    Unit& unit = units_[u];
+    if (unit.cpu) {  // with the distributed optimizer, the rank's shard only
+      const int64_t floats = zero_ ? shards_[u].size : unit.floats;
+      unit.master = host_->allocate_floats(floats, MemoryKind::kParams);
+      unit.grads = host_->allocate_floats(floats, MemoryKind::kGrads);
+    }
+    if (unit.streamed) {
+      unit.stream_index = u - first_streamed_;
+      int64_t floats = 0;
+      for (const auto& [data, count] : model.layer_checkpoint_slices(u - 1)) floats += count;
+      KT_CHECK(floats > 0, "window offload streams activation checkpoints: it needs recompute");
+      unit.checkpoint = host_->allocate_floats(floats, MemoryKind::kActivations);
+    }
+  }
+  m_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
+  v_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
   // The lanes' kernels (CPU AdamW, bf16 rounding) run on their lane's thread alone. OpenMP would
   // give each lane a team of every core, beside the compute's team on the same cores: spinning
   // teams that oversubscribe the rank (measured, 2 cores, window 2 + commAware: step 150 → 134 ms
@@ -196,14 +201,20 @@ OffloadEngine::~OffloadEngine() {
 
 void OffloadEngine::start() {
   synchronize();
-  for (auto& unit : units_) {
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    Unit& unit = units_[u];
     if (!unit.cpu) continue;
-    gather(unit.master.data(), model_.params(), unit.slices);
+    if (zero_)  // the master weights of the rank's shard
+      for_each_shard_piece(u, [&](int, int64_t at, int64_t in_shard, int64_t n) {
+        std::memcpy(unit.master.data() + in_shard, model_.params() + at, n * sizeof(float));
+      });
+    else
+      gather(unit.master.data(), model_.params(), unit.slices);
     unit.residency = Residency::kResident;
   }
   for (int64_t i = slots_; i < num_streamed_; ++i) evict(streamed_unit(i));
   if (zero_ && m_.data()) {  // keep this rank's shard of the (restored or zero) moments
-    for (int64_t u = norm_counts_unit0_ ? 0 : 1; u < static_cast<int64_t>(units_.size()); ++u)
+    for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u)
       for_each_shard_piece(u, [&](int, int64_t at, int64_t in_shard, int64_t n) {
         const int64_t to = shards_[u].offset + in_shard;
         std::memcpy(shard_m_.data() + to, m_.data() + at, n * sizeof(float));
@@ -252,14 +263,30 @@ void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_d
     const int64_t at = shards_[u].offset;
     float* send = shard_send_.data() + at;  // the shard's new values, padding zero
     std::fill(send, send + shards_[u].size, 0.0f);
+    Unit& unit = units_[u];
+    if (unit.cpu) wait_on_compute(unit.grads_home);
+    const auto t0 = Clock::now();
     for_each_shard_piece(u, [&](int tensor, int64_t model_at, int64_t in_shard, int64_t n) {
       kernels::AdamWStep ts = step;
       ts.weight_decay = Gpt::decays(tensor) ? weight_decay : 0.0f;
       const int64_t i = at + in_shard;
+      if (unit.cpu) {
+        // Offloaded: the shard's master weights, gradients and moments in host memory (the
+        // SynergyScale split per shard); its new values go to the device by the all-gather.
+        float* master = unit.master.data() + in_shard;
+        k::adamw_update(master, unit.grads.data() + in_shard, shard_m_.data() + i,
+                        shard_v_.data() + i, n, ts);
+        std::memcpy(send + in_shard, master, n * sizeof(float));
+        return;
+      }
       k::adamw_update(params + model_at, shard_grads_.data() + i, shard_m_.data() + i,
                       shard_v_.data() + i, n, ts);
       std::memcpy(send + in_shard, params + model_at, n * sizeof(float));
     });
+    if (unit.cpu) {
+      cpu_seconds_.fetch_add(seconds_between(t0, Clock::now()));
+      h2d_bytes_ += shards_[u].size * static_cast<int64_t>(sizeof(float));
+    }
     // Every rank's shard into the unit's bucket, beside the next forward until it reads the unit
     // (before_forward; Megatron's --overlap-param-gather). Units in the order the forward
     // reads them. The forward's refresh rounds the bf16 copy from the gathered values.
@@ -406,11 +433,19 @@ void OffloadEngine::copy_grads_home(int64_t u, std::vector<std::shared_ptr<CommW
   // device copy is zeroed for the next micro-batch to accumulate into.
   const bool accumulate = unit.streamed && micro_ > 0;
   const bool zero_after = unit.streamed;
-  d2h_.enqueue([this, u, dp_work = std::move(dp_work), accumulate, zero_after] {
+  // The distributed optimizer: the rank's shard of the sums, once the reduce-scatter is done.
+  const bool shard = zero_ && !unit.streamed;
+  d2h_.enqueue([this, u, dp_work = std::move(dp_work), accumulate, zero_after, shard] {
     for (const auto& work : dp_work) work->wait();
     const auto t0 = Clock::now();
     const Unit& unit = units_[u];
     float* host = unit.grads.data();
+    if (shard) {
+      std::memcpy(host, shard_grads_.data() + shards_[u].offset,
+                  shards_[u].size * sizeof(float));
+      span("d2h", "grad shard " + (u == 0 ? std::string("emb") : "L" + std::to_string(u - 1)), t0);
+      return;
+    }
     float* device = model_.grads();
     for (const auto& s : unit.slices) {
       float* src = device + s.offset;
@@ -423,7 +458,7 @@ void OffloadEngine::copy_grads_home(int64_t u, std::vector<std::shared_ptr<CommW
     }
     span("d2h", "grads " + (u == 0 ? std::string("emb") : "L" + std::to_string(u - 1)), t0);
   });
-  d2h_bytes_ += unit.floats * static_cast<int64_t>(sizeof(float));
+  d2h_bytes_ += (shard ? shards_[u].size : unit.floats) * static_cast<int64_t>(sizeof(float));
   unit.grads_home = d2h_.record();
 }
 

@@ -362,6 +362,34 @@ TEST(ParallelTraining, DistributedOptimizerEqualsOneRank) {
   expect_same_training(
       with_distributed_optimizer("tensorParallel: 1, dataParallel: 2, overlap: off", "bf16"));
 }
+// Composed with offload optimizer (the SynergyScale split per shard): each DP rank keeps the
+// master weights, gradients and moments of its shard of every CPU-updated unit in host memory
+// and updates only those; the all-gather brings every unit's new values to the device.
+TEST(ParallelTraining, DistributedOptimizerWithOffloadEqualsOneRank) {
+  for (const char* parallelism :
+       {"tensorParallel: 1, dataParallel: 2, overlap: off, offload: optimizer, "
+        "gpuUpdateFraction: 0.5",
+        "tensorParallel: 2, dataParallel: 2, overlap: on, offload: optimizer, "
+        "gpuUpdateFraction: 0"}) {
+    SCOPED_TRACE(parallelism);
+    api::Plan plan = with_distributed_optimizer(parallelism);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kOptimizer);
+    const RunResult r = expect_same_training(plan);
+    // Each rank moves its shards home and back: about 2/d of what the unsharded engine moves.
+    api::Plan plain = plan;
+    plain.config.distributed_optimizer = false;
+    const RunResult unsharded = run(plain);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    ASSERT_FALSE(unsharded.transfer_bytes.empty());
+    EXPECT_LT(r.transfer_bytes.back(), unsharded.transfer_bytes.back() * 0.6);
+    EXPECT_GT(r.transfer_bytes.back(), unsharded.transfer_bytes.back() * 0.4);
+  }
+  expect_resharded_resume(
+      with_distributed_optimizer(
+          "tensorParallel: 1, dataParallel: 2, overlap: off, offload: optimizer, "
+          "gpuUpdateFraction: 0.5"),
+      plan_for("tensorParallel: 1, dataParallel: 1, overlap: off"));
+}
 // Its checkpoints hold the full moments (gathered for the save), so they resume at any layout,
 // and a restore's full moments are cut into the shards.
 TEST(ParallelTraining, DistributedOptimizerCheckpointsResumeAtAnyLayout) {

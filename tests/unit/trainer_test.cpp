@@ -253,14 +253,18 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   three.config.pp = 3;
   three.world = 3;
   expect_refusal(three, "3 pipeline stages do not divide the model's 2 layers");
-  // The distributed optimizer runs on CPU ranks without offload; not with offload, not on CUDA.
+  // The distributed optimizer runs on CPU ranks without offload or with offload optimizer; not
+  // with the window, not on CUDA.
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(sharded));
   api::Plan sharded_offload =
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n");
   sharded_offload.config.distributed_optimizer = true;
-  expect_refusal(sharded_offload, "without offload only so far");
+  EXPECT_NO_THROW(worker::check_executable(sharded_offload));
+  api::Plan sharded_window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
+  sharded_window.config.distributed_optimizer = true;
+  expect_refusal(sharded_window, "with offload optimizer only so far");
   api::Plan sharded_gpu = sharded;
   sharded_gpu.device = api::DeviceKind::kCuda;
   sharded_gpu.precision = api::Precision::kBf16;
