@@ -343,7 +343,10 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // CPU-updated parameters keep fp32 master, m, v and an fp32 gradient accumulator on the host
   // (16 B/param); streamed layers also keep their 16-bit copy and their activation checkpoints;
   // pinned staging for two layers.
-  double host_rank = cpu_params * 16 + streamed * lay * bpe + streamed * act_layer;
+  // The distributed optimizer with offload optimizer keeps each rank's shard of the CPU units'
+  // master weights, gradients and moments only (the SynergyScale split per shard).
+  const double host_share = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
+  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe + streamed * act_layer;
   if (cpu_params > 0) host_rank += 2 * lay * bpe;
   pred.host_bytes_per_node = host_rank * c.procs_per_node;
   pred.host_capacity_bytes = kHostUsableFraction * p.host_memory_per_node;
@@ -529,15 +532,18 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   double all_final = forward_backward;
   for (double t : final_time) all_final = std::max(all_final, t);
   double d2h_free = 0, cpu_free = all_final, h2d_free = 0;
+  // With the distributed optimizer a rank copies home, updates and brings back its shard of a
+  // CPU unit only (the worker's all-gather is the copy back).
+  const double shard = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
   double lateness = 0, cpu_total = 0, copy_total = 0, last_final = forward_backward;
   for (size_t i = 0; i < units.size(); ++i) {
     const Unit& u = units[i];
     if (u.on_gpu) continue;
     last_final = std::max(last_final, final_time[i]);
-    const double copy = kCopyLatency + u.params * bpe / pcie;
+    const double copy = kCopyLatency + u.params * shard * bpe / pcie;
     const double d2h = u.streamed ? 0 : copy;  // streamed grads already left in the window sim
     d2h_free = std::max(final_time[i], d2h_free) + d2h;
-    const double adam = u.params / cpu_rate;
+    const double adam = u.params * shard / cpu_rate;
     cpu_free = std::max(d2h_free, cpu_free) + adam;
     const double h2d = u.streamed ? 0 : copy;  // streamed layers are fetched by the prefetch
     h2d_free = std::max(cpu_free, h2d_free) + h2d;
@@ -545,7 +551,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     lateness = std::max(lateness, h2d_free - deadline);
     cpu_total += adam;
     copy_total += d2h + h2d;
-    if (!u.streamed) pcie_bytes += 2 * u.params * bpe;
+    if (!u.streamed) pcie_bytes += 2 * u.params * shard * bpe;
   }
   // Gradients of CPU-updated units must also be final before the step ends.
   lateness = std::max(lateness, last_final - step_device_end);

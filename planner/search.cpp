@@ -114,7 +114,15 @@ struct Searcher {
           }
           c.gpu_units = k;
           c.window = 0;
-          consider(c);
+          // The distributed optimizer composes with it: each DP rank offloads its shard.
+          const auto& zeros = space.distributed_optimizer;
+          const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
+          for (bool zero : zeros) {
+            if (zero && c.dp == 1 && zero_optional) continue;  // nothing to shard
+            c.distributed_optimizer = zero && c.dp > 1;
+            consider(c);
+          }
+          c.distributed_optimizer = false;
           continue;
         }
         // Window: resident embeddings, at least one streamed layer, and recompute: the window

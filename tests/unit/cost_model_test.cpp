@@ -380,5 +380,29 @@ TEST(CostModel, OnCpuRanksTheDistributedOptimizersCollectivesAreExposed) {
   EXPECT_NEAR(sharded.time.optimizer_gpu, plain.time.optimizer_gpu / 2, 1e-15);
 }
 
+// With offload optimizer each DP rank copies home, updates in host memory and brings back its
+// shard of the CPU-updated units only (the SynergyScale split per shard): 1/d of the CPU AdamW,
+// the copies and the host bytes of the unsharded engine.
+TEST(CostModel, TheDistributedOptimizerWithOffloadMovesAndUpdatesAShardPerRank) {
+  const Problem p = problem_cpu({4, 256, 4, 1024, 256, 128});
+  ParallelConfig c;
+  c.procs_per_node = 2;
+  c.dp = 2;
+  c.micro_batch = 4;
+  c.offload = api::OffloadMode::kOptimizer;
+  c.gpu_units = 2;  // the embeddings and layer 0 on the device, layers 1..3 on the CPU
+  ParallelConfig zero = c;
+  zero.distributed_optimizer = true;
+  const auto plain = planner::evaluate(p, c).predicted,
+             sharded = planner::evaluate(p, zero).predicted;
+  ASSERT_GT(plain.time.optimizer_cpu_total, 0);
+  EXPECT_NEAR(sharded.time.optimizer_cpu_total, plain.time.optimizer_cpu_total / 2, 1e-12);
+  EXPECT_NEAR(sharded.pcie_bytes_per_step, plain.pcie_bytes_per_step / 2, 1e-3);
+  EXPECT_LT(sharded.host_bytes_per_node, plain.host_bytes_per_node);
+  const double cpu_params = 3 * planner::layer_unit_params(p.model, 1);
+  EXPECT_NEAR(plain.host_bytes_per_node - sharded.host_bytes_per_node,
+              2 * cpu_params * 16 / 2, 1e-3);  // 2 ranks per node, each half of 16 B/param
+}
+
 }  // namespace
 }  // namespace kt

@@ -366,6 +366,14 @@ TEST(ParallelTraining, DistributedOptimizerEqualsOneRank) {
 // master weights, gradients and moments of its shard of every CPU-updated unit in host memory
 // and updates only those; the all-gather brings every unit's new values to the device.
 TEST(ParallelTraining, DistributedOptimizerWithOffloadEqualsOneRank) {
+  {  // The planner plans the two together when a job asks, and the worker runs its plan.
+    const api::Plan asked = plan_for(
+        "tensorParallel: 1, dataParallel: 2, overlap: off, offload: optimizer, "
+        "gpuUpdateFraction: 0.5, distributedOptimizer: on");
+    EXPECT_TRUE(asked.config.distributed_optimizer);
+    EXPECT_EQ(asked.config.offload, api::OffloadMode::kOptimizer);
+    expect_same_training(asked);
+  }
   for (const char* parallelism :
        {"tensorParallel: 1, dataParallel: 2, overlap: off, offload: optimizer, "
         "gpuUpdateFraction: 0.5",
