@@ -16,7 +16,7 @@ std::vector<double> step_seconds_buckets() {
 
 // Label values (docs/METRICS.md): device "cpu" | "cuda:N"; kind as the plan's memory breakdown
 // (params, grads, optimizer, activations, workspace) plus "peak"; direction "h2d" | "d2h";
-// group "tp" | "dp"; phase as the plan's TimeBreakdown (compute, tp_comm_total, tp_comm_exposed,
+// group "tp" | "dp" | "pp"; phase as the plan's TimeBreakdown (compute, tp_comm_total, tp_comm_exposed,
 // dp_comm_total, dp_comm_exposed, transfer_total, transfer_exposed, optimizer_gpu,
 // optimizer_cpu_total, optimizer_cpu_exposed); reason the errno's name ("ENOSPC", "EROFS",
 // "EACCES", …) or "other".

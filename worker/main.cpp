@@ -135,6 +135,7 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
   };
   kt::worker::PhaseMeter phase_meter;
   double last_tokens_per_second = 0;
+  kt::worker::CommStats pp_last;  // the pipeline group's totals at the last step
   options.on_step = [&](const kt::worker::StepReport& r) {
     last_tokens_per_second = r.tokens_per_second;
     const std::map<std::string, double> phases = phase_meter.step(r);
@@ -158,6 +159,14 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
       if (!r.comm.count(name)) continue;
       metrics.comm_seconds.with({name}).inc(phases.at(name + "_comm_total"));
       metrics.comm_exposed_seconds.with({name}).inc(phases.at(name + "_comm_exposed"));
+    }
+    // Pipeline stages' sends and receives, the loss broadcast and the norm's sum: the waits
+    // include the 1F1B bubble, which the plan's phases count as compute (so no phase of its own).
+    if (const auto it = r.comm.find("pp"); it != r.comm.end()) {
+      metrics.comm_seconds.with({"pp"}).inc(std::max(0.0, it->second.seconds - pp_last.seconds));
+      metrics.comm_exposed_seconds.with({"pp"}).inc(
+          std::max(0.0, it->second.exposed_seconds - pp_last.exposed_seconds));
+      pp_last = it->second;
     }
   };
   // Failed saves (training goes on): the operator sets CheckpointFailing while the consecutive

@@ -2,8 +2,9 @@
 # Pipeline stages over real processes and sockets (`kubetrain-worker launch`, Gloo's
 # point-to-point sends between stages): a tiny plan in 2 stages (1F1B over 4 micro-batches) ends
 # at the one-rank run's final loss; its step-30 checkpoint (a shard per stage) resumes as one rank
-# to the same loss, and the one rank's checkpoint resumes in stages; killing a stage makes
-# launch fail within the timeout, naming the rank.
+# to the same loss, and the one rank's checkpoint resumes in stages; the launcher's /metrics shows
+# both stages' pipeline communication (group "pp", promtool-clean); killing a stage makes launch
+# fail within the timeout, naming the rank.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 KT=$1
@@ -64,10 +65,22 @@ grep -q '\[rank 1\] resumed from step 30' "$DIR/resume2.log" || fail "stage 1 di
 # A dead stage: the launcher stops the job and names it.
 sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
 "$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
+METRICS=$(free_port)
 MASTER_PORT=$(free_port) KUBETRAIN_COMM_TIMEOUT_SECONDS=20 "$WORKER" launch --plan "$DIR/long.json" \
-  > "$DIR/log2" 2>&1 &
+  --metrics-port "$METRICS" > "$DIR/log2" 2>&1 &
 PID=$!
 for _ in $(seq 100); do grep -qs '\[rank 0\] step  *5/' "$DIR/log2" && break; sleep 0.1; done
+# Both stages' sends and receives are in the merged /metrics, as group "pp".
+for _ in $(seq 50); do
+  get "http://127.0.0.1:$METRICS/metrics" > "$DIR/metrics" 2>/dev/null || true
+  grep -q 'kubetrain_worker_comm_seconds_total{.*rank="1".*group="pp"} [0-9]' "$DIR/metrics" && break
+  sleep 0.1
+done
+for r in 0 1; do
+  grep -q "^kubetrain_worker_comm_seconds_total{.*rank=\"$r\".*group=\"pp\"}" "$DIR/metrics" ||
+    fail "no pp comm metric of rank $r: $(grep comm_seconds "$DIR/metrics" | head -4)"
+done
+promtool check metrics < "$DIR/metrics" || fail "promtool rejected the merged /metrics"
 victim=$(pgrep -P $PID | sort -n | tail -1)  # rank 1, the last stage
 [[ -n $victim ]] || fail "no rank processes"
 start=$(date +%s)
