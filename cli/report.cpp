@@ -87,6 +87,18 @@ class LineReader {
     return i;
   }
 
+  // An integer that writers before it existed left out: `absent` then.
+  int64_t integer_or(const char* name, int64_t min, int64_t max, int64_t absent) const {
+    return find(name, true) ? integer(name, min, max) : absent;
+  }
+
+  bool flag_or(const char* name, bool absent) const {
+    const Json* v = find(name, true);
+    if (!v) return absent;
+    if (!v->is_boolean()) fail(where(name) + " is " + show(*v) + ", not true or false");
+    return v->get<bool>();
+  }
+
   std::string text(const char* name) const {
     const Json& v = *find(name, false);
     if (!v.is_string()) fail(where(name) + " is " + show(v) + ", not a string");
@@ -260,6 +272,8 @@ RunRecords parse_steps_log(std::string_view text, const std::string& source) {
       s.plan_hash = r.text("plan_hash");
       s.tp = r.integer("tp", 1, 1 << 20);
       s.dp = r.integer("dp", 1, 1 << 20);
+      s.pp = r.integer_or("pp", 1, 1 << 16, 1);
+      s.distributed_optimizer = r.flag_or("distributed_optimizer", false);
       s.recompute = r.text("recompute");
       s.offload = r.text("offload");
       s.precision = r.text("precision");
@@ -972,7 +986,11 @@ std::string header_table(const View& v, const ReportOptions& options) {
   t += row("plan", hashes + (r.starts.size() > 1 && hashes.find("→") != std::string::npos
                                  ? " (re-planned at a restart)"
                                  : ""));
-  t += row("parallelism", "TP " + std::to_string(plan.tp) + " × DP " + std::to_string(plan.dp));
+  t += row("parallelism",
+           "TP " + std::to_string(plan.tp) +
+               (plan.pp > 1 ? " × PP " + std::to_string(plan.pp) + " (1F1B)" : "") + " × DP " +
+               std::to_string(plan.dp) +
+               (plan.distributed_optimizer ? ", distributed optimizer (ZeRO-1)" : ""));
   t += row("recompute", plan.recompute);
   t += row("offload", plan.offload);
   t += row("precision", plan.precision);

@@ -41,6 +41,8 @@ struct StartRecord {
   int64_t total_steps = 0;
   std::string plan_hash, recompute, offload, precision, device;
   int64_t tp = 1, dp = 1;
+  int64_t pp = 1;                      // pipeline stages (absent in logs before them: 1)
+  bool distributed_optimizer = false;  // (absent before it: false)
   std::optional<double> predicted_step_seconds, predicted_tokens_per_second;
   PhaseSeconds predicted_phase_seconds;
   std::optional<double> loss_floor;  // the synthetic data's entropy (nats), when known

@@ -97,6 +97,8 @@ void StepLog::start(const api::Plan& plan, const RunStart& start) {
                       {"plan_hash", plan.plan_hash},
                       {"tp", plan.config.tp},
                       {"dp", plan.config.dp},
+                      {"pp", plan.config.pp},
+                      {"distributed_optimizer", plan.config.distributed_optimizer},
                       {"recompute", std::string(api::to_string(plan.config.recompute))},
                       {"offload", std::string(api::to_string(plan.config.offload))},
                       {"precision", std::string(api::to_string(plan.precision))},

@@ -143,6 +143,8 @@ elif ! grep -q 'TP 1 × PP 2 (1F1B)' "$DIR/out"; then
   echo "FAIL pipeline: the plan line names no stages"; head -5 "$DIR/out"; fail=1
 elif [[ $pp_summary != "$one_summary" ]]; then
   echo "FAIL pipeline: $pp_summary in 2 stages, $one_summary on one rank"; fail=1
+elif ! grep -q 'TP 1 × PP 2 (1F1B) × DP 1' "$DIR/pp/report.html"; then
+  echo "FAIL pipeline: the run report does not name the stages"; fail=1
 else
   echo "ok   pipeline: 2 stages, $pp_summary as on one rank"
 fi
