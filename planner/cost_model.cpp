@@ -429,7 +429,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   }
   // With a pipeline (1F1B), each micro-batch also passes its activations to the next stage and
   // its input gradients to the one before, point to point (b·s·h elements each way per stage
-  // boundary, blocking as Megatron's default schedule's send/recv are), and the schedule takes
+  // boundary, blocking as Megatron's default schedule's send/recv are; not on CPU ranks, below),
+  // and the schedule takes
   // m + pp − 1 micro-batch slots: the bubble (pp − 1)/m (Narayanan et al. SC21 §2.2).
   double p2p_seconds = 0;
   if (c.pp > 1) {
@@ -443,8 +444,15 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
             : hw.intra_allreduce_busbw;
     p2p_seconds = 2 * (hw.allreduce_latency + bytes / bandwidth);
   }
-  const double forward_backward =
+  double forward_backward =
       static_cast<double>(c.grad_accum + c.pp - 1) * (micro_batch_seconds + p2p_seconds);
+  // The CPU workers' sends return at once (docs/WORKER.md, "Pipeline stages on CPU ranks"): a
+  // transfer delays only the stage that waits for it, which in 1F1B is on the critical path in
+  // the fill and the drain — p − 1 hops forward, p − 1 back — and hidden behind the other
+  // micro-batches' compute in between.
+  if (c.pp > 1 && p.cpu_device)
+    forward_backward = static_cast<double>(c.grad_accum + c.pp - 1) * micro_batch_seconds +
+                       static_cast<double>(c.pp - 1) * p2p_seconds;
 
   // Tail of the step: the last micro-batch's backward frees unit gradients from the top layer
   // down; DP all-reduces them bucket by bucket; GPU-updated units then run AdamW on the device;
