@@ -304,6 +304,31 @@ TEST(CostModel, PipelineStagesPayTheirPointToPointPerMicroBatch) {
               diff * 1e-6);
 }
 
+// The CPU workers' sends return at once: only the fill's and the drain's hops (p − 1 each way)
+// wait for a transfer, not two per micro-batch slot.
+TEST(CostModel, OnCpuRanksPipelineSendsCostOnlyTheFillAndDrainHops) {
+  Problem real = problem_cpu({4, 256, 4, 1024, 256, 128});
+  real.hw.allreduce_latency = 1e-3;
+  Problem free_links = real;
+  free_links.hw.allreduce_latency = 0;
+  free_links.hw.intra_allreduce_busbw = 1e30;
+  ParallelConfig c;
+  c.procs_per_node = 2;
+  c.pp = 2;
+  c.micro_batch = 1;
+  c.grad_accum = 8;
+  c.gpu_units = 3;
+  const double diff = planner::evaluate(real, c).predicted.step_seconds -
+                      planner::evaluate(free_links, c).predicted.step_seconds;
+  const double hop = 1e-3 + 1.0 * 128 * 256 * 4 / real.hw.intra_allreduce_busbw;
+  const double embedding_sum =
+      planner::allreduce_seconds(256.0 * 256 * 4, 2, real.hw.inter_node_bandwidth, 1e-3) *
+          real.hw.dp_comm_scale -
+      planner::allreduce_seconds(256.0 * 256 * 4, 2, real.hw.inter_node_bandwidth, 0) *
+          real.hw.dp_comm_scale;
+  EXPECT_NEAR(diff, 2 * hop + embedding_sum, 1e-9);
+}
+
 // A stage holds its L/p layers and the (tied) embeddings, and the first stage the activations
 // of min(p, m) micro-batches in flight.
 TEST(CostModel, PipelineStageHoldsItsLayersAndTheMicroBatchesInFlight) {
