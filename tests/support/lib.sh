@@ -89,3 +89,22 @@ run_operator() {
     --health-probe-bind-address 127.0.0.1:0 "$@" > "$OUT/op.log" 2>&1 &
   PIDS+=($!)
 }
+
+# expect_dead_rank_noticed PID LOG: once LOG shows rank 0's step 5, SIGKILLs the highest-numbered
+# rank process of the `kubetrain-worker launch` at PID (a child of this shell; rank 0 hosts the
+# store), then expects the launcher to exit non-zero within 45 s naming the dead rank. Sets
+# NOTICED_IN (seconds) and LAUNCH_RC. The caller forgets PID afterwards (it has exited).
+expect_dead_rank_noticed() {
+  local pid=$1 log=$2 victim start _
+  for _ in $(seq 100); do grep -qs '\[rank 0\] step  *5/' "$log" && break; sleep 0.1; done
+  victim=$(pgrep -P "$pid" | sort -n | tail -1)
+  [[ -n $victim ]] || fail "no rank processes"
+  start=$(date +%s)
+  kill -9 "$victim"
+  wait "$pid"
+  LAUNCH_RC=$?
+  NOTICED_IN=$(($(date +%s) - start))
+  [[ $LAUNCH_RC -ne 0 ]] || fail "launch exited 0 after a rank was killed"
+  grep -q 'kubetrain-worker launch: rank [0-9]* exited' "$log" || fail "the dead rank is not named"
+  [[ $NOTICED_IN -le 45 ]] || fail "launch took ${NOTICED_IN}s to notice"
+}
