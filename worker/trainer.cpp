@@ -268,7 +268,8 @@ std::vector<TensorView> stage_views(const std::vector<TensorView>& views, bool w
 // al. SC21; Megatron's forward_backward_pipelining_without_interleaving): stage s of p runs
 // min(p − s − 1, m) forwards, then alternates one forward and one backward, then the remaining
 // backwards. Activations go to the next stage and gradients to the previous one as soon as they
-// are made (the sends return at once); a stage waits only for what it receives.
+// are made (the sends return at once), each receive is posted a micro-batch ahead; a stage waits
+// only for what it has not received yet.
 class PipelineSchedule {
  public:
   PipelineSchedule(Gpt& model, OffloadEngine& engine, Communicator& pp, int64_t B, int64_t T)
@@ -278,17 +279,17 @@ class PipelineSchedule {
     for (auto* buffers : {&inputs_, &targets_}) buffers->resize(slots);
     for (auto* buffers : {&act_in_, &act_out_, &grad_in_, &grad_out_})
       buffers->assign(slots, std::vector<float>(n));
-    act_sent_.resize(slots);
-    grad_sent_.resize(slots);
+    for (auto* works : {&act_sent_, &grad_sent_, &act_received_, &grad_received_})
+      works->resize(slots);
   }
 
   // Returns the step's loss on the last stage (0 elsewhere); every send has completed.
   double step(BatchFeeder& feeder, int64_t m, float loss_scale) {
     const int64_t warmup = std::min<int64_t>(pp_.size() - stage_ - 1, m);
     double loss = 0;
-    for (int64_t i = 0; i < warmup; ++i) loss += forward(feeder, i, loss_scale);
+    for (int64_t i = 0; i < warmup; ++i) loss += forward(feeder, i, m, loss_scale);
     for (int64_t i = 0; i < m - warmup; ++i) {
-      loss += forward(feeder, warmup + i, loss_scale);
+      loss += forward(feeder, warmup + i, m, loss_scale);
       backward(i, m);
     }
     for (int64_t i = m - warmup; i < m; ++i) backward(i, m);
@@ -305,15 +306,31 @@ class PipelineSchedule {
   int slot(int64_t micro) const { return static_cast<int>(micro % model_.stage().in_flight); }
   size_t floats() const { return act_in_[0].size(); }
 
-  double forward(BatchFeeder& feeder, int64_t micro, float loss_scale) {
+  // Receives are posted one micro-batch ahead, as soon as the slot's buffer is free (its last
+  // reader returned), so that the transfer runs while this stage computes instead of starting
+  // when it asks (a Gloo send moves its data once the matching receive is posted).
+  void receive_activations(int64_t micro, int64_t m) {
+    if (model_.stage().first || micro >= m) return;
+    const int s = slot(micro);
+    act_received_[s] = pp_.recv_async(act_in_[s].data(), floats(), stage_ - 1);
+  }
+  void receive_gradients(int64_t micro, int64_t m) {
+    if (model_.stage().last || micro >= m) return;
+    const int s = slot(micro);
+    grad_received_[s] = pp_.recv_async(grad_in_[s].data(), floats(), stage_ + 1);
+  }
+
+  double forward(BatchFeeder& feeder, int64_t micro, int64_t m, float loss_scale) {
     const int s = slot(micro);
     const PipelineStage& stage = model_.stage();
     feeder.take(inputs_[s], targets_[s]);
-    if (!stage.first) pp_.recv_async(act_in_[s].data(), floats(), stage_ - 1)->wait();
+    if (micro == 0) receive_activations(0, m);
+    finish(act_received_[s]);
     finish(act_sent_[s]);  // the slot's previous output has left
     const float loss = model_.forward_micro(s, inputs_[s].data(), targets_[s].data(), loss_scale,
                                             stage.first ? nullptr : act_in_[s].data(),
                                             stage.last ? nullptr : act_out_[s].data());
+    receive_activations(micro + 1, m);
     if (!stage.last) act_sent_[s] = pp_.send_async(act_out_[s].data(), floats(), stage_ + 1);
     return loss;
   }
@@ -323,10 +340,12 @@ class PipelineSchedule {
     const PipelineStage& stage = model_.stage();
     // In the last micro-batch the engine sums each unit's gradients over DP once final.
     engine_.begin_micro_batch(micro, m);
-    if (!stage.last) pp_.recv_async(grad_in_[s].data(), floats(), stage_ + 1)->wait();
+    if (micro == 0) receive_gradients(0, m);
+    finish(grad_received_[s]);
     finish(grad_sent_[s]);
     model_.backward_micro(s, stage.last ? nullptr : grad_in_[s].data(),
                           stage.first ? nullptr : grad_out_[s].data());
+    receive_gradients(micro + 1, m);
     if (!stage.first) grad_sent_[s] = pp_.send_async(grad_out_[s].data(), floats(), stage_ - 1);
   }
 
@@ -336,7 +355,7 @@ class PipelineSchedule {
   int stage_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
-  std::vector<std::shared_ptr<CommWork>> act_sent_, grad_sent_;
+  std::vector<std::shared_ptr<CommWork>> act_sent_, grad_sent_, act_received_, grad_received_;
 };
 
 // Who writes what of a checkpoint: TP shards by TP rank, written by DP rank 0 (the replicas hold
