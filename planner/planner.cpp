@@ -483,7 +483,8 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
                                " has no bf16 tensor cores: predicted with its fp16 peak; the "
                                "worker's bf16 path needs Ampere (sm_80) or newer.");
   }
-  if (widened && (c.pp > 1 || c.distributed_optimizer))
+  if (widened && (c.pp > 1 || c.distributed_optimizer)) {
+    const std::string refused = api::not_yet_executable(plan);
     plan.explanation.push_back(
         "No plan without pipeline stages or a distributed optimizer fits these nodes: " +
         std::string(c.pp > 1 ? std::to_string(c.pp) + " stages of " +
@@ -493,8 +494,9 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
         (c.distributed_optimizer ? ", optimizer state sharded over the " + std::to_string(c.dp) +
                                        " data-parallel ranks (ZeRO-1)"
                                  : std::string()) +
-        ". The workers of this version refuse such a plan (pipelines and the distributed "
-        "optimizer are planned, not yet executed).");
+        (refused.empty() ? ". The CPU workers run it (docs/WORKER.md)."
+                         : ". The workers of this version refuse such a plan: " + refused + "."));
+  }
   if (!hints.empty()) plan.explanation.push_back("Honoured from spec.parallelism: " + hints + ".");
   plan.plan_hash = api::compute_plan_hash(plan);
   return plan;
