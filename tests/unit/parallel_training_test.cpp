@@ -309,6 +309,12 @@ TEST(ParallelTraining, PipelineStagesEqualOneRank) {
   // Four stages of one layer each: two stages between the first and the last.
   expect_same_training("tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off",
                        kFourLayers);
+  // Fewer micro-batches than stages (m 2 < p 4): no steady state, every stage all warm-up.
+  api::Plan few = plan_for("tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off",
+                           kFourLayers);
+  few.config.micro_batch = 4;
+  few.config.grad_accum = 2;
+  expect_same_training(few, kFourLayers);
 }
 TEST(ParallelTraining, PipelineTensorAndDataParallelEqualOneRank) {
   const api::Plan plan =
