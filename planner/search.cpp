@@ -299,7 +299,14 @@ struct Searcher {
                     c.distributed_optimizer = false;
                   }
                   // Offload plans a stage's units; with a pipeline it is not planned (yet).
-                  if (pp == 1) offload_variants(c);
+                  if (pp == 1)
+                    offload_variants(c);
+                  else if (!contains_mode(OffloadMode::kNone))
+                    note(Stage::kOffload, [] {
+                      return std::string(
+                          "offload with pipeline stages is not planned yet (the workers run "
+                          "stages without offload): set offload: none, or pipelineParallel: 1");
+                    });
                 }
               }
             }

@@ -178,6 +178,16 @@ TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
             "stay inside a node)");
 }
 
+// Offload is not planned with pipeline stages (the workers run stages without it): a job forcing
+// both is told so, and what to change.
+TEST(Planner, PipelineStagesWithForcedOffloadSayWhatToChange) {
+  const std::string e = plan_error(
+      test::gpt_job("{preset: tiny}", "  parallelism: {pipelineParallel: 2, offload: optimizer}\n"),
+      test::cluster("cpu-local"));
+  EXPECT_NE(e.find("offload with pipeline stages is not planned yet"), std::string::npos) << e;
+  EXPECT_NE(e.find("set offload: none, or pipelineParallel: 1"), std::string::npos) << e;
+}
+
 // A forced dataParallel that no shape gives names why (a plan's ranks are whole nodes' GPUs) and
 // what would work: the tensorParallel that gives it, else the nearest degrees that fit.
 TEST(Planner, AForcedDataParallelThatFitsNoShapeSaysWhatWould) {
