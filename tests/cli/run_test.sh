@@ -7,7 +7,8 @@
 #  5. a job deleted by ttlSecondsAfterFinished: 0 as it succeeds still exits 0;
 #  6. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
 #     the latest checkpoint and succeeds;
-#  7. the tiny job in 2 pipeline stages (two ranks, 1F1B) succeeds with the one-rank run's loss.
+#  7. examples/jobs/tiny-pipeline.yaml (tiny in 2 stages: two ranks, 1F1B) succeeds with tiny's
+#     losses.
 set -u
 KT=$1
 DIR=$(mktemp -d)
@@ -131,9 +132,7 @@ else
 fi
 
 # 7. Pipeline stages through the same path: the same losses as the one-rank run of 1.
-sed 's/name: tiny$/name: tiny-pp/' examples/jobs/tiny.yaml > "$DIR/pp.yaml"
-printf '  parallelism:\n    pipelineParallel: 2\n' >> "$DIR/pp.yaml"
-"$KT" run "$DIR/pp.yaml" --workdir "$DIR/pp" > "$DIR/out" 2> "$DIR/err"
+"$KT" run examples/jobs/tiny-pipeline.yaml --workdir "$DIR/pp" > "$DIR/out" 2> "$DIR/err"
 rc=$?
 pp_summary=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
 one_summary=$(sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/' <<< "$summary")
