@@ -103,6 +103,20 @@ inline std::shared_ptr<CommWork> Communicator::recv_async(float*, size_t, int pe
               std::to_string(peer) + ")");
 }
 
+// Sums `n` doubles over `group` in place, through its float all-reduce: each as a float and the
+// float's remainder, so that the total keeps about 14 digits. At most 4 values.
+inline void allreduce_doubles(Communicator& group, double* values, size_t n) {
+  float parts[8];
+  KT_CHECK(n <= 4, "allreduce_doubles sums at most 4 values");
+  for (size_t i = 0; i < n; ++i) {
+    parts[2 * i] = static_cast<float>(values[i]);
+    parts[2 * i + 1] = static_cast<float>(values[i] - static_cast<double>(parts[2 * i]));
+  }
+  group.allreduce(parts, 2 * n);
+  for (size_t i = 0; i < n; ++i)
+    values[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+}
+
 // A group of one rank: every collective is the identity (TP = 1 or DP = 1).
 std::unique_ptr<Communicator> make_single_rank_communicator(const std::string& name);
 

@@ -53,10 +53,12 @@ void scatter(const Pieces& pieces, const float* block) {
   }
 }
 
-// Units updated on the device: all of them without offload, else the plan's first gpuUnits.
+// Units updated on the device: all of a rank's without offload (a pipeline stage holds L/pp
+// layers and the embeddings' unit), else the plan's first gpuUnits.
 int64_t device_units(const api::Plan& plan) {
-  return plan.config.offload == api::OffloadMode::kNone ? plan.model.layers + 1
-                                                        : plan.config.gpu_units;
+  return plan.config.offload == api::OffloadMode::kNone
+             ? plan.model.layers / std::max<int64_t>(1, plan.config.pp) + 1
+             : plan.config.gpu_units;
 }
 
 // MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
@@ -127,7 +129,7 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   const int64_t L = model.config().layers;
   const auto mode = plan.config.offload;
   // (A pipeline stage, which runs without offload, holds fewer layers than the plan's model.)
-  const int64_t gpu_units = mode == api::OffloadMode::kNone ? L + 1 : device_units(plan);
+  const int64_t gpu_units = device_units(plan);
   KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpuUnits out of range");
   const bool window = mode == api::OffloadMode::kWindow;
   KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");
@@ -537,27 +539,36 @@ void OffloadEngine::embedding_grads_final() {
   if (micro_ + 1 != micro_batches_ || !unit0_used_) return;
   // Pipeline stages: the sum over the embedding group waits for finish_backward, because the
   // first stage is still computing the backward this stage's last input gradient feeds.
-  if (embedding_ && !unit0_deferred_) {
+  if (embedding_)
     unit0_deferred_ = true;
-    return;
-  }
-  unit0_deferred_ = false;
+  else
+    reduce_unit0();
+}
+
+void OffloadEngine::reduce_unit0() {
   std::vector<std::pair<float*, int64_t>> slices;
   const auto views = model_.gradient_views();
   for (int i = 0; i < kNumParamTensors; ++i)
     if (!kParams[static_cast<size_t>(i)].per_layer)
       slices.emplace_back(views[i].data, views[i].numel());
   // Pipeline stages: wte's gradient from the embedding (first stage) and from the LM head (last)
-  // summed, with wpe's (first only) and the final LayerNorm's (last only).
-  if (embedding_)
-    for (const auto& [data, count] : slices)
-      embedding_->allreduce(data, static_cast<size_t>(count));
+  // summed, with wpe's (first only) and the final LayerNorm's (last only), in one bucket.
+  if (embedding_) {
+    std::vector<float>& bucket = dp_buckets_[0];  // free: the DP sum below packs it anew
+    bucket.resize(static_cast<size_t>(units_[0].floats));
+    gather(bucket.data(), slices);
+    embedding_->allreduce(bucket.data(), bucket.size());
+    scatter(slices, bucket.data());
+  }
   auto dp_work = reduce(0, slices);
   if (units_[0].cpu) copy_grads_home(0, std::move(dp_work));
 }
 
 void OffloadEngine::finish_backward() {
-  if (unit0_deferred_) embedding_grads_final();
+  if (unit0_deferred_) {
+    unit0_deferred_ = false;
+    reduce_unit0();
+  }
   for (auto& work : reductions_) work->wait();
   reductions_.clear();
   const Clock::time_point start = Clock::now();
@@ -577,16 +588,7 @@ void OffloadEngine::sum_of_squares(double out[2]) const {
         out[model_.sharded(tensor) ? 0 : 1] +=
             k::sum_of_squares(shard_grads_.data() + shards_[u].offset + in_shard, n);
       });
-    // In floats, as the group sums: each double as a float and the float's remainder, so that
-    // the total keeps about 14 digits.
-    float parts[4];
-    for (int i = 0; i < 2; ++i) {
-      parts[2 * i] = static_cast<float>(out[i]);
-      parts[2 * i + 1] = static_cast<float>(out[i] - static_cast<double>(parts[2 * i]));
-    }
-    dp_->allreduce(parts, 4);
-    for (int i = 0; i < 2; ++i)
-      out[i] = static_cast<double>(parts[2 * i]) + static_cast<double>(parts[2 * i + 1]);
+    allreduce_doubles(*dp_, out, 2);
     return;
   }
   const float* device = model_.grads();

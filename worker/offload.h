@@ -185,6 +185,8 @@ class OffloadEngine final : public Gpt::UnitObserver {
   void wait_landed(int64_t unit, const char* pass);
   void copy_grads_home(int64_t unit, std::vector<std::shared_ptr<CommWork>> dp_work);
   void embedding_grads_final();  // grads_final(0)
+  // Unit 0's sums (over the embedding group, then DP) and its copy home, in the last micro-batch.
+  void reduce_unit0();
   // Starts the DP all-reduce of unit `u`'s `slices` (last micro-batch, DP > 1), packed into the
   // unit's bucket; the works, also kept to be waited for in finish_backward.
   std::vector<std::shared_ptr<CommWork>> reduce(

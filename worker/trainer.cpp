@@ -464,13 +464,7 @@ double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& gro
   float sharded = static_cast<float>(sharded_sum);
   if (groups.tp->size() > 1) groups.tp->allreduce(&sharded, 1);
   double total = static_cast<double>(sharded) + replicated_sum;
-  if (groups.pp && groups.pp->size() > 1) {
-    // As a float and the float's remainder, so that the sum keeps about 14 digits.
-    float parts[2] = {static_cast<float>(total), 0.0f};
-    parts[1] = static_cast<float>(total - static_cast<double>(parts[0]));
-    groups.pp->allreduce(parts, 2);
-    total = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
-  }
+  if (groups.pp && groups.pp->size() > 1) allreduce_doubles(*groups.pp, &total, 1);
   return std::sqrt(total);
 }
 
