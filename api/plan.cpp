@@ -1,5 +1,6 @@
 #include "api/plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -64,6 +65,17 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
   pipeline.integer("layersPerStage");
   pipeline.finish();
   c.distributed_optimizer = r.boolean("distributedOptimizer").value_or(false);
+  ObjectReader cut = r.object("cutpoint");
+  c.cut_layer = cut.integer("layer").value_or(0);
+  c.cut_tp = cut.integer("tp").value_or(0);
+  cut.integer("dp");
+  cut.finish();
+  if (c.cut_layer < 0 || c.cut_layer > ModelLimits::kLayers)
+    throw FieldError(cut.path_of("layer"), std::to_string(c.cut_layer) + " must be between 0 and " +
+                                               std::to_string(ModelLimits::kLayers));
+  if (c.cut_layer > 0 && (c.cut_tp < 1 || c.cut_tp > JobLimits::kParallel))
+    throw FieldError(cut.path_of("tp"), std::to_string(c.cut_tp) + " must be between 1 and " +
+                                            std::to_string(JobLimits::kParallel));
   return c;
 }
 
@@ -90,11 +102,23 @@ std::string not_yet_executable(const Plan& plan) {
            " data-parallel ranks with offload window, and the workers run the distributed "
            "optimizer without offload or with offload optimizer only so far (set "
            "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
+  if (c.cut_layer > 0 && plan.device != DeviceKind::kCpu)
+    return "it changes the tensor-parallel degree from " + std::to_string(c.tp) + " to " +
+           std::to_string(c.cut_tp) + " at layer " + std::to_string(c.cut_layer) +
+           " (Oases' cutpoint), and the CUDA workers do not run cutpoints yet (the CPU workers "
+           "do; set spec.parallelism.cutpoint: off)";
+  if (c.cut_layer > 0 && (c.offload != OffloadMode::kNone || c.distributed_optimizer))
+    return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
+           " (Oases' cutpoint) with " +
+           (c.distributed_optimizer ? std::string("the distributed optimizer")
+                                    : "offload " + std::string(to_string(c.offload))) +
+           ", and the workers run cutpoints without either so far (set "
+           "spec.parallelism.cutpoint: off)";
   return "";
 }
 
 Json to_json(const ParallelConfig& c) {
-  return {{"nodes", c.nodes},
+  Json out = {{"nodes", c.nodes},
           {"procsPerNode", c.procs_per_node},
           {"tp", c.tp},
           {"dp", c.dp},
@@ -107,6 +131,8 @@ Json to_json(const ParallelConfig& c) {
           {"offload", std::string(to_string(c.offload))},
           {"gpuUnits", c.gpu_units},
           {"window", c.window}};
+  if (c.cut_layer > 0) out["cutpoint"] = {{"layer", c.cut_layer}, {"tp", c.cut_tp}};
+  return out;
 }
 
 namespace {
@@ -230,6 +256,8 @@ static Json executed_part(const Plan& plan) {
   // Only where used, so that the plans made before these existed keep their hash.
   if (c.pp > 1) out["pipeline"] = {{"stages", c.pp}, {"layersPerStage", m.layers / c.pp}};
   if (c.distributed_optimizer) out["distributedOptimizer"] = true;
+  if (c.cut_layer > 0)
+    out["cutpoint"] = {{"layer", c.cut_layer}, {"tp", c.cut_tp}, {"dp", plan.world / c.cut_tp}};
   return out;
 }
 
@@ -263,6 +291,34 @@ Json to_json(const Plan& plan) {
   out["explanation"] = plan.explanation;
   out["planHash"] = plan.plan_hash;
   return out;
+}
+
+// A cutpoint's layer inside the model, its TP degree dividing the world, and the two TP groups
+// nested (the smaller divides the larger), so that the activations re-shard between whole
+// groups; the micro-batch splits evenly where the TP group narrows.
+static void check_cutpoint(const Plan& plan) {
+  const auto& c = plan.config;
+  if (c.cut_layer >= plan.model.layers)
+    throw FieldError("plan.cutpoint.layer", std::to_string(c.cut_layer) +
+                                                " must be inside the model's " +
+                                                std::to_string(plan.model.layers) + " layers");
+  if (c.pp > 1)
+    throw FieldError("plan.cutpoint", "a cutpoint with " + std::to_string(c.pp) +
+                                          " pipeline stages: the cutpoint splits one stage only");
+  const int64_t lo = std::min(c.tp, c.cut_tp), hi = std::max(c.tp, c.cut_tp);
+  if (c.cut_tp == c.tp)
+    throw FieldError("plan.cutpoint.tp", std::to_string(c.cut_tp) +
+                                             " is the TP degree before the cut (tp) already");
+  if (plan.world % c.cut_tp || hi % lo)
+    throw FieldError("plan.cutpoint.tp",
+                     std::to_string(c.cut_tp) + " must divide the world (" +
+                         std::to_string(plan.world) + ") and divide or be a multiple of tp " +
+                         std::to_string(c.tp));
+  if (c.cut_tp < c.tp && (c.micro_batch * c.cut_tp) % c.tp)
+    throw FieldError("plan.cutpoint.tp",
+                     "the micro-batch (" + std::to_string(c.micro_batch) +
+                         ") does not split over the " + std::to_string(c.tp / c.cut_tp) +
+                         " TP groups of " + std::to_string(c.cut_tp) + " after the cut");
 }
 
 Plan decode_plan(const Json& doc) {
@@ -371,6 +427,7 @@ Plan decode_plan(const Json& doc) {
   if (plan.model.layers % pc.pp)
     throw FieldError("plan.pipeline.stages", std::to_string(pc.pp) + " does not divide the " +
                                                  std::to_string(plan.model.layers) + " layers");
+  if (pc.cut_layer > 0) check_cutpoint(plan);
   if (!plan.plan_hash.empty() && plan.plan_hash != compute_plan_hash(plan))
     throw FieldError("plan.planHash", "\"" + plan.plan_hash +
                                           "\" does not match the plan's content (edited by hand?)");

@@ -33,6 +33,13 @@ struct ParallelConfig {
   // weights and AdamW moments sharded over the DP group; gradients reduce-scattered, updated
   // parameters all-gathered.
   bool distributed_optimizer = false;
+  // Oases' cutpoint (Li et al. 2023, §4): layers [cut_layer, L) run at tensor-parallel degree
+  // cut_tp (data-parallel world / cut_tp) instead of tp (dp), on the same ranks; the activations
+  // are re-sharded at the cut (all-gathered over the ranks whose samples the wider TP group
+  // joins, or sliced where the TP group narrows). micro_batch is the layers before the cut's;
+  // after it each rank computes micro_batch · cut_tp / tp sequences. cut_layer 0: one TP degree.
+  int64_t cut_layer = 0;
+  int64_t cut_tp = 0;
   int64_t micro_batch = 1;     // sequences per micro-batch per DP rank
   int64_t grad_accum = 1;      // micro-batches per step
   int64_t sub_batches = 1;     // 2: the Oases overlapped schedule

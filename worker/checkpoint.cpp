@@ -771,7 +771,7 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
 
 std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
                             const CheckpointTensors& tensors, int keep, const ShardedSave& save) {
-  if (save.shard_count == 1 && save.writes && save.leader && !save.barrier)
+  if (save.shard_count == 1 && save.writes && save.more.empty() && save.leader && !save.barrier)
     return save_checkpoint(root, meta, tensors, keep);
   if (keep < 1) throw Error("checkpoint keep must be at least 1, got " + std::to_string(keep));
   if (!save.barrier) throw Error("a sharded checkpoint needs a barrier over the job's ranks");
@@ -779,9 +779,6 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
   // Deterministic (no pid): every rank must find the same directory.
   const std::string tmp = root + "/" + kTmpPrefix + name + "-sharded";
   const std::string final_dir = root + "/" + name;
-  char shard_name[64], info_name[64];
-  std::snprintf(shard_name, sizeof shard_name, "rank-%05d.safetensors", save.shard_index);
-  std::snprintf(info_name, sizeof info_name, "rank-%05d.json", save.shard_index);
   std::error_code ec;
   // This rank's first failure; the later phases are skipped, the barriers are not.
   std::exception_ptr failure;
@@ -801,11 +798,18 @@ std::string save_checkpoint(const std::string& root, const CheckpointMeta& meta,
     sync_dir(root);
   });
   save.barrier();  // the directory exists
-  if (save.writes) phase([&] {
-    const WrittenFile shard = write_shard(tmp + "/" + shard_name, named_views(tensors));
-    const Json info = {{"bytes", shard.bytes}, {"checksum", shard.sha256}};
-    write_file_synced(tmp + "/" + info_name, info.dump() + "\n");
-  });
+  auto write = [&](int index, const CheckpointTensors& part) {
+    phase([&] {
+      char shard_name[64], info_name[64];
+      std::snprintf(shard_name, sizeof shard_name, "rank-%05d.safetensors", index);
+      std::snprintf(info_name, sizeof info_name, "rank-%05d.json", index);
+      const WrittenFile shard = write_shard(tmp + "/" + shard_name, named_views(part));
+      const Json info = {{"bytes", shard.bytes}, {"checksum", shard.sha256}};
+      write_file_synced(tmp + "/" + info_name, info.dump() + "\n");
+    });
+  };
+  if (save.writes) write(save.shard_index, tensors);
+  for (const auto& [index, part] : save.more) write(index, part);
   save.barrier();  // every shard is on disk
   if (save.leader) phase([&] {
     Json files = Json::object();

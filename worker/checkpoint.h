@@ -68,6 +68,9 @@ struct ShardedSave {
   int shard_index = 0;
   int shard_count = 1;
   bool writes = true;  // false on DP replicas: their slices are already written
+  // Further shards this rank writes, by index (a cutpoint's layers after the cut, whose TP
+  // ranks and DP replicas are not the ones before it).
+  std::vector<std::pair<int, CheckpointTensors>> more;
   bool leader = true;
   std::function<void()> barrier;  // over all ranks of the job
   // Over all ranks of the job: true when every rank passed true (also a barrier). Optional.

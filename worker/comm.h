@@ -138,12 +138,30 @@ struct RendezvousConfig {
 // group rank = stage, for the activations and gradients between stages); and, with stages, the
 // embedding group (the first and the last stage's rank at w, which sum the tied wte's gradient),
 // null on the other stages and without stages. tp · dp · pp must equal world_size.
+//
+// With a cutpoint (api::ParallelConfig::cut_layer; no stages), the layers after the cut have
+// groups of their own over the same ranks: tp2 (consecutive runs of cut_tp ranks), dp2 (the
+// ranks with the same rank % cut_tp), and the cut group, over which the activations re-shard:
+// with n = min(tp, cut_tp) and m = max(tp, cut_tp), the ranks of one run of m with the same
+// rank % n (group rank (rank % m) / n), whose samples the wider TP group joins. Null without one.
 struct ProcessGroups {
   std::unique_ptr<Communicator> world, tp, dp, pp, embedding;
+  std::unique_ptr<Communicator> tp2, dp2, cut;
 };
+// The cutpoint's groups of `rank` as (group key, rank in the group, size): tp2, dp2, cut. Keys
+// name the group among the job's (equal keys: the same group).
+struct GroupPlace {
+  std::string key;
+  int rank = 0, size = 1;
+};
+struct CutpointPlaces {
+  GroupPlace tp2, dp2, cut;
+};
+CutpointPlaces cutpoint_places(int rank, int world, int tp, int cut_tp);
 // Connects to the others (rank 0 also hosts the store). Throws kt::Error with a clear message
 // on a timeout (naming MASTER_ADDR:MASTER_PORT and the missing ranks), a port in use, or a
-// world-size mismatch between ranks.
-ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp = 1);
+// world-size mismatch between ranks. cut_tp > 0: also the cutpoint's groups.
+ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp = 1,
+                                     int cut_tp = 0);
 
 }  // namespace kt::worker

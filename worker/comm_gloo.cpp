@@ -456,7 +456,7 @@ std::shared_ptr<gloo::Context> connect_group(const std::string& name, int rank, 
 }
 
 // Everything after the store exists: the world-size check, then one Gloo context per group.
-ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int pp,
+ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int pp, int cut_tp,
                              const std::shared_ptr<Rendezvous>& shared) {
   const int world = config.world_size;
   ProcessGroups groups;
@@ -524,6 +524,19 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int
   auto world_context =
       connect_group("world", config.rank, world, world_store, shared->device, config.timeout);
   std::shared_ptr<gloo::Context> tp_context, dp_context, pp_context, embedding_context;
+  // The cutpoint's groups (comm.h), each under its key's prefix.
+  std::shared_ptr<gloo::Context> cut_contexts[3];
+  const char* cut_names[3] = {"tp2", "dp2", "cut"};
+  if (cut_tp > 0) {
+    const CutpointPlaces places = cutpoint_places(config.rank, world, tp, cut_tp);
+    const GroupPlace* each[3] = {&places.tp2, &places.dp2, &places.cut};
+    for (int i = 0; i < 3; ++i) {
+      if (each[i]->size == 1) continue;
+      gloo::rendezvous::PrefixStore store(each[i]->key, job_store);
+      cut_contexts[i] = connect_group(cut_names[i], each[i]->rank, each[i]->size, store,
+                                      shared->device, config.timeout);
+    }
+  }
   if (tp > 1)
     tp_context = connect_group("tp", place % tp, tp, tp_store, shared->device, config.timeout);
   if (dp > 1)
@@ -558,10 +571,30 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int
   if (embedding_context)
     groups.embedding =
         std::make_unique<GlooCommunicator>("embedding", embedding_context, config.timeout, shared);
+  if (cut_tp > 0) {
+    std::unique_ptr<Communicator>* slots[3] = {&groups.tp2, &groups.dp2, &groups.cut};
+    for (int i = 0; i < 3; ++i)
+      *slots[i] = cut_contexts[i] ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+                                        cut_names[i], cut_contexts[i], config.timeout, shared))
+                                  : make_single_rank_communicator(cut_names[i]);
+  }
   return groups;
 }
 
 }  // namespace
+
+CutpointPlaces cutpoint_places(int rank, int world, int tp, int cut_tp) {
+  KT_CHECK(tp >= 1 && cut_tp >= 1 && world % tp == 0 && world % cut_tp == 0 &&
+               std::max(tp, cut_tp) % std::min(tp, cut_tp) == 0,
+           "a cutpoint's TP degrees must divide the world and nest");
+  const int lo = std::min(tp, cut_tp), hi = std::max(tp, cut_tp);
+  CutpointPlaces p;
+  p.tp2 = {"tp2/" + std::to_string(rank / cut_tp), rank % cut_tp, cut_tp};
+  p.dp2 = {"dp2/" + std::to_string(rank % cut_tp), rank / cut_tp, world / cut_tp};
+  p.cut = {"cut/" + std::to_string(rank / hi) + "/" + std::to_string(rank % lo), (rank % hi) / lo,
+           hi / lo};
+  return p;
+}
 
 std::unique_ptr<Communicator> make_single_rank_communicator(const std::string& name) {
   return std::make_unique<SingleRankCommunicator>(name);
@@ -598,7 +631,8 @@ RendezvousConfig RendezvousConfig::from_env() {
   return config;
 }
 
-ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp) {
+ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp,
+                                     int cut_tp) {
   const int world = config.world_size;
   if (tp < 1 || dp < 1 || pp < 1 || int64_t{tp} * dp * pp != world) {
     throw Error("tp " + std::to_string(tp) + " × dp " + std::to_string(dp) + " × pp " +
@@ -614,8 +648,16 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
     groups.tp = make_single_rank_communicator("tp");
     groups.dp = make_single_rank_communicator("dp");
     groups.pp = make_single_rank_communicator("pp");
+    if (cut_tp > 0)
+      for (auto [slot, name] : {std::pair{&groups.tp2, "tp2"}, {&groups.dp2, "dp2"},
+                                {&groups.cut, "cut"}})
+        *slot = make_single_rank_communicator(name);
     return groups;
   }
+  if (cut_tp > 0 && (pp > 1 || world % cut_tp || std::max(tp, cut_tp) % std::min(tp, cut_tp)))
+    throw Error("a cutpoint at TP " + std::to_string(cut_tp) + " after TP " + std::to_string(tp) +
+                " needs one pipeline stage and TP degrees that divide WORLD_SIZE=" +
+                std::to_string(world) + " and each other");
   // A peer that dies mid-send must give us an error, not kill this process (TOOLCHAIN.md §4.3).
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -624,7 +666,7 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
     shared->server = std::make_unique<TcpStoreServer>(config.master_port);
   }
   try {
-    return connect_groups(config, tp, dp, pp, shared);
+    return connect_groups(config, tp, dp, pp, cut_tp, shared);
   } catch (const Error&) {
     // Rank 0 hosts the store: keep it up a moment so that the others read the reason (an abort
     // message, or their own timeout) instead of "lost the store".

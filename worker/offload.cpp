@@ -53,12 +53,12 @@ void scatter(const Pieces& pieces, const float* block) {
   }
 }
 
-// Units updated on the device: all of a rank's without offload (a pipeline stage holds L/pp
-// layers and the embeddings' unit), else the plan's first gpuUnits.
-int64_t device_units(const api::Plan& plan) {
-  return plan.config.offload == api::OffloadMode::kNone
-             ? plan.model.layers / std::max<int64_t>(1, plan.config.pp) + 1
-             : plan.config.gpu_units;
+// Units updated on the device: all of the model's without offload (a pipeline stage or a
+// cutpoint's segment holds some of the layers and the embeddings' unit), else the plan's first
+// gpuUnits.
+int64_t device_units(const api::Plan& plan, const Gpt& model) {
+  return plan.config.offload == api::OffloadMode::kNone ? model.config().layers + 1
+                                                        : plan.config.gpu_units;
 }
 
 // MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
@@ -129,7 +129,7 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   const int64_t L = model.config().layers;
   const auto mode = plan.config.offload;
   // (A pipeline stage, which runs without offload, holds fewer layers than the plan's model.)
-  const int64_t gpu_units = device_units(plan);
+  const int64_t gpu_units = device_units(plan, model);
   KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpuUnits out of range");
   const bool window = mode == api::OffloadMode::kWindow;
   KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");
@@ -536,7 +536,7 @@ void OffloadEngine::grads_final(int64_t u) {
 void OffloadEngine::embedding_grads_final() {
   // The tensors that are not per layer: the embeddings (wte also takes the LM head's gradient)
   // and the final LayerNorm; summed and copied after the last micro-batch only.
-  if (micro_ + 1 != micro_batches_ || !unit0_used_) return;
+  if (micro_ + 1 != micro_batches_ || !unit0_used_ || unit0_elsewhere_) return;
   // Pipeline stages: the sum over the embedding group waits for finish_backward, because the
   // first stage is still computing the backward this stage's last input gradient feeds.
   if (embedding_)

@@ -112,6 +112,15 @@ class OffloadEngine final : public Gpt::UnitObserver {
     unit0_used_ = unit0_used;
   }
 
+  // A cutpoint's segments (worker/cutpoint.h): the tensors that are not per layer are summed by
+  // the caller — over every rank, in both segments' TP layouts at once — after finish_backward;
+  // the engine neither sums them over DP nor waits for them. Without offload or the distributed
+  // optimizer only (api::not_yet_executable).
+  void reduce_unit0_elsewhere() {
+    KT_CHECK(!zero_ && !units_[0].cpu, "unit 0 is summed elsewhere only on the device, unsharded");
+    unit0_elsewhere_ = true;
+  }
+
   // After the model's parameters were initialised or loaded: take the master copies and leave
   // only the window's first W streamed layers on the device.
   void start();
@@ -218,6 +227,7 @@ class OffloadEngine final : public Gpt::UnitObserver {
   Communicator* embedding_ = nullptr;  // set_pipeline
   bool norm_counts_unit0_ = true, unit0_used_ = true;
   bool unit0_deferred_ = false;  // embedding_grads_final waits for finish_backward
+  bool unit0_elsewhere_ = false;  // reduce_unit0_elsewhere
   OffloadOptions options_;
   std::vector<std::shared_ptr<CommWork>> reductions_;  // this step's DP sums in flight
   // Per unit, the packed gradients its DP sum runs on: kept across steps (a step's sums are all

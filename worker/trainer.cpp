@@ -18,6 +18,7 @@
 #include "api/training_job.h"
 #include "kernels/ops.h"
 #include "worker/checkpoint.h"
+#include "worker/cutpoint.h"
 #include "worker/llmc_file.h"
 #include "worker/data.h"
 #include "worker/device.h"
@@ -113,15 +114,24 @@ struct Restored {
 };
 
 // Where training starts: the latest checkpoint in options.checkpoint_dir (loaded into `tensors`,
-// then `loaded()`), else an llm.c file (into tensors.params, then `loaded()`), else `init()`.
+// and `more` where given, then `loaded()`), else an llm.c file (into tensors.params, then
+// `loaded()`), else `init()`.
 Restored restore_or_init_weights(const api::Plan& plan, const TrainOptions& options,
                                 const CheckpointTensors& tensors, DataSource& data,
                                 const std::function<void(const std::string&)>& log,
                                 const std::function<void()>& loaded,
-                                const std::function<void()>& init) {
+                                const std::function<void()>& init,
+                                const CheckpointTensors* more) {
   std::optional<CheckpointMeta> resumed;
   if (!options.checkpoint_dir.empty())
     resumed = load_latest_checkpoint(options.checkpoint_dir, tensors);
+  if (resumed && more) {  // a cutpoint's second segment, from the same checkpoint
+    const auto also = load_latest_checkpoint(options.checkpoint_dir, *more);
+    if (!also || also->step != resumed->step)
+      throw Error("checkpoint directory " + options.checkpoint_dir + " changed while resuming " +
+                  "from step " + std::to_string(resumed->step));
+    resumed->resharded += also->resharded;
+  }
   if (resumed) {
     if (!resumed->plan_hash.empty() && resumed->plan_hash != plan.plan_hash)
       log("note: the checkpoint was written under plan " + resumed->plan_hash + ", this is " +
@@ -149,12 +159,15 @@ Restored restore_or_init_weights(const api::Plan& plan, const TrainOptions& opti
   return {};
 }
 
-// The same, then options.on_start.
+// The same, then options.on_start. `more`: the second segment of a cutpoint, loaded from the
+// same checkpoint.
 Restored restore_or_init(const api::Plan& plan, const TrainOptions& options,
                          const CheckpointTensors& tensors, DataSource& data,
                          const std::function<void(const std::string&)>& log,
-                         const std::function<void()>& loaded, const std::function<void()>& init) {
-  const Restored start = restore_or_init_weights(plan, options, tensors, data, log, loaded, init);
+                         const std::function<void()>& loaded, const std::function<void()>& init,
+                         const CheckpointTensors* more = nullptr) {
+  const Restored start =
+      restore_or_init_weights(plan, options, tensors, data, log, loaded, init, more);
   if (options.on_start) options.on_start({start.step, data.loss_floor()});
   return start;
 }
@@ -234,6 +247,11 @@ ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
   KT_CHECK(groups.tp->size() == plan.config.tp && groups.dp->size() == plan.config.dp &&
                groups.pp->size() == plan.config.pp,
            "process groups do not match the plan");
+  KT_CHECK(plan.config.cut_layer == 0 ||
+               (groups.tp2 && groups.dp2 && groups.cut &&
+                groups.tp2->size() == plan.config.cut_tp &&
+                groups.dp2->size() * plan.config.cut_tp == plan.world),
+           "a cutpoint needs its process groups (tp2, dp2, cut)");
   KT_CHECK(plan.config.pp == 1 ||
                (groups.pp->rank() > 0 && groups.pp->rank() + 1 < plan.config.pp) ||
                groups.embedding,
@@ -366,6 +384,8 @@ ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
   sharding.shard_index = groups.pp->rank() * static_cast<int>(plan.config.tp) + groups.tp->rank();
   sharding.shard_count = static_cast<int>(plan.config.tp * plan.config.pp);
   sharding.writes = groups.dp->rank() == 0;
+  if (plan.config.cut_layer > 0)  // after the TP ranks before the cut, those after it
+    sharding.shard_count = static_cast<int>(plan.config.tp + plan.config.cut_tp);
   sharding.leader = groups.world->rank() == 0;
   if (plan.world > 1) {
     sharding.barrier = [&groups] { groups.world->barrier(); };
@@ -448,22 +468,30 @@ bool stop_after_step(const api::Plan& plan, ProcessGroups& groups, int64_t step,
   return true;
 }
 
-// The step's loss: this rank's mean, averaged over the DP group.
-double dp_mean_loss(double loss, ProcessGroups& groups) {
-  const int dp = groups.dp->size();
+// The step's loss: this rank's mean, averaged over the DP group (with a cutpoint: of the layers
+// after it, which compute the loss).
+double dp_mean_loss(double loss, Communicator& dp_group) {
+  const int dp = dp_group.size();
   if (dp == 1) return loss;
   float step_loss = static_cast<float>(loss);
-  groups.dp->allreduce(&step_loss, 1);
+  dp_group.allreduce(&step_loss, 1);
   return step_loss / dp;
 }
 
 // The global gradient norm from this rank's Σ g²: the TP-sharded tensors' summed over the TP
 // group, the replicated ones once; then over the pipeline stages (each counts its layers, the
-// first stage the tensors that are not per layer).
-double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& groups) {
-  float sharded = static_cast<float>(sharded_sum);
-  if (groups.tp->size() > 1) groups.tp->allreduce(&sharded, 1);
-  double total = static_cast<double>(sharded) + replicated_sum;
+// first stage the tensors that are not per layer). `after_cut`: a cutpoint's second segment's
+// sums (sharded, replicated; its layers only).
+double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& groups,
+                   const double* after_cut = nullptr) {
+  float sharded[2] = {static_cast<float>(sharded_sum), 0.0f};
+  if (groups.tp->size() > 1) groups.tp->allreduce(sharded, 1);
+  double total = static_cast<double>(sharded[0]) + replicated_sum;
+  if (after_cut) {  // the second segment's sums, over its own TP group
+    sharded[1] = static_cast<float>(after_cut[0]);
+    if (groups.tp2->size() > 1) groups.tp2->allreduce(sharded + 1, 1);
+    total += static_cast<double>(sharded[1]) + after_cut[1];
+  }
   if (groups.pp && groups.pp->size() > 1) allreduce_doubles(*groups.pp, &total, 1);
   return std::sqrt(total);
 }
@@ -471,7 +499,8 @@ double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& gro
 // The communication totals of the rank's groups of more than one rank.
 std::map<std::string, CommStats> comm_totals(ProcessGroups& groups) {
   std::map<std::string, CommStats> totals;
-  for (Communicator* group : {groups.tp.get(), groups.dp.get(), groups.pp.get()})
+  for (Communicator* group : {groups.tp.get(), groups.dp.get(), groups.pp.get(), groups.tp2.get(),
+                              groups.dp2.get(), groups.cut.get()})
     if (group && group->size() > 1) totals[group->name()] = group->stats();
   return totals;
 }
@@ -653,7 +682,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       model.train_micro_step(inputs.data(), targets.data(),
                              1.0f / static_cast<float>(accum * dp), micro == accum - 1);
     }
-    const double loss = dp_mean_loss(model.mean_loss(), groups);
+    const double loss = dp_mean_loss(model.mean_loss(), *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);
@@ -848,6 +877,22 @@ void check_executable(const api::Plan& plan) {
            std::to_string(plan.config.grad_accum) + " ≠ global " +
            std::to_string(plan.global_batch));
   const int64_t L = plan.model.layers;
+  if (c.cut_layer > 0) {  // Oases' cutpoint (worker/cutpoint.h)
+    const int64_t lo = std::min(c.tp, c.cut_tp), hi = std::max(c.tp, c.cut_tp);
+    const int64_t after_batch = c.micro_batch * c.cut_tp / std::max<int64_t>(1, c.tp);
+    if (c.pp != 1 || c.cut_layer >= L || c.cut_tp < 1 || c.cut_tp == c.tp || hi % lo ||
+        plan.world % c.cut_tp || plan.model.heads % c.cut_tp ||
+        after_batch * c.tp != c.micro_batch * c.cut_tp)
+      refuse("cutpoint at layer " + std::to_string(c.cut_layer) + " to TP " +
+             std::to_string(c.cut_tp) + " after TP " + std::to_string(c.tp) +
+             ": it needs one pipeline stage, a layer inside the model's " + std::to_string(L) +
+             ", a TP degree other than tp that nests with it and divides the world (" +
+             std::to_string(plan.world) + ") and the heads (" +
+             std::to_string(plan.model.heads) + "), and a micro-batch that splits");
+    if (c.sub_batches == 2 && after_batch % 2 != 0)
+      refuse("overlap needs an even micro-batch after the cutpoint too (" +
+             std::to_string(after_batch) + ")");
+  }
   if (plan.config.offload != api::OffloadMode::kNone &&
       (plan.config.gpu_units < 0 || plan.config.gpu_units > L + 1))
     refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
@@ -944,12 +989,20 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
   const api::Precision precision = cpu_precision(plan, log);
-  const PipelineStage stage = pipeline_stage(plan, groups.pp->rank());
+  // Oases' cutpoint (worker/cutpoint.h): layers [0, cut) here, the rest in `after` (its own TP
+  // and DP groups), built as the two stages of a pipeline on this rank.
+  const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
+  PipelineStage stage = pipeline_stage(plan, groups.pp->rank());
   GptConfig config = GptConfig::from(plan.model);
   config.layers /= pp;
+  if (cut > 0) {
+    config.layers = cut;
+    stage.last = false;
+  }
+  const int sub_batches = static_cast<int>(plan.config.sub_batches);
   Gpt model(config, B, T, device,
-            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr},
-            static_cast<int>(plan.config.sub_batches), plan.config.recompute, precision, stage);
+            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr}, sub_batches,
+            plan.config.recompute, precision, stage);
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
@@ -958,15 +1011,50 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   // counts the tensors that are not per layer in the gradient norm; the stages between leave
   // their copy alone.
   engine.set_pipeline(groups.embedding.get(), stage.first, stage.first || stage.last);
+  std::optional<CutpointReshard> reshard;
+  std::unique_ptr<Gpt> after;
+  std::unique_ptr<OffloadEngine> after_engine;
+  if (cut > 0) {
+    const int cut_tp = static_cast<int>(plan.config.cut_tp);
+    reshard.emplace(*groups.cut, tp, cut_tp, B, T, plan.model.hidden);
+    GptConfig after_config = GptConfig::from(plan.model);
+    after_config.layers = L - cut;
+    after = std::make_unique<Gpt>(
+        after_config, reshard->batch_after(), T, device,
+        TensorParallel{groups.tp2->rank(), cut_tp, cut_tp > 1 ? groups.tp2.get() : nullptr},
+        sub_batches, plan.config.recompute, precision,
+        PipelineStage{cut, L, /*first=*/false, /*last=*/true, /*in_flight=*/1});
+    after_engine =
+        std::make_unique<OffloadEngine>(plan, *after, groups.dp2.get(), offload_options);
+    // Unit 0 is summed over the world in both layouts at once (sum_unit0_over_world), counted
+    // in the norm by the first segment.
+    engine.reduce_unit0_elsewhere();
+    after_engine->reduce_unit0_elsewhere();
+    after_engine->set_pipeline(nullptr, false, true);
+  }
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
+  // The second segment's tensors: its layers, and to load, also its copy of unit 0 (in its TP
+  // layout); the first segment writes unit 0.
+  auto after_views = [&](bool with_unit0) {
+    return CheckpointTensors{stage_views(after->parameter_views(), with_unit0),
+                             stage_views(after_engine->adam_m_views(), with_unit0),
+                             stage_views(after_engine->adam_v_views(), with_unit0)};
+  };
+  const std::optional<CheckpointTensors> after_tensors =
+      after ? std::optional(after_views(true)) : std::nullopt;
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
       plan, options, ckpt_tensors, *data, log, [] {},
-      [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
+      [&] {
+        model.init_weights(static_cast<uint64_t>(t.seed));
+        if (after) after->init_weights(static_cast<uint64_t>(t.seed));
+      },
+      after_tensors ? &*after_tensors : nullptr);
   const int64_t start_step = restored.step;
   engine.start();
+  if (after_engine) after_engine->start();
   if (options.on_memory) {
     for (const auto& space : {device, Device::host()}) {
       std::map<std::string, double> bytes;
@@ -993,8 +1081,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (options.checkpoint_dir.empty()) return;
     save_or_report(steps_done, options, result, log, [&] {
       const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
-      const ShardedSave sharding = sharded_save(plan, groups);
       std::string dir;
+      ShardedSave sharding = sharded_save(plan, groups);
+      if (after && groups.dp2->rank() == 0)
+        sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
+                                   after_views(false));
       engine.with_all_parameters([&] {
         // The moments' views now: the distributed optimizer gathers them for the call. A stage
         // after the first writes its layers only.
@@ -1009,6 +1100,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   };
 
   model.unit_observer = &engine;
+  if (after) after->unit_observer = after_engine.get();
+  std::vector<float> unit0_sums;  // sum_unit0_over_world's buffer
   std::optional<PipelineSchedule> pipeline;
   if (pp > 1) pipeline.emplace(model, engine, *groups.pp, B, T);
   for (int64_t step = start_step; step < t.steps; ++step) {
@@ -1019,6 +1112,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     const double exposed_transfer_before = engine.exposed_transfer_seconds();
     if (options.on_timeline) engine.clear_timeline();
     model.zero_grad();
+    if (after) after->zero_grad();
     double loss = 0;
     if (pipeline) {  // the last stage has the loss
       float last_loss = static_cast<float>(pipeline->step(feeder, accum, 1.0f / (accum * dp)));
@@ -1033,21 +1127,34 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       // the backward of the layers below) and copies the CPU-updated units' home; the streamed
       // layers' every micro-batch.
       engine.begin_micro_batch(micro, accum);
+      if (after) {  // the loss is the second segment's, over its DP group
+        after_engine->begin_micro_batch(micro, accum);
+        loss += reshard->micro_step(model, *after, inputs.data(), targets.data(),
+                                    1.0f / static_cast<float>(accum * groups.dp2->size())) /
+                accum;
+        continue;
+      }
       loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
     }
+    if (after) after_engine->finish_backward();
     engine.finish_backward();
-    loss = dp_mean_loss(loss, groups);
+    if (after) sum_unit0_over_world(model, *after, *groups.world, unit0_sums);
+    loss = dp_mean_loss(loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
-    double sums[2];
+    double sums[2], after_sums[2];
     engine.sum_of_squares(sums);
-    const double norm = global_norm(sums[0], sums[1], groups);
+    if (after) after_engine->sum_of_squares(after_sums);
+    const double norm = global_norm(sums[0], sums[1], groups, after ? after_sums : nullptr);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     engine.update(adam, static_cast<float>(t.weight_decay));
+    if (after) after_engine->update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
     check_finite(loss, step);
 
-    StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
-                               model.flops_per_micro_step() * accum, peak);
+    const double flops =
+        (model.flops_per_micro_step() + (after ? after->flops_per_micro_step() : 0.0)) * accum;
+    StepReport r =
+        step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
     r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = engine.h2d_bytes() - h2d_before;
     r.d2h_bytes = engine.d2h_bytes() - d2h_before;
@@ -1066,9 +1173,16 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   }
   feeder.synchronize();
   model.unit_observer = nullptr;
+  if (after) after->unit_observer = nullptr;
   if (options.on_finish) {
-    engine.with_all_parameters(
-        [&] { options.on_finish(stage_views(params, stage.first || stage.last)); });
+    engine.with_all_parameters([&] {
+      std::vector<TensorView> views = stage_views(params, stage.first || stage.last);
+      if (after) {  // and the layers after the cut (each view names its slice)
+        const auto more = stage_views(after->parameter_views(), false);
+        views.insert(views.end(), more.begin(), more.end());
+      }
+      options.on_finish(views);
+    });
   }
   return result;
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -69,6 +70,16 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
     emb_groups.push_back(std::make_unique<test::ThreadGroup>(2));
   }
   test::ThreadGroup world_group(world);
+  // A cutpoint's groups, by key (worker::cutpoint_places).
+  const int cut_tp = static_cast<int>(plan.config.cut_tp);
+  std::map<std::string, std::unique_ptr<test::ThreadGroup>> cut_groups;
+  if (plan.config.cut_layer > 0)
+    for (int r = 0; r < world; ++r) {
+      const auto places = worker::cutpoint_places(r, world, tp, cut_tp);
+      for (const auto* place : {&places.tp2, &places.dp2, &places.cut})
+        if (!cut_groups.count(place->key))
+          cut_groups[place->key] = std::make_unique<test::ThreadGroup>(place->size);
+    }
   std::vector<worker::TrainResult> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
@@ -81,6 +92,12 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
       groups.pp = pp_groups[place]->member(stage, "pp");
       if (pp > 1 && (stage == 0 || stage == pp - 1))
         groups.embedding = emb_groups[place]->member(stage == 0 ? 0 : 1, "embedding");
+      if (plan.config.cut_layer > 0) {
+        const auto places = worker::cutpoint_places(r, world, tp, cut_tp);
+        groups.tp2 = cut_groups.at(places.tp2.key)->member(places.tp2.rank, "tp2");
+        groups.dp2 = cut_groups.at(places.dp2.key)->member(places.dp2.rank, "dp2");
+        groups.cut = cut_groups.at(places.cut.key)->member(places.cut.rank, "cut");
+      }
       worker::TrainOptions options;
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
@@ -351,6 +368,56 @@ TEST(ParallelTraining, PipelineCheckpointsResumeAtAnyLayout) {
   expect_resharded_resume("tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off",
                           "tensorParallel: 2, dataParallel: 1, pipelineParallel: 2, overlap: off",
                           kFourLayers);
+}
+// Oases' cutpoint: the layers after the cut at another TP degree (so another DP degree) on the
+// same ranks, the activations re-sharded at the cut and the tied embedding summed in both TP
+// layouts, train as one rank does.
+api::Plan with_cutpoint(const std::string& parallelism, int64_t layer, int64_t cut_tp,
+                        const std::string& model = kFourLayers, int cores = 4) {
+  api::Plan plan = plan_for(parallelism, model, "fp32", 6, cores);
+  plan.config.cut_layer = layer;
+  plan.config.cut_tp = cut_tp;
+  return plan;
+}
+TEST(ParallelTraining, CutpointEqualsOneRank) {
+  {  // TP widens at the cut: DP 2 → TP 2 (the two ranks' samples gathered at the cut)
+    SCOPED_TRACE("tp 1 x dp 2, then tp 2 from layer 2");
+    expect_same_training(with_cutpoint("tensorParallel: 1, dataParallel: 2, overlap: off", 2, 2),
+                         kFourLayers);
+  }
+  {  // TP narrows at the cut: TP 2 → DP 2 (each rank takes its half of the samples)
+    SCOPED_TRACE("tp 2, then tp 1 x dp 2 from layer 1");
+    expect_same_training(with_cutpoint("tensorParallel: 2, dataParallel: 1, overlap: off", 1, 1),
+                         kFourLayers);
+  }
+  {  // Four ranks, TP 2 × DP 2 → TP 4, with the Oases overlap on both sides and recompute
+    SCOPED_TRACE("tp 2 x dp 2 overlapped, then tp 4 from layer 3");
+    api::Plan plan = with_cutpoint(
+        "tensorParallel: 2, dataParallel: 2, overlap: on, recompute: commAware", 3, 4);
+    ASSERT_EQ(plan.world, 4);
+    expect_same_training(plan, kFourLayers);
+  }
+  {  // Four ranks, TP 4 → TP 1 × DP 4 on the tiny model (its two layers split 1 + 1)
+    SCOPED_TRACE("tp 4, then tp 1 x dp 4 from layer 1");
+    api::Plan plan = plan_for("tensorParallel: 4, dataParallel: 1, overlap: off", kTiny, "fp32",
+                              6, 4);
+    ASSERT_EQ(plan.world, 4);
+    plan.config.micro_batch = 8;  // 2 sequences per rank after the cut
+    plan.config.grad_accum = 1;
+    plan.config.cut_layer = 1;
+    plan.config.cut_tp = 1;
+    expect_same_training(plan, kTiny);
+  }
+}
+// A cutpoint's checkpoint holds the layers before the cut in their TP layout and those after in
+// theirs; it resumes at any layout, and any checkpoint resumes with a cutpoint.
+TEST(ParallelTraining, CutpointCheckpointsResumeAtAnyLayout) {
+  expect_resharded_resume(with_cutpoint("tensorParallel: 1, dataParallel: 2, overlap: off", 2, 2),
+                          plan_for("tensorParallel: 1, dataParallel: 1, overlap: off",
+                                   kFourLayers));
+  expect_resharded_resume(plan_for("tensorParallel: 2, dataParallel: 1, overlap: off",
+                                   kFourLayers),
+                          with_cutpoint("tensorParallel: 2, dataParallel: 1, overlap: off", 1, 1));
 }
 TEST(ParallelTraining, DistributedOptimizerEqualsOneRank) {
   const api::Plan dp2 =
