@@ -107,6 +107,9 @@ ParallelismSpec decode_parallelism(ObjectReader r) {
   p.data_parallel = r.integer_or_auto("dataParallel");
   p.pipeline_parallel = r.integer_or_auto("pipelineParallel");
   p.distributed_optimizer = read_on_off(r, "distributedOptimizer");
+  p.cutpoint = read_on_off(r, "cutpoint");
+  p.cutpoint_layer = r.integer_or_auto("cutpointLayer");
+  p.cutpoint_tensor_parallel = r.integer_or_auto("cutpointTensorParallel");
   p.overlap = read_on_off(r, "overlap");
   p.recompute = read_enum<Recompute>(r, "recompute", true);
   p.offload = read_enum<OffloadMode>(r, "offload", true);
@@ -409,6 +412,28 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   check_positive(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel);
   check_positive(errors, "spec.parallelism.offloadWindow", p.offload_window);
   check_at_most(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel, JL::kParallel);
+  check_positive(errors, "spec.parallelism.cutpointLayer", p.cutpoint_layer);
+  check_positive(errors, "spec.parallelism.cutpointTensorParallel", p.cutpoint_tensor_parallel);
+  check_at_most(errors, "spec.parallelism.cutpointTensorParallel", p.cutpoint_tensor_parallel,
+                JL::kParallel);
+  if (dims && p.cutpoint_layer && *p.cutpoint_layer >= dims->layers)
+    errors.emplace_back("spec.parallelism.cutpointLayer",
+                        std::to_string(*p.cutpoint_layer) + " is not inside the model's " +
+                            std::to_string(dims->layers) +
+                            " layers (the layers from it on change TP: 1 .. " +
+                            std::to_string(dims->layers - 1) + ")");
+  if (dims && p.cutpoint_tensor_parallel && *p.cutpoint_tensor_parallel > 0 &&
+      dims->heads % *p.cutpoint_tensor_parallel != 0)
+    errors.emplace_back("spec.parallelism.cutpointTensorParallel",
+                        std::to_string(*p.cutpoint_tensor_parallel) + " does not divide heads " +
+                            std::to_string(dims->heads));
+  if (p.cutpoint && !*p.cutpoint && (p.cutpoint_layer || p.cutpoint_tensor_parallel))
+    errors.emplace_back("spec.parallelism.cutpoint",
+                        "is off, but cutpointLayer or cutpointTensorParallel asks for one");
+  if (p.cutpoint_layer && p.pipeline_parallel && *p.pipeline_parallel > 1)
+    errors.emplace_back("spec.parallelism.cutpointLayer",
+                        "a cutpoint with pipelineParallel " + std::to_string(*p.pipeline_parallel) +
+                            ": cutpoints are planned without pipeline stages");
   if (dims && p.pipeline_parallel && *p.pipeline_parallel > 0 &&
       dims->layers % *p.pipeline_parallel != 0)
     errors.emplace_back("spec.parallelism.pipelineParallel",
@@ -561,6 +586,9 @@ Json to_json(const TrainingJobSpec& s) {
   put_auto(par, "pipelineParallel", p.pipeline_parallel);
   if (p.distributed_optimizer)
     par["distributedOptimizer"] = *p.distributed_optimizer ? "on" : "off";
+  if (p.cutpoint) par["cutpoint"] = *p.cutpoint ? "on" : "off";
+  put_auto(par, "cutpointLayer", p.cutpoint_layer);
+  put_auto(par, "cutpointTensorParallel", p.cutpoint_tensor_parallel);
   par["overlap"] = p.overlap ? (*p.overlap ? "on" : "off") : "auto";
   if (p.autotune) par["autotune"] = *p.autotune ? "on" : "off";
   put_enum_auto(par, "recompute", p.recompute);

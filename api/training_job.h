@@ -102,6 +102,12 @@ struct ParallelismSpec {
   // phase times into the node kind's figures and switches to a plan they predict >= 10% faster
   // when the rest of the run repays the restart. Unset (auto): on.
   std::optional<bool> autotune;
+  // Oases' cutpoint: the layers from cutpoint_layer on at TP cutpoint_tensor_parallel. on: the
+  // search tries every cutpoint; off: none; unset (auto): only where nothing without fits.
+  // Either number forces that value (and means on).
+  std::optional<bool> cutpoint;
+  std::optional<int64_t> cutpoint_layer;
+  std::optional<int64_t> cutpoint_tensor_parallel;
 };
 
 struct CheckpointSpec {

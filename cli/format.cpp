@@ -32,12 +32,15 @@ std::string grouped(double v) {
 }
 
 std::string config_cell(const api::ParallelConfig& c) {
-  std::string s = std::to_string(c.nodes) + "×" + std::to_string(c.procs_per_node) + " tp" +
-                  std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") + " dp" +
-                  std::to_string(c.dp) + (c.distributed_optimizer ? " zero1" : "") + " mb" +
-                  std::to_string(c.micro_batch) + "×" + std::to_string(c.grad_accum) +
-                  (c.sub_batches == 2 ? " overlap" : "") +
-                  " rc:" + std::string(api::to_string(c.recompute));
+  std::string s =
+      std::to_string(c.nodes) + "×" + std::to_string(c.procs_per_node) + " tp" +
+      std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") + " dp" +
+      std::to_string(c.dp) +
+      (c.cut_layer > 0 ? " cut@" + std::to_string(c.cut_layer) + ":tp" + std::to_string(c.cut_tp)
+                       : "") +
+      (c.distributed_optimizer ? " zero1" : "") + " mb" + std::to_string(c.micro_batch) + "×" +
+      std::to_string(c.grad_accum) + (c.sub_batches == 2 ? " overlap" : "") +
+      " rc:" + std::string(api::to_string(c.recompute));
   if (c.offload == api::OffloadMode::kOptimizer) s += " off:opt";
   if (c.offload == api::OffloadMode::kWindow) s += " off:win" + std::to_string(c.window);
   return s;
@@ -65,6 +68,10 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
   out << "  parallelism  TP " << c.tp;
   if (c.pp > 1) out << " × PP " << c.pp << " (" << m.layers / c.pp << " layers per stage, 1F1B)";
   out << " × DP " << c.dp;
+  if (c.cut_layer > 0)
+    out << " for layers 0-" << c.cut_layer - 1 << ", TP " << c.cut_tp << " × DP "
+        << plan.world / c.cut_tp << " for layers " << c.cut_layer << "-" << m.layers - 1
+        << " (Oases' cutpoint)";
   if (c.distributed_optimizer) out << ", distributed optimizer (ZeRO-1)";
   out << ", overlap " << (c.sub_batches == 2 ? "on (2 sub-batches)" : "off") << ", recompute "
       << api::to_string(c.recompute) << "\n";

@@ -250,7 +250,133 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
 }
 
 Evaluation evaluate(const Problem& p, const ParallelConfig& c) {
+  if (c.cut_layer > 0) {
+    const CutpointSegments s = cutpoint_segments(p, c);
+    return join_cutpoint(p, c, evaluate(s.first, s.first_config),
+                         evaluate(s.second, s.second_config));
+  }
   return evaluate(p, c, time_micro_batch(p, c));
+}
+
+CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c) {
+  KT_CHECK(c.cut_layer > 0 && c.cut_layer < p.model.layers && c.cut_tp > 0 && c.pp == 1,
+           "a cutpoint inside the model, without stages");
+  CutpointSegments s;
+  s.first = s.second = p;
+  s.first.model.layers = c.cut_layer;
+  s.second.model.layers = p.model.layers - c.cut_layer;
+  s.first_config = c;
+  s.first_config.cut_layer = s.first_config.cut_tp = 0;
+  s.first_config.gpu_units = s.first.model.layers + 1;
+  s.second_config = s.first_config;
+  s.second_config.tp = c.cut_tp;
+  s.second_config.dp = c.nodes * c.procs_per_node / c.cut_tp;
+  s.second_config.micro_batch = c.micro_batch * c.cut_tp / c.tp;
+  s.second_config.gpu_units = s.second.model.layers + 1;
+  return s;
+}
+
+Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evaluation& first,
+                         const Evaluation& second) {
+  const auto& m = p.model;
+  const auto& hw = p.hw;
+  const CutpointSegments s = cutpoint_segments(p, c);
+  const ParallelConfig& c1 = s.first_config;
+  const ParallelConfig& c2 = s.second_config;
+  const double bpe = bytes_per_element(p.precision);
+  const double sh = static_cast<double>(m.seq_len) * m.hidden;
+  const double b1 = static_cast<double>(c1.micro_batch), b2 = static_cast<double>(c2.micro_batch);
+  const double world = static_cast<double>(c.nodes * c.procs_per_node);
+  Evaluation ev = second;  // capacities: the same ranks
+  auto& mem = ev.predicted.memory;
+  const auto& m1 = first.predicted.memory;
+  mem.params += m1.params;
+  mem.optimizer += m1.optimizer;
+  // The world sum's buffer: the embeddings' unit unsharded, fp32.
+  const double unit0 = static_cast<double>(m.padded_vocab()) * m.hidden + sh + 2.0 * m.hidden;
+  mem.grads += m1.grads + unit0 * 4;
+  // The first segment allocates no logits; the cut keeps each side's activations and their
+  // gradients (fp32) for the re-shard.
+  mem.activations +=
+      m1.activations -
+      b1 * m.seq_len * static_cast<double>(m.padded_vocab()) / static_cast<double>(c1.tp) * 4 +
+      2 * (b1 + b2) * sh * 4;
+  ev.predicted.host_bytes_per_node += first.predicted.host_bytes_per_node;
+  ev.device_ratio = mem.total() / ev.predicted.device_capacity_bytes;
+  const double host_needed =
+      ev.predicted.host_bytes_per_node + (p.cpu_device ? mem.total() * c.procs_per_node : 0);
+  ev.host_ratio = host_needed / ev.predicted.host_capacity_bytes;
+  ev.fits = p.ignore_memory || (ev.device_ratio <= 1.0 && ev.host_ratio <= 1.0);
+  if (first.predicted.step_seconds <= 0 || second.predicted.step_seconds <= 0) {
+    ev.predicted.step_seconds = ev.predicted.tokens_per_second = ev.predicted.mfu = 0;
+    ev.predicted.time = {};
+    return ev;
+  }
+
+  // ---- time: the two segments' steps, less what neither runs, plus the joints ----
+  const double accum = static_cast<double>(c.grad_accum);
+  const double lm_head = accum * 3 * logits_forward_flops(m, b1, c1.tp) /
+                         rank_flops_per_second(s.first, c1);  // the first runs none
+  const double emb_allreduce =  // nor the second its embedding's TP all-reduce
+      c2.tp > 1 ? accum *
+                      allreduce_seconds(b2 * sh * bpe, c2.tp, hw.intra_allreduce_busbw,
+                                        hw.allreduce_latency) *
+                      hw.tp_comm_scale
+                : 0.0;
+  // Each segment's DP sum of the embeddings' unit, replaced by one sum over the world of the
+  // unsharded tensors (both layouts at once).
+  auto dp_busbw = [&](const ParallelConfig& x) {
+    const bool across = x.nodes > 1 && x.tp * x.dp > x.procs_per_node;
+    return across ? std::min(hw.intra_allreduce_busbw,
+                             hw.inter_node_bandwidth / static_cast<double>(x.tp))
+                  : hw.intra_allreduce_busbw;
+  };
+  auto unit0_dp = [&](const ParallelConfig& x) {
+    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * bpe, x.dp, dp_busbw(x),
+                                        hw.allreduce_latency) *
+                          hw.dp_comm_scale
+                    : 0.0;
+  };
+  const double world_busbw =
+      c.nodes > 1 ? std::min(hw.intra_allreduce_busbw,
+                             hw.inter_node_bandwidth / static_cast<double>(c.procs_per_node))
+                  : hw.intra_allreduce_busbw;
+  const double world_sum = allreduce_seconds(unit0 * bpe, c.nodes * c.procs_per_node, world_busbw,
+                                             hw.allreduce_latency) *
+                           hw.dp_comm_scale;
+  // The re-shard: an all-gather (half a ring all-reduce) of the wider side's activations over
+  // the cut group, inside a node, once per micro-batch (forward or backward).
+  const int64_t group = std::max(c1.tp, c2.tp) / std::min(c1.tp, c2.tp);
+  const double reshard = accum *
+                         allreduce_seconds(std::max(b1, b2) * sh * bpe, group,
+                                           hw.intra_allreduce_busbw, hw.allreduce_latency) /
+                         2;
+  const double dp_saved = unit0_dp(c1) + unit0_dp(c2);
+  auto& pred = ev.predicted;
+  pred.step_seconds = first.predicted.step_seconds + second.predicted.step_seconds - lm_head -
+                      emb_allreduce - dp_saved + world_sum + reshard;
+  auto& t = pred.time;
+  const auto& t1 = first.predicted.time;
+  const auto& t2 = second.predicted.time;
+  t.compute = t1.compute + t2.compute - lm_head;
+  t.tp_comm_total = t1.tp_comm_total + t2.tp_comm_total - emb_allreduce;
+  t.tp_comm_exposed = std::max(0.0, t1.tp_comm_exposed + t2.tp_comm_exposed - emb_allreduce);
+  t.dp_comm_total = t1.dp_comm_total + t2.dp_comm_total - dp_saved + world_sum + reshard;
+  t.dp_comm_exposed =
+      std::max(0.0, t1.dp_comm_exposed + t2.dp_comm_exposed - dp_saved + world_sum + reshard);
+  t.transfer_total = t1.transfer_total + t2.transfer_total;
+  t.transfer_exposed = t1.transfer_exposed + t2.transfer_exposed;
+  t.optimizer_gpu = t1.optimizer_gpu + t2.optimizer_gpu;
+  t.optimizer_cpu_total = t1.optimizer_cpu_total + t2.optimizer_cpu_total;
+  t.optimizer_cpu_exposed = t1.optimizer_cpu_exposed + t2.optimizer_cpu_exposed;
+  pred.pcie_bytes_per_step =
+      first.predicted.pcie_bytes_per_step + second.predicted.pcie_bytes_per_step;
+  pred.tokens_per_second = static_cast<double>(p.global_batch) * m.seq_len / pred.step_seconds;
+  const double peak =
+      (p.precision == api::Precision::kBf16 ? hw.peak_bf16_flops : hw.peak_fp32_flops) *
+      (p.cpu_device ? cpu_threads_per_rank(p, c) : 1.0);
+  pred.mfu = pred.tokens_per_second * model_flops_per_token(m) / (world * peak);
+  return ev;
 }
 
 namespace {
@@ -295,6 +421,11 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
 
 Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
+  if (c.cut_layer > 0) {
+    const CutpointSegments s = cutpoint_segments(p, c);
+    return join_cutpoint(p, c, evaluate_memory(s.first, s.first_config),
+                         evaluate_memory(s.second, s.second_config));
+  }
   const auto& m = p.model;
   const Shape sh = shape_of(p, c);
   const int64_t L = sh.L;
@@ -361,6 +492,7 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
 
 Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& timing) {
   using api::OffloadMode;
+  if (c.cut_layer > 0) return evaluate(p, c);  // its segments' own timings
   const auto& m = p.model;
   const auto& hw = p.hw;
   const Shape sh = shape_of(p, c);

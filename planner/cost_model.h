@@ -89,6 +89,22 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c);
 // Memory only (O(1)): device and host bytes, capacities, ratios and `fits`; no times.
 Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c);
 
+// Oases' cutpoint (c.cut_layer > 0; Li et al. 2023 §4): evaluated as its two segments, each a
+// model of its own layers on the same ranks (the first at c.tp, DP c.dp, micro-batch b; the
+// second at c.cut_tp, DP world/c.cut_tp, micro-batch b·cut_tp/tp), and joined: the first
+// segment runs no LM head, neither segment sums the embeddings' unit over its DP group —
+// the worker sums both layouts' copies over the whole world at once — and every micro-batch
+// re-shards its activations at the cut (an all-gather over the cut group). docs/PLANNER.md §16.
+struct CutpointSegments {
+  Problem first, second;
+  ParallelConfig first_config, second_config;
+};
+CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c);
+// The cutpoint's prediction from its segments' evaluations (evaluate, or evaluate_memory for
+// the memory alone: then the times stay 0).
+Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evaluation& first,
+                         const Evaluation& second);
+
 // Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
 double rank_flops_per_second(const Problem& p, const ParallelConfig& c);
 // Host<->device bandwidth one rank gets per direction: its PCIe link, or its share of the node's

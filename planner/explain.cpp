@@ -22,6 +22,9 @@ std::string describe_config(const ParallelConfig& c) {
   std::string out =
       "TP " + std::to_string(c.tp) + (c.pp > 1 ? " × PP " + std::to_string(c.pp) : std::string()) +
       " × DP " + std::to_string(c.dp) +
+      (c.cut_layer > 0 ? " then TP " + std::to_string(c.cut_tp) + " from layer " +
+                             std::to_string(c.cut_layer) + " (cutpoint)"
+                       : std::string()) +
       (c.distributed_optimizer ? " (distributed optimizer)" : std::string()) + ", micro-batch " +
       std::to_string(c.micro_batch) + " × " + std::to_string(c.grad_accum) +
       " accumulation, overlap " + (c.sub_batches == 2 ? "on" : "off") + ", recompute " +

@@ -139,6 +139,11 @@ SearchSpace space_from_hints(const api::TrainingJob& job) {
   if (p.data_parallel) s.dp = {*p.data_parallel};
   if (p.pipeline_parallel) s.pp = {*p.pipeline_parallel};
   if (p.distributed_optimizer) s.distributed_optimizer = {*p.distributed_optimizer};
+  // A forced cutpoint layer or degree asks for plans with a cutpoint only.
+  s.cutpoints_only = p.cutpoint_layer.has_value() || p.cutpoint_tensor_parallel.has_value();
+  s.cutpoints = s.cutpoints_only || p.cutpoint.value_or(false);
+  s.cut_layer = p.cutpoint_layer.value_or(0);
+  s.cut_tp = p.cutpoint_tensor_parallel.value_or(0);
   if (r.gpus_per_node) s.procs_per_node = {*r.gpus_per_node};
   if (job.spec.training.micro_batch_size) s.micro_batch = {*job.spec.training.micro_batch_size};
   if (p.overlap) s.sub_batches = {*p.overlap ? int64_t{2} : int64_t{1}};
@@ -214,6 +219,10 @@ std::string hints_summary(const api::TrainingJob& job) {
   if (p.distributed_optimizer)
     parts.push_back(std::string("distributedOptimizer=") +
                     (*p.distributed_optimizer ? "on" : "off"));
+  if (p.cutpoint) parts.push_back(std::string("cutpoint=") + (*p.cutpoint ? "on" : "off"));
+  if (p.cutpoint_layer) parts.push_back("cutpointLayer=" + std::to_string(*p.cutpoint_layer));
+  if (p.cutpoint_tensor_parallel)
+    parts.push_back("cutpointTensorParallel=" + std::to_string(*p.cutpoint_tensor_parallel));
   if (p.overlap) parts.push_back(std::string("overlap=") + (*p.overlap ? "on" : "off"));
   if (p.recompute) parts.push_back("recompute=" + std::string(api::to_string(*p.recompute)));
   if (p.offload) parts.push_back("offload=" + std::string(api::to_string(*p.offload)));
@@ -329,12 +338,13 @@ std::vector<api::Alternative> baselines(const NodeGroup& g, int64_t max_nodes,
   return out;
 }
 
-// The space widened to pipelines (every stage count that divides the layers) and the
-// distributed optimizer, where the job left them to the planner.
+// The space widened to pipelines (every stage count that divides the layers), the
+// distributed optimizer and cutpoints, where the job left them to the planner.
 SearchSpace with_pipelines(const api::TrainingJob& job, SearchSpace space) {
   const auto& p = job.spec.parallelism;
   if (!p.pipeline_parallel) space.pp.clear();
   if (!p.distributed_optimizer) space.distributed_optimizer = {false, true};
+  if (!p.cutpoint) space.cutpoints = true;
   return space;
 }
 
@@ -352,8 +362,9 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   // Pipelines and the distributed optimizer only where nothing without them fits in memory:
   // the workers do not run them yet (docs/PLANNER.md §15), so a plan without them is always
   // preferred (and a hint no shape admits keeps its own error).
-  const bool can_widen =
-      !job.spec.parallelism.pipeline_parallel || !job.spec.parallelism.distributed_optimizer;
+  const bool can_widen = !job.spec.parallelism.pipeline_parallel ||
+                         !job.spec.parallelism.distributed_optimizer ||
+                         !job.spec.parallelism.cutpoint;
   bool widened = false;
   for (int tier = 0; tier < (can_widen ? 2 : 1) && !best; ++tier) {
     if (tier == 1) {
@@ -483,7 +494,7 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
                                " has no bf16 tensor cores: predicted with its fp16 peak; the "
                                "worker's bf16 path needs Ampere (sm_80) or newer.");
   }
-  if (widened && (c.pp > 1 || c.distributed_optimizer)) {
+  if (widened && (c.pp > 1 || c.distributed_optimizer) && c.cut_layer == 0) {
     const std::string refused = api::not_yet_executable(plan);
     plan.explanation.push_back(
         "No plan without pipeline stages or a distributed optimizer fits these nodes: " +
@@ -496,6 +507,21 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
                                  : std::string()) +
         (refused.empty() ? ". The CPU workers run it (docs/WORKER.md)."
                          : ". The workers of this version refuse such a plan: " + refused + "."));
+  }
+  if (c.cut_layer > 0) {
+    const int64_t d2 = plan.world / c.cut_tp;
+    plan.explanation.push_back(
+        "Oases' cutpoint: layers 0-" + std::to_string(c.cut_layer - 1) + " at TP " +
+        std::to_string(c.tp) + " × DP " + std::to_string(c.dp) + ", layers " +
+        std::to_string(c.cut_layer) + "-" + std::to_string(model.layers - 1) + " at TP " +
+        std::to_string(c.cut_tp) + " × DP " + std::to_string(d2) + " on the same ranks (" +
+        std::to_string(c.micro_batch * c.cut_tp / c.tp) +
+        " sequences per micro-batch after the cut); the activations re-shard at the cut and the "
+        "tied embedding's gradients are summed over all " +
+        std::to_string(plan.world) + " ranks in both layouts" +
+        (widened ? " (no plan without pipeline stages, a distributed optimizer or a cutpoint fits)"
+                 : "") +
+        ".");
   }
   if (!hints.empty()) plan.explanation.push_back("Honoured from spec.parallelism: " + hints + ".");
   plan.plan_hash = api::compute_plan_hash(plan);

@@ -29,7 +29,7 @@ std::vector<int64_t> divisors(int64_t n) {
 // Deterministic preference among equally fast plans: fewer ranks, less offload, less TP,
 // no overlap, less recompute, larger micro-batches.
 auto simplicity(const ParallelConfig& c) {
-  return std::make_tuple(c.nodes * c.procs_per_node, c.pp, c.distributed_optimizer,
+  return std::make_tuple(c.nodes * c.procs_per_node, c.pp, c.cut_layer > 0, c.distributed_optimizer,
                          static_cast<int>(c.offload), c.tp, c.sub_batches,
                          static_cast<int>(c.recompute), -c.micro_batch, -c.gpu_units, -c.window);
 }
@@ -45,7 +45,7 @@ struct Searcher {
   const Problem& problem;
   const SearchSpace& space;
   SearchResult result;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t>, MicroBatchTiming> timings;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t>, MicroBatchTiming> timings;
 
   // Memory first (O(1)); the timing simulation only for configurations that fit.
   void consider(const ParallelConfig& c) {
@@ -59,16 +59,51 @@ struct Searcher {
         result.nearest_miss = Candidate{c, memory};
       return;
     }
-    Candidate cand{c, evaluate(problem, c, timing(c))};
+    Candidate cand{c, c.cut_layer > 0 ? evaluate_cutpoint(c) : evaluate(problem, c, timing(c))};
     if (!result.best || better(cand, *result.best)) result.best = cand;
   }
 
-  const MicroBatchTiming& timing(const ParallelConfig& c) {
-    const auto key =
-        std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute), c.pp);
+  // A micro-batch's timing depends on the model only through its layers (a cutpoint's segments
+  // are models of some of them).
+  const MicroBatchTiming& timing(const ParallelConfig& c, const Problem* of = nullptr) {
+    const Problem& p = of ? *of : problem;
+    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
+                                     static_cast<int>(c.recompute), c.pp, p.model.layers);
     auto it = timings.find(key);
-    if (it == timings.end()) it = timings.emplace(key, time_micro_batch(problem, c)).first;
+    if (it == timings.end()) it = timings.emplace(key, time_micro_batch(p, c)).first;
     return it->second;
+  }
+
+  Evaluation evaluate_cutpoint(const ParallelConfig& c) {
+    const CutpointSegments s = cutpoint_segments(problem, c);
+    return join_cutpoint(problem, c,
+                         evaluate(s.first, s.first_config, timing(s.first_config, &s.first)),
+                         evaluate(s.second, s.second_config, timing(s.second_config, &s.second)));
+  }
+
+  // The cutpoints of an unsharded, offload-free plan without stages: every layer k in [1, L)
+  // and every other TP degree t₂ of `tps` that nests with c.tp, where the global batch splits
+  // over DP world/t₂ and the micro-batch over the TP groups after the cut.
+  void cutpoint_variants(ParallelConfig c, const std::vector<int64_t>& tps) {
+    const int64_t L = problem.model.layers, world = c.nodes * c.procs_per_node;
+    for (int64_t t2 : tps) {
+      if (t2 == c.tp || (space.cut_tp && t2 != space.cut_tp)) continue;
+      if (std::max(t2, c.tp) % std::min(t2, c.tp) || world % t2) continue;
+      const int64_t b2 = c.micro_batch * t2 / c.tp;
+      if (b2 * c.tp != c.micro_batch * t2 || (c.sub_batches == 2 && b2 % 2)) {
+        note(Stage::kMicroBatch, [&] {
+          return "a cutpoint to tensorParallel " + std::to_string(t2) + " needs a micro-batch (" +
+                 std::to_string(c.micro_batch) + ") that splits over its TP groups";
+        });
+        continue;
+      }
+      c.cut_tp = t2;
+      for (int64_t k = 1; k < L; ++k) {
+        if (space.cut_layer && k != space.cut_layer) continue;
+        c.cut_layer = k;
+        consider(c);
+      }
+    }
   }
 
   std::string fraction() const {
@@ -226,9 +261,10 @@ struct Searcher {
       for (int64_t g : procs) {
         if (g > slots || g < 1) continue;
         const int64_t world = n * g;
-        std::vector<int64_t> tps;
+        std::vector<int64_t> tps, cut_tps;  // (a cutpoint's second degree: any valid one)
         for (int64_t t : divisors(g)) {
           if (m.heads % t || m.ffn_hidden % t || m.padded_vocab() % t) continue;
+          cut_tps.push_back(t);
           if (!space.tp.empty() && !contains(space.tp, t)) continue;
           tps.push_back(t);
         }
@@ -294,12 +330,13 @@ struct Searcher {
                     for (bool zero : space.distributed_optimizer) {
                       if (zero && d == 1 && zero_optional) continue;  // nothing to shard
                       c.distributed_optimizer = zero && d > 1;
-                      consider(c);
+                      if (!space.cutpoints_only) consider(c);
                     }
                     c.distributed_optimizer = false;
+                    if (space.cutpoints && pp == 1 && zero_optional) cutpoint_variants(c, cut_tps);
                   }
                   // Offload plans a stage's units; with a pipeline it is not planned (yet).
-                  if (pp == 1)
+                  if (pp == 1 && !space.cutpoints_only)
                     offload_variants(c);
                   else if (!contains_mode(OffloadMode::kNone))
                     note(Stage::kOffload, [] {
@@ -394,6 +431,7 @@ struct Searcher {
 
 std::string kind_of(const ParallelConfig& c) {
   return "tp" + std::to_string(c.tp) + (c.pp > 1 ? "pp" + std::to_string(c.pp) : "") +
+         (c.cut_layer > 0 ? "cut" + std::to_string(c.cut_tp) : "") +
          (c.sub_batches == 2 ? "+overlap" : "") + "/" + std::string(api::to_string(c.recompute)) +
          (c.offload == api::OffloadMode::kNone ? "" : "/offload");
 }

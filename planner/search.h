@@ -24,6 +24,14 @@ struct SearchSpace {
   // them fits; planner.cpp). Empty pp: every valid count.
   std::vector<int64_t> pp{1};
   std::vector<bool> distributed_optimizer{false};
+  // Oases' cutpoints (the layers from cut_layer on at TP cut_tp): none by default (widened like
+  // pipelines where nothing else fits; planner.cpp); with `cutpoints`, every layer and every TP
+  // degree that nests with the plan's — or the forced cut_layer / cut_tp (0: any), and then
+  // only plans with a cutpoint. Planned without stages, offload or a distributed optimizer (what
+  // the workers run).
+  bool cutpoints = false;
+  bool cutpoints_only = false;
+  int64_t cut_layer = 0, cut_tp = 0;
   std::vector<int64_t> sub_batches{1, 2};
   std::vector<Recompute> recompute{Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
   std::vector<api::OffloadMode> offload{api::OffloadMode::kNone, api::OffloadMode::kOptimizer,

@@ -496,12 +496,16 @@ double global_norm(double sharded_sum, double replicated_sum, ProcessGroups& gro
   return std::sqrt(total);
 }
 
-// The communication totals of the rank's groups of more than one rank.
+// The communication totals of the rank's groups of more than one rank, by phase group.
 std::map<std::string, CommStats> comm_totals(ProcessGroups& groups) {
   std::map<std::string, CommStats> totals;
-  for (Communicator* group : {groups.tp.get(), groups.dp.get(), groups.pp.get(), groups.tp2.get(),
-                              groups.dp2.get(), groups.cut.get()})
+  for (Communicator* group : {groups.tp.get(), groups.dp.get(), groups.pp.get()})
     if (group && group->size() > 1) totals[group->name()] = group->stats();
+  // A cutpoint's groups count where the planner predicts them (its phases): the TP group after
+  // the cut as TP; the DP group after it and the re-shard at the cut as DP.
+  for (auto [group, phase] :
+       {std::pair{groups.tp2.get(), "tp"}, {groups.dp2.get(), "dp"}, {groups.cut.get(), "dp"}})
+    if (group && group->size() > 1) totals[phase] += group->stats();
   return totals;
 }
 

@@ -71,6 +71,9 @@ api::TrainingJobSpec full_spec() {
   s.resources.resources = {{"limits", {{"memory", "8Gi"}}}};
   s.parallelism = {2, 1,   2,   true, true, api::Recompute::kFull, api::OffloadMode::kWindow,
                    2, 0.5, 1e9, true};
+  s.parallelism.cutpoint = true;
+  s.parallelism.cutpoint_layer = 1;
+  s.parallelism.cutpoint_tensor_parallel = 2;
   s.checkpoint.volume = {{"emptyDir", Json::object()}};
   s.run_policy.active_deadline_seconds = 60;
   s.run_policy.ttl_seconds_after_finished = 60;

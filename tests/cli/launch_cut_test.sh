@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Oases' cutpoint over real processes and sockets (`kubetrain-worker launch`, Gloo): tiny with
+# layer 0 at TP 1 × DP 2 and layer 1 at TP 2 × DP 1 on the same two ranks (the activations
+# all-gathered at the cut, the tied embedding summed in both layouts over the world) ends at the
+# one-rank run's final loss; its step-30 checkpoint (a shard before the cut, two after it)
+# resumes as one rank to the same loss, and the one rank's checkpoint resumes with the cutpoint;
+# the launcher's /metrics counts the cutpoint's groups where the planner predicts them (the TP
+# group after the cut as "tp", the re-shard and the DP group after it as "dp"), promtool-clean.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
+KT=$1
+WORKER=$2
+DIR=$(mktemp -d)
+PID=
+trap '[[ -n $PID ]] && kill $PID 2>/dev/null; rm -rf "$DIR"' EXIT
+fail_context() { tail -20 "$DIR/log" "$DIR/log2" 2>/dev/null; }
+
+cat > "$DIR/job.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: tiny-cut}
+spec:
+  model: {preset: tiny}
+  training: {steps: 60, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.005, warmupSteps: 5, seed: 4}
+  parallelism: {tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}
+  checkpoint: {intervalSteps: 30}
+YAML
+cat > "$DIR/one.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: tiny-one}
+spec:
+  model: {preset: tiny}
+  training: {steps: 60, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.005, warmupSteps: 5, seed: 4}
+  parallelism: {tensorParallel: 1, dataParallel: 1}
+  checkpoint: {intervalSteps: 30}
+YAML
+for job in job one; do
+  "$KT" plan "$DIR/$job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/$job.json" ||
+    fail "planning $job.yaml"
+done
+python3 -c "
+import json, sys
+c = json.load(open('$DIR/job.json'))['cutpoint']
+sys.exit(not (c['layer'] == 1 and c['tp'] == 2 and c['dp'] == 1))" ||
+  fail "the plan has no cutpoint at layer 1 to TP 2"
+"$KT" plan "$DIR/job.yaml" --cluster examples/clusters/cpu-local.yaml > "$DIR/table" ||
+  fail "planning as a table"
+grep -q 'TP 2 × DP 1 for layers 1-1 (Oases. cutpoint)' "$DIR/table" ||
+  fail "the table does not show the cutpoint: $(grep parallelism "$DIR/table")"
+final() { sed -n 's/^\(\[rank 0\] \)\{0,1\}done: 60 steps, final loss \([0-9.]*\)$/\2/p' "$1"; }
+
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/ckpt" \
+  > "$DIR/log" 2>&1 || fail "the cutpoint launch failed"
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/one-ckpt" \
+  > "$DIR/one.log" 2>&1 || fail "the one-rank run failed"
+cut_final=$(final "$DIR/log")
+one_final=$(final "$DIR/one.log")
+[[ -n $one_final && $cut_final == "$one_final" ]] ||
+  fail "final losses differ: one rank '$one_final', cutpoint '$cut_final'"
+grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "rank 1 did not finish"
+for shard in 0 1 2; do
+  [[ -f $DIR/ckpt/step-00000030/rank-0000$shard.safetensors ]] ||
+    fail "no shard $shard (1 before the cut, 2 after): $(ls "$DIR/ckpt/step-00000030")"
+done
+
+# Cutpoint -> one rank, and one rank -> cutpoint, from step 30.
+for from in ckpt one-ckpt; do
+  rm -rf "$DIR/$from/step-00000060"
+  echo step-00000030 > "$DIR/$from/latest"
+done
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/ckpt" \
+  > "$DIR/resume1.log" 2>&1 || fail "one rank did not resume the cutpoint's checkpoint: $(tail -3 "$DIR/resume1.log")"
+grep -q 'resumed from step 30 .*tensors resharded' "$DIR/resume1.log" ||
+  fail "no resharded resume: $(head -5 "$DIR/resume1.log")"
+[[ $(final "$DIR/resume1.log") == "$one_final" ]] ||
+  fail "cutpoint -> one rank resumed to '$(final "$DIR/resume1.log")', not '$one_final'"
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/one-ckpt" \
+  > "$DIR/resume2.log" 2>&1 || fail "the cutpoint did not resume one rank's checkpoint: $(tail -3 "$DIR/resume2.log")"
+grep -q '\[rank 1\] resumed from step 30' "$DIR/resume2.log" || fail "rank 1 did not resume"
+[[ $(final "$DIR/resume2.log") == "$one_final" ]] ||
+  fail "one rank -> cutpoint resumed to '$(final "$DIR/resume2.log")', not '$one_final'"
+
+# The cutpoint's groups in the merged /metrics.
+sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
+"$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
+METRICS=$(free_port)
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/long.json" --metrics-port "$METRICS" \
+  > "$DIR/log2" 2>&1 &
+PID=$!
+for _ in $(seq 100); do grep -qs '\[rank 0\] step  *5/' "$DIR/log2" && break; sleep 0.1; done
+for _ in $(seq 50); do
+  get "http://127.0.0.1:$METRICS/metrics" > "$DIR/metrics" 2>/dev/null || true
+  grep -q 'kubetrain_worker_comm_seconds_total{.*rank="1".*group="tp"} [0-9]' "$DIR/metrics" && break
+  sleep 0.1
+done
+for r in 0 1; do
+  for group in tp dp; do  # the plan before the cut has no TP group
+    grep -q "^kubetrain_worker_comm_seconds_total{.*rank=\"$r\".*group=\"$group\"}" "$DIR/metrics" ||
+      fail "no $group comm metric of rank $r: $(grep comm_seconds "$DIR/metrics" | head -6)"
+  done
+done
+promtool check metrics < "$DIR/metrics" || fail "promtool rejected the merged /metrics"
+kill $PID
+wait $PID 2>/dev/null
+PID=
+echo "launch cut ok: final loss $one_final for 1 rank, the cutpoint and both resumes"
