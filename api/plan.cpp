@@ -314,7 +314,7 @@ static void check_cutpoint(const Plan& plan) {
                      std::to_string(c.cut_tp) + " must divide the world (" +
                          std::to_string(plan.world) + ") and divide or be a multiple of tp " +
                          std::to_string(c.tp));
-  if (c.cut_tp < c.tp && (c.micro_batch * c.cut_tp) % c.tp)
+  if (c.cut_tp < c.tp && c.micro_batch % (c.tp / c.cut_tp))
     throw FieldError("plan.cutpoint.tp",
                      "the micro-batch (" + std::to_string(c.micro_batch) +
                          ") does not split over the " + std::to_string(c.tp / c.cut_tp) +

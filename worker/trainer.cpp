@@ -829,6 +829,10 @@ void check_plan_values(const api::Plan& plan) {
   in_range("plan.pp", c.pp, int64_t{1} << 16);
   in_range("plan.batch.micro", c.micro_batch, int64_t{1} << 24);
   in_range("plan.batch.gradAccum", c.grad_accum, int64_t{1} << 24);
+  if (c.cut_layer != 0) {
+    in_range("plan.cutpoint.layer", c.cut_layer, m.layers - 1);
+    in_range("plan.cutpoint.tp", c.cut_tp, int64_t{1} << 16);
+  }
   at_least("plan.training.steps", plan.training.steps, 1);
   at_least("plan.checkpoint.intervalSteps", plan.checkpoint.interval_steps, 0);
   at_least("plan.checkpoint.keep", plan.checkpoint.keep, 1);
@@ -856,9 +860,10 @@ void check_plan_values(const api::Plan& plan) {
   for (const auto& [name, n] : {std::pair<const char*, int64_t>{"heads", m.heads},
                                 {"ffnHidden", m.ffn_hidden},
                                 {"paddedVocab", m.padded_vocab()}})
-    if (n % c.tp != 0)
-      throw FieldError("plan.tp", std::to_string(c.tp) + " does not divide the model's " + name +
-                                      " " + std::to_string(n));
+    for (auto [path, t] : {std::pair{"plan.tp", c.tp}, {"plan.cutpoint.tp", c.cut_tp}})
+      if (t > 0 && n % t != 0)
+        throw FieldError(path, std::to_string(t) + " does not divide the model's " + name + " " +
+                                   std::to_string(n));
   const RankFootprint footprint = rank_footprint(plan);
   if (!(footprint.bytes < 0x1p62))
     throw FieldError("plan.model", footprint.sizes + " need " + api::format_bytes(footprint.bytes) +
@@ -883,16 +888,17 @@ void check_executable(const api::Plan& plan) {
   const int64_t L = plan.model.layers;
   if (c.cut_layer > 0) {  // Oases' cutpoint (worker/cutpoint.h)
     const int64_t lo = std::min(c.tp, c.cut_tp), hi = std::max(c.tp, c.cut_tp);
-    const int64_t after_batch = c.micro_batch * c.cut_tp / std::max<int64_t>(1, c.tp);
     if (c.pp != 1 || c.cut_layer >= L || c.cut_tp < 1 || c.cut_tp == c.tp || hi % lo ||
         plan.world % c.cut_tp || plan.model.heads % c.cut_tp ||
-        after_batch * c.tp != c.micro_batch * c.cut_tp)
+        (c.cut_tp < c.tp && c.micro_batch % (c.tp / c.cut_tp)))
       refuse("cutpoint at layer " + std::to_string(c.cut_layer) + " to TP " +
              std::to_string(c.cut_tp) + " after TP " + std::to_string(c.tp) +
              ": it needs one pipeline stage, a layer inside the model's " + std::to_string(L) +
              ", a TP degree other than tp that nests with it and divides the world (" +
              std::to_string(plan.world) + ") and the heads (" +
              std::to_string(plan.model.heads) + "), and a micro-batch that splits");
+    // (check_plan_values bounded the micro-batch and the degrees: no overflow here)
+    const int64_t after_batch = c.micro_batch * c.cut_tp / c.tp;
     if (c.sub_batches == 2 && after_batch % 2 != 0)
       refuse("overlap needs an even micro-batch after the cutpoint too (" +
              std::to_string(after_batch) + ")");

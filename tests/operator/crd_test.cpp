@@ -69,11 +69,9 @@ api::TrainingJobSpec full_spec() {
   s.resources.affinity = {{"nodeAffinity", Json::object()}};
   s.resources.image = "worker:1";
   s.resources.resources = {{"limits", {{"memory", "8Gi"}}}};
-  s.parallelism = {2, 1,   2,   true, true, api::Recompute::kFull, api::OffloadMode::kWindow,
-                   2, 0.5, 1e9, true};
-  s.parallelism.cutpoint = true;
-  s.parallelism.cutpoint_layer = 1;
-  s.parallelism.cutpoint_tensor_parallel = 2;
+  s.parallelism = {
+      2,   1,    2,    true, true, api::Recompute::kFull, api::OffloadMode::kWindow, 2, 0.5,
+      1e9, true, true, 1,    2};
   s.checkpoint.volume = {{"emptyDir", Json::object()}};
   s.run_policy.active_deadline_seconds = 60;
   s.run_policy.ttl_seconds_after_finished = 60;

@@ -429,5 +429,55 @@ TEST(CostModel, TheDistributedOptimizerWithOffloadMovesAndUpdatesAShardPerRank) 
               2 * cpu_params * 16 / 2, 1e-3);  // 2 ranks per node, each half of 16 B/param
 }
 
+// Oases' cutpoint as its two segments joined: GPT 1.2B on 4 RTX 3090s, layers [0, k) at TP 1 ×
+// DP 4 (micro-batch 1), layers [k, 24) at TP 2 × DP 2 (micro-batch 2). Its compute is the first
+// segment's layers, the second's and one LM head (at the second's TP); each layer moved across
+// the cut moves its own memory; every prediction is a sum of non-negative phases.
+TEST(CostModel, ACutpointCostsItsTwoSegmentsJoined) {
+  const Problem p = problem_3090();
+  const ParallelConfig first = config(1, 1, 1, Recompute::kNone);   // DP 4, 16 accumulation
+  const ParallelConfig second = config(2, 2, 1, Recompute::kNone);  // DP 2, 16 accumulation
+  ASSERT_EQ(first.grad_accum, second.grad_accum);
+  const double accum = static_cast<double>(first.grad_accum);
+  const double L = static_cast<double>(p.model.layers);
+  const auto plain1 = planner::evaluate(p, first).predicted;
+  const auto plain2 = planner::evaluate(p, second).predicted;
+  auto lm_head = [&](const ParallelConfig& c) {
+    return accum * 3 * planner::logits_forward_flops(p.model, c.micro_batch, c.tp) /
+           planner::rank_flops_per_second(p, c);
+  };
+  const double layer1 = (plain1.time.compute - lm_head(first)) / L;
+  const double layer2 = (plain2.time.compute - lm_head(second)) / L;
+  double last_memory = 0;
+  for (int64_t k : {1, 6, 12, 23}) {
+    SCOPED_TRACE(k);
+    ParallelConfig cut = first;
+    cut.cut_layer = k;
+    cut.cut_tp = 2;
+    const auto e = planner::evaluate(p, cut).predicted;
+    EXPECT_NEAR(e.time.compute, k * layer1 + (L - k) * layer2 + lm_head(second),
+                1e-9 * e.time.compute);
+    for (const api::TimePhase& phase : api::kTimePhases)
+      EXPECT_GE(e.time.*phase.seconds, 0) << phase.name;
+    EXPECT_GT(e.step_seconds, 0);
+    // The memory figure of the join is exactly its segments' (no time needed).
+    const auto memory_only = planner::evaluate_memory(p, cut);
+    EXPECT_NEAR(memory_only.predicted.memory.total(), e.memory.total(), 1.0);
+    // TP 1 holds a layer in twice the bytes TP 2 does: memory grows with k.
+    EXPECT_GT(e.memory.total(), last_memory);
+    last_memory = e.memory.total();
+  }
+  // One layer across the cut moves exactly one layer's parameters, gradients and moments.
+  ParallelConfig a = first, b = first;
+  a.cut_layer = 6, b.cut_layer = 7;
+  a.cut_tp = b.cut_tp = 2;
+  const auto ma = planner::evaluate_memory(p, a).predicted.memory;
+  const auto mb = planner::evaluate_memory(p, b).predicted.memory;
+  const double moved =
+      planner::layer_unit_params(p.model, 1) - planner::layer_unit_params(p.model, 2);
+  EXPECT_NEAR(mb.params - ma.params, moved * 2, 1.0);  // 16-bit weights
+  EXPECT_NEAR(mb.grads - ma.grads, moved * 2, 1.0);
+}
+
 }  // namespace
 }  // namespace kt

@@ -380,10 +380,16 @@ api::Plan with_cutpoint(const std::string& parallelism, int64_t layer, int64_t c
   return plan;
 }
 TEST(ParallelTraining, CutpointEqualsOneRank) {
-  {  // TP widens at the cut: DP 2 → TP 2 (the two ranks' samples gathered at the cut)
+  {  // TP widens at the cut: DP 2 → TP 2 (the two ranks' samples gathered at the cut), as the
+     // planner plans it when asked
     SCOPED_TRACE("tp 1 x dp 2, then tp 2 from layer 2");
-    expect_same_training(with_cutpoint("tensorParallel: 1, dataParallel: 2, overlap: off", 2, 2),
-                         kFourLayers);
+    const api::Plan planned = plan_for(
+        "tensorParallel: 1, dataParallel: 2, overlap: off, cutpointLayer: 2, "
+        "cutpointTensorParallel: 2",
+        kFourLayers);
+    ASSERT_EQ(planned.config.cut_layer, 2);
+    ASSERT_EQ(planned.config.cut_tp, 2);
+    expect_same_training(planned, kFourLayers);
   }
   {  // TP narrows at the cut: TP 2 → DP 2 (each rank takes its half of the samples)
     SCOPED_TRACE("tp 2, then tp 1 x dp 2 from layer 1");

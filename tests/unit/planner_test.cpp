@@ -408,5 +408,56 @@ TEST(Planner, PipelinesOnlyWhereNothingElseFits_OrWhenAsked) {
   EXPECT_TRUE(asked.config.distributed_optimizer);
 }
 
+// Oases' cutpoint: GPT-7B on 4 × 8 H100s (examples/clusters/h100x32.yaml), global batch 512. With
+// `cutpoint: on` the search tries every layer and every other TP degree that nests, and finds a
+// model split between two degrees predicted faster than any single degree; unset, a plan that fits
+// without one has none; forced values are obeyed; the plan says it, and round-trips as the worker
+// reads it.
+TEST(Planner, CutpointsWhereAsked_SplitTheModelBetweenTwoTensorParallelDegrees) {
+  const auto inv = test::cluster("h100x32");
+  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 512), inv);
+  EXPECT_EQ(plain.config.cut_layer, 0);
+  EXPECT_FALSE(api::to_json(plain).contains("cutpoint"));
+  const api::Plan cut = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpoint: on}\n", 512), inv);
+  ASSERT_GT(cut.config.cut_layer, 0);
+  EXPECT_NE(cut.config.cut_tp, cut.config.tp);
+  EXPECT_LT(cut.predicted.step_seconds, plain.predicted.step_seconds);
+  bool explained = false;
+  for (const auto& line : cut.explanation)
+    explained |= line.find("Oases' cutpoint: layers 0-" + std::to_string(cut.config.cut_layer - 1) +
+                           " at TP " + std::to_string(cut.config.tp)) == 0;
+  EXPECT_TRUE(explained);
+  const api::Plan read = api::decode_plan(api::to_json(cut));  // checks the hash too
+  EXPECT_EQ(read.config.cut_layer, cut.config.cut_layer);
+  EXPECT_EQ(read.config.cut_tp, cut.config.cut_tp);
+  EXPECT_NE(api::not_yet_executable(cut).find("CUDA workers do not run cutpoints"),
+            std::string::npos);
+
+  const api::Plan forced = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}",
+                    "  parallelism: {cutpointLayer: 8, cutpointTensorParallel: 8}\n", 512),
+      inv);
+  EXPECT_EQ(forced.config.cut_layer, 8);
+  EXPECT_EQ(forced.config.cut_tp, 8);
+  const auto errors =
+      api::validate(test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpointLayer: 32}\n", 512));
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(std::string(errors[0].what())
+                .find("spec.parallelism.cutpointLayer: 32 is not inside the model's 32 layers"),
+            std::string::npos)
+      << errors[0].what();
+  // A plan edited to a cutpoint that cannot re-shard is refused where it is read.
+  api::Json doc = api::to_json(cut);
+  doc["cutpoint"]["tp"] = 3;
+  doc.erase("planHash");
+  try {
+    api::decode_plan(doc);
+    ADD_FAILURE() << "a cutpoint to TP 3 was accepted";
+  } catch (const FieldError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.cutpoint.tp"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kt
