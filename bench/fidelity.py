@@ -2,7 +2,7 @@
 """bench_fidelity: how well the planner predicts the step time of plans it did not choose.
 
 Forced plans of one small GPT (L 4, h 256, T 128, global batch 8) on this machine — TP 1/2, DP 1/2,
-PP 1/2, overlap on/off, recompute none/full/commAware, offload none/optimizer/window — and the planner's
+PP 1/2, a cutpoint (DP 2 then TP 2), overlap on/off, recompute none/full/commAware, offload none/optimizer/window — and the planner's
 own pick, each trained through `kubetrain-worker launch` for WARMUP + STEPS steps, ROUNDS times
 round robin. A plan's step time is the median over its rounds of the median of each run's last
 STEPS step times (steps.jsonl). Every plan is predicted three times: with
@@ -46,6 +46,9 @@ CONFIGS = [
     ("DP 2", "tensorParallel: 1, dataParallel: 2, recompute: none, offload: none"),
     ("PP 2 (1F1B)",
      "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, recompute: none, offload: none"),
+    ("cutpoint: DP 2, TP 2 from layer 2",
+     "tensorParallel: 1, dataParallel: 2, cutpointLayer: 2, cutpointTensorParallel: 2, "
+     "recompute: none, offload: none"),
 ]
 CLUSTER = "examples/clusters/cpu-local.yaml"
 # One GPU: the plans a single GPU runs (tensor and data parallelism need more than one).

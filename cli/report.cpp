@@ -274,6 +274,8 @@ RunRecords parse_steps_log(std::string_view text, const std::string& source) {
       s.dp = r.integer("dp", 1, 1 << 20);
       s.pp = r.integer_or("pp", 1, 1 << 16, 1);
       s.distributed_optimizer = r.flag_or("distributed_optimizer", false);
+      s.cut_layer = r.integer_or("cut_layer", 0, 1 << 16, 0);
+      s.cut_tp = r.integer_or("cut_tp", 0, 1 << 20, 0);
       s.recompute = r.text("recompute");
       s.offload = r.text("offload");
       s.precision = r.text("precision");
@@ -990,6 +992,9 @@ std::string header_table(const View& v, const ReportOptions& options) {
            "TP " + std::to_string(plan.tp) +
                (plan.pp > 1 ? " × PP " + std::to_string(plan.pp) + " (1F1B)" : "") + " × DP " +
                std::to_string(plan.dp) +
+               (plan.cut_layer > 0 ? ", TP " + std::to_string(plan.cut_tp) + " from layer " +
+                                         std::to_string(plan.cut_layer) + " (Oases' cutpoint)"
+                                   : "") +
                (plan.distributed_optimizer ? ", distributed optimizer (ZeRO-1)" : ""));
   t += row("recompute", plan.recompute);
   t += row("offload", plan.offload);

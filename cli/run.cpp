@@ -160,16 +160,22 @@ void print_plan(const Object& plan_json, const std::string& node) {
   std::printf("plan %s for %s/%s on the local node %s:\n", plan.plan_hash.c_str(),
               plan.job_namespace.c_str(), plan.job_name.c_str(), node.c_str());
   std::printf(
-      "  %lld node(s) × %lld %s rank(s), TP %lld%s × DP %lld%s, micro-batch %lld × %lld, "
+      "  %lld node(s) × %lld %s rank(s), TP %lld%s × DP %lld%s%s, micro-batch %lld × %lld, "
       "overlap %s, recompute %s, offload %s, %s\n",
       static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
       std::string(api::to_string(plan.device)).c_str(), static_cast<long long>(c.tp),
       c.pp > 1 ? (" × PP " + std::to_string(c.pp) + " (1F1B)").c_str() : "",
       static_cast<long long>(c.dp),
+      c.cut_layer > 0
+          ? (" for layers 0-" + std::to_string(c.cut_layer - 1) + ", TP " +
+             std::to_string(c.cut_tp) + " × DP " + std::to_string(plan.world / c.cut_tp) +
+             " for layers " + std::to_string(c.cut_layer) + "-" +
+             std::to_string(plan.model.layers - 1) + " (Oases' cutpoint)")
+                .c_str()
+          : "",
       c.distributed_optimizer ? " (distributed optimizer, ZeRO-1)" : "",
-      static_cast<long long>(c.micro_batch),
-      static_cast<long long>(c.grad_accum), c.sub_batches == 2 ? "on" : "off",
-      std::string(api::to_string(c.recompute)).c_str(),
+      static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum),
+      c.sub_batches == 2 ? "on" : "off", std::string(api::to_string(c.recompute)).c_str(),
       std::string(api::to_string(c.offload)).c_str(),
       std::string(api::to_string(plan.precision)).c_str());
   std::printf("  model %lld layers, hidden %lld, %.2f M parameters; %lld steps of %lld sequences\n",

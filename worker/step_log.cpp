@@ -90,23 +90,26 @@ void StepLog::start(const api::Plan& plan, const RunStart& start) {
   nlohmann::ordered_json predicted = nlohmann::ordered_json::object();
   for (const auto& [phase, seconds] : predicted_phase_seconds(plan.predicted.time))
     predicted[phase] = number(seconds);
-  nlohmann::ordered_json j = {{"kind", "start"},
-                      {"time", unix_now()},
-                      {"resumed_from", start.resumed_from},
-                      {"total_steps", plan.training.steps},
-                      {"plan_hash", plan.plan_hash},
-                      {"tp", plan.config.tp},
-                      {"dp", plan.config.dp},
-                      {"pp", plan.config.pp},
-                      {"distributed_optimizer", plan.config.distributed_optimizer},
-                      {"recompute", std::string(api::to_string(plan.config.recompute))},
-                      {"offload", std::string(api::to_string(plan.config.offload))},
-                      {"precision", std::string(api::to_string(plan.precision))},
-                      {"device", std::string(api::to_string(plan.device))},
-                      {"predicted_step_seconds", number(plan.predicted.step_seconds)},
-                      {"predicted_tokens_per_second", number(plan.predicted.tokens_per_second)},
-                      {"predicted_phase_seconds", predicted},
-                      {"loss_floor", start.loss_floor ? number(*start.loss_floor) : nullptr}};
+  nlohmann::ordered_json j = {
+      {"kind", "start"},
+      {"time", unix_now()},
+      {"resumed_from", start.resumed_from},
+      {"total_steps", plan.training.steps},
+      {"plan_hash", plan.plan_hash},
+      {"tp", plan.config.tp},
+      {"dp", plan.config.dp},
+      {"pp", plan.config.pp},
+      {"distributed_optimizer", plan.config.distributed_optimizer},
+      {"cut_layer", plan.config.cut_layer},
+      {"cut_tp", plan.config.cut_tp},
+      {"recompute", std::string(api::to_string(plan.config.recompute))},
+      {"offload", std::string(api::to_string(plan.config.offload))},
+      {"precision", std::string(api::to_string(plan.precision))},
+      {"device", std::string(api::to_string(plan.device))},
+      {"predicted_step_seconds", number(plan.predicted.step_seconds)},
+      {"predicted_tokens_per_second", number(plan.predicted.tokens_per_second)},
+      {"predicted_phase_seconds", predicted},
+      {"loss_floor", start.loss_floor ? number(*start.loss_floor) : nullptr}};
   write(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
 }
 

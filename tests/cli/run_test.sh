@@ -8,7 +8,9 @@
 #  6. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
 #     the latest checkpoint and succeeds;
 #  7. examples/jobs/tiny-pipeline.yaml (tiny in 2 stages: two ranks, 1F1B) succeeds with tiny's
-#     losses.
+#     losses;
+#  8. examples/jobs/tiny-cutpoint.yaml (layer 0 at DP 2, layer 1 at TP 2: Oases' cutpoint)
+#     succeeds with tiny's losses.
 set -u
 KT=$1
 DIR=$(mktemp -d)
@@ -146,5 +148,20 @@ elif ! grep -q 'TP 1 × PP 2 (1F1B) × DP 1' "$DIR/pp/report.html"; then
   echo "FAIL pipeline: the run report does not name the stages"; fail=1
 else
   echo "ok   pipeline: 2 stages, $pp_summary as on one rank"
+fi
+# 8. A cutpoint through the same path: the same losses as the one-rank run of 1.
+"$KT" run examples/jobs/tiny-cutpoint.yaml --workdir "$DIR/cut" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+cut_summary=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
+if [[ $rc -ne 0 || -z $cut_summary ]]; then
+  echo "FAIL cutpoint: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q "TP 2 × DP 1 for layers 1-1 (Oases' cutpoint)" "$DIR/out"; then
+  echo "FAIL cutpoint: the plan line names no cutpoint"; head -5 "$DIR/out"; fail=1
+elif [[ $cut_summary != "$one_summary" ]]; then
+  echo "FAIL cutpoint: $cut_summary with the cutpoint, $one_summary on one rank"; fail=1
+elif ! grep -q "TP 1 × DP 2, TP 2 from layer 1 (Oases" "$DIR/cut/report.html"; then
+  echo "FAIL cutpoint: the run report does not name the cutpoint"; fail=1
+else
+  echo "ok   cutpoint: DP 2 then TP 2, $cut_summary as on one rank"
 fi
 exit $fail
