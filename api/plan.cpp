@@ -88,11 +88,11 @@ std::string not_yet_executable(const Plan& plan) {
            " pipeline stages, and the CUDA workers do not run pipeline parallelism yet (the CPU "
            "workers do; give the job nodes where a plan without stages fits, or set "
            "spec.parallelism.pipelineParallel: 1 to see what is missing)";
-  if (c.pp > 1 && c.offload != OffloadMode::kNone)
-    return "it has " + std::to_string(c.pp) + " pipeline stages with offload " +
-           std::string(to_string(c.offload)) +
-           ", and the workers run pipeline stages without offload only so far (set "
-           "spec.parallelism.pipelineParallel: 1, or offload: none)";
+  if (c.pp > 1 && c.offload == OffloadMode::kWindow)
+    return "it has " + std::to_string(c.pp) +
+           " pipeline stages with offload window, and the workers run pipeline stages without "
+           "offload or with offload optimizer only so far (set "
+           "spec.parallelism.pipelineParallel: 1, or offload: optimizer)";
   if (c.distributed_optimizer && plan.device != DeviceKind::kCpu)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks, and the CUDA workers do not run the distributed optimizer yet "
@@ -371,8 +371,19 @@ Plan decode_plan(const Json& doc) {
                                                 " entries for " +
                                                 std::to_string(plan.model.layers) + " layers");
   if (plan.layers.empty()) plan.layers.assign(plan.model.layers, LayerPlacement{});
+  // gpuUnits: of every pipeline stage's units (its copy of the embeddings', then its layers);
+  // the stages place their layers alike.
+  const int64_t stage_layers = plan.model.layers / std::max<int64_t>(1, plan.config.pp);
   int64_t gpu_units = plan.embeddings.update == UpdateDevice::kGpu ? 1 : 0;
-  for (const auto& l : plan.layers) gpu_units += l.update == UpdateDevice::kGpu ? 1 : 0;
+  for (int64_t l = 0; l < stage_layers && l < static_cast<int64_t>(plan.layers.size()); ++l)
+    gpu_units += plan.layers[static_cast<size_t>(l)].update == UpdateDevice::kGpu ? 1 : 0;
+  for (size_t l = 0; l < plan.layers.size() && stage_layers > 0; ++l) {
+    const auto& first = plan.layers[l % static_cast<size_t>(stage_layers)];
+    if (plan.layers[l].update != first.update || plan.layers[l].resident != first.resident)
+      throw FieldError("plan.offload.layers[" + std::to_string(l) + "]",
+                       "is placed unlike layer " + std::to_string(l % stage_layers) +
+                           " of the first pipeline stage (every stage places its layers alike)");
+  }
   plan.config.gpu_units = gpu_units;
   plan.precision = read_enum_field(r, "precision", Precision::kBf16);
   plan.precision_auto = r.boolean("precisionAuto").value_or(false);

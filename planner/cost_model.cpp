@@ -258,21 +258,27 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c) {
   return evaluate(p, c, time_micro_batch(p, c));
 }
 
-CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c) {
+std::pair<ParallelConfig, ParallelConfig> cutpoint_configs(const Problem& p,
+                                                           const ParallelConfig& c) {
   KT_CHECK(c.cut_layer > 0 && c.cut_layer < p.model.layers && c.cut_tp > 0 && c.pp == 1,
            "a cutpoint inside the model, without stages");
+  ParallelConfig first = c;
+  first.cut_layer = first.cut_tp = 0;
+  first.gpu_units = c.cut_layer + 1;
+  ParallelConfig second = first;
+  second.tp = c.cut_tp;
+  second.dp = c.nodes * c.procs_per_node / c.cut_tp;
+  second.micro_batch = c.micro_batch * c.cut_tp / c.tp;
+  second.gpu_units = p.model.layers - c.cut_layer + 1;
+  return {first, second};
+}
+
+CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c) {
   CutpointSegments s;
+  std::tie(s.first_config, s.second_config) = cutpoint_configs(p, c);
   s.first = s.second = p;
   s.first.model.layers = c.cut_layer;
   s.second.model.layers = p.model.layers - c.cut_layer;
-  s.first_config = c;
-  s.first_config.cut_layer = s.first_config.cut_tp = 0;
-  s.first_config.gpu_units = s.first.model.layers + 1;
-  s.second_config = s.first_config;
-  s.second_config.tp = c.cut_tp;
-  s.second_config.dp = c.nodes * c.procs_per_node / c.cut_tp;
-  s.second_config.micro_batch = c.micro_batch * c.cut_tp / c.tp;
-  s.second_config.gpu_units = s.second.model.layers + 1;
   return s;
 }
 
@@ -280,9 +286,7 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
                          const Evaluation& second) {
   const auto& m = p.model;
   const auto& hw = p.hw;
-  const CutpointSegments s = cutpoint_segments(p, c);
-  const ParallelConfig& c1 = s.first_config;
-  const ParallelConfig& c2 = s.second_config;
+  const auto [c1, c2] = cutpoint_configs(p, c);
   const double bpe = bytes_per_element(p.precision);
   const double sh = static_cast<double>(m.seq_len) * m.hidden;
   const double b1 = static_cast<double>(c1.micro_batch), b2 = static_cast<double>(c2.micro_batch);
@@ -316,7 +320,7 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
   // ---- time: the two segments' steps, less what neither runs, plus the joints ----
   const double accum = static_cast<double>(c.grad_accum);
   const double lm_head = accum * 3 * logits_forward_flops(m, b1, c1.tp) /
-                         rank_flops_per_second(s.first, c1);  // the first runs none
+                         rank_flops_per_second(p, c1);  // the first runs none
   const double emb_allreduce =  // nor the second its embedding's TP all-reduce
       c2.tp > 1 ? accum *
                       allreduce_seconds(b2 * sh * bpe, c2.tp, hw.intra_allreduce_busbw,

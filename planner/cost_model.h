@@ -100,6 +100,9 @@ struct CutpointSegments {
   ParallelConfig first_config, second_config;
 };
 CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c);
+// The same configurations alone (the segments' problems are `p` with `layers` of their own).
+std::pair<ParallelConfig, ParallelConfig> cutpoint_configs(const Problem& p,
+                                                           const ParallelConfig& c);
 // The cutpoint's prediction from its segments' evaluations (evaluate, or evaluate_memory for
 // the memory alone: then the times stay 0).
 Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evaluation& first,

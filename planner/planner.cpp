@@ -446,11 +446,15 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   plan.hardware = g.problem.hw.name;
   plan.precision = g.problem.precision;
   plan.device = g.problem.cpu_device ? api::DeviceKind::kCpu : api::DeviceKind::kCuda;
-  const int64_t gpu_units = c.offload == OffloadMode::kNone ? model.layers + 1 : c.gpu_units;
-  plan.gpu_update_fraction = gpu_update_fraction(model, c.tp, gpu_units);
+  // Offload places the units of every pipeline stage alike: its copy of the embeddings', then
+  // its layers, the first gpuUnits of them on the device.
+  api::ModelDims stage_model = model;
+  stage_model.layers = model.layers / c.pp;
+  const int64_t gpu_units = c.offload == OffloadMode::kNone ? stage_model.layers + 1 : c.gpu_units;
+  plan.gpu_update_fraction = gpu_update_fraction(stage_model, c.tp, gpu_units);
   plan.embeddings = {true, gpu_units >= 1 ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu};
   for (int64_t l = 0; l < model.layers; ++l) {
-    const bool gpu = l + 1 < gpu_units;
+    const bool gpu = l % stage_model.layers + 1 < gpu_units;
     plan.layers.push_back({gpu || c.offload != OffloadMode::kWindow,
                            gpu ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu});
   }

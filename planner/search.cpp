@@ -51,7 +51,7 @@ struct Searcher {
   void consider(const ParallelConfig& c) {
     if (!space.exclude_kind.empty() && kind_of(c) == space.exclude_kind) return;
     ++result.evaluated;
-    Evaluation memory = evaluate_memory(problem, c);
+    Evaluation memory = c.cut_layer > 0 ? cutpoint_memory(c) : evaluate_memory(problem, c);
     if (!memory.fits) {
       const double miss = std::max(memory.device_ratio, memory.host_ratio);
       const auto& nm = result.nearest_miss;
@@ -74,11 +74,28 @@ struct Searcher {
     return it->second;
   }
 
+  // The problem of a model of `layers` of the problem's layers (a cutpoint's segment), kept.
+  std::map<int64_t, Problem> segment_problems;
+  const Problem& segment(int64_t layers) {
+    auto it = segment_problems.find(layers);
+    if (it == segment_problems.end()) {
+      it = segment_problems.emplace(layers, problem).first;
+      it->second.model.layers = layers;
+    }
+    return it->second;
+  }
+
   Evaluation evaluate_cutpoint(const ParallelConfig& c) {
-    const CutpointSegments s = cutpoint_segments(problem, c);
-    return join_cutpoint(problem, c,
-                         evaluate(s.first, s.first_config, timing(s.first_config, &s.first)),
-                         evaluate(s.second, s.second_config, timing(s.second_config, &s.second)));
+    const auto [first, second] = cutpoint_configs(problem, c);
+    const Problem& p1 = segment(c.cut_layer);
+    const Problem& p2 = segment(problem.model.layers - c.cut_layer);
+    return join_cutpoint(problem, c, evaluate(p1, first, timing(first, &p1)),
+                         evaluate(p2, second, timing(second, &p2)));
+  }
+  Evaluation cutpoint_memory(const ParallelConfig& c) {
+    const auto [first, second] = cutpoint_configs(problem, c);
+    return join_cutpoint(problem, c, evaluate_memory(segment(c.cut_layer), first),
+                         evaluate_memory(segment(problem.model.layers - c.cut_layer), second));
   }
 
   // The cutpoints of an unsharded, offload-free plan without stages: every layer k in [1, L)
@@ -98,6 +115,18 @@ struct Searcher {
         continue;
       }
       c.cut_tp = t2;
+      // A cutpoint's memory is affine in k (each segment's memory is in its layers: §7 without
+      // offload or stages): when neither end fits, no k between does.
+      if (!space.cut_layer && L > 2) {
+        ParallelConfig ends = c;
+        ends.cut_layer = 1;
+        const bool first_fits = cutpoint_memory(ends).fits;
+        ends.cut_layer = L - 1;
+        if (!first_fits && !cutpoint_memory(ends).fits) {
+          consider(ends);  // for the nearest miss
+          continue;
+        }
+      }
       for (int64_t k = 1; k < L; ++k) {
         if (space.cut_layer && k != space.cut_layer) continue;
         c.cut_layer = k;
@@ -113,8 +142,11 @@ struct Searcher {
     return text;
   }
 
-  std::vector<int64_t> gpu_unit_grid(int64_t tp) const {
-    const auto& m = problem.model;
+  // The gpuUnits a fraction grid gives, of a stage's units (its copy of the embeddings', then
+  // its L/pp layers; the whole model without stages).
+  std::vector<int64_t> gpu_unit_grid(int64_t tp, int64_t pp) const {
+    api::ModelDims m = problem.model;
+    m.layers /= pp;
     std::vector<int64_t> units;
     if (space.gpu_update_fraction) {
       units.push_back(gpu_units_for_fraction(m, tp, *space.gpu_update_fraction));
@@ -128,7 +160,7 @@ struct Searcher {
   }
 
   void offload_variants(ParallelConfig c) {
-    const int64_t L = problem.model.layers;
+    const int64_t L = problem.model.layers / c.pp;  // a stage's layers
     const bool cpu_auto = problem.cpu_device && space.offload.size() > 1;
     for (OffloadMode mode : space.offload) {
       if (mode == OffloadMode::kNone) continue;
@@ -137,8 +169,16 @@ struct Searcher {
       // are always evaluated, even when the plain configuration fits: skipping them would make
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
+      if (mode == OffloadMode::kWindow && c.pp > 1) {  // (the workers stream no stage's layers)
+        note(Stage::kOffload, [] {
+          return std::string(
+              "offload: window with pipeline stages is not planned yet (the workers run stages "
+              "with offload optimizer or none): set offload: optimizer, or pipelineParallel: 1");
+        });
+        continue;
+      }
       c.offload = mode;
-      for (int64_t k : gpu_unit_grid(c.tp)) {
+      for (int64_t k : gpu_unit_grid(c.tp, c.pp)) {
         if (mode == OffloadMode::kOptimizer) {
           if (k > L) {  // that is no offload
             note(Stage::kOffload, [&] {
@@ -323,6 +363,18 @@ struct Searcher {
                   if (sb == 2 && t == 1 && space.sub_batches.size() > 1)
                     continue;  // nothing to hide
                   c.sub_batches = sb;
+                  // Every offload mode's step is at least the schedule's micro-batches, each
+                  // at least its forward and backward (evaluate: the step ends after them), so
+                  // when that floor is no faster than the best plan, none of this shape's
+                  // variants can be (a cutpoint's segments are timed apart: not bounded here).
+                  const bool floor_slower = [&] {
+                    if (!result.best || space.cutpoints_only) return false;
+                    const MicroBatchTiming& mt = timing(c);
+                    return static_cast<double>(c.grad_accum + pp - 1) *
+                               (mt.forward + mt.backward) >=
+                           result.best->eval.predicted.step_seconds;
+                  }();
+                  if (floor_slower && !space.cutpoints) continue;
                   if (contains_mode(OffloadMode::kNone)) {
                     c.offload = OffloadMode::kNone;
                     c.gpu_units = m.layers / pp + 1;
@@ -330,20 +382,14 @@ struct Searcher {
                     for (bool zero : space.distributed_optimizer) {
                       if (zero && d == 1 && zero_optional) continue;  // nothing to shard
                       c.distributed_optimizer = zero && d > 1;
-                      if (!space.cutpoints_only) consider(c);
+                      if (!space.cutpoints_only && !floor_slower) consider(c);
                     }
                     c.distributed_optimizer = false;
                     if (space.cutpoints && pp == 1 && zero_optional) cutpoint_variants(c, cut_tps);
                   }
-                  // Offload plans a stage's units; with a pipeline it is not planned (yet).
-                  if (pp == 1 && !space.cutpoints_only)
-                    offload_variants(c);
-                  else if (!contains_mode(OffloadMode::kNone))
-                    note(Stage::kOffload, [] {
-                      return std::string(
-                          "offload with pipeline stages is not planned yet (the workers run "
-                          "stages without offload): set offload: none, or pipelineParallel: 1");
-                    });
+                  // Offload plans each stage's units alike (a stage keeps its first gpuUnits
+                  // on the device); with a cutpoint it is not planned (yet).
+                  if (!space.cutpoints_only && !floor_slower) offload_variants(c);
                 }
               }
             }
@@ -438,7 +484,7 @@ std::string kind_of(const ParallelConfig& c) {
 
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
                     const SearchSpace& space) {
-  Searcher s{problem, space, {}, {}};
+  Searcher s{problem, space, {}, {}, {}};
   s.run(max_nodes, slots_per_node);
   return std::move(s.result);
 }

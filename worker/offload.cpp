@@ -55,7 +55,7 @@ void scatter(const Pieces& pieces, const float* block) {
 
 // Units updated on the device: all of the model's without offload (a pipeline stage or a
 // cutpoint's segment holds some of the layers and the embeddings' unit), else the plan's first
-// gpuUnits.
+// gpuUnits (of each stage: its copy of the embeddings' unit, then its layers).
 int64_t device_units(const api::Plan& plan, const Gpt& model) {
   return plan.config.offload == api::OffloadMode::kNone ? model.config().layers + 1
                                                         : plan.config.gpu_units;
@@ -83,7 +83,10 @@ int64_t offload_host_bytes(const api::Plan& plan) {
   const int64_t t = plan.config.tp, C = m.hidden, F = m.ffn_hidden;
   const int64_t layer = (4 * C * C + 2 * C * F + 3 * C + F) / t + 6 * C;
   const int64_t embedding = m.padded_vocab() / t * C + m.seq_len * C + 2 * C;
-  const int64_t L = m.layers, gpu_units = plan.config.gpu_units;
+  // (per pipeline stage: its layers and its copy of the embeddings' unit, gpuUnits of them on the
+  // device)
+  const int64_t L = m.layers / std::max<int64_t>(1, plan.config.pp),
+                gpu_units = plan.config.gpu_units;
   const int64_t cpu_layers = std::min(L, L + 1 - gpu_units);
   const int64_t cpu_floats = cpu_layers * layer + (gpu_units == 0 ? embedding : 0);
   const int64_t all_floats = L * layer + embedding;
@@ -642,10 +645,11 @@ void OffloadEngine::update(kernels::AdamWStep step, float weight_decay) {
   span("compute", "adam device", t0);
 
   // CPU units in the order the next forward needs them; each tile's new parameters go back to
-  // the device while the pool computes the next tile.
+  // the device while the pool computes the next tile. (A pipeline stage between the first and
+  // the last neither sums nor updates its copy of unit 0.)
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     Unit& unit = units_[u];
-    if (!unit.cpu) continue;
+    if (!unit.cpu || (u == 0 && !unit0_used_)) continue;
     // A streamed layer outside the slots is fetched by the next forward's prefetch.
     const bool on_device = !unit.streamed || unit.residency != Residency::kEvicted;
     int64_t position = 0;  // in the unit's host blocks

@@ -904,9 +904,9 @@ void check_executable(const api::Plan& plan) {
              std::to_string(after_batch) + ")");
   }
   if (plan.config.offload != api::OffloadMode::kNone &&
-      (plan.config.gpu_units < 0 || plan.config.gpu_units > L + 1))
+      (plan.config.gpu_units < 0 || plan.config.gpu_units > L / c.pp + 1))
     refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
-           std::to_string(L + 1) + "]");
+           std::to_string(L / c.pp + 1) + "]" + (c.pp > 1 ? " (a stage's units)" : ""));
   if (plan.config.sub_batches != 1 &&
       (plan.config.sub_batches != 2 || plan.config.micro_batch % 2 != 0))
     refuse("overlap needs 2 sub-batches of an even micro-batch (micro " +

@@ -357,6 +357,48 @@ TEST(ParallelTraining, PipelineStagesWithRecomputeAndDistributedOptimizerEqualOn
   four.config.distributed_optimizer = true;
   expect_same_training(four, kFourLayers);
 }
+// Offload optimizer inside each stage: every stage keeps its first gpuUnits units (its copy of the
+// embeddings' unit, then its layers) on the device and updates the rest on the CPU; the first and
+// the last stage's embeddings, summed between them, go home and back too where they are
+// CPU-updated; with the distributed optimizer each DP rank offloads its shard.
+TEST(ParallelTraining, PipelineStagesWithOffloadEqualOneRank) {
+  {  // half of each stage's units on the CPU, as the planner plans it
+    const api::Plan planned = plan_for(
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off, offload: "
+        "optimizer, gpuUpdateFraction: 0.5",
+        kFourLayers);
+    ASSERT_EQ(planned.config.pp, 2);
+    ASSERT_EQ(planned.config.offload, api::OffloadMode::kOptimizer);
+    // Every stage places its units alike (the plan says it per layer).
+    EXPECT_EQ(planned.layers[0].update, planned.layers[2].update);
+    EXPECT_EQ(planned.layers[1].update, planned.layers[3].update);
+    const api::Plan read = api::decode_plan(api::to_json(planned));
+    EXPECT_EQ(read.config.gpu_units, planned.config.gpu_units);
+    const RunResult r = expect_same_training(planned, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_GT(r.transfer_bytes.back(), 0);  // the CPU units went home and back
+  }
+  for (int64_t gpu_units : {0, 1, 2}) {  // every unit (the embeddings too), then layers only
+    SCOPED_TRACE(gpu_units);
+    api::Plan four = plan_for(
+        "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off, offload: "
+        "optimizer",
+        kFourLayers, "fp32", 6, 4);
+    ASSERT_EQ(four.config.pp, 2);
+    four.config.gpu_units = gpu_units;
+    four.config.distributed_optimizer = gpu_units == 1;
+    expect_same_training(four, kFourLayers);
+  }
+  {  // four stages: the two between neither sum nor update their CPU-updated copy of unit 0
+    api::Plan four = plan_for(
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 4, overlap: off, offload: "
+        "optimizer",
+        kFourLayers);
+    ASSERT_EQ(four.config.pp, 4);
+    four.config.gpu_units = 0;
+    expect_same_training(four, kFourLayers);
+  }
+}
 // Each stage writes its layers (the first also the tensors that are not per layer) as shards of
 // one checkpoint, which resumes at any layout, and any checkpoint resumes in stages.
 TEST(ParallelTraining, PipelineCheckpointsResumeAtAnyLayout) {

@@ -178,14 +178,23 @@ TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
             "stay inside a node)");
 }
 
-// Offload is not planned with pipeline stages (the workers run stages without it): a job forcing
-// both is told so, and what to change.
+// Offload optimizer is planned inside pipeline stages (each stage's units alike); the window is
+// not (the workers stream no stage's layers): a job forcing both is told so, and what to change.
 TEST(Planner, PipelineStagesWithForcedOffloadSayWhatToChange) {
-  const std::string e = plan_error(
+  const api::Plan staged = planner::best_plan(
       test::gpt_job("{preset: tiny}", "  parallelism: {pipelineParallel: 2, offload: optimizer}\n"),
       test::cluster("cpu-local"));
-  EXPECT_NE(e.find("offload with pipeline stages is not planned yet"), std::string::npos) << e;
-  EXPECT_NE(e.find("set offload: none, or pipelineParallel: 1"), std::string::npos) << e;
+  EXPECT_EQ(staged.config.pp, 2);
+  EXPECT_EQ(staged.config.offload, OffloadMode::kOptimizer);
+  EXPECT_LE(staged.config.gpu_units, 2);  // of a stage's units: its copy of unit 0, its layer
+  EXPECT_EQ(api::not_yet_executable(staged), "");
+  const std::string e = plan_error(
+      test::gpt_job("{preset: tiny}",
+                    "  parallelism: {pipelineParallel: 2, offload: window, recompute: full}\n"),
+      test::cluster("cpu-local"));
+  EXPECT_NE(e.find("offload: window with pipeline stages is not planned yet"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("set offload: optimizer, or pipelineParallel: 1"), std::string::npos) << e;
 }
 
 // A forced dataParallel that no shape gives names why (a plan's ranks are whole nodes' GPUs) and

@@ -233,8 +233,9 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  // Pipeline stages run on CPU ranks without offload; not with offload, not on CUDA, and only
-  // where the stages divide the layers and the ranks make up the world.
+  // Pipeline stages run on CPU ranks without offload or with offload optimizer; not with the
+  // window, not on CUDA, and only where the stages divide the layers and the ranks make up the
+  // world.
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
   expect_refusal(staged, "tp × dp × pp = 2 ≠ world 1");
@@ -244,11 +245,40 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n");
   staged_offload.config.pp = 2;
   staged_offload.world = 2;
-  expect_refusal(staged_offload, "pipeline stages without offload only so far");
+  staged_offload.config.gpu_units = 1;  // of each stage's 2 units
+  EXPECT_NO_THROW(worker::check_executable(staged_offload));
+  staged_offload.config.gpu_units = 3;
+  expect_refusal(staged_offload, "offload gpuUnits 3 is not in [0, 2] (a stage's units)");
+  api::Plan staged_window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
+  staged_window.config.pp = 2;
+  staged_window.world = 2;
+  expect_refusal(staged_window, "pipeline stages with offload window");
   api::Plan staged_gpu = staged;
   staged_gpu.device = api::DeviceKind::kCuda;
   staged_gpu.precision = api::Precision::kBf16;
   expect_refusal(staged_gpu, "CUDA workers do not run pipeline parallelism yet");
+  // A cutpoint runs on CPU ranks without stages, offload or the distributed optimizer, where its
+  // TP degree nests with the plan's and splits the micro-batch.
+  api::Plan cut = tiny_plan(10);
+  cut.world = 2;
+  cut.config.dp = 2;
+  cut.global_batch *= 2;
+  cut.config.cut_layer = 1;
+  cut.config.cut_tp = 2;
+  EXPECT_NO_THROW(worker::check_executable(cut));
+  api::Plan cut_gpu = cut;
+  cut_gpu.device = api::DeviceKind::kCuda;
+  cut_gpu.precision = api::Precision::kBf16;
+  expect_refusal(cut_gpu, "the CUDA workers do not run cutpoints yet");
+  api::Plan cut_zero = cut;
+  cut_zero.config.distributed_optimizer = true;
+  expect_refusal(cut_zero, "with the distributed optimizer");
+  api::Plan cut_same = cut;
+  cut_same.config.cut_tp = 1;
+  expect_refusal(cut_same, "cutpoint at layer 1 to TP 1 after TP 1");
+  api::Plan cut_outside = cut;
+  cut_outside.config.cut_layer = 2;
+  expect_refusal(cut_outside, "plan.cutpoint.layer: 2 is not in [1, 1]");
   api::Plan three = tiny_plan(10);  // 2 layers
   three.config.pp = 3;
   three.world = 3;
