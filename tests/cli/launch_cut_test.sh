@@ -25,16 +25,8 @@ spec:
   parallelism: {tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}
   checkpoint: {intervalSteps: 30}
 YAML
-cat > "$DIR/one.yaml" <<'YAML'
-apiVersion: kubetrain.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: tiny-one}
-spec:
-  model: {preset: tiny}
-  training: {steps: 60, globalBatchSize: 8, microBatchSize: 2, learningRate: 0.005, warmupSteps: 5, seed: 4}
-  parallelism: {tensorParallel: 1, dataParallel: 1}
-  checkpoint: {intervalSteps: 30}
-YAML
+sed 's/cutpointLayer: 1, cutpointTensorParallel: 2/cutpointLayer: auto/; s/dataParallel: 2/dataParallel: 1/; s/tiny-cut/tiny-one/' \
+  "$DIR/job.yaml" > "$DIR/one.yaml"
 for job in job one; do
   "$KT" plan "$DIR/$job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/$job.json" ||
     fail "planning $job.yaml"
@@ -48,14 +40,13 @@ sys.exit(not (c['layer'] == 1 and c['tp'] == 2 and c['dp'] == 1))" ||
   fail "planning as a table"
 grep -q 'TP 2 × DP 1 for layers 1-1 (Oases. cutpoint)' "$DIR/table" ||
   fail "the table does not show the cutpoint: $(grep parallelism "$DIR/table")"
-final() { sed -n 's/^\(\[rank 0\] \)\{0,1\}done: 60 steps, final loss \([0-9.]*\)$/\2/p' "$1"; }
 
 MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/ckpt" \
   > "$DIR/log" 2>&1 || fail "the cutpoint launch failed"
 "$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/one-ckpt" \
   > "$DIR/one.log" 2>&1 || fail "the one-rank run failed"
-cut_final=$(final "$DIR/log")
-one_final=$(final "$DIR/one.log")
+cut_final=$(final_loss "$DIR/log")
+one_final=$(final_loss "$DIR/one.log")
 [[ -n $one_final && $cut_final == "$one_final" ]] ||
   fail "final losses differ: one rank '$one_final', cutpoint '$cut_final'"
 grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "rank 1 did not finish"
@@ -65,21 +56,7 @@ for shard in 0 1 2; do
 done
 
 # Cutpoint -> one rank, and one rank -> cutpoint, from step 30.
-for from in ckpt one-ckpt; do
-  rm -rf "$DIR/$from/step-00000060"
-  echo step-00000030 > "$DIR/$from/latest"
-done
-"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/ckpt" \
-  > "$DIR/resume1.log" 2>&1 || fail "one rank did not resume the cutpoint's checkpoint: $(tail -3 "$DIR/resume1.log")"
-grep -q 'resumed from step 30 .*tensors resharded' "$DIR/resume1.log" ||
-  fail "no resharded resume: $(head -5 "$DIR/resume1.log")"
-[[ $(final "$DIR/resume1.log") == "$one_final" ]] ||
-  fail "cutpoint -> one rank resumed to '$(final "$DIR/resume1.log")', not '$one_final'"
-MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/one-ckpt" \
-  > "$DIR/resume2.log" 2>&1 || fail "the cutpoint did not resume one rank's checkpoint: $(tail -3 "$DIR/resume2.log")"
-grep -q '\[rank 1\] resumed from step 30' "$DIR/resume2.log" || fail "rank 1 did not resume"
-[[ $(final "$DIR/resume2.log") == "$one_final" ]] ||
-  fail "one rank -> cutpoint resumed to '$(final "$DIR/resume2.log")', not '$one_final'"
+expect_resumes_across_layouts "$WORKER" "$DIR" "$DIR/job.json" "$DIR/one.json" "$one_final"
 
 # The cutpoint's groups in the merged /metrics.
 sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"

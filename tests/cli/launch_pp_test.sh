@@ -31,14 +31,13 @@ for job in job one; do
 done
 python3 -c "import json, sys; sys.exit(json.load(open('$DIR/job.json'))['pipeline']['stages'] != 2)" ||
   fail "the plan has no 2 stages"
-final() { sed -n 's/^\(\[rank 0\] \)\{0,1\}done: 60 steps, final loss \([0-9.]*\)$/\2/p' "$1"; }
 
 MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/ckpt" \
   > "$DIR/log" 2>&1 || fail "the 2-stage launch failed"
 "$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/one-ckpt" \
   > "$DIR/one.log" 2>&1 || fail "the one-rank run failed"
-pp_final=$(final "$DIR/log")
-one_final=$(final "$DIR/one.log")
+pp_final=$(final_loss "$DIR/log")
+one_final=$(final_loss "$DIR/one.log")
 [[ -n $one_final && $pp_final == "$one_final" ]] ||
   fail "final losses differ: one rank '$one_final', 2 stages '$pp_final'"
 grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "stage 1 did not finish"
@@ -46,21 +45,7 @@ grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "stage 1 did not finish"
   fail "no shard per stage: $(ls "$DIR/ckpt/step-00000030")"
 
 # Stages -> one rank, and one rank -> stages, from step 30.
-for from in ckpt one-ckpt; do
-  rm -rf "$DIR/$from/step-00000060"
-  echo step-00000030 > "$DIR/$from/latest"
-done
-"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/ckpt" \
-  > "$DIR/resume1.log" 2>&1 || fail "one rank did not resume the stages' checkpoint: $(tail -3 "$DIR/resume1.log")"
-grep -q 'resumed from step 30 .*tensors resharded' "$DIR/resume1.log" ||
-  fail "no resharded resume: $(head -5 "$DIR/resume1.log")"
-[[ $(final "$DIR/resume1.log") == "$one_final" ]] ||
-  fail "stages -> one rank resumed to '$(final "$DIR/resume1.log")', not '$one_final'"
-MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/job.json" --checkpoint-dir "$DIR/one-ckpt" \
-  > "$DIR/resume2.log" 2>&1 || fail "the stages did not resume one rank's checkpoint: $(tail -3 "$DIR/resume2.log")"
-grep -q '\[rank 1\] resumed from step 30' "$DIR/resume2.log" || fail "stage 1 did not resume"
-[[ $(final "$DIR/resume2.log") == "$one_final" ]] ||
-  fail "one rank -> stages resumed to '$(final "$DIR/resume2.log")', not '$one_final'"
+expect_resumes_across_layouts "$WORKER" "$DIR" "$DIR/job.json" "$DIR/one.json" "$one_final"
 
 # A dead stage: the launcher stops the job and names it.
 sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"

@@ -133,35 +133,30 @@ else
   echo "ok   restart: $(grep -o 'resumed from step [0-9]*' "$log")"
 fi
 
-# 7. Pipeline stages through the same path: the same losses as the one-rank run of 1.
-"$KT" run examples/jobs/tiny-pipeline.yaml --workdir "$DIR/pp" > "$DIR/out" 2> "$DIR/err"
-rc=$?
-pp_summary=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
+# expect_like_one_rank NAME EXAMPLE PLAN_LINE REPORT_LINE: `kubetrain run EXAMPLE` succeeds with
+# the one-rank run's losses (of 1), its plan line shows PLAN_LINE and its run report REPORT_LINE.
+expect_like_one_rank() {
+  local name=$1 example=$2 plan_line=$3 report_line=$4 got
+  "$KT" run "$example" --workdir "$DIR/$name" > "$DIR/out" 2> "$DIR/err"
+  local rc=$?
+  got=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
+  if [[ $rc -ne 0 || -z $got ]]; then
+    echo "FAIL $name: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+  elif ! grep -qF "$plan_line" "$DIR/out"; then
+    echo "FAIL $name: the plan line does not show '$plan_line'"; head -5 "$DIR/out"; fail=1
+  elif [[ $got != "$one_summary" ]]; then
+    echo "FAIL $name: $got, $one_summary on one rank"; fail=1
+  elif ! grep -qF "$report_line" "$DIR/$name/report.html"; then
+    echo "FAIL $name: the run report does not show '$report_line'"; fail=1
+  else
+    echo "ok   $name: $got as on one rank"
+  fi
+}
 one_summary=$(sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/' <<< "$summary")
-if [[ $rc -ne 0 || -z $pp_summary ]]; then
-  echo "FAIL pipeline: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
-elif ! grep -q 'TP 1 × PP 2 (1F1B)' "$DIR/out"; then
-  echo "FAIL pipeline: the plan line names no stages"; head -5 "$DIR/out"; fail=1
-elif [[ $pp_summary != "$one_summary" ]]; then
-  echo "FAIL pipeline: $pp_summary in 2 stages, $one_summary on one rank"; fail=1
-elif ! grep -q 'TP 1 × PP 2 (1F1B) × DP 1' "$DIR/pp/report.html"; then
-  echo "FAIL pipeline: the run report does not name the stages"; fail=1
-else
-  echo "ok   pipeline: 2 stages, $pp_summary as on one rank"
-fi
-# 8. A cutpoint through the same path: the same losses as the one-rank run of 1.
-"$KT" run examples/jobs/tiny-cutpoint.yaml --workdir "$DIR/cut" > "$DIR/out" 2> "$DIR/err"
-rc=$?
-cut_summary=$(grep '^Succeeded:' "$DIR/out" | sed -E 's/.*(loss [0-9.]+ -> [0-9.]+).*/\1/')
-if [[ $rc -ne 0 || -z $cut_summary ]]; then
-  echo "FAIL cutpoint: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
-elif ! grep -q "TP 2 × DP 1 for layers 1-1 (Oases' cutpoint)" "$DIR/out"; then
-  echo "FAIL cutpoint: the plan line names no cutpoint"; head -5 "$DIR/out"; fail=1
-elif [[ $cut_summary != "$one_summary" ]]; then
-  echo "FAIL cutpoint: $cut_summary with the cutpoint, $one_summary on one rank"; fail=1
-elif ! grep -q "TP 1 × DP 2, TP 2 from layer 1 (Oases" "$DIR/cut/report.html"; then
-  echo "FAIL cutpoint: the run report does not name the cutpoint"; fail=1
-else
-  echo "ok   cutpoint: DP 2 then TP 2, $cut_summary as on one rank"
-fi
+# 7. Pipeline stages through the same path: the same losses as the one-rank run of 1.
+expect_like_one_rank pipeline examples/jobs/tiny-pipeline.yaml 'TP 1 × PP 2 (1F1B)' \
+  'TP 1 × PP 2 (1F1B) × DP 1'
+# 8. A cutpoint through the same path.
+expect_like_one_rank cutpoint examples/jobs/tiny-cutpoint.yaml \
+  "TP 2 × DP 1 for layers 1-1 (Oases' cutpoint)" 'TP 1 × DP 2, TP 2 from layer 1 (Oases'
 exit $fail

@@ -108,3 +108,30 @@ expect_dead_rank_noticed() {
   grep -q 'kubetrain-worker launch: rank [0-9]* exited' "$log" || fail "the dead rank is not named"
   [[ $NOTICED_IN -le 45 ]] || fail "launch took ${NOTICED_IN}s to notice"
 }
+
+# final_loss LOG: the final loss a 60-step run printed ("done: 60 steps, final loss X"; rank 0's
+# under launch).
+final_loss() { sed -n 's/^\(\[rank 0\] \)\{0,1\}done: 60 steps, final loss \([0-9.]*\)$/\2/p' "$1"; }
+
+# expect_resumes_across_layouts WORKER DIR PLAN ONE FINAL: DIR/ckpt holds PLAN's 60-step run
+# (launched) and DIR/one-ckpt ONE's (one rank), both with a step-30 checkpoint. Rolls both back
+# to step 30, resumes PLAN's checkpoint as one rank and ONE's under PLAN, and expects each
+# resharded resume to end at FINAL (the one-rank run's final loss).
+expect_resumes_across_layouts() {
+  local worker=$1 dir=$2 plan=$3 one=$4 final=$5 from
+  for from in ckpt one-ckpt; do
+    rm -rf "$dir/$from/step-00000060"
+    echo step-00000030 > "$dir/$from/latest"
+  done
+  "$worker" train --plan "$one" --log-every 0 --checkpoint-dir "$dir/ckpt" \
+    > "$dir/resume1.log" 2>&1 || fail "one rank did not resume $plan's checkpoint: $(tail -3 "$dir/resume1.log")"
+  grep -q 'resumed from step 30 .*tensors resharded' "$dir/resume1.log" ||
+    fail "no resharded resume: $(head -5 "$dir/resume1.log")"
+  [[ $(final_loss "$dir/resume1.log") == "$final" ]] ||
+    fail "$plan -> one rank resumed to '$(final_loss "$dir/resume1.log")', not '$final'"
+  MASTER_PORT=$(free_port) "$worker" launch --plan "$plan" --checkpoint-dir "$dir/one-ckpt" \
+    > "$dir/resume2.log" 2>&1 || fail "$plan did not resume one rank's checkpoint: $(tail -3 "$dir/resume2.log")"
+  grep -q '\[rank 1\] resumed from step 30' "$dir/resume2.log" || fail "rank 1 did not resume"
+  [[ $(final_loss "$dir/resume2.log") == "$final" ]] ||
+    fail "one rank -> $plan resumed to '$(final_loss "$dir/resume2.log")', not '$final'"
+}
