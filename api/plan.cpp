@@ -67,7 +67,8 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
   c.distributed_optimizer = r.boolean("distributedOptimizer").value_or(false);
   ObjectReader cut = r.object("cutpoint");
   c.cut_layer = cut.integer("layer").value_or(0);
-  c.cut_tp = cut.integer("tp").value_or(0);
+  c.cut_tp = c.cut_layer > 0 ? cut.integer("tp").value_or(0) : 0;
+  cut.integer("tp");
   cut.integer("dp");
   cut.finish();
   if (c.cut_layer < 0 || c.cut_layer > ModelLimits::kLayers)
@@ -107,13 +108,11 @@ std::string not_yet_executable(const Plan& plan) {
            std::to_string(c.cut_tp) + " at layer " + std::to_string(c.cut_layer) +
            " (Oases' cutpoint), and the CUDA workers do not run cutpoints yet (the CPU workers "
            "do; set spec.parallelism.cutpoint: off)";
-  if (c.cut_layer > 0 && (c.offload != OffloadMode::kNone || c.distributed_optimizer))
+  if (c.cut_layer > 0 && c.offload != OffloadMode::kNone)
     return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
-           " (Oases' cutpoint) with " +
-           (c.distributed_optimizer ? std::string("the distributed optimizer")
-                                    : "offload " + std::string(to_string(c.offload))) +
-           ", and the workers run cutpoints without either so far (set "
-           "spec.parallelism.cutpoint: off)";
+           " (Oases' cutpoint) with offload " + std::string(to_string(c.offload)) +
+           ", and the workers run cutpoints without offload only so far (set "
+           "spec.parallelism.cutpoint: off, or offload: none)";
   return "";
 }
 

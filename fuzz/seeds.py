@@ -244,6 +244,14 @@ plan.update({"tp": 2, "dp": 1, "recompute": "commAware", "overlap": {"subBatches
              "data": {"source": "tokens", "path": "/data/*.bin"}})
 del plan["offload"]
 write("plan", "tp2", json.dumps(plan, indent=2))
+# Pipeline stages with offload inside each, and a cutpoint (the layers from 1 on at TP 1).
+plan.update({"pipeline": {"stages": 2, "layersPerStage": 1}, "distributedOptimizer": True,
+             "device": "cpu", "precision": "fp32", "world": 4,
+             "offload": {"mode": "optimizer", "layers": [{"update": "cpu"}, {"update": "cpu"}]}})
+write("plan", "stages", json.dumps(plan))
+del plan["pipeline"], plan["offload"]
+plan.update({"world": 2, "cutpoint": {"layer": 1, "tp": 1, "dp": 2}})
+write("plan", "cutpoint", json.dumps(plan))
 
 # worker_progress: rank 0's /metrics as the worker serves it (two ranks merged), and its
 # termination message.
@@ -276,7 +284,7 @@ write("steps_log", "fixture", steps)
 write("steps_log", "torn_last", steps[:1500])
 write("steps_log", "nulls", "\n".join(json.dumps(r) for r in [
     {"kind": "start", "time": 1.5, "resumed_from": 0, "total_steps": 3, "plan_hash": "ab",
-     "tp": 2, "dp": 1, "recompute": "full", "offload": "optimizer", "precision": "bf16",
+     "tp": 2, "dp": 1, "pp": 1, "cut_layer": 1, "cut_tp": 1, "recompute": "full", "offload": "optimizer", "precision": "bf16",
      "device": "cuda", "predicted_step_seconds": None, "predicted_tokens_per_second": 10,
      "predicted_phase_seconds": {"compute": 1, "transfer_total": None}, "loss_floor": None},
     {"kind": "step", "time": 2, "step": 1, "loss": None, "seconds": 0.5, "tokens_per_second": None,

@@ -385,7 +385,14 @@ struct Searcher {
                       if (!space.cutpoints_only && !floor_slower) consider(c);
                     }
                     c.distributed_optimizer = false;
-                    if (space.cutpoints && pp == 1 && zero_optional) cutpoint_variants(c, cut_tps);
+                    // Cutpoints, sharded or not (a cutpoint's two degrees differ, so one of its
+                    // segments always has data parallelism to shard over).
+                    if (space.cutpoints && pp == 1)
+                      for (bool zero : space.distributed_optimizer) {
+                        c.distributed_optimizer = zero;
+                        cutpoint_variants(c, cut_tps);
+                      }
+                    c.distributed_optimizer = false;
                   }
                   // Offload plans each stage's units alike (a stage keeps its first gpuUnits
                   // on the device); with a cutpoint it is not planned (yet).

@@ -567,6 +567,19 @@ void OffloadEngine::reduce_unit0() {
   if (units_[0].cpu) copy_grads_home(0, std::move(dp_work));
 }
 
+void OffloadEngine::unit0_summed() {
+  KT_CHECK(unit0_elsewhere_, "unit0_summed follows reduce_unit0_elsewhere");
+  if (!zero_) return;
+  // The unit packed as reduce_scatter_unit packs it; rank r's shard is block r. (The bucket is
+  // free: the forward waited for its last all-gather before reading unit 0.)
+  const Shard& shard = shards_[0];
+  std::vector<float>& bucket = dp_buckets_[0];
+  bucket.assign(static_cast<size_t>(shard.size * dp_->size()), 0.0f);
+  gather(bucket.data(), model_.grads(), units_[0].slices);
+  std::memcpy(shard_grads_.data() + shard.offset, bucket.data() + dp_->rank() * shard.size,
+              static_cast<size_t>(shard.size) * sizeof(float));
+}
+
 void OffloadEngine::finish_backward() {
   if (unit0_deferred_) {
     unit0_deferred_ = false;

@@ -114,12 +114,15 @@ class OffloadEngine final : public Gpt::UnitObserver {
 
   // A cutpoint's segments (worker/cutpoint.h): the tensors that are not per layer are summed by
   // the caller — over every rank, in both segments' TP layouts at once — after finish_backward;
-  // the engine neither sums them over DP nor waits for them. Without offload or the distributed
-  // optimizer only (api::not_yet_executable).
+  // the engine neither sums them over DP nor waits for them, and takes the sums with
+  // unit0_summed(). Without offload only (api::not_yet_executable).
   void reduce_unit0_elsewhere() {
-    KT_CHECK(!zero_ && !units_[0].cpu, "unit 0 is summed elsewhere only on the device, unsharded");
+    KT_CHECK(!units_[0].cpu, "unit 0 is summed elsewhere only where it is updated on the device");
     unit0_elsewhere_ = true;
   }
+  // After the caller summed unit 0's gradients in the model: with the distributed optimizer,
+  // this rank's shard of them goes where the reduce-scatter would have put it.
+  void unit0_summed();
 
   // After the model's parameters were initialised or loaded: take the master copies and leave
   // only the window's first W streamed layers on the device.

@@ -1087,18 +1087,29 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   TrainResult result;
   result.steps_done = start_step;
   result.last_loss = restored.loss;
+  // Every parameter in place (and, sharded, the full moments) for `fn`: both segments' with a
+  // cutpoint (each finishes its own all-gathers).
+  auto with_all_parameters = [&](const std::function<void()>& fn) {
+    engine.with_all_parameters([&] {
+      if (after_engine)
+        after_engine->with_all_parameters(fn);
+      else
+        fn();
+    });
+  };
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
     save_or_report(steps_done, options, result, log, [&] {
       const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
       std::string dir;
-      ShardedSave sharding = sharded_save(plan, groups);
-      if (after && groups.dp2->rank() == 0)
-        sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
-                                   after_views(false));
-      engine.with_all_parameters([&] {
+      with_all_parameters([&] {
         // The moments' views now: the distributed optimizer gathers them for the call. A stage
-        // after the first writes its layers only.
+        // after the first writes its layers only; so does a cutpoint's second segment, as
+        // shards of its own.
+        ShardedSave sharding = sharded_save(plan, groups);
+        if (after && groups.dp2->rank() == 0)
+          sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
+                                     after_views(false));
         const CheckpointTensors tensors{stage_views(params, stage.first),
                                         stage_views(engine.adam_m_views(), stage.first),
                                         stage_views(engine.adam_v_views(), stage.first)};
@@ -1148,7 +1159,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     }
     if (after) after_engine->finish_backward();
     engine.finish_backward();
-    if (after) sum_unit0_over_world(model, *after, *groups.world, unit0_sums);
+    if (after) {
+      sum_unit0_over_world(model, *after, *groups.world, unit0_sums);
+      engine.unit0_summed();
+      after_engine->unit0_summed();
+    }
     loss = dp_mean_loss(loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2], after_sums[2];
@@ -1185,7 +1200,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   model.unit_observer = nullptr;
   if (after) after->unit_observer = nullptr;
   if (options.on_finish) {
-    engine.with_all_parameters([&] {
+    with_all_parameters([&] {
       std::vector<TensorView> views = stage_views(params, stage.first || stage.last);
       if (after) {  // and the layers after the cut (each view names its slice)
         const auto more = stage_views(after->parameter_views(), false);

@@ -445,6 +445,17 @@ TEST(ParallelTraining, CutpointEqualsOneRank) {
     ASSERT_EQ(plan.world, 4);
     expect_same_training(plan, kFourLayers);
   }
+  {  // With the distributed optimizer: each segment shards over its own DP group (4 and 2), the
+     // embeddings' shard taken from the world sum; and the other way round (2 and 4)
+    SCOPED_TRACE("tp 1 x dp 4 sharded, then tp 2 x dp 2 sharded from layer 2");
+    api::Plan plan = with_cutpoint("tensorParallel: 1, dataParallel: 4, overlap: off", 2, 2);
+    ASSERT_EQ(plan.world, 4);
+    plan.config.distributed_optimizer = true;
+    expect_same_training(plan, kFourLayers);
+    api::Plan back = with_cutpoint("tensorParallel: 2, dataParallel: 2, overlap: off", 2, 1);
+    back.config.distributed_optimizer = true;
+    expect_same_training(back, kFourLayers);
+  }
   {  // Four ranks, TP 4 → TP 1 × DP 4 on the tiny model (its two layers split 1 + 1)
     SCOPED_TRACE("tp 4, then tp 1 x dp 4 from layer 1");
     api::Plan plan = plan_for("tensorParallel: 4, dataParallel: 1, overlap: off", kTiny, "fp32",
@@ -460,6 +471,16 @@ TEST(ParallelTraining, CutpointEqualsOneRank) {
 // A cutpoint's checkpoint holds the layers before the cut in their TP layout and those after in
 // theirs; it resumes at any layout, and any checkpoint resumes with a cutpoint.
 TEST(ParallelTraining, CutpointCheckpointsResumeAtAnyLayout) {
+  {  // sharded in both segments (the full moments gathered for the save), as the planner plans it
+    const api::Plan sharded = plan_for(
+        "tensorParallel: 1, dataParallel: 4, overlap: off, distributedOptimizer: on, "
+        "cutpointLayer: 2, cutpointTensorParallel: 2",
+        kFourLayers);
+    ASSERT_EQ(sharded.config.cut_layer, 2);
+    ASSERT_TRUE(sharded.config.distributed_optimizer);
+    expect_resharded_resume(
+        sharded, plan_for("tensorParallel: 1, dataParallel: 1, overlap: off", kFourLayers));
+  }
   expect_resharded_resume(with_cutpoint("tensorParallel: 1, dataParallel: 2, overlap: off", 2, 2),
                           plan_for("tensorParallel: 1, dataParallel: 1, overlap: off",
                                    kFourLayers));

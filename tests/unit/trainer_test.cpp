@@ -272,7 +272,14 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   expect_refusal(cut_gpu, "the CUDA workers do not run cutpoints yet");
   api::Plan cut_zero = cut;
   cut_zero.config.distributed_optimizer = true;
-  expect_refusal(cut_zero, "with the distributed optimizer");
+  EXPECT_NO_THROW(worker::check_executable(cut_zero));
+  api::Plan cut_offload =
+      tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n", 32);
+  cut_offload.world = 2;
+  cut_offload.config.dp = 2;
+  cut_offload.config.cut_layer = 1;
+  cut_offload.config.cut_tp = 2;
+  expect_refusal(cut_offload, "the workers run cutpoints without offload only so far");
   api::Plan cut_same = cut;
   cut_same.config.cut_tp = 1;
   expect_refusal(cut_same, "cutpoint at layer 1 to TP 1 after TP 1");
