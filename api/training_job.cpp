@@ -639,6 +639,8 @@ Json to_json(const TrainingJobStatus& s) {
                    {"gpusPerNode", p.gpus_per_node},
                    {"tp", p.tp},
                    {"dp", p.dp},
+                   {"pp", p.pp},
+                   {"distributedOptimizer", p.distributed_optimizer},
                    {"overlap", p.overlap},
                    {"recompute", std::string(to_string(p.recompute))},
                    {"offload",
@@ -649,6 +651,7 @@ Json to_json(const TrainingJobStatus& s) {
                    {"predictedTokensPerSecond", p.predicted_tokens_per_second},
                    {"configMap", p.config_map},
                    {"planHash", p.plan_hash}};
+    if (p.cut_layer > 0) out["plan"]["cutpoint"] = {{"layer", p.cut_layer}, {"tp", p.cut_tp}};
   }
   out["workers"] = {{"desired", s.workers.desired},
                     {"ready", s.workers.ready},
@@ -725,6 +728,16 @@ TrainingJobStatus decode_status(const Json& value) {
     ps.gpus_per_node = p.integer("gpusPerNode").value_or(0);
     ps.tp = p.integer("tp").value_or(0);
     ps.dp = p.integer("dp").value_or(0);
+    ps.pp = p.integer("pp").value_or(1);
+    ps.distributed_optimizer = p.boolean("distributedOptimizer").value_or(false);
+    if (p.has("cutpoint")) {
+      ObjectReader cut = p.object("cutpoint");
+      ps.cut_layer = cut.integer("layer").value_or(0);
+      ps.cut_tp = cut.integer("tp").value_or(0);
+      cut.finish();
+    } else {
+      p.raw("cutpoint");
+    }
     ps.overlap = p.boolean("overlap").value_or(false);
     if (auto rc = p.string("recompute"))
       ps.recompute = parse_enum<Recompute>(*rc).value_or(Recompute::kNone);

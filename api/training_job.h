@@ -170,6 +170,9 @@ struct Condition {  // metav1.Condition
 
 struct PlanSummary {
   int64_t nodes = 0, gpus_per_node = 0, tp = 0, dp = 0;
+  int64_t pp = 1;                      // pipeline stages
+  bool distributed_optimizer = false;  // ZeRO-1
+  int64_t cut_layer = 0, cut_tp = 0;   // Oases' cutpoint (0: none)
   bool overlap = false;
   Recompute recompute = Recompute::kNone;
   OffloadMode offload = OffloadMode::kNone;

@@ -108,6 +108,10 @@ api::PlanSummary summarize(const api::Plan& plan) {
   s.gpus_per_node = plan.device == api::DeviceKind::kCuda ? plan.config.procs_per_node : 0;
   s.tp = plan.config.tp;
   s.dp = plan.config.dp;
+  s.pp = plan.config.pp;
+  s.distributed_optimizer = plan.config.distributed_optimizer;
+  s.cut_layer = plan.config.cut_layer;
+  s.cut_tp = plan.config.cut_tp;
   s.overlap = plan.config.sub_batches == 2;
   s.recompute = plan.config.recompute;
   s.offload = plan.config.offload;

@@ -194,6 +194,33 @@ TEST_F(ControllerTest, Create_PlansAndCreatesConfigMapServiceAndOnePodPerNode) {
   EXPECT_EQ(event_reasons(), std::vector<std::string>{"PlanChosen"});
 }
 
+// A job with Oases' cutpoint: the status says what the TP and DP columns cannot (the layers from
+// the cut at another TP degree), as do stages and sharding.
+TEST_F(ControllerTest, Status_SaysTheCutpointStagesAndSharding) {
+  Object j = tiny_job("job");
+  j["spec"]["parallelism"] = {{"tensorParallel", 1},
+                              {"dataParallel", 2},
+                              {"cutpointLayer", 1},
+                              {"cutpointTensorParallel", 2},
+                              {"distributedOptimizer", "on"}};
+  store.create(kTrainingJobs, "default", j);
+  reconcile();
+  const Object s = status();
+  ASSERT_TRUE(s.contains("plan")) << s.dump(2);
+  EXPECT_EQ(s["plan"]["tp"], 1);
+  EXPECT_EQ(s["plan"]["dp"], 2);
+  EXPECT_EQ(s["plan"]["pp"], 1);
+  EXPECT_EQ(s["plan"]["distributedOptimizer"], true);
+  EXPECT_EQ(s["plan"]["cutpoint"], Object({{"layer", 1}, {"tp", 2}}));
+  EXPECT_EQ(condition("Planned")["status"], "True");
+  // A plan without one says none.
+  store.create(kTrainingJobs, "default", tiny_job("plain"));
+  reconcile("plain");
+  const Object plain = status("plain");
+  EXPECT_FALSE(plain["plan"].contains("cutpoint")) << plain.dump(2);
+  EXPECT_EQ(plain["plan"]["distributedOptimizer"], false);
+}
+
 // Volumes and mounts of a pod by name.
 Object by_name(const Object& list, const std::string& name) {
   for (const auto& item : list)

@@ -84,6 +84,8 @@ api::TrainingJobStatus full_status() {
   s.phase = api::JobPhase::kRunning;
   s.conditions = {{"Running", "True", "Training", "step 1", 1, "2026-01-01T00:00:00Z"}};
   s.plan = api::PlanSummary{};
+  s.plan->cut_layer = 1;  // (encoded only when set)
+  s.plan->cut_tp = 2;
   s.progress.loss = 1;
   s.progress.eta_seconds = 1;
   s.progress.step_seconds = 1;
