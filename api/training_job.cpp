@@ -735,8 +735,6 @@ TrainingJobStatus decode_status(const Json& value) {
       ps.cut_layer = cut.integer("layer").value_or(0);
       ps.cut_tp = cut.integer("tp").value_or(0);
       cut.finish();
-    } else {
-      p.raw("cutpoint");
     }
     ps.overlap = p.boolean("overlap").value_or(false);
     if (auto rc = p.string("recompute"))

@@ -88,6 +88,16 @@ double cpu_threads_per_rank(const Problem& p, const ParallelConfig& c) {
                                           static_cast<double>(c.procs_per_node)));
 }
 
+// The bus bandwidth of a DP group's all-reduce: the intra-node link while a stage's t·d ranks
+// fit in a node (DP groups are the ranks with the same TP position: Megatron's order), else the
+// node's NICs, which carry one ring per TP position (t DP groups at once).
+double dp_bus_bandwidth(const Problem& p, const ParallelConfig& c) {
+  const auto& hw = p.hw;
+  if (c.nodes > 1 && c.tp * c.dp > c.procs_per_node)
+    return std::min(hw.intra_allreduce_busbw, hw.inter_node_bandwidth / static_cast<double>(c.tp));
+  return hw.intra_allreduce_busbw;
+}
+
 }  // namespace
 
 double host_link_bandwidth(const Problem& p, const ParallelConfig& c) {
@@ -329,15 +339,9 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
                 : 0.0;
   // Each segment's DP sum of the embeddings' unit, replaced by one sum over the world of the
   // unsharded tensors (both layouts at once).
-  auto dp_busbw = [&](const ParallelConfig& x) {
-    const bool across = x.nodes > 1 && x.tp * x.dp > x.procs_per_node;
-    return across ? std::min(hw.intra_allreduce_busbw,
-                             hw.inter_node_bandwidth / static_cast<double>(x.tp))
-                  : hw.intra_allreduce_busbw;
-  };
   auto unit0_dp = [&](const ParallelConfig& x) {
-    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * bpe, x.dp, dp_busbw(x),
-                                        hw.allreduce_latency) *
+    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * bpe, x.dp,
+                                        dp_bus_bandwidth(p, x), hw.allreduce_latency) *
                           hw.dp_comm_scale
                     : 0.0;
   };
@@ -594,14 +598,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // down; DP all-reduces them bucket by bucket; GPU-updated units then run AdamW on the device;
   // CPU-updated units go D2H, through CPU AdamW and (optimizer mode) back H2D, overlapped with
   // the rest of the backward and the next step's forward, which must not read a layer early.
-  // DP groups are the ranks of one stage with the same TP position (Megatron's order: TP
-  // fastest, then DP, then PP): inside a node while a stage's tp·dp ranks fit in one.
-  const bool dp_across_nodes = c.nodes > 1 && c.tp * c.dp > c.procs_per_node;
-  double dp_busbw = hw.intra_allreduce_busbw;
-  if (dp_across_nodes) {
-    // The node's NICs carry one ring per TP position: t data-parallel groups at once.
-    dp_busbw = std::min(dp_busbw, hw.inter_node_bandwidth / static_cast<double>(c.tp));
-  }
+  const double dp_busbw = dp_bus_bandwidth(p, c);
   const double backward_start = forward_backward - micro_batch_seconds + timing.forward;
   struct Unit {
     double params;

@@ -33,14 +33,10 @@ float CutpointReshard::micro_step(Gpt& before, Gpt& after, const int32_t* inputs
   return loss;
 }
 
-void CutpointReshard::gather_rows(const float* part, float* whole, int64_t part_floats) {
-  cut_.allgather(part, whole, static_cast<size_t>(part_floats));
-}
-
 void CutpointReshard::activations(const float* before, float* after) {
   const int64_t n2 = B2_ * T_ * C_;
   if (widens_)
-    gather_rows(before, after, B1_ * T_ * C_);
+    cut_.allgather(before, after, static_cast<size_t>(B1_ * T_ * C_));
   else
     std::memcpy(after, before + cut_.rank() * n2, static_cast<size_t>(n2) * sizeof(float));
 }
@@ -50,7 +46,7 @@ void CutpointReshard::gradients(const float* after, float* before) {
   if (widens_)
     std::memcpy(before, after + cut_.rank() * n1, static_cast<size_t>(n1) * sizeof(float));
   else
-    gather_rows(after, before, B2_ * T_ * C_);
+    cut_.allgather(after, before, static_cast<size_t>(B2_ * T_ * C_));
 }
 
 void CutpointReshard::tokens(const int32_t* inputs, const int32_t* targets, int32_t* inputs_after,
@@ -69,7 +65,7 @@ void CutpointReshard::tokens(const int32_t* inputs, const int32_t* targets, int3
     tokens_in_[static_cast<size_t>(i)] = static_cast<float>(inputs[i]);
     tokens_in_[static_cast<size_t>(n1 + i)] = static_cast<float>(targets[i]);
   }
-  gather_rows(tokens_in_.data(), tokens_out_.data(), 2 * n1);
+  cut_.allgather(tokens_in_.data(), tokens_out_.data(), static_cast<size_t>(2 * n1));
   for (int64_t r = 0; r < cut_.size(); ++r)
     for (int64_t i = 0; i < n1; ++i) {
       inputs_after[r * n1 + i] = static_cast<int32_t>(tokens_out_[static_cast<size_t>(2 * r * n1 + i)]);

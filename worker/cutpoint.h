@@ -48,8 +48,6 @@ class CutpointReshard {
   void gradients(const float* after, float* before);
 
  private:
-  // Rows of `rows_per_rank` floats each: this rank's part of a gathered block, or the block.
-  void gather_rows(const float* part, float* whole, int64_t part_floats);
   Communicator& cut_;
   bool widens_;
   int64_t B1_, B2_, T_, C_;
