@@ -150,8 +150,7 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
 
   // ---- GradientReducer: one NCCL group call per reduce, after `ready`
   void reduce(const Ranges& ranges, const CudaEvent& ready) override {
-    cudaStream_t stream = serialize_on_ ? serialize_on_->handle() : stream_;
-    check_cuda(cudaStreamWaitEvent(stream, ready.handle(), 0), "cudaStreamWaitEvent");
+    cudaStream_t stream = reduction_stream(ready);
     check_nccl(nccl().group_start(), "ncclGroupStart");
     size_t bytes = 0;
     for (const auto& [data, count] : ranges) {
@@ -168,6 +167,25 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
     stats_.collectives += static_cast<int64_t>(ranges.size());
     stats_.allreduces += static_cast<int64_t>(ranges.size());
     stats_.bytes += static_cast<int64_t>(bytes);
+  }
+  // The distributed optimizer's collectives, on the stream of the sums (in their order).
+  void reduce_scatter(const float* bucket, float* shard, size_t count, const CudaEvent& ready,
+                      CudaEvent& done) override {
+    cudaStream_t stream = reduction_stream(ready);
+    check_nccl(nccl().reduce_scatter(bucket, shard, count, ncclFloat, ncclSum, comm_, stream),
+               "ncclReduceScatter");
+    check_cuda(cudaEventRecord(done.handle(), stream), "cudaEventRecord");
+    count_op(count * size_ * sizeof(float), false);
+  }
+  void all_gather(const void* shard, void* bucket, size_t count, DeviceDtype type,
+                  const CudaEvent& ready, CudaEvent& done) override {
+    const bool bf16 = type == DeviceDtype::kBfloat16;
+    cudaStream_t stream = reduction_stream(ready);
+    check_nccl(
+        nccl().all_gather(shard, bucket, count, bf16 ? ncclBfloat16 : ncclFloat, comm_, stream),
+        "ncclAllGather");
+    check_cuda(cudaEventRecord(done.handle(), stream), "cudaEventRecord");
+    count_op(count * size_ * (bf16 ? 2 : 4), false);
   }
   void join(CudaStream& stream) override {
     check_cuda(cudaEventRecord(done_, serialize_on_ ? serialize_on_->handle() : stream_),
@@ -200,6 +218,12 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
   }
 
  private:
+  // The stream the gradient reductions run on, once it waits for `ready`.
+  cudaStream_t reduction_stream(const CudaEvent& ready) {
+    cudaStream_t stream = serialize_on_ ? serialize_on_->handle() : stream_;
+    check_cuda(cudaStreamWaitEvent(stream, ready.handle(), 0), "cudaStreamWaitEvent");
+    return stream;
+  }
   std::shared_ptr<CommWork> record() {
     cudaEvent_t event;
     check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");

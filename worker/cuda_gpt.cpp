@@ -61,6 +61,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   offload.recompute = recompute_;
   offload.cpu_threads = options.cpu_threads;
   offload.reducer = options.reducer;
+  offload.distributed_optimizer = options.distributed_optimizer;
   engine_ = std::make_unique<CudaOffloadEngine>(device_, c_, t_, *ctx_, offload);
   allocate();  // (what was taken goes back with the members if this throws)
 }
@@ -460,7 +461,9 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
   engine_->join_reductions(compute);
   const CudaParamLayout& layout = engine_->layout();
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, bytes<double>(2), compute.handle()));
-  if (t_ == 1) {
+  if (engine_->distributed_optimizer()) {
+    engine_->add_shard_sums_of_squares(norm_);
+  } else if (t_ == 1) {
     cu::sum_of_squares(*ctx_, norm_ + 1, engine_->grads(), layout.dparams);
   } else {
     for (int i = 0; i < kNumParamTensors; ++i)

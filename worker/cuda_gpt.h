@@ -51,6 +51,9 @@ struct CudaGptOptions {
   // Data parallelism: sums each unit's gradients over the DP group as they become final in the
   // last micro-batch's backward (nullptr: one rank). The trainer scales the loss by 1/dp.
   GradientReducer* reducer = nullptr;
+  // The distributed optimizer (ZeRO-1) over the reducer's group (worker/cuda_offload.h): each
+  // rank keeps its shard of the masters and moments; needs every unit on the device.
+  bool distributed_optimizer = false;
   // worker/recompute.h. The re-run of kFull skips fc2's GEMM too: the backward reads neither its
   // output nor the residual sum after it (the next layer's input is kept).
   api::Recompute recompute = api::Recompute::kNone;
@@ -90,7 +93,9 @@ class CudaGpt {
   void get_parameters(float* host);
   void set_moments(const float* m, const float* v);
   void get_moments(float* m, float* v);
-  // The fp32 gradients accumulated so far (num_parameters() floats; waits for queued work).
+  // The fp32 gradients accumulated so far (num_parameters() floats; waits for queued work): with
+  // DP the sums, except with the distributed optimizer (this rank's own; the sums are sharded).
+  // get_parameters and get_moments gather the shards: every DP rank calls them together.
   void get_gradients(float* host);
 
   // Starts an accumulation: gradients and the loss sum are zeroed.
@@ -106,8 +111,10 @@ class CudaGpt {
   // Σ g² over every gradient, in double (waits for the backward).
   double grad_sum_of_squares();
   // The same split into the TP-sharded tensors' (sum those over the TP group) and the replicated
-  // ones' (the same on every TP rank).
+  // ones' (the same on every TP rank). With the distributed optimizer: this rank's shards' (sum
+  // both over the DP group too).
   void grad_sums_of_squares(double* sharded, double* replicated);
+  bool distributed_optimizer() const { return engine_->distributed_optimizer(); }
   // Whether a tensor is split over the TP ranks (false for every tensor at TP 1).
   bool sharded(int tensor_index) const;
   int64_t tp_size() const { return t_; }

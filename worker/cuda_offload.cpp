@@ -81,6 +81,9 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
     window_ = std::min(options.window, c_.layers - (device_units_ - 1));
   }
   layout_ = cuda_param_layout(c_, tp, window_ > 0 ? device_units_ - 1 : c_.layers);
+  zero_ = options.distributed_optimizer && reducer_ && reducer_->size() > 1;
+  KT_CHECK(!zero_ || device_units_ == units,
+           "the CUDA distributed optimizer runs without offload (api::not_yet_executable)");
   allocate();
   if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
 }
@@ -116,7 +119,7 @@ void CudaOffloadEngine::allocate() {
   const auto& sizes = layout_.sizes;
   units_.resize(static_cast<size_t>(L + 1));
   std::vector<ParamSlice> slices;
-  for (int64_t u = 0; u < device_units_; ++u)
+  for (int64_t u = 0; u < device_units_ && !zero_; ++u)  // (the shards are packed by unit)
     for (const ParamSlice& s : gpt_unit_slices(sizes, L, u)) slices.push_back(s);
   std::sort(slices.begin(), slices.end(),
             [](const ParamSlice& a, const ParamSlice& b) { return a.offset < b.offset; });
@@ -148,7 +151,9 @@ void CudaOffloadEngine::allocate() {
         unit.grad_ranges.emplace_back(grads_ + layout_.device_offset(s.tensor, s.offset),
                                       static_cast<size_t>(s.count));
     unit.grads_final = std::make_unique<CudaEvent>();
+    if (zero_) unit.weights_copied = std::make_unique<CudaEvent>();  // unpacked from the gather
   }
+  if (zero_) allocate_shards();
   for (int64_t u = device_units_; u <= L; ++u) {
     Unit& unit = units_[static_cast<size_t>(u)];
     unit.on_device = false;
@@ -165,6 +170,46 @@ void CudaOffloadEngine::allocate() {
     hv_ = memory_.pinned<float>(host_packed_, MemoryKind::kOptimizer);
     hgrads_ = memory_.pinned<float>(host_packed_, MemoryKind::kGrads);
     hparams16_ = memory_.pinned<uint16_t>(host_packed_, MemoryKind::kParams);
+  }
+}
+
+void CudaOffloadEngine::allocate_shards() {
+  const int64_t L = c_.layers, d = reducer_->size(), r = reducer_->rank();
+  shards_.resize(static_cast<size_t>(L + 1));
+  int64_t total = 0, widest = 0;
+  for (int64_t u = 0; u <= L; ++u) {
+    Shard& shard = shards_[static_cast<size_t>(u)];
+    shard.slices = gpt_unit_slices(layout_.sizes, L, u);
+    int64_t floats = 0;
+    for (const ParamSlice& s : shard.slices) floats += s.count;
+    shard.size = (floats + d - 1) / d;
+    shard.offset = total;
+    total += shard.size;
+    widest = std::max(widest, shard.size);
+    // The rank's part [begin, end) of the packed slices, cut into runs of one tensor.
+    const int64_t begin = std::min(r * shard.size, floats);
+    const int64_t end = std::min((r + 1) * shard.size, floats);
+    int64_t packed = 0;
+    for (const ParamSlice& s : shard.slices) {
+      const int64_t lo = std::max(packed, begin), hi = std::min(packed + s.count, end);
+      if (lo < hi) shard.pieces.push_back({s.tensor, s.offset + lo - packed, lo - begin, hi - lo});
+      packed += s.count;
+    }
+  }
+  dmaster_ = memory_.device<float>(total, MemoryKind::kParams);
+  dm_ = memory_.device<float>(total, MemoryKind::kOptimizer);
+  dv_ = memory_.device<float>(total, MemoryKind::kOptimizer);
+  shard_grads_ = memory_.device<float>(total, MemoryKind::kGrads);
+  auto events = [](auto& bucket) {
+    bucket.ready = std::make_unique<CudaEvent>();
+    bucket.done = std::make_unique<CudaEvent>();
+    bucket.free = std::make_unique<CudaEvent>();
+  };
+  for (int k = 0; k < 2; ++k) {
+    grad_buckets_[k].data = memory_.device<float>(d * widest, MemoryKind::kWorkspace);
+    weight_buckets_[k].data = memory_.device<bf16>(d * widest, MemoryKind::kWorkspace);
+    events(grad_buckets_[k]);
+    events(weight_buckets_[k]);
   }
 }
 
@@ -204,6 +249,15 @@ void download_packed(const float* packed_device, const std::vector<ParamSlice>& 
 
 void CudaOffloadEngine::set_parameters(const float* host) {
   synchronize();
+  if (zero_) {  // the rank's shard of the masters; every rank's bf16 copy from the whole array
+    scatter_shards(host, dmaster_);
+    std::vector<uint16_t> rounded(static_cast<size_t>(layout_.params));
+    for (int64_t i = 0; i < layout_.params; ++i) rounded[i] = kernels::float_to_bf16(host[i]);
+    for (int i = 0; i < kNumParamTensors; ++i)
+      KT_CUDA_CHECK(cudaMemcpy(params16_ + layout_.doffsets[i], rounded.data() + layout_.offsets[i],
+                               bytes<bf16>(layout_.dsizes[i]), cudaMemcpyHostToDevice));
+    return;
+  }
   if (dmaster_) upload_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
@@ -213,6 +267,7 @@ void CudaOffloadEngine::set_parameters(const float* host) {
 
 void CudaOffloadEngine::get_parameters(float* host) {
   synchronize();
+  if (zero_) return gather_shards(dmaster_, host);
   if (dmaster_) download_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
@@ -221,6 +276,11 @@ void CudaOffloadEngine::get_parameters(float* host) {
 
 void CudaOffloadEngine::set_moments(const float* m, const float* v) {
   synchronize();
+  if (zero_) {
+    scatter_shards(m, dm_);
+    scatter_shards(v, dv_);
+    return;
+  }
   if (dm_) {
     upload_packed(dm_, device_slices_, m);
     upload_packed(dv_, device_slices_, v);
@@ -234,6 +294,11 @@ void CudaOffloadEngine::set_moments(const float* m, const float* v) {
 
 void CudaOffloadEngine::get_moments(float* m, float* v) {
   synchronize();
+  if (zero_) {
+    gather_shards(dm_, m);
+    gather_shards(dv_, v);
+    return;
+  }
   if (dm_) {
     download_packed(dm_, device_slices_, m);
     download_packed(dv_, device_slices_, v);
@@ -260,6 +325,32 @@ void CudaOffloadEngine::get_gradients(float* host) {
       host_reads("get_gradients", hgrads_ + sl.packed, bytes<float>(sl.count));
       std::memcpy(host + sl.offset, hgrads_ + sl.packed, bytes<float>(sl.count));
     }
+}
+
+void CudaOffloadEngine::scatter_shards(const float* host, float* shards) {
+  for (const Shard& shard : shards_)
+    for (const ShardPiece& p : shard.pieces)
+      KT_CUDA_CHECK(cudaMemcpy(shards + shard.offset + p.in_shard, host + p.offset,
+                               bytes<float>(p.count), cudaMemcpyHostToDevice));
+}
+
+// Unit by unit through the first gradient bucket (the step's collectives are done: the caller
+// synchronised).
+void CudaOffloadEngine::gather_shards(const float* shards, float* host) {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  Bucket<float>& bucket = grad_buckets_[0];
+  for (const Shard& shard : shards_) {
+    compute.record(*bucket.ready);
+    reducer_->all_gather(shards + shard.offset, bucket.data, static_cast<size_t>(shard.size),
+                         DeviceDtype::kFloat32, *bucket.ready, *bucket.done);
+    bucket.done->synchronize();
+    int64_t packed = 0;
+    for (const ParamSlice& s : shard.slices) {
+      KT_CUDA_CHECK(cudaMemcpy(host + s.offset, bucket.data + packed, bytes<float>(s.count),
+                               cudaMemcpyDeviceToHost));
+      packed += s.count;
+    }
+  }
 }
 
 void CudaOffloadEngine::refresh_bf16() {
@@ -298,6 +389,10 @@ void CudaOffloadEngine::before_forward(int64_t unit) {
   if (unit == 1)  // the window's first layers, ahead of the first layer's forward
     for (int64_t j = 0; j < window_; ++j) load_layer(layout_.resident_layers + j);
   Unit& u = units_[static_cast<size_t>(unit)];
+  if (zero_) {  // its weights, all-gathered after the last update
+    device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
+    return;
+  }
   if (u.on_device) return;
   if (unit_streamed(unit)) {  // its weights come into a slot instead
     use_layer(unit - 1);
@@ -377,7 +472,9 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
       slot_ranges.emplace_back(slot.grads + layout_.slot_offsets[sl.tensor],
                                static_cast<size_t>(sl.count));
   }
-  if (reducer_ && last_micro_batch)
+  if (reducer_ && last_micro_batch && zero_)
+    reduce_scatter(unit);
+  else if (reducer_ && last_micro_batch)
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
   if (!u.on_device) {
     CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
@@ -396,6 +493,33 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
   }
   const int64_t below = unit - 1 - window_;
   if (in_slot && below >= layout_.resident_layers) load_layer(below);
+}
+
+// The distributed optimizer: the unit's gradients packed into the next bucket on the DP stream
+// (once the bucket's last reduce-scatter has read it), then reduce-scattered into its shard.
+void CudaOffloadEngine::reduce_scatter(int64_t unit) {
+  const Shard& shard = shards_[static_cast<size_t>(unit)];
+  Bucket<float>& bucket = grad_buckets_[static_cast<size_t>(next_grad_bucket_)];
+  next_grad_bucket_ ^= 1;
+  CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
+  dp.wait(*units_[static_cast<size_t>(unit)].grads_final);
+  dp.wait(*bucket.done);
+  int64_t packed = 0;
+  for (const ParamSlice& s : shard.slices) {
+    device_.copy(bucket.data + packed, grads_ + layout_.device_offset(s.tensor, s.offset),
+                 bytes<float>(s.count), dp);
+    packed += s.count;
+  }
+  dp.record(*bucket.ready);
+  reducer_->reduce_scatter(bucket.data, shard_grads_ + shard.offset,
+                           static_cast<size_t>(shard.size), *bucket.ready, *bucket.done);
+}
+
+void CudaOffloadEngine::add_shard_sums_of_squares(double* sums) {
+  for (const Shard& shard : shards_)
+    for (const ShardPiece& p : shard.pieces)
+      cu::sum_of_squares(ctx_, sums + (gpt_tp_sharded(p.tensor, layout_.tp) ? 0 : 1),
+                         shard_grads_ + shard.offset + p.in_shard, p.count);
 }
 
 void CudaOffloadEngine::join_reductions(CudaStream& stream) {
@@ -420,6 +544,7 @@ void CudaOffloadEngine::add_host_sums_of_squares(double* sharded, double* replic
 
 void CudaOffloadEngine::update(const kernels::AdamWStep& step, float weight_decay) {
   join_reductions(device_.stream(StreamRole::kCompute));
+  if (zero_) return update_shards(step, weight_decay);
   for (int decays = 0; decays < 2; ++decays) {
     if (device_tensors_[decays].empty()) continue;
     kernels::AdamWStep s = step;
@@ -434,6 +559,48 @@ void CudaOffloadEngine::update(const kernels::AdamWStep& step, float weight_deca
     cpu_tasks_.push_back([this, u, step, weight_decay] { cpu_update(u, step, weight_decay); });
   }
   changed_.notify_all();
+}
+
+// The distributed optimizer, unit by unit in forward order: AdamW on the rank's shard (on the
+// compute stream) writes its bf16 weights into its place in the next weight bucket; the bucket is
+// all-gathered, then unpacked into the bf16 parameters on the DP stream, where the next forward
+// of the unit waits for it (before_forward).
+void CudaOffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_decay) {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
+  const int64_t r = reducer_->rank();
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    const Shard& shard = shards_[u];
+    Bucket<bf16>& bucket = weight_buckets_[static_cast<size_t>(next_weight_bucket_)];
+    next_weight_bucket_ ^= 1;
+    compute.wait(*bucket.free);  // the last unpack from this bucket has read it
+    bf16* mine = bucket.data + r * shard.size;
+    std::vector<cu::AdamWTensor> tensors[2];  // [decays]
+    for (const ShardPiece& p : shard.pieces) {
+      const int64_t at = shard.offset + p.in_shard;
+      tensors[gpt_decays(p.tensor) ? 1 : 0].push_back(
+          {dmaster_ + at, shard_grads_ + at, dm_ + at, dv_ + at, mine + p.in_shard, p.count});
+    }
+    for (int decays = 0; decays < 2; ++decays) {
+      if (tensors[decays].empty()) continue;
+      kernels::AdamWStep s = step;
+      s.weight_decay = decays ? weight_decay : 0.0f;
+      cu::adamw_update_multi(ctx_, tensors[decays].data(), static_cast<int>(tensors[decays].size()),
+                             s);
+    }
+    compute.record(*bucket.ready);
+    reducer_->all_gather(mine, bucket.data, static_cast<size_t>(shard.size), DeviceDtype::kBfloat16,
+                         *bucket.ready, *bucket.done);
+    dp.wait(*bucket.done);
+    int64_t packed = 0;
+    for (const ParamSlice& s : shard.slices) {
+      device_.copy(params16_ + layout_.device_offset(s.tensor, s.offset), bucket.data + packed,
+                   bytes<bf16>(s.count), dp);
+      packed += s.count;
+    }
+    dp.record(*bucket.free);
+    dp.record(*units_[u].weights_copied);
+  }
 }
 
 void CudaOffloadEngine::wait_cpu_update(const Unit& u) {

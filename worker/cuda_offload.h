@@ -16,6 +16,16 @@
 // Data parallelism is the engine's too, as on the CPU: as a unit's gradients become final in the
 // last micro-batch it sums them over the DP group (the GradientReducer) before its copy, the norm
 // and AdamW read them.
+// The distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer; the CPU engine's
+// sharding): each unit's parameters, packed in its slices' order and padded to a multiple of the
+// DP size d, fall into d equal shards; this rank keeps the fp32 master weights and the moments of
+// its shard r only (12/d bytes per parameter instead of 12). As a unit's gradients become final in
+// the last micro-batch they are packed into a bucket (one of two, in turn) on the data-parallel
+// stream and reduce-scattered, shard r's sums landing in the rank's shard gradients; the norm is
+// the shards' (the trainer sums it over DP); AdamW updates the shard and writes its bf16 weights
+// into a gather bucket, which is all-gathered and unpacked into every rank's bf16 parameters on
+// the data-parallel stream, unit by unit, the next forward waiting for each unit's. The fp32
+// gradients stay whole on every rank (accumulated over micro-batches, as Megatron's buffer).
 //
 // The model (worker/cuda_gpt.h) holds the activations and the math: it reads a layer's weights
 // and gradients through layer_weight / layer_grad and tells the engine where the schedule is
@@ -106,6 +116,9 @@ struct CudaOffloadOptions {
   api::Recompute recompute = api::Recompute::kNone;
   int cpu_threads = 1;                // OpenMP threads of the CPU optimizer
   GradientReducer* reducer = nullptr;  // data parallelism (nullptr: one rank)
+  // The distributed optimizer (ZeRO-1) over the reducer's group, when it has more than one rank;
+  // every unit on the device (no offload).
+  bool distributed_optimizer = false;
 };
 
 class CudaOffloadEngine {
@@ -158,6 +171,11 @@ class CudaOffloadEngine {
   // Adds Σ g² of the gradients only in host memory (the streamed layers') to the sharded and
   // replicated sums (after the backward).
   void add_host_sums_of_squares(double* sharded, double* replicated);
+  // The distributed optimizer: whether it is on; Σ g² of this rank's shards enqueued on the
+  // compute stream into device doubles sums[0] (the TP-sharded tensors') and sums[1] (the
+  // replicated ones'), after the reduce-scatters.
+  bool distributed_optimizer() const { return zero_; }
+  void add_shard_sums_of_squares(double* sums);
   // AdamW on every unit (weight decay on the decayed tensors): the device units' now, the CPU
   // units' queued in forward order; the next forward waits per unit.
   void update(const kernels::AdamWStep& step, float weight_decay);
@@ -215,8 +233,37 @@ class CudaOffloadEngine {
     std::array<int64_t, 2> holds{-1, -1};
   };
 
+  // The distributed optimizer's shard of a unit: `size` floats per rank (its packed slices
+  // padded to d·size), at `offset` in the rank's shard arrays; the pieces of the rank's shard,
+  // each a run of one tensor.
+  struct ShardPiece {
+    int tensor;
+    int64_t offset;    // whole-model offset
+    int64_t in_shard;  // from the shard's start
+    int64_t count;
+  };
+  struct Shard {
+    int64_t size = 0, offset = 0;
+    std::vector<ParamSlice> slices;  // the unit's, in packed order
+    std::vector<ShardPiece> pieces;
+  };
+  // Two buckets in turn: a unit's packed fp32 gradients (d·size) or bf16 weights, and the events
+  // of their collective (ready: written; done: the collective has finished with it).
+  template <typename T>
+  struct Bucket {
+    T* data = nullptr;
+    std::unique_ptr<CudaEvent> ready, done, free;  // free: the unpack has read it
+  };
+
   void allocate();
+  void allocate_shards();
   void refresh_bf16();  // bf16 copies := masters (all units), synchronous
+  void reduce_scatter(int64_t unit);  // its packed gradients, on the DP stream
+  void update_shards(const kernels::AdamWStep& step, float weight_decay);
+  // Every rank's shard of `shards` (the rank's shard arrays' layout) into `host` (llm.c layout);
+  // every DP rank calls it together.
+  void gather_shards(const float* shards, float* host);
+  void scatter_shards(const float* host, float* shards);  // this rank's pieces of `host`
   bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
   Slot& slot_of(int64_t l) {
     return slots_[static_cast<size_t>((l - layout_.resident_layers) % window_)];
@@ -254,6 +301,14 @@ class CudaOffloadEngine {
   uint16_t* hparams16_ = nullptr;
   std::vector<Unit> units_;
   std::vector<Ring> rings_;
+  // The distributed optimizer: the shards (dmaster_, dm_, dv_ hold the rank's shards then), the
+  // shard gradients, and the buckets.
+  bool zero_ = false;
+  std::vector<Shard> shards_;
+  float* shard_grads_ = nullptr;
+  std::array<Bucket<float>, 2> grad_buckets_;
+  std::array<Bucket<kernels::cuda::bf16>, 2> weight_buckets_;
+  int next_grad_bucket_ = 0, next_weight_bucket_ = 0;
 
   // The CPU optimizer thread.
   std::thread cpu_thread_;

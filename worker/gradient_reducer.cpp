@@ -29,7 +29,52 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
     for (const auto& [data, count] : ranges)
       sum_through_host(data, count, DeviceDtype::kFloat32, ReduceOp::kSum, stream);
   }
-  void join(CudaStream&) override {}  // reduce returned with the sums in place
+  void join(CudaStream&) override {}  // every operation returns with its result in place
+
+  // The distributed optimizer's collectives, staged like the sums: [bucket | shard] in pinned
+  // memory.
+  void reduce_scatter(const float* bucket, float* shard, size_t count, const CudaEvent& ready,
+                      CudaEvent& done) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
+    stream.wait(ready);
+    const size_t n = count * static_cast<size_t>(size());
+    auto* staged = static_cast<float*>(staging((n + count) * sizeof(float), stream));
+    device_.copy(staged, bucket, n * sizeof(float), stream);
+    stream.synchronize();
+    host_writes("host collectives", staged, (n + count) * sizeof(float));
+    group_.reduce_scatter(staged, staged + n, count);
+    device_.copy(shard, staged + n, count * sizeof(float), stream);
+    stream.synchronize();
+    stream.record(done);
+    count_op(n * sizeof(float), t0, false);
+  }
+  void all_gather(const void* shard, void* bucket, size_t count, DeviceDtype type,
+                  const CudaEvent& ready, CudaEvent& done) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    CudaStream& stream = device_.stream(StreamRole::kDataParallelComm);
+    stream.wait(ready);
+    const size_t n = count * static_cast<size_t>(size());
+    const size_t element = type == DeviceDtype::kBfloat16 ? 2 : 4;
+    void* staged = staging(element * n, stream);  // the shard, then the gathered bucket
+    device_.copy(staged, shard, element * count, stream);
+    stream.synchronize();
+    host_writes("host collectives", staged, element * n);
+    if (type == DeviceDtype::kFloat32) {
+      floats_.assign(static_cast<const float*>(staged), static_cast<const float*>(staged) + count);
+      group_.allgather(floats_.data(), static_cast<float*>(staged), count);
+    } else {  // bf16 through floats: both conversions are exact
+      auto* bits = static_cast<uint16_t*>(staged);
+      floats_.resize(count + n);
+      for (size_t i = 0; i < count; ++i) floats_[i] = kernels::bf16_to_float(bits[i]);
+      group_.allgather(floats_.data(), floats_.data() + count, count);
+      for (size_t i = 0; i < n; ++i) bits[i] = kernels::float_to_bf16(floats_[count + i]);
+    }
+    device_.copy(bucket, staged, element * n, stream);
+    stream.synchronize();
+    stream.record(done);
+    count_op(element * n, t0, false);
+  }
 
   // StreamCollectives: the result is in place when this returns (and `done` says so).
   void allreduce_after(void* data, size_t count, DeviceDtype type, ReduceOp op,
@@ -44,12 +89,7 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
                         CudaStream& stream) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t bytes = count * (type == DeviceDtype::kBfloat16 ? 2 : 4);
-    if (bytes > capacity_) {  // grows to the largest buffer in the first step, then stays
-      stream.synchronize();
-      if (staging_) device_.deallocate_pinned(staging_);
-      staging_ = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
-      capacity_ = bytes;
-    }
+    staging(bytes, stream);
     device_.copy(staging_, data, bytes, stream);
     stream.synchronize();
     host_writes("host collectives", staging_, bytes);  // (read and written in place)
@@ -64,10 +104,25 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
     }
     device_.copy(data, staging_, bytes, stream);
     stream.synchronize();
+    count_op(bytes, t0, true);
+  }
+
+  // The pinned staging buffer, at least `bytes` (it grows to the largest operation in the first
+  // step, then stays).
+  void* staging(size_t bytes, CudaStream& stream) {
+    if (bytes > capacity_) {
+      stream.synchronize();
+      if (staging_) device_.deallocate_pinned(staging_);
+      staging_ = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
+      capacity_ = bytes;
+    }
+    return staging_;
+  }
+  void count_op(size_t bytes, std::chrono::steady_clock::time_point t0, bool allreduce) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stats_.collectives;
-    ++stats_.allreduces;
+    if (allreduce) ++stats_.allreduces;
     stats_.bytes += static_cast<int64_t>(bytes);
     stats_.seconds += seconds;
     stats_.exposed_seconds += seconds;  // the host waits for all of it

@@ -23,15 +23,27 @@
 
 namespace kt::worker {
 
+enum class DeviceDtype { kFloat32, kBfloat16 };
+
 class GradientReducer {
  public:
   using Ranges = std::vector<std::pair<float*, size_t>>;  // device pointer, float count
   virtual ~GradientReducer() = default;
+  virtual int rank() const = 0;              // this rank's place in the group
   virtual int size() const = 0;              // ranks in the group
   virtual const char* backend() const = 0;   // "nccl" or "host"
   // Sums every range over the group (in place), after `ready` (an event recorded on the stream
   // that produced them). Every rank must reduce the same ranges in the same order.
   virtual void reduce(const Ranges& ranges, const CudaEvent& ready) = 0;
+  // The distributed optimizer (ZeRO-1): `bucket` (size() · count floats) summed over the group,
+  // rank r's part [r·count, (r+1)·count) of the sums into `shard`, after `ready`; `done` is
+  // recorded where the bucket may be written again and the shard read.
+  virtual void reduce_scatter(const float* bucket, float* shard, size_t count,
+                              const CudaEvent& ready, CudaEvent& done) = 0;
+  // bucket[r·count, (r+1)·count) := rank r's `shard` (`count` elements of `type`; the shard may
+  // be this rank's own place in the bucket), after `ready`; `done` recorded once it is in place.
+  virtual void all_gather(const void* shard, void* bucket, size_t count, DeviceDtype type,
+                          const CudaEvent& ready, CudaEvent& done) = 0;
   // Work enqueued on `stream` from now on waits for every reduction issued so far.
   virtual void join(CudaStream& stream) = 0;
   // Bytes summed so far (this rank's buffers) and the seconds the host was blocked in reduce
@@ -46,7 +58,6 @@ class GradientReducer {
 // (Oases' sub-batches) after computing the other sub-batch. NCCL runs on that stream without
 // blocking the host; the host implementation waits for `ready`, sums through the group's
 // Communicator (Gloo) and copies back before it returns.
-enum class DeviceDtype { kFloat32, kBfloat16 };
 class StreamCollectives {
  public:
   virtual ~StreamCollectives() = default;

@@ -610,6 +610,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const CudaCollectives collectives = make_cuda_collectives(groups, device, log);
   CudaGptOptions model_options;
   model_options.reducer = collectives.dp.get();
+  model_options.distributed_optimizer = plan.config.distributed_optimizer;
   model_options.tp = collectives.tp.get();
   model_options.sub_batches = static_cast<int>(plan.config.sub_batches);
   model_options.recompute = plan.config.recompute;
@@ -623,10 +624,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
       " offload units on the GPU" +
-      (model_options.window > 0
-           ? "; the other layers streamed through " + std::to_string(model_options.window) +
-                 " slot(s)"
-           : std::string()));
+      (model.distributed_optimizer()
+           ? " (masters and moments sharded over " + std::to_string(dp) + " DP ranks)"
+           : std::string()) +
+      (model_options.window > 0 ? "; the other layers streamed through " +
+                                      std::to_string(model_options.window) + " slot(s)"
+                                : std::string()));
   // Host copies for checkpoints and initialisation (llm.c layout).
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
@@ -690,6 +693,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);
+    if (model.distributed_optimizer()) allreduce_doubles(*groups.dp, sums, 2);  // the shards'
     const double norm = global_norm(sums[0], sums[1], groups);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     model.update(adam, static_cast<float>(t.weight_decay));

@@ -64,8 +64,18 @@ class ThreadGroup {
                   group_.buffers_[static_cast<size_t>(r)] + count, out + r * count);
       group_.arrive();
     }
-    void reduce_scatter(const float*, float*, size_t) override {
-      throw Error("ThreadGroup: reduce_scatter is not used by these tests");
+    void reduce_scatter(const float* in, float* out, size_t count) override {
+      group_.publish(rank_, const_cast<float*>(in));
+      std::vector<float> part(count);
+      const size_t from = static_cast<size_t>(rank_) * count;
+      for (size_t i = 0; i < count; ++i) {  // in rank order, as allreduce_async
+        float acc = group_.buffers_[0][from + i];
+        for (int r = 1; r < group_.size_; ++r)
+          acc += group_.buffers_[static_cast<size_t>(r)][from + i];
+        part[i] = acc;
+      }
+      group_.arrive();
+      std::copy(part.begin(), part.end(), out);
     }
     void broadcast(float* data, size_t count, int root) override {
       group_.publish(rank_, data);
@@ -369,10 +379,57 @@ void test_cuda_gpt_tensor_parallel() {
 // on the whole batch. With NCCL, the gradient sums go on the TP communication stream as the
 // trainer issues them (serialize_on), behind the TP all-reduces in issue order. Mean losses within
 // 5e-3; each TP pair as in the TP test; the two DP replicas of each TP rank bit-identical.
+using Batches = std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>;
+
+// DP × TP ranks (TP fastest: rank r is TP rank r % tp of DP rank r / tp), each training `steps`
+// on its DP rank's part of every batch with `base`'s options, over in-process groups and the
+// backend's collectives (the DP sums on the TP stream where TP is on, as the trainer orders them).
+std::vector<DpRun> run_dp_tp(const std::string& backend, int dp, int tp, const GptConfig& c,
+                             int64_t B, int64_t T, const CudaGptOptions& base,
+                             const Batches& batches, std::string* error) {
+  std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups;
+  for (int g = 0; g < dp; ++g) tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
+  for (int g = 0; g < tp; ++g) dp_groups.push_back(std::make_unique<ThreadGroup>(dp));
+  return run_ranks(
+      dp * tp,
+      [&](int r, CudaDevice& device, worker::Communicator&) {
+        const int tp_rank = r % tp, dp_rank = r / tp;
+        try {
+          ThreadGroup::Rank tp_comm(*tp_groups[dp_rank], tp_rank);
+          ThreadGroup::Rank dp_comm(*dp_groups[tp_rank], dp_rank);
+          auto collectives = tp > 1 ? make_stream_collectives(backend, tp_comm, device) : nullptr;
+          auto reducer = make_reducer(
+              backend, dp_comm, device,
+              tp > 1 ? &device.stream(worker::StreamRole::kTensorParallelComm) : nullptr);
+          CudaGptOptions options = base;
+          options.tp = collectives.get();
+          options.reducer = reducer.get();
+          options.cpu_threads = 1;
+          return train_steps(
+              device, c, B, T, options, 1.0f / static_cast<float>(dp),
+              static_cast<int64_t>(batches.size()),
+              [&](int64_t s) {
+                const auto& [tok, tgt] = batches[s];
+                const int64_t n = B * T;
+                return std::make_pair(std::vector<int32_t>(tok.begin() + dp_rank * n,
+                                                           tok.begin() + (dp_rank + 1) * n),
+                                      std::vector<int32_t>(tgt.begin() + dp_rank * n,
+                                                           tgt.begin() + (dp_rank + 1) * n));
+              },
+              tp > 1 ? &tp_comm : nullptr, &dp_comm);
+        } catch (...) {  // the subgroups' other members must not wait forever either
+          for (auto& g : tp_groups) g->abort();
+          for (auto& g : dp_groups) g->abort();
+          throw;
+        }
+      },
+      error);
+}
+
 void test_cuda_gpt_data_and_tensor_parallel() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 3, dp = 2, tp = 2;
-  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  Batches batches;
   for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
   const DpRun whole = train_steps(*g_device, c, dp * B, T, CudaGptOptions{}, 1.0f, steps,
                                   [&](int64_t s) { return batches[s]; });
@@ -380,48 +437,11 @@ void test_cuda_gpt_data_and_tensor_parallel() {
     for (const int sub_batches : {1, 2}) {
       const std::string tag = "DP 2 x TP 2 [" + backend + "]" +
                               (sub_batches == 2 ? " (Oases: 2 sub-batches, gpuUnits 1)" : "");
-      std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups;
-      for (int g = 0; g < 2; ++g) {
-        tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
-        dp_groups.push_back(std::make_unique<ThreadGroup>(dp));
-      }
+      CudaGptOptions options;
+      options.sub_batches = sub_batches;
+      options.device_units = sub_batches == 2 ? 1 : -1;
       std::string error;
-      const auto ranks = run_ranks(
-          static_cast<int>(dp * tp),
-          [&](int r, CudaDevice& device, worker::Communicator&) {
-            const int tp_rank = r % 2, dp_rank = r / 2;
-            try {
-              ThreadGroup::Rank tp_comm(*tp_groups[dp_rank], tp_rank);
-              ThreadGroup::Rank dp_comm(*dp_groups[tp_rank], dp_rank);
-              auto collectives = make_stream_collectives(backend, tp_comm, device);
-              auto reducer =
-                  make_reducer(backend, dp_comm, device,
-                               &device.stream(worker::StreamRole::kTensorParallelComm));
-              CudaGptOptions options;
-              options.tp = collectives.get();
-              options.reducer = reducer.get();
-              options.sub_batches = sub_batches;
-              options.device_units = sub_batches == 2 ? 1 : -1;
-              options.cpu_threads = 1;
-              return train_steps(
-                  device, c, B, T, options, 1.0f / dp, steps,
-                  [&](int64_t s) {
-                    const auto& [tok, tgt] = batches[s];
-                    const int64_t n = B * T;
-                    return std::make_pair(
-                        std::vector<int32_t>(tok.begin() + dp_rank * n,
-                                             tok.begin() + (dp_rank + 1) * n),
-                        std::vector<int32_t>(tgt.begin() + dp_rank * n,
-                                             tgt.begin() + (dp_rank + 1) * n));
-                  },
-                  &tp_comm);
-            } catch (...) {  // the subgroups' other members must not wait forever either
-              for (auto& g : tp_groups) g->abort();
-              for (auto& g : dp_groups) g->abort();
-              throw;
-            }
-          },
-          &error);
+      const auto ranks = run_dp_tp(backend, dp, tp, c, B, T, options, batches, &error);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;
@@ -444,10 +464,64 @@ void test_cuda_gpt_data_and_tensor_parallel() {
   }
 }
 
+// The distributed optimizer (ZeRO-1, worker/cuda_offload.h) against the plain data-parallel
+// optimizer on the same ranks and batches: DP 2 and DP 2 × TP 2 (the shards cut across
+// TP-sharded and replicated tensors, whose squares the norm keeps apart), 3 steps each. The
+// reduce-scatter sums what the all-reduce sums, in the same order, so every loss and every final
+// weight must agree to float rounding (the norm's sums are taken in another order: 1e-6); the DP
+// replicas' weights (each all-gathered from both ranks' shards) bit-identical. A rank that
+// skipped the all-gather would keep its own stale half; a shard cut at the wrong place would
+// update the wrong parameters.
+void test_cuda_gpt_distributed_optimizer() {
+  const GptConfig c = kSmallGpt;
+  const int64_t B = 2, T = 32, steps = 3, dp = 2;
+  Batches batches;
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
+  for (const std::string& backend : rank_backends()) {
+    for (const int tp : {1, 2}) {
+      const std::string tag = "distributed optimizer, DP 2" + std::string(tp > 1 ? " x TP 2" : "") +
+                              " [" + backend + "]";
+      CudaGptOptions plain;
+      CudaGptOptions sharded;
+      sharded.distributed_optimizer = true;
+      std::string error;
+      const auto want =
+          run_dp_tp(backend, static_cast<int>(dp), tp, c, B, T, plain, batches, &error);
+      const auto got = error.empty() ? run_dp_tp(backend, static_cast<int>(dp), tp, c, B, T,
+                                                 sharded, batches, &error)
+                                     : want;
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst_loss = 0, worst_weights = 0;
+      bool replicas = true;
+      for (size_t r = 0; r < got.size(); ++r) {
+        for (int64_t s = 0; s < steps; ++s)
+          worst_loss = std::max(worst_loss,
+                                std::abs(got[r].losses[s] - want[r].losses[s]) / want[r].losses[s]);
+        worst_weights = std::max(worst_weights, rel_error(got[r].weights, widen(want[r].weights)));
+        replicas &= got[r].weights == got[(r + static_cast<size_t>(tp)) % got.size()].weights;
+      }
+      check(worst_loss < 1e-6,
+            tag + ": losses differ from the plain optimizer's by " + std::to_string(worst_loss));
+      check(worst_weights < 1e-6, tag + ": final weights differ from the plain optimizer's by " +
+                                      std::to_string(worst_weights));
+      check(replicas, tag + ": the DP replicas' weights differ");
+      if (worst_loss < 1e-6 && worst_weights < 1e-6 && replicas)
+        std::printf(
+            "ok    %-44s losses %.1e, weights %.1e from the plain optimizer (tol 1e-06), "
+            "replicas bit-identical\n",
+            tag.c_str(), worst_loss, worst_weights);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<NamedTest> parallel_tests() {
   return {{"gpt data parallel", test_cuda_gpt_data_parallel},
+          {"gpt distributed optimizer", test_cuda_gpt_distributed_optimizer},
           {"gpt tensor parallel", test_cuda_gpt_tensor_parallel},
           {"gpt data and tensor parallel", test_cuda_gpt_data_and_tensor_parallel}};
 }

@@ -63,11 +63,12 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(int64_t BT, i
           std::vector<int32_t>(sequence.begin() + 1, sequence.end())};
 }
 
-DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
-                  const CudaGptOptions& options, float loss_scale, int64_t steps,
-                  const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(
-                      int64_t step)>& batch_of,
-                  worker::Communicator* tp_group) {
+DpRun train_steps(
+    CudaDevice& device, const GptConfig& c, int64_t B, int64_t T, const CudaGptOptions& options,
+    float loss_scale, int64_t steps,
+    const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(int64_t step)>&
+        batch_of,
+    worker::Communicator* tp_group, worker::Communicator* dp_group) {
   DpRun r;
   CudaGpt gpt(device, c, B, T, options);
   gpt.init_weights(g_seed);
@@ -78,6 +79,12 @@ DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
     r.losses.push_back(gpt.mean_loss());
     double sharded = 0, replicated = 0;
     gpt.grad_sums_of_squares(&sharded, &replicated);
+    if (dp_group && gpt.distributed_optimizer()) {
+      double sums[2] = {sharded, replicated};
+      worker::allreduce_doubles(*dp_group, sums, 2);
+      sharded = sums[0];
+      replicated = sums[1];
+    }
     float sharded32 = static_cast<float>(sharded);
     if (tp_group) tp_group->allreduce(&sharded32, 1);
     const double norm = std::sqrt(static_cast<double>(sharded32) + replicated);

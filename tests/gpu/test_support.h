@@ -137,11 +137,13 @@ struct DpRun {
   F grads1, weights;
 };
 // `tp_group`: with tensor parallelism, the group over which the sharded tensors' squares are
-// summed for the global norm (as the trainer does).
-DpRun train_steps(CudaDevice& device, const GptConfig& c, int64_t B, int64_t T,
-                  const CudaGptOptions& options, float loss_scale, int64_t steps,
-                  const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(
-                      int64_t step)>& batch_of,
-                  worker::Communicator* tp_group = nullptr);
+// summed for the global norm (as the trainer does); `dp_group`: with the distributed optimizer,
+// the group over which the shards' squares are summed first.
+DpRun train_steps(
+    CudaDevice& device, const GptConfig& c, int64_t B, int64_t T, const CudaGptOptions& options,
+    float loss_scale, int64_t steps,
+    const std::function<std::pair<std::vector<int32_t>, std::vector<int32_t>>(int64_t step)>&
+        batch_of,
+    worker::Communicator* tp_group = nullptr, worker::Communicator* dp_group = nullptr);
 
 }  // namespace kt::gpu_test

@@ -290,8 +290,8 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   three.config.pp = 3;
   three.world = 3;
   expect_refusal(three, "3 pipeline stages do not divide the model's 2 layers");
-  // The distributed optimizer runs on CPU ranks without offload or with offload optimizer; not
-  // with the window, not on CUDA.
+  // The distributed optimizer runs on CPU ranks without offload or with offload optimizer, on
+  // CUDA ranks without offload; not with the window.
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(sharded));
@@ -305,7 +305,14 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan sharded_gpu = sharded;
   sharded_gpu.device = api::DeviceKind::kCuda;
   sharded_gpu.precision = api::Precision::kBf16;
-  expect_refusal(sharded_gpu, "CUDA workers do not run the distributed optimizer yet");
+#ifdef KUBETRAIN_WITH_CUDA
+  EXPECT_NO_THROW(worker::check_executable(sharded_gpu));
+#endif
+  api::Plan sharded_gpu_offload = sharded_offload;
+  sharded_gpu_offload.device = api::DeviceKind::kCuda;
+  sharded_gpu_offload.precision = api::Precision::kBf16;
+  expect_refusal(sharded_gpu_offload,
+                 "the CUDA workers run the distributed optimizer without offload only so far");
   api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   window.config.recompute = api::Recompute::kNone;
   expect_refusal(window, "needs recompute");
