@@ -3,8 +3,8 @@
 # (tests/emulation/README.md): planned `device: cuda` jobs trained by kubetrain-worker-emulated,
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
-# losses), gradient accumulation (alone, with the window, with DP), and 2 DP and 2 TP ranks
-# through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
+# losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
+# the distributed optimizer, resumed) and 2 TP ranks through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
 # collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -88,11 +88,27 @@ job tp2 6 2 "{tensorParallel: 2, dataParallel: 1, overlap: on}"
 plan tp2 "$DIR/h200x2.yaml"
 job dp2-accum 6 2 "{tensorParallel: 1, dataParallel: 2}" 2
 plan dp2-accum "$DIR/h200x2.yaml"
-for run in dp2 tp2 dp2-accum; do
+# The distributed optimizer over the 2 DP ranks: the same losses as dp2; its checkpoint (the
+# shards gathered) rolled back to step 3 resumes to the same losses (the shards cut again).
+job dp2-zero 6 2 "{tensorParallel: 1, dataParallel: 2, distributedOptimizer: on}"
+plan dp2-zero "$DIR/h200x2.yaml"
+grep -q '"distributedOptimizer": *true' "$DIR/dp2-zero.json" || fail "dp2-zero: not sharded"
+launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 300 "$WORKER" launch \
-    --plan "$DIR/$run.json" > "$DIR/$run.log" 2>&1 || fail "$run: $(tail -5 "$DIR/$run.log")"
+    --plan "$DIR/$1.json" --checkpoint-dir "$DIR/ckpt-$1" > "$DIR/${2:-$1}.log" 2>&1 ||
+    fail "${2:-$1}: $(tail -5 "$DIR/${2:-$1}.log")"
+}
+for run in dp2 tp2 dp2-accum dp2-zero; do
+  launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
+grep -q "masters and moments sharded over 2 DP ranks" "$DIR/dp2-zero.log" ||
+  fail "dp2-zero: the optimizer was not sharded: $(head -5 "$DIR/dp2-zero.log")"
+rm -rf "$DIR/ckpt-dp2-zero/step-00000006"
+echo step-00000003 > "$DIR/ckpt-dp2-zero/latest"
+launch_ranks dp2-zero dp2-zero-resumed
+grep -q "resumed from step 3" "$DIR/dp2-zero-resumed.log" ||
+  fail "dp2-zero did not resume: $(head -5 "$DIR/dp2-zero-resumed.log")"
 
 # What it refuses, saying why: NCCL forced on ranks that share a GPU; a CUDA plan in fp32.
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) KUBETRAIN_CUDA_COMM=nccl timeout 120 "$WORKER" \
@@ -212,7 +228,8 @@ cpu, cuda = losses("cpu"), losses("cuda")
 accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
-        "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2)}
+        "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
+        "dp2-zero": (losses("dp2"), 1e-6)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -223,9 +240,9 @@ for name, (ref, tol) in runs.items():
     worst = max(abs(got[s] - ref[s]) / ref[s] for s in got)
     ok = worst < tol
     failed |= not ok
-    against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda"
+    against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda else "dp2"
     print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window"):  # resumed at step 3: the same losses, to the digit
+for name in ("cuda", "offload", "window", "dp2-zero"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "
