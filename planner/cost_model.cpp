@@ -475,6 +475,13 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   mem.activations = activations;
   const double capacity = device_capacity(p, c);
   mem.workspace = p.cpu_device ? kCpuWorkspaceBytes : kGpuWorkspaceBytes;
+  // The CUDA distributed optimizer keeps the reduce-scattered shard gradients (fp32) and two
+  // buckets each of a unit's packed fp32 gradients and bf16 weights, sized for the widest unit
+  // (the embeddings'; worker/cuda_offload.h).
+  if (!p.cpu_device && c.distributed_optimizer && c.dp > 1) {
+    mem.grads += gpu_params / static_cast<double>(c.dp) * 4;
+    mem.workspace += 2 * std::max(lay, sh.emb) * (4 + 2);
+  }
   mem.reserve = kFragmentationReserve * capacity + (p.cpu_device ? 0 : kCudaContextBytes);
   pred.device_capacity_bytes = capacity;
 
@@ -620,7 +627,10 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // and a slice: the all-reduce's time), and all-gathers the updated shards after the update,
   // unit by unit in the order the next forward reads them, half an all-reduce's time each; the
   // forward waits for a unit's (docs/WORKER.md, "The distributed optimizer").
-  const bool gather_after_update = p.cpu_device && c.distributed_optimizer && c.dp > 1;
+  // The CUDA workers do the same, and NCCL's reduce-scatter is half the ring all-reduce (the
+  // all-gather the other half).
+  const bool gather_after_update = c.distributed_optimizer && c.dp > 1;
+  const double reduce_scatter_share = gather_after_update && !p.cpu_device ? 0.5 : 1.0;
   double dp_free = 0, dp_total = 0, gpu_ready = forward_backward, zero_gather = 0;
   std::vector<double> gather_seconds(units.size(), 0.0);
   std::vector<double> final_time(units.size());
@@ -630,9 +640,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       const double seconds =
           allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
           hw.dp_comm_scale;
-      t = std::max(t, dp_free) + seconds;
+      t = std::max(t, dp_free) + seconds * reduce_scatter_share;
       dp_free = t;
-      dp_total += seconds;
+      dp_total += seconds * reduce_scatter_share;
       if (gather_after_update) gather_seconds[i] = seconds / 2, zero_gather += seconds / 2;
     }
     // A pipeline's first and last stages both hold the tied word embeddings: their gradients
@@ -651,8 +661,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   }
   // The distributed optimizer (ZeRO-1) reduce-scatters the gradients and all-gathers the updated
   // parameters: 2(d−1)/d of the bytes in all, the all-reduce's (a ring all-reduce is a
-  // reduce-scatter and an all-gather; Rajbhandari et al. SC20 §7), so the DP lane above stands;
-  // each rank updates 1/d of the parameters.
+  // reduce-scatter and an all-gather; Rajbhandari et al. SC20 §7): the DP lane above carries the
+  // reduce-scatters, the all-gathers follow the update; each rank updates 1/d of the parameters.
   const double cores_per_rank = cpu_threads_per_rank(p, c);
   const double device_bandwidth =
       p.cpu_device ? hw.memory_bandwidth * cores_per_rank : hw.memory_bandwidth;
