@@ -27,6 +27,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
                  const CudaGptOptions& options)
     : device_(device),
       c_(config),
+      stage_(options.stage),
       B_(B),
       T_(T),
       recompute_(options.recompute),
@@ -46,13 +47,23 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   Vl_ = c_.padded_vocab / t_;
   vocab_lo_ = tr_ * Vl_;
   vocab_valid_ = std::max<int64_t>(0, std::min(Vl_, c_.vocab - vocab_lo_));
+  if (stage_.model_layers == 0) stage_.model_layers = c_.layers;
+  const bool staged = stage_.model_layers != c_.layers;
+  KT_CHECK(stage_.in_flight >= 1 && (staged || stage_.in_flight == 1) &&
+               stage_.first_layer + c_.layers <= stage_.model_layers,
+           "pipeline stage out of range");
+  KT_CHECK(!staged || (options.device_units < 0 && options.window == 0),
+           "the CUDA pipeline stages run without offload (api::not_yet_executable)");
   const int lanes = t_ > 1 && options.sub_batches == 2 ? 2 : 1;
   KT_CHECK(B % lanes == 0, "two sub-batches need an even micro-batch");
-  lanes_.resize(lanes);
-  for (int j = 0; j < lanes; ++j) {
-    lanes_[j].B = B / lanes;
-    lanes_[j].row0 = j * (B / lanes);
-    lanes_[j].index = j;
+  slots_.resize(static_cast<size_t>(stage_.in_flight));
+  for (auto& slot : slots_) {
+    slot.resize(lanes);
+    for (int j = 0; j < lanes; ++j) {
+      slot[j].B = B / lanes;
+      slot[j].row0 = j * (B / lanes);
+      slot[j].index = j;
+    }
   }
   ctx_ = std::make_unique<cu::Context>(device_.stream(StreamRole::kCompute).handle());
   CudaOffloadOptions offload;
@@ -62,6 +73,11 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   offload.cpu_threads = options.cpu_threads;
   offload.reducer = options.reducer;
   offload.distributed_optimizer = options.distributed_optimizer;
+  offload.embedding = options.embedding;
+  // Unit 0's gradients: the first stage counts them in the norm; the first and the last train
+  // their copies (summed between them); the stages between leave theirs alone.
+  offload.counts_unit0 = stage_.first;
+  offload.updates_unit0 = stage_.first || stage_.last;
   engine_ = std::make_unique<CudaOffloadEngine>(device_, c_, t_, *ctx_, offload);
   allocate();  // (what was taken goes back with the members if this throws)
 }
@@ -80,61 +96,74 @@ void CudaGpt::allocate() {
   const int64_t Cl = Cl_, NHl = NHl_, Fl = Fl_, T = T_;
   flash_ = cu::flash_attention_supported(C / c_.heads);
   const int parts = checkpoint_tensors(recompute_);
-  for (Lane& lane : lanes_) {
-    const int64_t Bl = lane.B, BTl = Bl * T;
-    // Every layer's input; with commAware every layer's summed attention projection and fc2
-    // output too (the checkpoint, worker/recompute.h). With window offload the streamed layers'
-    // checkpoints are the engine's ring buffers.
-    engine_->add_checkpoint_lane(parts, BTl * C);
-    auto kept = [&](int64_t l, CheckpointTensor part) {
-      bf16* ring = engine_->checkpoint_buffer(lane.index, l, static_cast<int>(part));
-      return ring ? ring : act16(BTl * C);
-    };
-    for (int64_t l = 0; l <= L; ++l) lane.res.push_back(kept(l, CheckpointTensor::kInput));
-    if (recompute_ == api::Recompute::kCommAware) {
-      for (int64_t l = 0; l < L; ++l) {
-        lane.attproj.push_back(kept(l, CheckpointTensor::kAttentionProjection));
-        lane.fcproj.push_back(kept(l, CheckpointTensor::kFc2));
+  for (size_t k = 0; k < slots_.size(); ++k)
+    for (Lane& lane : slots_[k]) {
+      const int64_t Bl = lane.B, BTl = Bl * T;
+      // Every layer's input; with commAware every layer's summed attention projection and fc2
+      // output too (the checkpoint, worker/recompute.h). With window offload the streamed layers'
+      // checkpoints are the engine's ring buffers.
+      if (k == 0) engine_->add_checkpoint_lane(parts, BTl * C);
+      auto kept = [&](int64_t l, CheckpointTensor part) {
+        bf16* ring = engine_->checkpoint_buffer(lane.index, l, static_cast<int>(part));
+        return ring ? ring : act16(BTl * C);
+      };
+      for (int64_t l = 0; l <= L; ++l) lane.res.push_back(kept(l, CheckpointTensor::kInput));
+      if (recompute_ == api::Recompute::kCommAware) {
+        for (int64_t l = 0; l < L; ++l) {
+          lane.attproj.push_back(kept(l, CheckpointTensor::kAttentionProjection));
+          lane.fcproj.push_back(kept(l, CheckpointTensor::kFc2));
+        }
+      } else {
+        lane.attproj.push_back(act16(BTl * C));
+        lane.fcproj.push_back(lane.attproj.back());
       }
-    } else {
-      lane.attproj.push_back(act16(BTl * C));
-      lane.fcproj.push_back(lane.attproj.back());
+      for (int64_t l = 0; l < L; ++l) {
+        if (work_index(l) != l) break;
+        lane.res2.push_back(act16(BTl * C));
+        lane.ln1.push_back(act16(BTl * C));
+        lane.qkv.push_back(act16(BTl * 3 * Cl));
+        lane.atty.push_back(act16(BTl * Cl));
+        lane.ln2.push_back(act16(BTl * C));
+        lane.fch.push_back(act16(BTl * Fl));
+        lane.fchg.push_back(act16(BTl * Fl));
+        lane.ln1_mean.push_back(act32(BTl));
+        lane.ln1_rstd.push_back(act32(BTl));
+        lane.ln2_mean.push_back(act32(BTl));
+        lane.ln2_rstd.push_back(act32(BTl));
+        if (flash_)
+          lane.lse.push_back(act32(Bl * NHl * T));
+        else
+          lane.att.push_back(act32(Bl * NHl * T * T));
+      }
+      if (t_ > 1) {
+        lane.partial = std::make_unique<CudaEvent>();
+        lane.summed = std::make_unique<CudaEvent>();
+      }
+      if (k > 0) {  // the first slot's scratch (the last stage, which has the head, has one slot)
+        const Lane& first = slots_[0][static_cast<size_t>(lane.index)];
+        lane.dres = first.dres;
+        lane.dtmp_c = first.dtmp_c;
+        lane.dtmp_3c = first.dtmp_3c;
+        lane.dtmp_f = first.dtmp_f;
+        continue;
+      }
+      if (stage_.last) {  // the final LayerNorm, the LM head and the loss
+        lane.lnf = act16(BTl * C);
+        lane.logits = act16(BTl * Vl_);
+        lane.lnf_mean = act32(BTl);
+        lane.lnf_rstd = act32(BTl);
+        if (t_ > 1) {
+          lane.ce_max = act32(BTl);
+          lane.ce_sums = act32(2 * BTl);
+        }
+      }
+      lane.dres = act16(BTl * C);
+      lane.dtmp_c = act16(BTl * C);
+      lane.dtmp_3c = act16(BTl * 3 * Cl);
+      lane.dtmp_f = act16(BTl * Fl);
     }
-    for (int64_t l = 0; l < L; ++l) {
-      if (work_index(l) != l) break;
-      lane.res2.push_back(act16(BTl * C));
-      lane.ln1.push_back(act16(BTl * C));
-      lane.qkv.push_back(act16(BTl * 3 * Cl));
-      lane.atty.push_back(act16(BTl * Cl));
-      lane.ln2.push_back(act16(BTl * C));
-      lane.fch.push_back(act16(BTl * Fl));
-      lane.fchg.push_back(act16(BTl * Fl));
-      lane.ln1_mean.push_back(act32(BTl));
-      lane.ln1_rstd.push_back(act32(BTl));
-      lane.ln2_mean.push_back(act32(BTl));
-      lane.ln2_rstd.push_back(act32(BTl));
-      if (flash_)
-        lane.lse.push_back(act32(Bl * NHl * T));
-      else
-        lane.att.push_back(act32(Bl * NHl * T * T));
-    }
-    lane.lnf = act16(BTl * C);
-    lane.logits = act16(BTl * Vl_);
-    lane.dres = act16(BTl * C);
-    lane.dtmp_c = act16(BTl * C);
-    lane.dtmp_3c = act16(BTl * 3 * Cl);
-    lane.dtmp_f = act16(BTl * Fl);
-    lane.lnf_mean = act32(BTl);
-    lane.lnf_rstd = act32(BTl);
-    if (t_ > 1) {
-      lane.ce_max = act32(BTl);
-      lane.ce_sums = act32(2 * BTl);
-      lane.partial = std::make_unique<CudaEvent>();
-      lane.summed = std::make_unique<CudaEvent>();
-    }
-  }
   losses_ = act32(BT);
-  const int64_t Bl = lanes_.front().B, BTl = Bl * T;  // the lanes are equal
+  const int64_t Bl = slots_[0].front().B, BTl = Bl * T;  // the lanes are equal
   if (flash_) {
     attention_scratch_ = memory_.device_bytes(cu::attention_backward_bf16_scratch_bytes(Bl, T, Cl, NHl),
                                               MemoryKind::kWorkspace);
@@ -149,7 +178,9 @@ void CudaGpt::allocate() {
     dc32_ = act32(BTl * Cl);
   }
   norm_ = memory_.device<double>(2, MemoryKind::kWorkspace);
-  tokens_ = memory_.device<int32_t>(2 * BT, MemoryKind::kWorkspace);
+  for (size_t k = 0; k < slots_.size(); ++k)
+    slot_tokens_.push_back(memory_.device<int32_t>(2 * BT, MemoryKind::kWorkspace));
+  tokens_ = slot_tokens_[0];
   for (int i = 0; i < 2; ++i) {
     token_staging_[i] = memory_.pinned<int32_t>(2 * BT, MemoryKind::kWorkspace);
     staging_free_[i] = std::make_unique<CudaEvent>();
@@ -171,7 +202,10 @@ bool CudaGpt::sharded(int tensor_index) const {
 
 void CudaGpt::init_weights(uint64_t seed) {
   std::vector<float> host(num_parameters());
-  gpt_init_rank(c_, t_, tr_, seed, host.data());
+  GptConfig whole = c_;  // a stage draws the whole model's values and keeps its layers'
+  whole.layers = stage_.model_layers;
+  gpt_init_views(whole, seed,
+                 gpt_rank_views(whole, t_, tr_, host.data(), stage_.first_layer, c_.layers));
   set_parameters(host.data());
   std::vector<float> zeros(num_parameters(), 0.0f);
   set_moments(zeros.data(), zeros.data());
@@ -191,6 +225,13 @@ void CudaGpt::zero_grad() {
   KT_CUDA_CHECK(cudaMemsetAsync(engine_->grads(), 0, bytes<float>(engine_->layout().dparams),
                                 compute.handle()));
   micro_ = 0;
+  backwards_ = 0;
+}
+
+void CudaGpt::use_slot(int slot) {
+  KT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "pipeline slot out of range");
+  active_slot_ = slot;
+  tokens_ = slot_tokens_[static_cast<size_t>(slot)];
 }
 
 void CudaGpt::lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,
@@ -314,16 +355,27 @@ void CudaGpt::attention_backward(Lane& lane, int64_t l) {
 //   forward:  embedding | per layer: attention half, MLP half | final LayerNorm, LM head, loss
 //   backward: LM head | final LayerNorm | per layer (from the last): [recompute,] MLP half,
 //             attention half, ln1 | embedding
+// A pipeline stage runs its layers of both, its input (or the embedding) and its output (or the
+// head) at the ends.
 // The engine's hooks (worker/cuda_offload.h) mark where a unit's weights are needed, where a
 // layer's forward is done with them, and where a unit's gradients are final.
 void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                                bool last) {
+  forward_micro(0, inputs, targets, loss_scale);
+  backward_micro(0, last);
+}
+
+void CudaGpt::forward_micro(int slot, const int32_t* inputs, const int32_t* targets,
+                            float loss_scale, const bf16* input, bf16* output) {
   const int64_t L = c_.layers, C = c_.channels, Vl = Vl_;
   const int64_t T = T_, BT = B_ * T;
+  KT_CHECK((stage_.first || input) && (stage_.last || output),
+           "a pipeline stage needs its input and output activations");
   const cu::Context& x = *ctx_;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   cudaStream_t s = compute.handle();
   CudaOffloadEngine& engine = *engine_;
+  use_slot(slot);
 
   // Tokens through pinned staging (the buffer's previous copy must have left it).
   const int k = staging_next_;
@@ -339,11 +391,13 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   auto targets_of = [&](const Lane& lane) { return tokens_ + BT + lane.row0 * T; };
 
   // ---- forward
-  engine.before_forward(0);
-  for (Lane& lane : lanes_) {
+  if (stage_.first || stage_.last) engine.before_forward(0);
+  for (Lane& lane : lanes()) {
     const int64_t B = lane.B;
     engine.checkpoint_before_write(lane.index, 0);
-    if (t_ == 1) {
+    if (!stage_.first) {  // the stage before's output: this lane's rows
+      device_.copy(lane.res[0], input + lane.row0 * T * C, bytes<bf16>(B * T * C), compute);
+    } else if (t_ == 1) {
       cu::embedding_forward(x, lane.res[0], tokens_of(lane), w(kWte), w(kWpe), B, T, C);
     } else {  // vocab-parallel: this rank's rows (and the positions on rank 0), summed
       cu::embedding_forward_rows(x, lane.res[0], tokens_of(lane), w(kWte),
@@ -353,20 +407,25 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   }
   for (int64_t l = 0; l < L; ++l) {
     engine.before_forward(l + 1);
-    for (Lane& lane : lanes_) attention_forward(lane, l, false);
+    for (Lane& lane : lanes()) attention_forward(lane, l, false);
     if (l > 0)  // the layer below is no longer read: its checkpoint can leave
-      for (Lane& lane : lanes_) engine.checkpoint_out(lane.index, l - 1);
-    for (Lane& lane : lanes_) mlp_forward(lane, l, false);
+      for (Lane& lane : lanes()) engine.checkpoint_out(lane.index, l - 1);
+    for (Lane& lane : lanes()) mlp_forward(lane, l, false);
     engine.forward_done(l);
   }
-  // d(scaled mean loss)/d(token loss) = scale/BT over the whole micro-batch.
-  const float dloss = loss_scale / static_cast<float>(BT);
-  for (Lane& lane : lanes_) {
-    const int64_t BTl = lane.B * T;
+  for (Lane& lane : lanes()) {
     finish_allreduce(lane);
     cu::residual_forward(x, lane.res[L], lane.res2[work_index(L - 1)],
-                         lane.fcproj[proj_index(L - 1)], BTl * C);
+                         lane.fcproj[proj_index(L - 1)], lane.B * T * C);
     engine.checkpoint_out(lane.index, L - 1);
+    if (!stage_.last)  // to the next stage
+      device_.copy(output + lane.row0 * T * C, lane.res[L], bytes<bf16>(lane.B * T * C), compute);
+  }
+  if (!stage_.last) return;
+  // d(scaled mean loss)/d(token loss) = scale/BT over the whole micro-batch.
+  const float dloss = loss_scale / static_cast<float>(BT);
+  for (Lane& lane : lanes()) {
+    const int64_t BTl = lane.B * T;
     cu::layernorm_forward(x, lane.lnf, lane.lnf_mean, lane.lnf_rstd, lane.res[L], w(kLnfw),
                           w(kLnfb), BTl, C);
     cu::matmul_forward_bf16(x, lane.logits, lane.lnf, w(kWte), nullptr, BTl, C, Vl);
@@ -391,34 +450,54 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
   KT_CUDA_CHECK(
       cudaMemcpyAsync(loss_host_[micro_], losses_, bytes<float>(BT), cudaMemcpyDeviceToHost, s));
   ++micro_;
+}
+
+void CudaGpt::backward_micro(int slot, bool last, const bf16* output_grad, bf16* input_grad) {
+  const int64_t L = c_.layers, C = c_.channels, Vl = Vl_, T = T_;
+  KT_CHECK((stage_.last || output_grad) && (stage_.first || input_grad),
+           "a pipeline stage needs its output's and its input's gradients");
+  const cu::Context& x = *ctx_;
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  cudaStream_t s = compute.handle();
+  CudaOffloadEngine& engine = *engine_;
+  use_slot(slot);
+  ++backwards_;
+  auto tokens_of = [&](const Lane& lane) { return tokens_ + lane.row0 * T; };
 
   // ---- backward: parameter gradients fp32 (accumulated), activation gradients bf16. The
   // column-parallel products' input gradients (LM head, fc, qkv) are partial sums: all-reduced.
-  for (Lane& lane : lanes_) {
-    cu::matmul_backward_bf16(x, lane.dtmp_c, g(kWte), nullptr, lane.logits, lane.lnf, w(kWte),
-                             lane.B * T, C, Vl, kAccumulate, kOverwrite);
-    lane_allreduce(lane, lane.dtmp_c, lane.B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum,
-                   false);
-  }
-  for (Lane& lane : lanes_) {
-    const int64_t BTl = lane.B * T;
-    finish_allreduce(lane);
-    KT_CUDA_CHECK(cudaMemsetAsync(lane.dres, 0, bytes<bf16>(BTl * C), s));
-    cu::layernorm_backward(x, lane.dres, g(kLnfw), g(kLnfb), lane.dtmp_c, lane.res[L], w(kLnfw),
-                           lane.lnf_mean, lane.lnf_rstd, BTl, C);
+  if (stage_.last) {
+    for (Lane& lane : lanes()) {
+      cu::matmul_backward_bf16(x, lane.dtmp_c, g(kWte), nullptr, lane.logits, lane.lnf, w(kWte),
+                               lane.B * T, C, Vl, kAccumulate, kOverwrite);
+      lane_allreduce(lane, lane.dtmp_c, lane.B * T * C, DeviceDtype::kBfloat16, ReduceOp::kSum,
+                     false);
+    }
+    for (Lane& lane : lanes()) {
+      const int64_t BTl = lane.B * T;
+      finish_allreduce(lane);
+      KT_CUDA_CHECK(cudaMemsetAsync(lane.dres, 0, bytes<bf16>(BTl * C), s));
+      cu::layernorm_backward(x, lane.dres, g(kLnfw), g(kLnfb), lane.dtmp_c, lane.res[L], w(kLnfw),
+                             lane.lnf_mean, lane.lnf_rstd, BTl, C);
+    }
+  } else {  // the next stage's gradient of this stage's output: this lane's rows
+    for (Lane& lane : lanes())
+      device_.copy(lane.dres, output_grad + lane.row0 * T * C, bytes<bf16>(lane.B * T * C),
+                   compute);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    engine.before_backward(l, micro_ == 1);
-    for (Lane& lane : lanes_) {  // this layer's checkpoint, and the next one's on its way
+    engine.before_backward(l, backwards_ == 1);
+    for (Lane& lane : lanes()) {  // this layer's checkpoint, and the next one's on its way
       engine.checkpoint_in(lane.index, l, true);
       if (l > 0) engine.checkpoint_in(lane.index, l - 1, false);
     }
-    // With recompute, the working set holds the last layer's forward; the others re-run theirs.
+    // With recompute, the (slot's) working set holds the last layer's forward; the others
+    // re-run theirs.
     if (recompute_ != api::Recompute::kNone && l != L - 1)
-      for (Lane& lane : lanes_) rerun_layer(lane, l);
-    for (Lane& lane : lanes_) mlp_backward(lane, l);
-    for (Lane& lane : lanes_) attention_backward(lane, l);
-    for (Lane& lane : lanes_) {
+      for (Lane& lane : lanes()) rerun_layer(lane, l);
+    for (Lane& lane : lanes()) mlp_backward(lane, l);
+    for (Lane& lane : lanes()) attention_backward(lane, l);
+    for (Lane& lane : lanes()) {
       const int64_t a = work_index(l);
       finish_allreduce(lane);
       cu::layernorm_backward(x, lane.dres, g(kLn1w, l), g(kLn1b, l), lane.dtmp_c, lane.res[l],
@@ -427,8 +506,10 @@ void CudaGpt::train_micro_step(const int32_t* inputs, const int32_t* targets, fl
     }
     engine.grads_final(l + 1, last);
   }
-  for (Lane& lane : lanes_) {
-    if (t_ == 1)
+  for (Lane& lane : lanes()) {
+    if (!stage_.first)  // to the stage before
+      device_.copy(input_grad + lane.row0 * T * C, lane.dres, bytes<bf16>(lane.B * T * C), compute);
+    else if (t_ == 1)
       cu::embedding_backward(x, g(kWte), g(kWpe), lane.dres, tokens_of(lane), lane.B, T, C);
     else  // the rows held here; wpe (replicated) from the same summed dres on every rank
       cu::embedding_backward_rows(x, g(kWte), g(kWpe), lane.dres, tokens_of(lane), lane.B, T, C,
@@ -463,11 +544,12 @@ void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) 
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, bytes<double>(2), compute.handle()));
   if (engine_->distributed_optimizer()) {
     engine_->add_shard_sums_of_squares(norm_);
-  } else if (t_ == 1) {
+  } else if (t_ == 1 && stage_.first) {
     cu::sum_of_squares(*ctx_, norm_ + 1, engine_->grads(), layout.dparams);
-  } else {
+  } else {  // a stage after the first leaves unit 0 to the first
     for (int i = 0; i < kNumParamTensors; ++i)
-      cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), g(i), layout.dsizes[i]);
+      if (stage_.first || kParams[static_cast<size_t>(i)].per_layer)
+        cu::sum_of_squares(*ctx_, norm_ + (sharded(i) ? 0 : 1), g(i), layout.dsizes[i]);
   }
   KT_CUDA_CHECK(cudaMemcpyAsync(norm_host_, norm_, bytes<double>(2), cudaMemcpyDeviceToHost,
                                 compute.handle()));

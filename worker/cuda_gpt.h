@@ -63,6 +63,11 @@ struct CudaGptOptions {
   // With TP, 2: the Oases schedule (two half micro-batches, one's all-reduces overlapping the
   // other's compute; B must be even). 1 otherwise (and always at TP 1).
   int sub_batches = 1;
+  // Pipeline parallelism (worker/gpt_layout.h): this rank's stage, whose layers the config
+  // counts; every unit on the device (no offload). `embedding`: the first and the last stage's
+  // group, over which they sum the tied embeddings' unit (null elsewhere and without stages).
+  PipelineStage stage;
+  GradientReducer* embedding = nullptr;
 };
 
 class CudaGpt {
@@ -106,7 +111,22 @@ class CudaGpt {
   // CPU-updated units).
   void train_micro_step(const int32_t* inputs, const int32_t* targets, float loss_scale,
                         bool last);
-  // Mean loss of the micro-batches since zero_grad (waits for them).
+  // The same in two halves, for pipeline stages (1F1B runs other micro-batches between a
+  // micro-batch's forward and its backward). `slot` < stage.in_flight holds the micro-batch's
+  // activations and tokens from its forward to its backward. Activations and their gradients
+  // between stages are B·T·C bf16 on the device, read and written in the compute stream's order:
+  // a stage after the first reads `input` (the caller made the compute stream wait for it), a
+  // stage before the last writes `output`; in the backward, a stage before the last reads
+  // `output_grad`, one after the first writes `input_grad`. The last stage's backward must follow
+  // its forward of the same slot directly (1F1B does). `last`: the step's last micro-batch.
+  void forward_micro(int slot, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                     const kernels::cuda::bf16* input = nullptr,
+                     kernels::cuda::bf16* output = nullptr);
+  void backward_micro(int slot, bool last, const kernels::cuda::bf16* output_grad = nullptr,
+                      kernels::cuda::bf16* input_grad = nullptr);
+  const PipelineStage& stage() const { return stage_; }
+  // Mean loss of the micro-batches since zero_grad (waits for them; 0 on a stage before the
+  // last).
   double mean_loss();
   // Σ g² over every gradient, in double (waits for the backward).
   double grad_sum_of_squares();
@@ -159,8 +179,13 @@ class CudaGpt {
   int64_t work_index(int64_t l) const { return recompute_ == api::Recompute::kNone ? l : 0; }
   int64_t proj_index(int64_t l) const { return recompute_ == api::Recompute::kCommAware ? l : 0; }
 
+  // Pipeline stages: the slot whose lanes and tokens the ops use.
+  void use_slot(int slot);
+  std::vector<Lane>& lanes() { return slots_[static_cast<size_t>(active_slot_)]; }
+
   CudaDevice& device_;
   GptConfig c_;
+  PipelineStage stage_;
   int64_t B_, T_;
   api::Recompute recompute_;
   StreamCollectives* tp_;
@@ -192,7 +217,11 @@ class CudaGpt {
     bool in_flight = false;  // an all-reduce was issued that the compute stream has not waited for
     int index = 0;  // its checkpoint ring in the engine
   };
-  std::vector<Lane> lanes_;
+  // The lanes of each micro-batch in flight (one slot without stages). A slot after the first
+  // has its own activations, and shares the first's scratch (the activation gradients, the
+  // logits, the cross-entropy's buffers), which no micro-batch keeps from forward to backward.
+  std::vector<std::vector<Lane>> slots_;
+  int active_slot_ = 0;
   bool flash_ = false;  // flash attention (else the materialised fp32 one)
   // Shared by the lanes (only compute-stream work uses them): attention scratch, the losses (B·T),
   // and the materialised attention's fp32 buffers (sized for the larger lane).
@@ -200,13 +229,15 @@ class CudaGpt {
   float *losses_ = nullptr, *qkv32_ = nullptr, *atty32_ = nullptr, *preatt_ = nullptr,
         *datt_ = nullptr, *dpreatt_ = nullptr, *dqkv32_ = nullptr, *dc32_ = nullptr;
   double* norm_ = nullptr;  // device Σ g²
-  int32_t* tokens_ = nullptr;  // inputs then targets, 2·B·T on the device
+  int32_t* tokens_ = nullptr;  // the active slot's inputs then targets, 2·B·T on the device
+  std::vector<int32_t*> slot_tokens_;
   // Pinned staging: two token buffers (inputs|targets) with their copy events; the loss sums.
   int32_t* token_staging_[2] = {nullptr, nullptr};
   std::unique_ptr<CudaEvent> staging_free_[2];
   int staging_next_ = 0;
   std::vector<float*> loss_host_;  // per micro-batch of the step: B·T losses (pinned)
-  int64_t micro_ = 0;              // micro-batches since zero_grad
+  int64_t micro_ = 0;              // losses since zero_grad (the last stage's micro-batches)
+  int64_t backwards_ = 0;          // backward passes since zero_grad
   double* norm_host_ = nullptr;
 };
 

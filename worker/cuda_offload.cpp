@@ -64,13 +64,16 @@ CudaParamLayout cuda_param_layout(const GptConfig& config, int64_t tp, int64_t r
 // ---- construction ---------------------------------------------------------------------------
 
 CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config, int64_t tp,
-                                     const cu::Context& context,
-                                     const CudaOffloadOptions& options)
+                                     const cu::Context& context, const CudaOffloadOptions& options)
     : device_(device),
       c_(config),
       ctx_(context),
       cpu_threads_(std::max(1, options.cpu_threads)),
       reducer_(options.reducer),
+      embedding_(options.embedding),
+      counts_unit0_(options.counts_unit0),
+      updates_unit0_(options.updates_unit0),
+      embedding_ready_(std::make_unique<CudaEvent>()),
       memory_(device) {
   const int64_t units = c_.layers + 1;
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
@@ -140,8 +143,9 @@ void CudaOffloadEngine::allocate() {
   int64_t packed = 0;
   for (const ParamSlice& s : device_slices_) {
     const int64_t at = layout_.device_offset(s.tensor, s.offset);
-    device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
-        {dmaster_ + packed, grads_ + at, dm_ + packed, dv_ + packed, params16_ + at, s.count});
+    if (updates_unit0_ || kParams[static_cast<size_t>(s.tensor)].per_layer)
+      device_tensors_[gpt_decays(s.tensor) ? 1 : 0].push_back(
+          {dmaster_ + packed, grads_ + at, dm_ + packed, dv_ + packed, params16_ + at, s.count});
     packed += s.count;
   }
   for (int64_t u = 0; u <= L; ++u) {
@@ -461,9 +465,26 @@ void CudaOffloadEngine::before_backward(int64_t l, bool first_micro_batch) {
 void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
   Unit& u = units_[static_cast<size_t>(unit)];
   const bool in_slot = unit_streamed(unit);
-  if (!in_slot && (!last_micro_batch || (u.on_device && !reducer_))) return;
+  if (unit == 0 && !updates_unit0_) return;  // a stage between: its copy is never used
+  const bool embeddings = unit == 0 && embedding_ && last_micro_batch;
+  if (!in_slot && (!last_micro_batch || (u.on_device && !reducer_ && !embeddings))) return;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   compute.record(*u.grads_final);
+  if (embeddings && zero_) {  // the shard's DP sums, then the stages' sum of the shard
+    const Shard& shard = shards_[0];
+    sum_embeddings({{shard_grads_ + shard.offset, static_cast<size_t>(shard.size)}},
+                   reduce_scatter(0));
+    return;
+  }
+  if (embeddings) {  // after the DP sum where there is one
+    if (reducer_) reducer_->reduce(u.grad_ranges, *u.grads_final);
+    CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
+    if (reducer_) reducer_->join(dp);
+    dp.wait(*u.grads_final);
+    dp.record(*embedding_ready_);
+    sum_embeddings(u.grad_ranges, *embedding_ready_);
+    return;
+  }
   GradientReducer::Ranges slot_ranges;
   if (in_slot) {
     Slot& slot = slot_of(unit - 1);
@@ -497,7 +518,7 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
 
 // The distributed optimizer: the unit's gradients packed into the next bucket on the DP stream
 // (once the bucket's last reduce-scatter has read it), then reduce-scattered into its shard.
-void CudaOffloadEngine::reduce_scatter(int64_t unit) {
+const CudaEvent& CudaOffloadEngine::reduce_scatter(int64_t unit) {
   const Shard& shard = shards_[static_cast<size_t>(unit)];
   Bucket<float>& bucket = grad_buckets_[static_cast<size_t>(next_grad_bucket_)];
   next_grad_bucket_ ^= 1;
@@ -513,17 +534,25 @@ void CudaOffloadEngine::reduce_scatter(int64_t unit) {
   dp.record(*bucket.ready);
   reducer_->reduce_scatter(bucket.data, shard_grads_ + shard.offset,
                            static_cast<size_t>(shard.size), *bucket.ready, *bucket.done);
+  return *bucket.done;
+}
+
+void CudaOffloadEngine::sum_embeddings(const GradientReducer::Ranges& ranges,
+                                       const CudaEvent& ready) {
+  embedding_->reduce(ranges, ready);
 }
 
 void CudaOffloadEngine::add_shard_sums_of_squares(double* sums) {
   for (const Shard& shard : shards_)
     for (const ShardPiece& p : shard.pieces)
-      cu::sum_of_squares(ctx_, sums + (gpt_tp_sharded(p.tensor, layout_.tp) ? 0 : 1),
-                         shard_grads_ + shard.offset + p.in_shard, p.count);
+      if (counts_unit0_ || kParams[static_cast<size_t>(p.tensor)].per_layer)
+        cu::sum_of_squares(ctx_, sums + (gpt_tp_sharded(p.tensor, layout_.tp) ? 0 : 1),
+                           shard_grads_ + shard.offset + p.in_shard, p.count);
 }
 
 void CudaOffloadEngine::join_reductions(CudaStream& stream) {
   if (reducer_) reducer_->join(stream);
+  if (embedding_) embedding_->join(stream);
 }
 
 void CudaOffloadEngine::add_host_sums_of_squares(double* sharded, double* replicated) {
@@ -569,7 +598,7 @@ void CudaOffloadEngine::update_shards(const kernels::AdamWStep& step, float weig
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
   const int64_t r = reducer_->rank();
-  for (size_t u = 0; u < shards_.size(); ++u) {
+  for (size_t u = updates_unit0_ ? 0 : 1; u < shards_.size(); ++u) {
     const Shard& shard = shards_[u];
     Bucket<bf16>& bucket = weight_buckets_[static_cast<size_t>(next_weight_bucket_)];
     next_weight_bucket_ ^= 1;

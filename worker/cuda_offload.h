@@ -119,6 +119,11 @@ struct CudaOffloadOptions {
   // The distributed optimizer (ZeRO-1) over the reducer's group, when it has more than one rank;
   // every unit on the device (no offload).
   bool distributed_optimizer = false;
+  // Pipeline stages: the first and the last stage's group, over which they sum unit 0's
+  // gradients after the DP sum (null: none); whether the norm counts unit 0 (the first stage's
+  // only) and whether AdamW updates it (not on the stages between, which never use it).
+  GradientReducer* embedding = nullptr;
+  bool counts_unit0 = true, updates_unit0 = true;
 };
 
 class CudaOffloadEngine {
@@ -258,7 +263,11 @@ class CudaOffloadEngine {
   void allocate();
   void allocate_shards();
   void refresh_bf16();  // bf16 copies := masters (all units), synchronous
-  void reduce_scatter(int64_t unit);  // its packed gradients, on the DP stream
+  // Its packed gradients, on the DP stream; returns the event recorded once the shard's sums are
+  // in place.
+  const CudaEvent& reduce_scatter(int64_t unit);
+  // Pipeline stages: unit 0's gradients (`ranges`) summed over the embedding group after `ready`.
+  void sum_embeddings(const GradientReducer::Ranges& ranges, const CudaEvent& ready);
   void update_shards(const kernels::AdamWStep& step, float weight_decay);
   // Every rank's shard of `shards` (the rank's shard arrays' layout) into `host` (llm.c layout);
   // every DP rank calls it together.
@@ -285,6 +294,9 @@ class CudaOffloadEngine {
   int64_t device_units_ = 0, window_ = 0;
   int cpu_threads_ = 1;
   GradientReducer* reducer_ = nullptr;
+  GradientReducer* embedding_ = nullptr;
+  bool counts_unit0_ = true, updates_unit0_ = true;
+  std::unique_ptr<CudaEvent> embedding_ready_;
   CudaParamLayout layout_;
   CudaAllocations memory_;
 

@@ -149,6 +149,20 @@ inline bool gpt_tp_sharded(int i, int64_t t) {
 
 // The offload units (SynergyScale's unit of placement): 0 = the tensors that are not per layer
 // (wte, wpe, lnfw, lnfb); l + 1 = layer l, one slice of each of the 12 stacked per-layer tensors.
+// Pipeline parallelism (Narayanan et al. SC21): this rank's stage holds layers [first_layer,
+// first_layer + the config's layers) of a model of `model_layers`; the first stage embeds the
+// tokens, the last holds the final LayerNorm and the LM head. Every stage keeps the tensors that
+// are not per layer (wte, wpe, lnfw, lnfb: offload unit 0) so that the layout stays llm.c's: the
+// first and the last stage use and train them (their gradients summed between the two, so both
+// copies stay equal), the ones between never read them. `in_flight`: the micro-batches whose
+// activations are kept at once (1F1B: p − s on stage s).
+struct PipelineStage {
+  int64_t first_layer = 0;
+  int64_t model_layers = 0;  // 0: the config's layers (no stages)
+  bool first = true, last = true;
+  int in_flight = 1;
+};
+
 struct ParamSlice {
   int tensor;
   int64_t offset;  // elements from the start of the parameter (or gradient) buffer
