@@ -31,6 +31,8 @@ struct NcclApi {
   decltype(&ncclBroadcast) broadcast = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
   std::string error;  // why loading failed; "" when loaded
 
   static const NcclApi& get() {
@@ -64,6 +66,8 @@ struct NcclApi {
     bind(api.broadcast, "ncclBroadcast");
     bind(api.group_start, "ncclGroupStart");
     bind(api.group_end, "ncclGroupEnd");
+    bind(api.send, "ncclSend");
+    bind(api.recv, "ncclRecv");
     return api;  // the library stays loaded for the process's life
   }
 };
@@ -94,7 +98,10 @@ class NcclWork : public CommWork {
   bool done_ = false;
 };
 
-class NcclGroup : public Communicator, public GradientReducer, public StreamCollectives {
+class NcclGroup : public Communicator,
+                  public GradientReducer,
+                  public StreamCollectives,
+                  public StreamPointToPoint {
  public:
   NcclGroup(const ncclUniqueId& id, std::string name, int rank, int size, int device)
       : name_(std::move(name)), rank_(rank), size_(size), device_(device) {
@@ -205,6 +212,22 @@ class NcclGroup : public Communicator, public GradientReducer, public StreamColl
     count_op(count * (bf16 ? 2 : 4), true);
   }
 
+  // ---- StreamPointToPoint: the send and the receive in one group, on the caller's stream
+  void exchange(const void* send, int to, void* recv, int from, size_t count,
+                const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
+    stream.wait(ready);
+    check_nccl(nccl().group_start(), "ncclGroupStart");
+    ncclResult_t status = ncclSuccess;
+    if (send) status = nccl().send(send, count, ncclBfloat16, to, comm_, stream.handle());
+    if (recv && status == ncclSuccess)
+      status = nccl().recv(recv, count, ncclBfloat16, from, comm_, stream.handle());
+    const ncclResult_t ended = nccl().group_end();
+    check_nccl(status, send ? "ncclSend" : "ncclRecv");
+    check_nccl(ended, "ncclGroupEnd");
+    stream.record(done);
+    count_op(count * 2 * ((send ? 1 : 0) + (recv ? 1 : 0)), false);
+  }
+
   CommStats stats() const override {
     std::lock_guard lock(mutex_);
     return stats_;
@@ -294,6 +317,10 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootst
 
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,
                                                                 int device) {
+  return connect(bootstrap, device);
+}
+
+std::unique_ptr<StreamPointToPoint> make_nccl_point_to_point(Communicator& bootstrap, int device) {
   return connect(bootstrap, device);
 }
 

@@ -36,5 +36,6 @@ std::unique_ptr<GradientReducer> make_nccl_gradient_reducer(Communicator& bootst
                                                             CudaStream* serialize_on = nullptr);
 std::unique_ptr<StreamCollectives> make_nccl_stream_collectives(Communicator& bootstrap,
                                                                 int device);
+std::unique_ptr<StreamPointToPoint> make_nccl_point_to_point(Communicator& bootstrap, int device);
 
 }  // namespace kt::worker

@@ -539,6 +539,7 @@ double CudaGpt::grad_sum_of_squares() {
 
 void CudaGpt::grad_sums_of_squares(double* sharded_sum, double* replicated_sum) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
+  engine_->sum_embeddings();
   engine_->join_reductions(compute);
   const CudaParamLayout& layout = engine_->layout();
   KT_CUDA_CHECK(cudaMemsetAsync(norm_, 0, bytes<double>(2), compute.handle()));

@@ -85,6 +85,7 @@ class CudaGpt {
     return engine_->layout().sizes;
   }
   int64_t batch() const { return B_; }
+  int64_t channels() const { return c_.channels; }
   int64_t seq_len() const { return T_; }
   int64_t device_units() const { return engine_->device_units(); }
   // Training FLOPs of one B×T micro-batch: 6·P·BT + attention 12·L·C·T·BT (as the CPU model).

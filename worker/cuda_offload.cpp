@@ -470,19 +470,12 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
   if (!in_slot && (!last_micro_batch || (u.on_device && !reducer_ && !embeddings))) return;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   compute.record(*u.grads_final);
-  if (embeddings && zero_) {  // the shard's DP sums, then the stages' sum of the shard
-    const Shard& shard = shards_[0];
-    sum_embeddings({{shard_grads_ + shard.offset, static_cast<size_t>(shard.size)}},
-                   reduce_scatter(0));
-    return;
-  }
-  if (embeddings) {  // after the DP sum where there is one
-    if (reducer_) reducer_->reduce(u.grad_ranges, *u.grads_final);
-    CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
-    if (reducer_) reducer_->join(dp);
-    dp.wait(*u.grads_final);
-    dp.record(*embedding_ready_);
-    sum_embeddings(u.grad_ranges, *embedding_ready_);
+  if (embeddings) {  // the DP sum (or the shard's) now, the stages' sum after the schedule
+    if (zero_)
+      embedding_after_ = &reduce_scatter(0);
+    else if (reducer_)
+      reducer_->reduce(u.grad_ranges, *u.grads_final);
+    embedding_pending_ = true;
     return;
   }
   GradientReducer::Ranges slot_ranges;
@@ -537,9 +530,24 @@ const CudaEvent& CudaOffloadEngine::reduce_scatter(int64_t unit) {
   return *bucket.done;
 }
 
-void CudaOffloadEngine::sum_embeddings(const GradientReducer::Ranges& ranges,
-                                       const CudaEvent& ready) {
-  embedding_->reduce(ranges, ready);
+// After the pipeline's schedule (not inside its last backward: there the first stage still
+// waits for the last stage's final gradients, which a collective between the two would hold
+// up; Megatron sums them after the schedule too), over the DP-summed gradients or the shard.
+void CudaOffloadEngine::sum_embeddings() {
+  if (!embedding_pending_) return;
+  embedding_pending_ = false;
+  if (zero_) {
+    const Shard& shard = shards_[0];
+    embedding_->reduce({{shard_grads_ + shard.offset, static_cast<size_t>(shard.size)}},
+                       *embedding_after_);
+    return;
+  }
+  const Unit& u = units_[0];
+  CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
+  if (reducer_) reducer_->join(dp);
+  dp.wait(*u.grads_final);
+  dp.record(*embedding_ready_);
+  embedding_->reduce(u.grad_ranges, *embedding_ready_);
 }
 
 void CudaOffloadEngine::add_shard_sums_of_squares(double* sums) {
@@ -572,6 +580,7 @@ void CudaOffloadEngine::add_host_sums_of_squares(double* sharded, double* replic
 // ---- the optimizer --------------------------------------------------------------------------
 
 void CudaOffloadEngine::update(const kernels::AdamWStep& step, float weight_decay) {
+  sum_embeddings();
   join_reductions(device_.stream(StreamRole::kCompute));
   if (zero_) return update_shards(step, weight_decay);
   for (int decays = 0; decays < 2; ++decays) {

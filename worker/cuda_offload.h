@@ -173,6 +173,9 @@ class CudaOffloadEngine {
   void grads_final(int64_t unit, bool last_micro_batch);
   // Work enqueued on `stream` from now on waits for the DP sums issued so far.
   void join_reductions(CudaStream& stream);
+  // Pipeline stages: the first and the last stage sum unit 0's gradients over the embedding
+  // group, once the step's schedule is over (the norm and update call it; once per step).
+  void sum_embeddings();
   // Adds Σ g² of the gradients only in host memory (the streamed layers') to the sharded and
   // replicated sums (after the backward).
   void add_host_sums_of_squares(double* sharded, double* replicated);
@@ -266,8 +269,7 @@ class CudaOffloadEngine {
   // Its packed gradients, on the DP stream; returns the event recorded once the shard's sums are
   // in place.
   const CudaEvent& reduce_scatter(int64_t unit);
-  // Pipeline stages: unit 0's gradients (`ranges`) summed over the embedding group after `ready`.
-  void sum_embeddings(const GradientReducer::Ranges& ranges, const CudaEvent& ready);
+
   void update_shards(const kernels::AdamWStep& step, float weight_decay);
   // Every rank's shard of `shards` (the rank's shard arrays' layout) into `host` (llm.c layout);
   // every DP rank calls it together.
@@ -297,6 +299,8 @@ class CudaOffloadEngine {
   GradientReducer* embedding_ = nullptr;
   bool counts_unit0_ = true, updates_unit0_ = true;
   std::unique_ptr<CudaEvent> embedding_ready_;
+  bool embedding_pending_ = false;              // the step's unit 0 awaits the stages' sum
+  const CudaEvent* embedding_after_ = nullptr;  // with the shards: its reduce-scatter's end
   CudaParamLayout layout_;
   CudaAllocations memory_;
 

@@ -136,7 +136,72 @@ class HostCollectives : public GradientReducer, public StreamCollectives {
   CommStats stats_;
 };
 
+// Pipeline transfers through pinned memory and the group's point to point (Gloo): the bf16 as
+// pairs in floats (a copy: no arithmetic touches them). Synchronous, as the sums above.
+class HostPointToPoint : public StreamPointToPoint {
+ public:
+  HostPointToPoint(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
+  ~HostPointToPoint() override {
+    for (void* p : {send_, recv_})
+      if (p) device_.deallocate_pinned(p);
+  }
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  const char* backend() const override { return "host"; }
+  CommStats stats() const override { return stats_; }
+
+  void exchange(const void* send, int to, void* recv, int from, size_t count,
+                const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
+    KT_CHECK(count % 2 == 0, "pipeline transfers carry bf16 in pairs (an even count)");
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t bytes = count * 2;
+    stream.wait(ready);
+    if (bytes > capacity_) {
+      stream.synchronize();
+      for (void** p : {&send_, &recv_}) {
+        if (*p) device_.deallocate_pinned(*p);
+        *p = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
+      }
+      capacity_ = bytes;
+    }
+    std::shared_ptr<CommWork> sent, received;
+    if (send) {
+      device_.copy(send_, send, bytes, stream);
+      stream.synchronize();
+      host_reads("pipeline send", send_, bytes);
+      sent = group_.send_async(static_cast<const float*>(send_), count / 2, to);
+    }
+    if (recv) {
+      received = group_.recv_async(static_cast<float*>(recv_), count / 2, from);
+      received->wait();
+      host_writes("pipeline receive", recv_, bytes);
+      device_.copy(recv, recv_, bytes, stream);
+    }
+    if (sent) sent->wait();
+    stream.synchronize();  // the staging is reused by the next exchange
+    stream.record(done);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++stats_.collectives;
+    stats_.bytes += static_cast<int64_t>(bytes * ((send ? 1 : 0) + (recv ? 1 : 0)));
+    stats_.seconds += seconds;
+    stats_.exposed_seconds += seconds;
+  }
+
+ private:
+  Communicator& group_;
+  CudaDevice& device_;
+  void *send_ = nullptr, *recv_ = nullptr;
+  size_t capacity_ = 0;
+  CommStats stats_;
+};
+
 }  // namespace
+
+std::unique_ptr<StreamPointToPoint> make_host_point_to_point(Communicator& group,
+                                                             CudaDevice& device) {
+  return std::make_unique<HostPointToPoint>(group, device);
+}
 
 std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
                                                                 CudaDevice& device) {

@@ -72,6 +72,27 @@ class StreamCollectives {
 std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& group,
                                                                 CudaDevice& device);
 
+// Pipeline stages' transfers between CUDA ranks (the PP group): bf16 activations to the next
+// stage, their gradients to the one before, each exchange a send and/or a receive with its peers
+// (Megatron-LM's pairs, send_forward_recv_backward and the like: NCCL's sends wait for their
+// receives, so a stage that sends and then receives pairs them in one group). `count` bf16 at
+// device `send` to group rank `to`, `count` from group rank `from` into device `recv` (either
+// null), on `stream` after `ready`; `done` is recorded there once both are complete. NCCL runs
+// them with ncclSend/ncclRecv in one group; the host implementation stages them through pinned
+// memory and the group's Communicator (Gloo's point to point) and returns when they are done.
+class StreamPointToPoint {
+ public:
+  virtual ~StreamPointToPoint() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "nccl" or "host"
+  virtual void exchange(const void* send, int to, void* recv, int from, size_t count,
+                        const CudaEvent& ready, CudaEvent& done, CudaStream& stream) = 0;
+  virtual CommStats stats() const = 0;
+};
+std::unique_ptr<StreamPointToPoint> make_host_point_to_point(Communicator& group,
+                                                             CudaDevice& device);
+
 // Which collectives (DP reducer, TP all-reduces) a job's CUDA ranks use, decided alike on every
 // rank from facts gathered from all of them: `mode` (KUBETRAIN_CUDA_COMM: "auto", "nccl" or
 // "host"), the GPU of each rank as

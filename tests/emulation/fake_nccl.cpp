@@ -43,6 +43,8 @@ struct Clique {
   std::vector<const void*> sends;
   std::vector<void*> recvs;
   std::vector<float> result;
+  // Point to point: the messages sent and not yet received, by (from, to), in order.
+  std::map<std::pair<int, int>, std::vector<std::vector<float>>> mail;
 };
 
 std::mutex g_mutex;
@@ -207,6 +209,46 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                            int root, ncclComm_t comm, cudaStream_t stream) {
   return collective(Kind::kBroadcast, "ncclBroadcast", send, recv, count, type, ncclSum, root, comm,
                     stream);
+}
+// Point to point: a send copies its data into the pair's mailbox and returns (so a group's send
+// never waits for its receive); a receive waits for the pair's next message (60 s), as the
+// stream-order checker sees one operation each.
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  if (!comm || (type != ncclFloat && type != ncclBfloat16) || peer < 0 ||
+      peer >= comm->clique->size)
+    return ncclInvalidArgument;
+  em::device_op(stream, "ncclSend", {em::reads(send, count * element_bytes(type))});
+  std::vector<float> message(count);
+  for (size_t i = 0; i < count; ++i) message[i] = load(send, i, type);
+  Clique& c = *comm->clique;
+  std::lock_guard lock(c.mutex);
+  c.mail[{comm->rank, peer}].push_back(std::move(message));
+  c.changed.notify_all();
+  return ncclSuccess;
+}
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (!comm || (type != ncclFloat && type != ncclBfloat16) || peer < 0 ||
+      peer >= comm->clique->size)
+    return ncclInvalidArgument;
+  em::device_op(stream, "ncclRecv", {em::writes(recv, count * element_bytes(type))});
+  Clique& c = *comm->clique;
+  std::unique_lock lock(c.mutex);
+  auto& box = c.mail[{peer, comm->rank}];
+  if (!c.changed.wait_for(lock, std::chrono::seconds(60),
+                          [&] { return !box.empty() || c.broken; }) ||
+      c.broken) {
+    c.broken = true;
+    c.changed.notify_all();
+    std::fprintf(stderr, "emulated NCCL: no message from rank %d within 60 s\n", peer);
+    return ncclSystemError;
+  }
+  std::vector<float> message = std::move(box.front());
+  box.erase(box.begin());
+  if (message.size() != count) return ncclInvalidUsage;
+  for (size_t i = 0; i < count; ++i) store(recv, i, message[i], type);
+  return ncclSuccess;
 }
 // Calls inside a group run as they come: the ranks issue the same sequence, so they still meet.
 ncclResult_t ncclGroupStart() {
