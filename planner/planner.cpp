@@ -509,8 +509,10 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
         (c.distributed_optimizer ? ", optimizer state sharded over the " + std::to_string(c.dp) +
                                        " data-parallel ranks (ZeRO-1)"
                                  : std::string()) +
-        (refused.empty() ? ". The CPU workers run it (docs/WORKER.md)."
-                         : ". The workers of this version refuse such a plan: " + refused + "."));
+        (refused.empty()
+             ? std::string(". The ") + (plan.device == api::DeviceKind::kCpu ? "CPU" : "CUDA") +
+                   " workers run it (docs/WORKER.md)."
+             : ". The workers of this version refuse such a plan: " + refused + "."));
   }
   if (c.cut_layer > 0) {
     const int64_t d2 = plan.world / c.cut_tp;

@@ -26,6 +26,7 @@
 #include "worker/offload.h"
 #ifdef KUBETRAIN_WITH_CUDA
 #include "worker/cuda_gpt.h"
+#include "worker/cuda_pipeline.h"
 #endif
 #ifdef KUBETRAIN_WITH_NCCL
 #include "worker/comm_nccl.h"
@@ -532,6 +533,10 @@ int local_device_ordinal() {
 struct CudaCollectives {
   std::unique_ptr<GradientReducer> dp;    // null at DP 1
   std::unique_ptr<StreamCollectives> tp;  // null at TP 1
+  // Pipeline stages (null without): the transfers between stages, and the first and the last
+  // stage's sum of the embeddings.
+  std::unique_ptr<StreamPointToPoint> pp;
+  std::unique_ptr<GradientReducer> embedding;
 };
 CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
                                       const std::function<void(const std::string&)>& log) {
@@ -560,28 +565,34 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
   world.allreduce(&missing, 1, ReduceOp::kMax);
   if (missing > 0 && no_nccl.empty()) no_nccl = "another rank cannot load libnccl";
   const ReducerChoice choice = choose_reducer(mode, keys, no_nccl);
-  const bool dp = groups.dp->size() > 1, tp = groups.tp->size() > 1;
-  const std::string what =
-      std::string(dp ? "DP gradient sums over " + std::to_string(groups.dp->size()) + " ranks" : "") +
-      (dp && tp ? ", " : "") +
-      (tp ? "TP all-reduces over " + std::to_string(groups.tp->size()) + " ranks" : "");
+  const bool dp = groups.dp->size() > 1, tp = groups.tp->size() > 1,
+             pp = groups.pp && groups.pp->size() > 1;
+  std::vector<std::string> parts;
+  if (dp) parts.push_back("DP gradient sums over " + std::to_string(groups.dp->size()) + " ranks");
+  if (tp) parts.push_back("TP all-reduces over " + std::to_string(groups.tp->size()) + " ranks");
+  if (pp) parts.push_back("transfers between " + std::to_string(groups.pp->size()) + " stages");
+  std::string what;
+  for (const std::string& part : parts) what += (what.empty() ? "" : ", ") + part;
 #ifdef KUBETRAIN_WITH_NCCL
   if (choice.backend == "nccl") {
     log(what + ": NCCL on " + device.name() + " (" + choice.reason + ")");
-    // With TP on NCCL too, the DP sums go on the TP communication stream, behind the TP
-    // all-reduces in issue order: two communicators' operations must not run concurrently
-    // (comm_nccl.h).
-    if (dp)
-      out.dp = make_nccl_gradient_reducer(
-          *groups.dp, device.ordinal(),
-          tp ? &device.stream(StreamRole::kTensorParallelComm) : nullptr);
+    // With TP or stages on NCCL too, the DP sums (and the stages' transfers and embedding sums)
+    // go on the TP communication stream, in issue order: two communicators' operations must not
+    // run concurrently (comm_nccl.h).
+    CudaStream* serial = tp || pp ? &device.stream(StreamRole::kTensorParallelComm) : nullptr;
+    if (dp) out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal(), serial);
     if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
+    if (pp) out.pp = make_nccl_point_to_point(*groups.pp, device.ordinal());
+    if (pp && groups.embedding)
+      out.embedding = make_nccl_gradient_reducer(*groups.embedding, device.ordinal(), serial);
     return out;
   }
 #endif
   log(what + ": through the host (Gloo): " + choice.reason);
   if (dp) out.dp = make_host_gradient_reducer(*groups.dp, device);
   if (tp) out.tp = make_host_stream_collectives(*groups.tp, device);
+  if (pp) out.pp = make_host_point_to_point(*groups.pp, device);
+  if (pp && groups.embedding) out.embedding = make_host_gradient_reducer(*groups.embedding, device);
   return out;
 }
 
@@ -618,7 +629,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     model_options.device_units = plan.config.gpu_units;
   if (plan.config.offload == api::OffloadMode::kWindow) model_options.window = plan.config.window;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
-  const GptConfig config = GptConfig::from(plan.model);
+  // Pipeline stages (worker/cuda_pipeline.h): this rank's layers.
+  const int pp = static_cast<int>(plan.config.pp);
+  model_options.stage = pipeline_stage(plan, groups.pp->rank());
+  model_options.embedding = collectives.embedding.get();
+  GptConfig config = GptConfig::from(plan.model);
+  config.layers /= pp;
   CudaGpt model(device, config, B, T, model_options);
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
@@ -634,9 +650,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
   const int64_t tp = plan.config.tp, tp_rank = groups.tp->rank();
-  const CheckpointTensors ckpt_tensors{gpt_rank_views(config, tp, tp_rank, host_params.data()),
-                                       gpt_rank_views(config, tp, tp_rank, host_m.data()),
-                                       gpt_rank_views(config, tp, tp_rank, host_v.data())};
+  const PipelineStage& stage = model.stage();
+  GptConfig whole = config;
+  whole.layers = plan.model.layers;
+  auto views = [&](std::vector<float>& host) {  // the rank's TP slice of its stage's layers
+    return gpt_rank_views(whole, tp, tp_rank, host.data(), stage.first_layer, config.layers);
+  };
+  const CheckpointTensors ckpt_tensors{views(host_params), views(host_m), views(host_v)};
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
@@ -660,6 +680,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
 
   BatchFeeder feeder(*data, B, T);
   std::vector<int32_t> inputs, targets;
+  std::optional<CudaPipeline> pipeline;
+  if (pp > 1)
+    pipeline.emplace(model, device, *collectives.pp,
+                     device.stream(StreamRole::kTensorParallelComm));
   const api::HardwareProfile* profile = api::find_profile(plan.hardware);
   const double peak = plan.peak_flops > 0 ? plan.peak_flops
                                           : profile ? profile->peak_bf16_flops : 0.0;
@@ -673,7 +697,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
       model.get_parameters(host_params.data());
       model.get_moments(host_m.data(), host_v.data());
-      return save_checkpoint(options.checkpoint_dir, meta, ckpt_tensors,
+      // A stage after the first writes its layers only (the first writes the embeddings').
+      const CheckpointTensors tensors{stage_views(ckpt_tensors.params, stage.first),
+                                      stage_views(ckpt_tensors.adam_m, stage.first),
+                                      stage_views(ckpt_tensors.adam_v, stage.first)};
+      return save_checkpoint(options.checkpoint_dir, meta, tensors,
                              static_cast<int>(plan.checkpoint.keep), sharded_save(plan, groups));
     });
   };
@@ -683,13 +711,19 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const int64_t h2d_before = model.h2d_bytes(), d2h_before = model.d2h_bytes();
     const double cpu_adam_before = model.cpu_optimizer_seconds();
     model.zero_grad();
-    for (int64_t micro = 0; micro < accum; ++micro) {
+    // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum.
+    const float loss_scale = 1.0f / static_cast<float>(accum * dp);
+    if (pipeline)
+      pipeline->step(accum, loss_scale, [&](std::vector<int32_t>& in, std::vector<int32_t>& out) {
+        feeder.take(in, out);
+      });
+    for (int64_t micro = 0; micro < accum && !pipeline; ++micro) {
       feeder.take(inputs, targets);
-      // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum.
-      model.train_micro_step(inputs.data(), targets.data(),
-                             1.0f / static_cast<float>(accum * dp), micro == accum - 1);
+      model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
     }
-    const double loss = dp_mean_loss(model.mean_loss(), *groups.dp);
+    float stage_loss = static_cast<float>(model.mean_loss());
+    if (pipeline) groups.pp->broadcast(&stage_loss, 1, pp - 1);  // the last stage's
+    const double loss = dp_mean_loss(pipeline ? stage_loss : model.mean_loss(), *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);

@@ -4,7 +4,8 @@
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
-# the distributed optimizer, resumed) and 2 TP ranks through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
+# the distributed optimizer, resumed), 2 TP ranks and 2 pipeline stages (resumed) through
+# `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
 # collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -98,10 +99,23 @@ launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
     --plan "$DIR/$1.json" --checkpoint-dir "$DIR/ckpt-$1" > "$DIR/${2:-$1}.log" 2>&1 ||
     fail "${2:-$1}: $(tail -5 "$DIR/${2:-$1}.log")"
 }
-for run in dp2 tp2 dp2-accum dp2-zero; do
+# 2 pipeline stages (one layer each, 1F1B over 4 micro-batches of 2): the one-rank run's losses;
+# its checkpoint (each stage's shard) rolled back to step 3 resumes to the same losses.
+job pp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2}" 2
+plan pp2 "$DIR/h200x2.yaml"
+grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
+for run in dp2 tp2 dp2-accum dp2-zero pp2; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
+grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
+  fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
+rm -rf "$DIR/ckpt-pp2/step-00000006"
+echo step-00000003 > "$DIR/ckpt-pp2/latest"
+launch_ranks pp2 pp2-resumed
+grep -q "resumed from step 3" "$DIR/pp2-resumed.log" ||
+  fail "pp2 did not resume: $(head -5 "$DIR/pp2-resumed.log")"
+
 grep -q "masters and moments sharded over 2 DP ranks" "$DIR/dp2-zero.log" ||
   fail "dp2-zero: the optimizer was not sharded: $(head -5 "$DIR/dp2-zero.log")"
 rm -rf "$DIR/ckpt-dp2-zero/step-00000006"
@@ -229,7 +243,7 @@ accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
-        "dp2-zero": (losses("dp2"), 1e-6)}
+        "dp2-zero": (losses("dp2"), 1e-6), "pp2": (accum, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -242,7 +256,7 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda else "dp2"
     print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window", "dp2-zero"):  # resumed at step 3: the same losses
+for name in ("cuda", "offload", "window", "dp2-zero", "pp2"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "

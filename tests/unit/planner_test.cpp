@@ -375,14 +375,16 @@ TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimi
   EXPECT_EQ(96 % plan.config.pp, 0);
   EXPECT_EQ(plan.config.tp * plan.config.pp * plan.config.dp, plan.world);
   EXPECT_LE(plan.predicted.memory.total(), plan.predicted.device_capacity_bytes);
-  bool said = false, refused = false;
+  bool said = false, runs = false;
   for (const auto& line : plan.explanation) {
     said |= line.find("pipeline stages") != std::string::npos;
-    // On GPUs the workers refuse it yet, and the explanation says why.
-    refused |= line.find("CUDA workers do not run pipeline parallelism yet") != std::string::npos;
+    runs |= line.find("refuse") != std::string::npos;
   }
   EXPECT_TRUE(said);
-  EXPECT_TRUE(refused);
+  // The CUDA workers run it (stages and the distributed optimizer, without offload).
+  EXPECT_FALSE(runs);
+  EXPECT_EQ(plan.config.offload, api::OffloadMode::kNone);
+  EXPECT_EQ(api::not_yet_executable(plan), "");
   const auto& megatron = plan.alternatives.front();
   EXPECT_EQ(megatron.name, "megatron");
   EXPECT_TRUE(megatron.feasible) << megatron.reason;

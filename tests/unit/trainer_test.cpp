@@ -256,7 +256,15 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan staged_gpu = staged;
   staged_gpu.device = api::DeviceKind::kCuda;
   staged_gpu.precision = api::Precision::kBf16;
-  expect_refusal(staged_gpu, "CUDA workers do not run pipeline parallelism yet");
+#ifdef KUBETRAIN_WITH_CUDA
+  EXPECT_NO_THROW(worker::check_executable(staged_gpu));
+#endif
+  api::Plan staged_gpu_offload = staged_offload;
+  staged_gpu_offload.config.gpu_units = 2;
+  staged_gpu_offload.device = api::DeviceKind::kCuda;
+  staged_gpu_offload.precision = api::Precision::kBf16;
+  expect_refusal(staged_gpu_offload,
+                 "the CUDA workers run pipeline stages without offload only so far");
   // A cutpoint runs on CPU ranks without stages, offload or the distributed optimizer, where its
   // TP degree nests with the plan's and splits the micro-batch.
   api::Plan cut = tiny_plan(10);
