@@ -615,11 +615,7 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
             double total = static_cast<double>(sharded32) + sums[1];
             worker::allreduce_doubles(pp_comm, &total, 1);
             const double norm = std::sqrt(total);
-            AdamWStep adam;
-            adam.learning_rate = 2e-3f;
-            adam.t = static_cast<int>(s) + 1;
-            adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-            gpt.update(adam, 0.1f);
+            gpt.update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
           }
           run.weights.resize(gpt.num_parameters());
           gpt.get_parameters(run.weights.data());
@@ -668,11 +664,7 @@ void test_cuda_gpt_pipeline() {
                                1.0f / static_cast<float>(batches.size()), i + 1 == batches.size());
         one.losses.push_back(gpt.mean_loss());
         const double norm = std::sqrt(gpt.grad_sum_of_squares());
-        AdamWStep adam;
-        adam.learning_rate = 2e-3f;
-        adam.t = static_cast<int>(s) + 1;
-        adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-        gpt.update(adam, 0.1f);
+        gpt.update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
       }
       one.weights.resize(gpt.num_parameters());
       gpt.get_parameters(one.weights.data());

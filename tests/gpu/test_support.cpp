@@ -63,6 +63,14 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(int64_t BT, i
           std::vector<int32_t>(sequence.begin() + 1, sequence.end())};
 }
 
+AdamWStep clipped_adam_step(int64_t step, double norm) {
+  AdamWStep adam;
+  adam.learning_rate = 2e-3f;
+  adam.t = static_cast<int>(step) + 1;
+  adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
+  return adam;
+}
+
 DpRun train_steps(
     CudaDevice& device, const GptConfig& c, int64_t B, int64_t T, const CudaGptOptions& options,
     float loss_scale, int64_t steps,
@@ -92,11 +100,7 @@ DpRun train_steps(
       r.grads1.resize(gpt.num_parameters());
       gpt.get_gradients(r.grads1.data());
     }
-    AdamWStep adam;
-    adam.learning_rate = 2e-3f;
-    adam.t = s + 1;
-    adam.grad_scale = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f;
-    gpt.update(adam, 0.1f);
+    gpt.update(clipped_adam_step(s, norm), 0.1f);
   }
   r.weights.resize(gpt.num_parameters());
   gpt.get_parameters(r.weights.data());

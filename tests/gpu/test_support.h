@@ -130,6 +130,9 @@ inline const GptConfig kSmallGpt{32, 91, 96, 2, 2, 64, 256};
 // A sequence and its next-token targets (B·T each) drawn from a vocabulary of V.
 std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(int64_t BT, int64_t V);
 
+// The tests' AdamW step `step` (0-based): learning rate 2e-3, the gradients clipped at norm 1.
+AdamWStep clipped_adam_step(int64_t step, double norm);
+
 // One run of `steps` AdamW steps (clipped at norm 1) on the given batches (token pairs of B·T),
 // returning every loss, the gradients of step 1 and the weights after the last step.
 struct DpRun {
