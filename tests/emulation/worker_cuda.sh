@@ -243,7 +243,7 @@ accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
-        "dp2-zero": (losses("dp2"), 1e-6), "pp2": (accum, 2e-2)}
+        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)

@@ -490,11 +490,13 @@ void test_cuda_gpt_data_and_tensor_parallel() {
 // The distributed optimizer (ZeRO-1, worker/cuda_offload.h) against the plain data-parallel
 // optimizer on the same ranks and batches: DP 2 and DP 2 × TP 2 (the shards cut across
 // TP-sharded and replicated tensors, whose squares the norm keeps apart), 3 steps each. The
-// reduce-scatter sums what the all-reduce sums, in the same order, so every loss and every final
-// weight must agree to float rounding (the norm's sums are taken in another order: 1e-6); the DP
+// reduce-scatter sums what the all-reduce sums, in the same order; only the norm's squares are
+// summed in another order, so the clipping scale may differ in its last bit, which can flip a
+// bf16 rounding of a weight and drift the next steps (seen: weights 1.1e-4 for one seed, usually
+// 0–4e-9). So losses within 1e-4 and final weights within 1e-3 of the plain optimizer's; the DP
 // replicas' weights (each all-gathered from both ranks' shards) bit-identical. A rank that
-// skipped the all-gather would keep its own stale half; a shard cut at the wrong place would
-// update the wrong parameters.
+// skipped the unpack of the all-gather fails both (losses 4e-3, weights 2.5e-2); a shard cut at
+// the wrong place would update the wrong parameters.
 void test_cuda_gpt_distributed_optimizer() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 3, dp = 2;
@@ -526,15 +528,15 @@ void test_cuda_gpt_distributed_optimizer() {
         worst_weights = std::max(worst_weights, rel_error(got[r].weights, widen(want[r].weights)));
         replicas &= got[r].weights == got[(r + static_cast<size_t>(tp)) % got.size()].weights;
       }
-      check(worst_loss < 1e-6,
+      check(worst_loss < 1e-4,
             tag + ": losses differ from the plain optimizer's by " + std::to_string(worst_loss));
-      check(worst_weights < 1e-6, tag + ": final weights differ from the plain optimizer's by " +
+      check(worst_weights < 1e-3, tag + ": final weights differ from the plain optimizer's by " +
                                       std::to_string(worst_weights));
       check(replicas, tag + ": the DP replicas' weights differ");
-      if (worst_loss < 1e-6 && worst_weights < 1e-6 && replicas)
+      if (worst_loss < 1e-4 && worst_weights < 1e-3 && replicas)
         std::printf(
-            "ok    %-44s losses %.1e, weights %.1e from the plain optimizer (tol 1e-06), "
-            "replicas bit-identical\n",
+            "ok    %-44s losses %.1e (tol 1e-04), weights %.1e (tol 1e-03) from the plain "
+            "optimizer, replicas bit-identical\n",
             tag.c_str(), worst_loss, worst_weights);
     }
   }
