@@ -15,7 +15,7 @@ CudaPipeline::CudaPipeline(CudaGpt& model, CudaDevice& device, StreamPointToPoin
       pp_(pp),
       comm_(comm),
       count_(static_cast<size_t>(model.batch() * model.seq_len() * model.channels())),
-      memory_(std::make_unique<CudaAllocations>(device)),
+      memory_(device),
       ready_(std::make_unique<CudaEvent>()),
       done_(std::make_unique<CudaEvent>()) {
   const PipelineStage& stage = model.stage();
@@ -24,12 +24,12 @@ CudaPipeline::CudaPipeline(CudaGpt& model, CudaDevice& device, StreamPointToPoin
            "the pipeline group does not match the model's stage");
   const auto n = static_cast<int64_t>(count_);
   if (!stage.first) {
-    act_in_ = memory_->device<bf16>(n, MemoryKind::kActivations);
-    grad_out_ = memory_->device<bf16>(n, MemoryKind::kActivations);
+    act_in_ = memory_.device<bf16>(n, MemoryKind::kActivations);
+    grad_out_ = memory_.device<bf16>(n, MemoryKind::kActivations);
   }
   if (!stage.last) {
-    act_out_ = memory_->device<bf16>(n, MemoryKind::kActivations);
-    grad_in_ = memory_->device<bf16>(n, MemoryKind::kActivations);
+    act_out_ = memory_.device<bf16>(n, MemoryKind::kActivations);
+    grad_in_ = memory_.device<bf16>(n, MemoryKind::kActivations);
   }
 }
 

@@ -45,7 +45,7 @@ class CudaPipeline {
   StreamPointToPoint& pp_;
   CudaStream& comm_;
   size_t count_;  // B·T·C
-  std::unique_ptr<CudaAllocations> memory_;
+  CudaAllocations memory_;
   kernels::cuda::bf16 *act_in_ = nullptr, *act_out_ = nullptr, *grad_in_ = nullptr,
                       *grad_out_ = nullptr;
   std::unique_ptr<CudaEvent> ready_, done_;

@@ -721,9 +721,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       feeder.take(inputs, targets);
       model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
     }
-    float stage_loss = static_cast<float>(model.mean_loss());
-    if (pipeline) groups.pp->broadcast(&stage_loss, 1, pp - 1);  // the last stage's
-    const double loss = dp_mean_loss(pipeline ? stage_loss : model.mean_loss(), *groups.dp);
+    double stage_loss = model.mean_loss();
+    if (pipeline) {  // the last stage's
+      float last_loss = static_cast<float>(stage_loss);
+      groups.pp->broadcast(&last_loss, 1, pp - 1);
+      stage_loss = last_loss;
+    }
+    const double loss = dp_mean_loss(stage_loss, *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);
