@@ -104,11 +104,6 @@ std::string not_yet_executable(const Plan& plan) {
            " data-parallel ranks with offload window, and the workers run the distributed "
            "optimizer without offload or with offload optimizer only so far (set "
            "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
-  if (c.cut_layer > 0 && plan.device != DeviceKind::kCpu)
-    return "it changes the tensor-parallel degree from " + std::to_string(c.tp) + " to " +
-           std::to_string(c.cut_tp) + " at layer " + std::to_string(c.cut_layer) +
-           " (Oases' cutpoint), and the CUDA workers do not run cutpoints yet (the CPU workers "
-           "do; set spec.parallelism.cutpoint: off)";
   if (c.cut_layer > 0 && c.offload != OffloadMode::kNone)
     return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
            " (Oases' cutpoint) with offload " + std::string(to_string(c.offload)) +

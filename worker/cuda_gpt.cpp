@@ -78,6 +78,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   // their copies (summed between them); the stages between leave theirs alone.
   offload.counts_unit0 = stage_.first;
   offload.updates_unit0 = stage_.first || stage_.last;
+  offload.unit0_elsewhere = options.unit0_elsewhere;
   engine_ = std::make_unique<CudaOffloadEngine>(device_, c_, t_, *ctx_, offload);
   allocate();  // (what was taken goes back with the members if this throws)
 }
@@ -516,6 +517,50 @@ void CudaGpt::backward_micro(int slot, bool last, const bf16* output_grad, bf16*
                                   vocab_lo_, Vl);
   }
   engine.grads_final(0, last);
+}
+
+// Unit 0's tensors in the logical layout: each one's place there and the rank's slice of it (wte
+// is split by rows over TP: rank r holds block r).
+namespace {
+template <class Fn>
+void for_unit0_slices(const GptConfig& c, int64_t t, int64_t r,
+                      const std::array<int64_t, kNumParamTensors>& local, Fn&& fn) {
+  const auto logical = gpt_param_sizes(c, 1);
+  int64_t base = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const ParamSpec& p = kParams[static_cast<size_t>(i)];
+    if (p.per_layer) continue;
+    const bool split = t > 1 && p.tp_dim >= 0;
+    KT_CHECK(!split || (p.tp_dim == 0 && local[i] * t == logical[i]),
+             "a tensor that is not per layer is split by rows only");
+    fn(i, base + (split ? r * local[i] : 0), local[i], split);
+    base += logical[i];
+  }
+}
+}  // namespace
+
+int64_t CudaGpt::unit0_floats() const {
+  int64_t n = 0;
+  for_unit0_slices(c_, 1, 0, gpt_param_sizes(c_, 1),
+                   [&](int, int64_t, int64_t count, bool) { n += count; });
+  return n;
+}
+
+void CudaGpt::add_unit0_gradients(float* logical) {
+  for_unit0_slices(c_, t_, tr_, engine_->layout().dsizes,
+                   [&](int i, int64_t at, int64_t count, bool split) {
+                     if (split || tr_ == 0)
+                       cu::residual_forward(*ctx_, logical + at, logical + at, g(i), count);
+                   });
+}
+
+void CudaGpt::take_unit0_gradients(const float* logical) {
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  for_unit0_slices(c_, t_, tr_, engine_->layout().dsizes,
+                   [&](int i, int64_t at, int64_t count, bool) {
+                     device_.copy(g(i), logical + at, bytes<float>(count), compute);
+                   });
+  engine_->unit0_summed();
 }
 
 double CudaGpt::mean_loss() {

@@ -68,6 +68,9 @@ struct CudaGptOptions {
   // group, over which they sum the tied embeddings' unit (null elsewhere and without stages).
   PipelineStage stage;
   GradientReducer* embedding = nullptr;
+  // A cutpoint's segment (worker/cuda_cutpoint.h): unit 0's gradients are summed by the caller
+  // (add_unit0_gradients, take_unit0_gradients), not over the reducer's group.
+  bool unit0_elsewhere = false;
 };
 
 class CudaGpt {
@@ -85,6 +88,7 @@ class CudaGpt {
     return engine_->layout().sizes;
   }
   int64_t batch() const { return B_; }
+  int64_t num_layers() const { return c_.layers; }
   int64_t channels() const { return c_.channels; }
   int64_t seq_len() const { return T_; }
   int64_t device_units() const { return engine_->device_units(); }
@@ -126,6 +130,15 @@ class CudaGpt {
   void backward_micro(int slot, bool last, const kernels::cuda::bf16* output_grad = nullptr,
                       kernels::cuda::bf16* input_grad = nullptr);
   const PipelineStage& stage() const { return stage_; }
+  // A cutpoint's segments (worker/cuda_cutpoint.h), on the compute stream after the backward:
+  // unit 0's gradients (wte, wpe, lnfw, lnfb) in their logical layout — the unsharded tensors
+  // one after another, unit0_floats() of them, on the device. add_unit0_gradients adds this
+  // rank's slices into `logical` (a replicated tensor from TP rank 0 only, so that a sum over
+  // every rank counts it once per TP group); take_unit0_gradients copies them back out of it
+  // (and the distributed optimizer's shard takes its part).
+  int64_t unit0_floats() const;
+  void add_unit0_gradients(float* logical);
+  void take_unit0_gradients(const float* logical);
   // Mean loss of the micro-batches since zero_grad (waits for them; 0 on a stage before the
   // last).
   double mean_loss();

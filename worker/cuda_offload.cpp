@@ -73,6 +73,7 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
       embedding_(options.embedding),
       counts_unit0_(options.counts_unit0),
       updates_unit0_(options.updates_unit0),
+      unit0_elsewhere_(options.unit0_elsewhere),
       embedding_ready_(std::make_unique<CudaEvent>()),
       memory_(device) {
   const int64_t units = c_.layers + 1;
@@ -87,6 +88,8 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
   zero_ = options.distributed_optimizer && reducer_ && reducer_->size() > 1;
   KT_CHECK(!zero_ || device_units_ == units,
            "the CUDA distributed optimizer runs without offload (api::not_yet_executable)");
+  KT_CHECK(!unit0_elsewhere_ || (device_units_ == units && !embedding_),
+           "a cutpoint's segments run without offload and without stages");
   allocate();
   if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
 }
@@ -466,6 +469,7 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
   Unit& u = units_[static_cast<size_t>(unit)];
   const bool in_slot = unit_streamed(unit);
   if (unit == 0 && !updates_unit0_) return;  // a stage between: its copy is never used
+  if (unit == 0 && unit0_elsewhere_) return;  // a cutpoint's: the caller sums it (unit0_summed)
   const bool embeddings = unit == 0 && embedding_ && last_micro_batch;
   if (!in_slot && (!last_micro_batch || (u.on_device && !reducer_ && !embeddings))) return;
   CudaStream& compute = device_.stream(StreamRole::kCompute);
@@ -548,6 +552,17 @@ void CudaOffloadEngine::sum_embeddings() {
   dp.wait(*u.grads_final);
   dp.record(*embedding_ready_);
   embedding_->reduce(u.grad_ranges, *embedding_ready_);
+}
+
+void CudaOffloadEngine::unit0_summed() {
+  KT_CHECK(unit0_elsewhere_, "unit0_summed follows CudaOffloadOptions::unit0_elsewhere");
+  if (!zero_) return;
+  const Shard& shard = shards_[0];
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  for (const ShardPiece& p : shard.pieces)
+    device_.copy(shard_grads_ + shard.offset + p.in_shard,
+                 grads_ + layout_.device_offset(p.tensor, p.offset), bytes<float>(p.count),
+                 compute);
 }
 
 void CudaOffloadEngine::add_shard_sums_of_squares(double* sums) {

@@ -124,6 +124,10 @@ struct CudaOffloadOptions {
   // only) and whether AdamW updates it (not on the stages between, which never use it).
   GradientReducer* embedding = nullptr;
   bool counts_unit0 = true, updates_unit0 = true;
+  // A cutpoint's segments (worker/cuda_cutpoint.h): unit 0's gradients are summed by the caller,
+  // over every rank in both segments' TP layouts at once, after the backward; the engine does not
+  // sum them over DP and takes the sums with unit0_summed(). Every unit on the device.
+  bool unit0_elsewhere = false;
 };
 
 class CudaOffloadEngine {
@@ -176,6 +180,10 @@ class CudaOffloadEngine {
   // Pipeline stages: the first and the last stage sum unit 0's gradients over the embedding
   // group, once the step's schedule is over (the norm and update call it; once per step).
   void sum_embeddings();
+  // After the caller summed unit 0's gradients (CudaOffloadOptions::unit0_elsewhere), on the
+  // compute stream: with the distributed optimizer, the rank's shard of them goes where the
+  // reduce-scatter would have put it.
+  void unit0_summed();
   // Adds Σ g² of the gradients only in host memory (the streamed layers') to the sharded and
   // replicated sums (after the backward).
   void add_host_sums_of_squares(double* sharded, double* replicated);
@@ -297,7 +305,7 @@ class CudaOffloadEngine {
   int cpu_threads_ = 1;
   GradientReducer* reducer_ = nullptr;
   GradientReducer* embedding_ = nullptr;
-  bool counts_unit0_ = true, updates_unit0_ = true;
+  bool counts_unit0_ = true, updates_unit0_ = true, unit0_elsewhere_ = false;
   std::unique_ptr<CudaEvent> embedding_ready_;
   bool embedding_pending_ = false;              // the step's unit 0 awaits the stages' sum
   const CudaEvent* embedding_after_ = nullptr;  // with the shards: its reduce-scatter's end

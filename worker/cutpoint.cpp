@@ -9,7 +9,13 @@ namespace kt::worker {
 
 CutpointReshard::CutpointReshard(Communicator& cut, int64_t tp, int64_t cut_tp, int64_t B1,
                                  int64_t T, int64_t C)
-    : cut_(cut), widens_(cut_tp > tp), B1_(B1), B2_(B1 * cut_tp / tp), T_(T), C_(C) {
+    : cut_(cut),
+      widens_(cut_tp > tp),
+      B1_(B1),
+      B2_(B1 * cut_tp / tp),
+      T_(T),
+      C_(C),
+      tokens_(cut, widens_, B1_ * T_, B2_ * T_) {
   KT_CHECK(cut_tp != tp && B2_ * tp == B1 * cut_tp, "a cutpoint changes TP and splits the batch");
   KT_CHECK(cut.size() == std::max(tp, cut_tp) / std::min(tp, cut_tp),
            "the cut group joins the samples of max(tp, cut_tp) / min(tp, cut_tp) TP groups");
@@ -51,27 +57,7 @@ void CutpointReshard::gradients(const float* after, float* before) {
 
 void CutpointReshard::tokens(const int32_t* inputs, const int32_t* targets, int32_t* inputs_after,
                              int32_t* targets_after) {
-  const int64_t n1 = B1_ * T_, n2 = B2_ * T_;
-  if (!widens_) {
-    for (auto [from, to] : {std::pair{inputs, inputs_after}, {targets, targets_after}})
-      std::memcpy(to, from + cut_.rank() * n2, static_cast<size_t>(n2) * sizeof(int32_t));
-    return;
-  }
-  // As floats, exact below 2²⁴ (vocabularies are bounded far below: api::ModelLimits), in one
-  // all-gather: each rank's inputs then targets.
-  tokens_in_.resize(static_cast<size_t>(2 * n1));
-  tokens_out_.resize(static_cast<size_t>(2 * n2));
-  for (int64_t i = 0; i < n1; ++i) {
-    tokens_in_[static_cast<size_t>(i)] = static_cast<float>(inputs[i]);
-    tokens_in_[static_cast<size_t>(n1 + i)] = static_cast<float>(targets[i]);
-  }
-  cut_.allgather(tokens_in_.data(), tokens_out_.data(), static_cast<size_t>(2 * n1));
-  for (int64_t r = 0; r < cut_.size(); ++r)
-    for (int64_t i = 0; i < n1; ++i) {
-      inputs_after[r * n1 + i] = static_cast<int32_t>(tokens_out_[static_cast<size_t>(2 * r * n1 + i)]);
-      targets_after[r * n1 + i] =
-          static_cast<int32_t>(tokens_out_[static_cast<size_t>(2 * r * n1 + n1 + i)]);
-    }
+  tokens_.reshard(inputs, targets, inputs_after, targets_after);
 }
 
 namespace {

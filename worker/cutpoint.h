@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "worker/comm.h"
+#include "worker/cutpoint_tokens.h"
 #include "worker/gpt.h"
 
 namespace kt::worker {
@@ -51,7 +52,7 @@ class CutpointReshard {
   Communicator& cut_;
   bool widens_;
   int64_t B1_, B2_, T_, C_;
-  std::vector<float> tokens_in_, tokens_out_;
+  CutpointTokens tokens_;
   std::vector<int32_t> inputs2_, targets2_;
   std::vector<float> out1_, in2_, grad_in2_, grad_out1_;
 };

@@ -25,6 +25,7 @@
 #include "worker/gpt.h"
 #include "worker/offload.h"
 #ifdef KUBETRAIN_WITH_CUDA
+#include "worker/cuda_cutpoint.h"
 #include "worker/cuda_gpt.h"
 #include "worker/cuda_pipeline.h"
 #endif
@@ -537,6 +538,10 @@ struct CudaCollectives {
   // stage's sum of the embeddings.
   std::unique_ptr<StreamPointToPoint> pp;
   std::unique_ptr<GradientReducer> embedding;
+  // A cutpoint (null without): the layers after it's TP (null at TP 1) and DP (null at DP 1)
+  // collectives, the re-shard at the cut, and unit 0's sum over the world.
+  std::unique_ptr<StreamCollectives> tp2;
+  std::unique_ptr<GradientReducer> dp2, cut, world;
 };
 CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
                                       const std::function<void(const std::string&)>& log) {
@@ -566,11 +571,17 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
   if (missing > 0 && no_nccl.empty()) no_nccl = "another rank cannot load libnccl";
   const ReducerChoice choice = choose_reducer(mode, keys, no_nccl);
   const bool dp = groups.dp->size() > 1, tp = groups.tp->size() > 1,
-             pp = groups.pp && groups.pp->size() > 1;
+             pp = groups.pp && groups.pp->size() > 1, cut = groups.cut != nullptr;
+  const bool dp2 = cut && groups.dp2->size() > 1, tp2 = cut && groups.tp2->size() > 1;
   std::vector<std::string> parts;
   if (dp) parts.push_back("DP gradient sums over " + std::to_string(groups.dp->size()) + " ranks");
   if (tp) parts.push_back("TP all-reduces over " + std::to_string(groups.tp->size()) + " ranks");
   if (pp) parts.push_back("transfers between " + std::to_string(groups.pp->size()) + " stages");
+  if (cut)
+    parts.push_back("after the cutpoint TP " + std::to_string(groups.tp2->size()) + " × DP " +
+                    std::to_string(groups.dp2->size()) + ", the re-shard over " +
+                    std::to_string(groups.cut->size()) + " ranks and the embeddings' sum over " +
+                    std::to_string(world.size()));
   std::string what;
   for (const std::string& part : parts) what += (what.empty() ? "" : ", ") + part;
 #ifdef KUBETRAIN_WITH_NCCL
@@ -579,12 +590,19 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
     // With TP or stages on NCCL too, the DP sums (and the stages' transfers and embedding sums)
     // go on the TP communication stream, in issue order: two communicators' operations must not
     // run concurrently (comm_nccl.h).
-    CudaStream* serial = tp || pp ? &device.stream(StreamRole::kTensorParallelComm) : nullptr;
+    CudaStream* serial =
+        tp || pp || cut ? &device.stream(StreamRole::kTensorParallelComm) : nullptr;
     if (dp) out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal(), serial);
     if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
     if (pp) out.pp = make_nccl_point_to_point(*groups.pp, device.ordinal());
     if (pp && groups.embedding)
       out.embedding = make_nccl_gradient_reducer(*groups.embedding, device.ordinal(), serial);
+    if (dp2) out.dp2 = make_nccl_gradient_reducer(*groups.dp2, device.ordinal(), serial);
+    if (tp2) out.tp2 = make_nccl_stream_collectives(*groups.tp2, device.ordinal());
+    if (cut) {
+      out.cut = make_nccl_gradient_reducer(*groups.cut, device.ordinal(), serial);
+      out.world = make_nccl_gradient_reducer(world, device.ordinal(), serial);
+    }
     return out;
   }
 #endif
@@ -593,6 +611,12 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
   if (tp) out.tp = make_host_stream_collectives(*groups.tp, device);
   if (pp) out.pp = make_host_point_to_point(*groups.pp, device);
   if (pp && groups.embedding) out.embedding = make_host_gradient_reducer(*groups.embedding, device);
+  if (dp2) out.dp2 = make_host_gradient_reducer(*groups.dp2, device);
+  if (tp2) out.tp2 = make_host_stream_collectives(*groups.tp2, device);
+  if (cut) {
+    out.cut = make_host_gradient_reducer(*groups.cut, device);
+    out.world = make_host_gradient_reducer(world, device);
+  }
   return out;
 }
 
@@ -635,17 +659,42 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   model_options.embedding = collectives.embedding.get();
   GptConfig config = GptConfig::from(plan.model);
   config.layers /= pp;
+  // Oases' cutpoint (worker/cuda_cutpoint.h): layers [0, cut) here, the rest in `after` (its own
+  // TP and DP collectives), built as the two stages of a pipeline on this rank.
+  const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
+  if (cut > 0) {
+    config.layers = cut;
+    model_options.stage.last = false;
+    model_options.unit0_elsewhere = true;
+  }
   CudaGpt model(device, config, B, T, model_options);
+  std::unique_ptr<CudaGpt> after;
+  std::optional<CudaCutpoint> cutpoint;
+  if (cut > 0) {
+    CudaGptOptions after_options = model_options;
+    after_options.reducer = collectives.dp2.get();
+    after_options.tp = collectives.tp2.get();
+    after_options.stage = PipelineStage{cut, L, /*first=*/false, /*last=*/true, /*in_flight=*/1};
+    GptConfig after_config = config;
+    after_config.layers = L - cut;
+    after = std::make_unique<CudaGpt>(device, after_config, B * plan.config.cut_tp / plan.config.tp,
+                                      T, after_options);
+    cutpoint.emplace(model, *after, device, *groups.cut, *collectives.cut, *collectives.world);
+  }
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
-      std::to_string(model.device_units()) + " of " + std::to_string(plan.model.layers + 1) +
+      std::to_string(model.device_units() + (after ? after->device_units() : 0)) + " of " +
+      std::to_string(config.layers + 1 + (after ? after->num_layers() + 1 : 0)) +
       " offload units on the GPU" +
       (model.distributed_optimizer()
            ? " (masters and moments sharded over " + std::to_string(dp) + " DP ranks)"
            : std::string()) +
       (model_options.window > 0 ? "; the other layers streamed through " +
                                       std::to_string(model_options.window) + " slot(s)"
-                                : std::string()));
+                                : std::string()) +
+      (cut > 0 ? "; layers " + std::to_string(cut) + "-" + std::to_string(L - 1) + " at TP " +
+                     std::to_string(plan.config.cut_tp) + " (cutpoint)"
+               : std::string()));
   // Host copies for checkpoints and initialisation (llm.c layout).
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
@@ -657,6 +706,17 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     return gpt_rank_views(whole, tp, tp_rank, host.data(), stage.first_layer, config.layers);
   };
   const CheckpointTensors ckpt_tensors{views(host_params), views(host_m), views(host_v)};
+  // A cutpoint's second segment: its layers and its copy of unit 0, in its own TP layout (it
+  // loads both; it writes its layers only, as further shards).
+  const int64_t P2 = after ? after->num_parameters() : 0;
+  std::vector<float> after_params(P2), after_m(P2), after_v(P2);
+  auto after_views = [&](std::vector<float>& host) {
+    return gpt_rank_views(whole, plan.config.cut_tp, groups.tp2->rank(), host.data(), cut, L - cut);
+  };
+  std::optional<CheckpointTensors> after_tensors;
+  if (after)
+    after_tensors =
+        CheckpointTensors{after_views(after_params), after_views(after_m), after_views(after_v)};
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
@@ -664,8 +724,16 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       [&] {  // a checkpoint's or llm.c's weights (and moments: zeros from llm.c)
         model.set_parameters(host_params.data());
         model.set_moments(host_m.data(), host_v.data());
+        if (after) {
+          after->set_parameters(after_params.data());
+          after->set_moments(after_m.data(), after_v.data());
+        }
       },
-      [&] { model.init_weights(static_cast<uint64_t>(t.seed)); });
+      [&] {
+        model.init_weights(static_cast<uint64_t>(t.seed));
+        if (after) after->init_weights(static_cast<uint64_t>(t.seed));
+      },
+      after_tensors ? &*after_tensors : nullptr);
   const int64_t start_step = restored.step;
   if (options.on_memory) {
     std::map<std::string, double> bytes;
@@ -697,12 +765,23 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
       const CheckpointMeta meta = checkpoint_meta(plan, steps_done, feeder.cursor(), loss);
       model.get_parameters(host_params.data());
       model.get_moments(host_m.data(), host_v.data());
-      // A stage after the first writes its layers only (the first writes the embeddings').
+      // A stage after the first writes its layers only (the first writes the embeddings'); so
+      // does a cutpoint's second segment, as shards of its own.
+      ShardedSave sharding = sharded_save(plan, groups);
+      if (after) {
+        after->get_parameters(after_params.data());
+        after->get_moments(after_m.data(), after_v.data());
+        if (groups.dp2->rank() == 0)
+          sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
+                                     CheckpointTensors{stage_views(after_tensors->params, false),
+                                                       stage_views(after_tensors->adam_m, false),
+                                                       stage_views(after_tensors->adam_v, false)});
+      }
       const CheckpointTensors tensors{stage_views(ckpt_tensors.params, stage.first),
                                       stage_views(ckpt_tensors.adam_m, stage.first),
                                       stage_views(ckpt_tensors.adam_v, stage.first)};
       return save_checkpoint(options.checkpoint_dir, meta, tensors,
-                             static_cast<int>(plan.checkpoint.keep), sharded_save(plan, groups));
+                             static_cast<int>(plan.checkpoint.keep), std::move(sharding));
     });
   };
 
@@ -711,34 +790,47 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const int64_t h2d_before = model.h2d_bytes(), d2h_before = model.d2h_bytes();
     const double cpu_adam_before = model.cpu_optimizer_seconds();
     model.zero_grad();
-    // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum.
-    const float loss_scale = 1.0f / static_cast<float>(accum * dp);
+    if (after) after->zero_grad();
+    // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum (with a cutpoint,
+    // the DP degree after it, where the loss is).
+    const float loss_scale = 1.0f / static_cast<float>(accum * (after ? groups.dp2->size() : dp));
     if (pipeline)
       pipeline->step(accum, loss_scale, [&](std::vector<int32_t>& in, std::vector<int32_t>& out) {
         feeder.take(in, out);
       });
     for (int64_t micro = 0; micro < accum && !pipeline; ++micro) {
       feeder.take(inputs, targets);
-      model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
+      if (cutpoint)
+        cutpoint->micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
+      else
+        model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
     }
-    double stage_loss = model.mean_loss();
+    if (cutpoint) cutpoint->sum_unit0();
+    double stage_loss = after ? after->mean_loss() : model.mean_loss();
     if (pipeline) {  // the last stage's
       float last_loss = static_cast<float>(stage_loss);
       groups.pp->broadcast(&last_loss, 1, pp - 1);
       stage_loss = last_loss;
     }
-    const double loss = dp_mean_loss(stage_loss, *groups.dp);
+    const double loss = dp_mean_loss(stage_loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
-    double sums[2];
+    double sums[2], after_sums[2];
     model.grad_sums_of_squares(&sums[0], &sums[1]);
     if (model.distributed_optimizer()) allreduce_doubles(*groups.dp, sums, 2);  // the shards'
-    const double norm = global_norm(sums[0], sums[1], groups);
+    if (after) {
+      after->grad_sums_of_squares(&after_sums[0], &after_sums[1]);
+      if (after->distributed_optimizer()) allreduce_doubles(*groups.dp2, after_sums, 2);
+    }
+    const double norm = global_norm(sums[0], sums[1], groups, after ? after_sums : nullptr);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
     model.update(adam, static_cast<float>(t.weight_decay));
+    if (after) after->update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
     check_finite(loss, step);
-    StepReport r = step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1,
-                               model.flops_per_micro_step() * accum, peak);
+    const double flops =
+        (model.flops_per_micro_step() + (after ? after->flops_per_micro_step() : 0.0)) * accum;
+    StepReport r =
+        step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
     r.device = device.name();
     r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
     r.h2d_bytes = model.h2d_bytes() - h2d_before;
@@ -747,6 +839,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     // The device collectives, beside the groups' own (the loss, the norm)
     if (collectives.dp) r.comm["dp"] += collectives.dp->stats();
     if (collectives.tp) r.comm["tp"] += collectives.tp->stats();
+    // A cutpoint's where the planner predicts them (comm_totals)
+    if (collectives.tp2) r.comm["tp"] += collectives.tp2->stats();
+    for (const auto* reducer :
+         {collectives.dp2.get(), collectives.cut.get(), collectives.world.get()})
+      if (reducer) r.comm["dp"] += reducer->stats();
     report_step(r, options, result, log);
     const int64_t interval = plan.checkpoint.interval_steps;
     if (stop_after_step(plan, groups, step, result, log, [&] { save(step + 1, loss); })) break;
@@ -755,7 +852,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   feeder.synchronize();
   if (options.on_finish) {
     model.get_parameters(host_params.data());
-    options.on_finish(ckpt_tensors.params);
+    std::vector<TensorView> views = ckpt_tensors.params;
+    if (after) {  // and the layers after the cut (each view names its slice)
+      after->get_parameters(after_params.data());
+      const auto more = stage_views(after_tensors->params, false);
+      views.insert(views.end(), more.begin(), more.end());
+    }
+    options.on_finish(views);
   }
   return result;
 }

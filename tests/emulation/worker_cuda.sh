@@ -4,7 +4,7 @@
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
-# the distributed optimizer, resumed), 2 TP ranks and 2 pipeline stages (resumed) through
+# the distributed optimizer, resumed), 2 TP ranks, 2 pipeline stages and a cutpoint (resumed) through
 # `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
 # collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
@@ -104,7 +104,14 @@ launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
 job pp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2}" 2
 plan pp2 "$DIR/h200x2.yaml"
 grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
-for run in dp2 tp2 dp2-accum dp2-zero pp2; do
+# Oases' cutpoint: layer 0 at TP 1 (DP 2), layer 1 at TP 2 — the activations all-gathered at
+# the cut, the embeddings summed over both ranks in both layouts: the one-rank run's losses; its
+# checkpoint (layer 1 as TP shards of their own) resumes to the same losses, and one rank
+# resumes from it too (resharded).
+job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
+plan cut "$DIR/h200x2.yaml"
+grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
+for run in dp2 tp2 dp2-accum dp2-zero pp2 cut; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -115,6 +122,19 @@ echo step-00000003 > "$DIR/ckpt-pp2/latest"
 launch_ranks pp2 pp2-resumed
 grep -q "resumed from step 3" "$DIR/pp2-resumed.log" ||
   fail "pp2 did not resume: $(head -5 "$DIR/pp2-resumed.log")"
+
+grep -q "the re-shard over 2 ranks and the embeddings' sum over 2" "$DIR/cut.log" ||
+  fail "cut: no re-shard at the cutpoint: $(head -5 "$DIR/cut.log")"
+rm -rf "$DIR/ckpt-cut/step-00000006"
+echo step-00000003 > "$DIR/ckpt-cut/latest"
+cp -r "$DIR/ckpt-cut" "$DIR/ckpt-cut-one"
+launch_ranks cut cut-resumed
+grep -q "resumed from step 3" "$DIR/cut-resumed.log" ||
+  fail "cut did not resume: $(head -5 "$DIR/cut-resumed.log")"
+"$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
+  > "$DIR/cut-one.log" 2>&1 || fail "cut checkpoint on one rank: $(tail -3 "$DIR/cut-one.log")"
+grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
+  fail "one rank did not reshard the cut checkpoint: $(head -3 "$DIR/cut-one.log")"
 
 grep -q "masters and moments sharded over 2 DP ranks" "$DIR/dp2-zero.log" ||
   fail "dp2-zero: the optimizer was not sharded: $(head -5 "$DIR/dp2-zero.log")"
@@ -243,7 +263,7 @@ accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
-        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2)}
+        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2), "cut": (cuda, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -256,12 +276,19 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda else "dp2"
     print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window", "dp2-zero", "pp2"):  # resumed at step 3: the same losses
+for name in ("cuda", "offload", "window", "dp2-zero", "pp2", "cut"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "
           f"{'print' if same else 'do not print'} the uninterrupted run's losses")
     failed |= not same
+# The cut run's step-3 checkpoint on one rank: steps 4-6 near the cut run's own.
+cut, one = losses("cut"), losses("cut-one")
+worst = max((abs(one[s] - cut[s]) / cut[s] for s in one), default=1.0)
+ok = sorted(one) == [4, 5, 6] and worst < 2e-2
+print(f"{'ok  ' if ok else 'FAIL'} cut-one      its checkpoint resumed on one rank: steps 4-6 "
+      f"within {worst:.1e} of the cut run's (tol 2e-02)")
+failed |= not ok
 if cuda[6] > cuda[1] - 0.2:
     print(f"FAIL: the CUDA loss did not fall: {cuda[1]} -> {cuda[6]}")
     failed = True

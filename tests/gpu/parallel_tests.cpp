@@ -13,11 +13,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "tests/gpu/gpu_tests.h"
 #include "tests/gpu/test_support.h"
+#include "worker/cuda_cutpoint.h"
 #include "worker/cuda_pipeline.h"
 #include "worker/gradient_reducer.h"
 #ifdef KUBETRAIN_WITH_NCCL
@@ -630,6 +632,58 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
       error);
 }
 
+// A rank's weights `mine` (its layout: TP rank r of t, layers [first, first + layers) of c) split
+// into its per-layer tensors' and its unit 0's, beside the same slices of `whole` (c's llm.c
+// layout), through the checkpoints' views.
+struct RankSlices {
+  F got_layers, got_unit0, want_layers, want_unit0;
+};
+RankSlices rank_slices(const GptConfig& c, int64_t t, int64_t r, int64_t first, int64_t layers,
+                       const F& mine, const F& whole) {
+  GptConfig local = c;
+  local.layers = layers;
+  const auto views = worker::gpt_rank_views(c, t, r, nullptr, first, layers);
+  const auto sizes = worker::gpt_param_sizes(local, t);
+  const auto whole_sizes = worker::gpt_param_sizes(c, 1);
+  RankSlices out;
+  int64_t at = 0, whole_at = 0;
+  for (int i = 0; i < worker::kNumParamTensors; ++i) {
+    const bool per_layer = worker::kParams[static_cast<size_t>(i)].per_layer;
+    std::vector<float> slice(static_cast<size_t>(sizes[i]));
+    worker::TensorView view = views[static_cast<size_t>(i)];
+    view.data = slice.data();
+    worker::gpt_copy_slice(whole.data() + whole_at, view);
+    F& got = per_layer ? out.got_layers : out.got_unit0;
+    F& want = per_layer ? out.want_layers : out.want_unit0;
+    got.insert(got.end(), mine.begin() + at, mine.begin() + at + sizes[i]);
+    want.insert(want.end(), slice.begin(), slice.end());
+    at += sizes[i];
+    whole_at += whole_sizes[i];
+  }
+  return out;
+}
+
+// One rank accumulating the `micro` batches of each step in order (each B·T, the loss scaled by
+// 1/their count): the pipeline and cutpoint tests' reference. Losses and final weights.
+DpRun one_rank_steps(const GptConfig& c, int64_t B, int64_t T, const std::vector<Batches>& micro) {
+  DpRun one;
+  CudaGpt gpt(*g_device, c, B, T, CudaGptOptions{});
+  gpt.init_weights(g_seed);
+  for (size_t s = 0; s < micro.size(); ++s) {
+    gpt.zero_grad();
+    const auto& batches = micro[s];
+    for (size_t i = 0; i < batches.size(); ++i)
+      gpt.train_micro_step(batches[i].first.data(), batches[i].second.data(),
+                           1.0f / static_cast<float>(batches.size()), i + 1 == batches.size());
+    one.losses.push_back(gpt.mean_loss());
+    const double norm = std::sqrt(gpt.grad_sum_of_squares());
+    gpt.update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
+  }
+  one.weights.resize(gpt.num_parameters());
+  gpt.get_parameters(one.weights.data());
+  return one;
+}
+
 // Pipeline stages on CUDA ranks (worker/cuda_pipeline.h, 1F1B with Megatron's paired
 // transfers) against one rank accumulating the same micro-batches in the same order: PP 2 and
 // PP 4 (the stages between keep up to 3 micro-batches in flight), PP 2 × DP 2 with the
@@ -654,23 +708,7 @@ void test_cuda_gpt_pipeline() {
     for (auto& step : micro)
       for (int64_t i = 0; i < k.dp * m; ++i) step.push_back(random_batch(B * T, c.vocab));
     // One rank, the dp·m micro-batches accumulated in order.
-    DpRun one;
-    {
-      CudaGpt gpt(*g_device, c, B, T, CudaGptOptions{});
-      gpt.init_weights(g_seed);
-      for (int64_t s = 0; s < steps; ++s) {
-        gpt.zero_grad();
-        const auto& batches = micro[static_cast<size_t>(s)];
-        for (size_t i = 0; i < batches.size(); ++i)
-          gpt.train_micro_step(batches[i].first.data(), batches[i].second.data(),
-                               1.0f / static_cast<float>(batches.size()), i + 1 == batches.size());
-        one.losses.push_back(gpt.mean_loss());
-        const double norm = std::sqrt(gpt.grad_sum_of_squares());
-        gpt.update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
-      }
-      one.weights.resize(gpt.num_parameters());
-      gpt.get_parameters(one.weights.data());
-    }
+    const DpRun one = one_rank_steps(c, B, T, micro);
     F initial(one.weights.size());
     worker::gpt_init_rank(c, 1, 0, g_seed, initial.data());
     const double loss_tol = 5e-3, weight_tol = 5e-3;
@@ -701,40 +739,20 @@ void test_cuda_gpt_pipeline() {
             worst_loss = std::max(worst_loss, std::abs(mean - one.losses[s]) / one.losses[s]);
           }
         // The rank's slice (its TP rows, its stage's layers) of the one rank's weights and of the
-        // initial ones, through the checkpoints' views, in the rank's layout.
-        GptConfig local = c;
-        local.layers = c.layers / k.pp;
-        const auto stage_views =
-            worker::gpt_rank_views(c, k.tp, tp_rank, nullptr, stage * local.layers, local.layers);
-        F got_unit0, want_unit0, start_unit0, got_layers, want_layers;
-        int64_t at = 0;
-        const auto sizes = worker::gpt_param_sizes(local, k.tp);
-        const auto whole_sizes = worker::gpt_param_sizes(c, 1);
-        int64_t whole_at = 0;
-        for (int i = 0; i < worker::kNumParamTensors; ++i) {
-          const auto& spec = worker::kParams[static_cast<size_t>(i)];
-          std::vector<float> mine(ranks[static_cast<size_t>(r)].weights.begin() + at,
-                                  ranks[static_cast<size_t>(r)].weights.begin() + at + sizes[i]);
-          std::vector<float> slice(static_cast<size_t>(sizes[i])), first(slice.size());
-          worker::TensorView view = stage_views[static_cast<size_t>(i)];
-          // The view's slice of the whole logical tensor (TP rows and the stage's layers).
-          view.data = slice.data();
-          worker::gpt_copy_slice(one.weights.data() + whole_at, view);
-          view.data = first.data();
-          worker::gpt_copy_slice(initial.data() + whole_at, view);
-          auto& got_to = spec.per_layer ? got_layers : got_unit0;
-          auto& want_to = spec.per_layer ? want_layers : want_unit0;
-          got_to.insert(got_to.end(), mine.begin(), mine.end());
-          want_to.insert(want_to.end(), slice.begin(), slice.end());
-          if (!spec.per_layer) start_unit0.insert(start_unit0.end(), first.begin(), first.end());
-          at += sizes[i];
-          whole_at += whole_sizes[i];
-        }
-        worst_weights = std::max(worst_weights, rel_error(got_layers, widen(want_layers)));
+        // initial ones, in the rank's layout.
+        const int64_t layers = c.layers / k.pp;
+        const F& mine = ranks[static_cast<size_t>(r)].weights;
+        const RankSlices trained =
+            rank_slices(c, k.tp, tp_rank, stage * layers, layers, mine, one.weights);
+        worst_weights =
+            std::max(worst_weights, rel_error(trained.got_layers, widen(trained.want_layers)));
         if (stage == 0 || stage == k.pp - 1)
-          worst_weights = std::max(worst_weights, rel_error(got_unit0, widen(want_unit0)));
+          worst_weights =
+              std::max(worst_weights, rel_error(trained.got_unit0, widen(trained.want_unit0)));
         else
-          untouched &= got_unit0 == start_unit0;
+          untouched &=
+              trained.got_unit0 ==
+              rank_slices(c, k.tp, tp_rank, stage * layers, layers, mine, initial).want_unit0;
       }
       check(worst_loss < loss_tol,
             tag + ": losses differ from one rank's by " + std::to_string(worst_loss));
@@ -748,12 +766,204 @@ void test_cuda_gpt_pipeline() {
   }
 }
 
+// A cutpoint case (worker/cuda_cutpoint.h): layers [0, cut) at TP t1, the rest at TP t2, over
+// `world` ranks in the worker's groups (worker/comm.h, cutpoint_places); `sharded`: the
+// distributed optimizer in both segments. Each first-segment DP rank d takes the step's
+// micro-batches d·m .. d·m + m − 1 (B1·T each). Each rank returns its losses (the second
+// segment's) and both segments' final weights (each in its TP layout, with its copy of unit 0).
+struct CutRun {
+  std::vector<double> losses;
+  F before, after;
+};
+std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, int t2, int cut,
+                                 bool sharded, const GptConfig& c, int64_t B1, int64_t T, int64_t m,
+                                 const std::vector<Batches>& micro, std::string* error) {
+  const int dp1 = world / t1, dp2 = world / t2, hi = std::max(t1, t2), lo = std::min(t1, t2);
+  std::vector<std::unique_ptr<ThreadGroup>> tp1_groups, dp1_groups, tp2_groups, dp2_groups,
+      cut_groups;
+  for (int g = 0; g < dp1; ++g) tp1_groups.push_back(std::make_unique<ThreadGroup>(t1));
+  for (int g = 0; g < t1; ++g) dp1_groups.push_back(std::make_unique<ThreadGroup>(dp1));
+  for (int g = 0; g < dp2; ++g) tp2_groups.push_back(std::make_unique<ThreadGroup>(t2));
+  for (int g = 0; g < t2; ++g) dp2_groups.push_back(std::make_unique<ThreadGroup>(dp2));
+  for (int g = 0; g < world / hi * lo; ++g)
+    cut_groups.push_back(std::make_unique<ThreadGroup>(hi / lo));
+  auto abort_all = [&] {
+    for (auto* groups : {&tp1_groups, &dp1_groups, &tp2_groups, &dp2_groups, &cut_groups})
+      for (auto& g : *groups) g->abort();
+  };
+  std::vector<CutRun> runs(static_cast<size_t>(world));
+  run_ranks(
+      world,
+      [&](int r, CudaDevice& device, worker::Communicator& world_comm) {
+        try {
+          ThreadGroup::Rank tp1_comm(*tp1_groups[r / t1], r % t1);
+          ThreadGroup::Rank dp1_comm(*dp1_groups[r % t1], r / t1);
+          ThreadGroup::Rank tp2_comm(*tp2_groups[r / t2], r % t2);
+          ThreadGroup::Rank dp2_comm(*dp2_groups[r % t2], r / t2);
+          ThreadGroup::Rank cut_comm(*cut_groups[r / hi * lo + r % lo], r % hi / lo);
+          worker::CudaStream& serial = device.stream(worker::StreamRole::kTensorParallelComm);
+          auto tp1 = t1 > 1 ? make_stream_collectives(backend, tp1_comm, device) : nullptr;
+          auto tp2 = t2 > 1 ? make_stream_collectives(backend, tp2_comm, device) : nullptr;
+          auto dp1_reducer = dp1 > 1 ? make_reducer(backend, dp1_comm, device, &serial) : nullptr;
+          auto dp2_reducer = dp2 > 1 ? make_reducer(backend, dp2_comm, device, &serial) : nullptr;
+          auto cut_reducer = make_reducer(backend, cut_comm, device, &serial);
+          auto world_reducer = make_reducer(backend, world_comm, device, &serial);
+          CudaGptOptions o1, o2;
+          o1.tp = tp1.get();
+          o1.reducer = dp1_reducer.get();
+          o1.stage = worker::PipelineStage{0, c.layers, true, false, 1};
+          o2.tp = tp2.get();
+          o2.reducer = dp2_reducer.get();
+          o2.stage = worker::PipelineStage{cut, c.layers, false, true, 1};
+          for (CudaGptOptions* o : {&o1, &o2}) {
+            o->distributed_optimizer = sharded;
+            o->unit0_elsewhere = true;
+          }
+          GptConfig c1 = c, c2 = c;
+          c1.layers = cut;
+          c2.layers = c.layers - cut;
+          CudaGpt before(device, c1, B1, T, o1);
+          CudaGpt after(device, c2, B1 * t2 / t1, T, o2);
+          before.init_weights(g_seed);
+          after.init_weights(g_seed);
+          worker::CudaCutpoint cutpoint(before, after, device, cut_comm, *cut_reducer,
+                                        *world_reducer);
+          CutRun run;
+          for (size_t s = 0; s < micro.size(); ++s) {
+            before.zero_grad();
+            after.zero_grad();
+            for (int64_t i = 0; i < m; ++i) {
+              const auto& batch = micro[s][static_cast<size_t>(r / t1 * m + i)];
+              cutpoint.micro_step(batch.first.data(), batch.second.data(),
+                                  1.0f / static_cast<float>(m * dp2), i + 1 == m);
+            }
+            cutpoint.sum_unit0();
+            run.losses.push_back(after.mean_loss());
+            // The norm as the trainer takes it (worker/trainer.cpp, global_norm with after_cut).
+            double total = 0;
+            for (auto [gpt, tp_comm, dp_comm] :
+                 {std::tuple{&before, &tp1_comm, &dp1_comm}, {&after, &tp2_comm, &dp2_comm}}) {
+              double sums[2];
+              gpt->grad_sums_of_squares(&sums[0], &sums[1]);
+              if (gpt->distributed_optimizer()) worker::allreduce_doubles(*dp_comm, sums, 2);
+              float sharded32 = static_cast<float>(sums[0]);
+              if (tp_comm->size() > 1) tp_comm->allreduce(&sharded32, 1);
+              total += static_cast<double>(sharded32) + sums[1];
+            }
+            const AdamWStep step = clipped_adam_step(static_cast<int64_t>(s), std::sqrt(total));
+            before.update(step, 0.1f);
+            after.update(step, 0.1f);
+          }
+          run.before.resize(before.num_parameters());
+          before.get_parameters(run.before.data());
+          run.after.resize(after.num_parameters());
+          after.get_parameters(run.after.data());
+          runs[static_cast<size_t>(r)] = std::move(run);
+          return DpRun{};
+        } catch (...) {  // the other groups' members must not wait forever either
+          abort_all();
+          throw;
+        }
+      },
+      error);
+  return runs;
+}
+
+// Oases' cutpoint on CUDA ranks (worker/cuda_cutpoint.h) against one rank accumulating the same
+// micro-batches: TP 1 → 2 (the activations all-gathered at the cut), TP 2 → 1 (split), and
+// TP 1 → 2 over 4 ranks with the distributed optimizer in both segments (DP 4, then DP 2) — 3
+// steps of 2 micro-batches per rank. The losses (the second segment's, averaged over its DP
+// ranks) and every rank's final weights — both segments' layers and both copies of the
+// embeddings' unit, each in its TP layout — match the one rank's within 1e-2: bf16 math whose
+// fp32 sums run in another order, which flips bf16 roundings that AdamW's first steps turn into
+// whole updates (measured 3.8e-3–4.4e-3 over 5 seeds, every case: the TP-2 side's partial sums
+// reach every layer through the backward; PP 2 × TP 2 gives 3.1e-3–3.5e-3). Skipping the world
+// sum of the embeddings fails it by 3.8e-2–4.6e-2, taking the wrong block at the cut by
+// 6.8e-2–7.8e-2. The case's narrower side is TP 1; its copy of the embeddings must equal the
+// wider side's, bit for bit.
+void test_cuda_gpt_cutpoint() {
+  const GptConfig c{32, 91, 96, 4, 2, 64, 256};  // kSmallGpt with 4 layers
+  const int64_t B1 = 2, T = 32, m = 2, steps = 3, cut = 2;
+  struct Case {
+    int world, t1, t2;
+    bool sharded;
+  };
+  const std::vector<Case> cases{
+      {2, 1, 2, false}, {2, 2, 1, false}, {4, 1, 2, true}};  // TP 1 on one side
+  for (const Case& k : cases) {
+    const int dp1 = k.world / k.t1, dp2 = k.world / k.t2;
+    std::vector<Batches> micro(static_cast<size_t>(steps));
+    for (auto& step : micro)
+      for (int64_t i = 0; i < dp1 * m; ++i) step.push_back(random_batch(B1 * T, c.vocab));
+    const DpRun one = one_rank_steps(c, B1, T, micro);
+    const double tol = 1e-2;
+    for (const std::string& backend : rank_backends()) {
+      const std::string tag = "cutpoint TP " + std::to_string(k.t1) + " -> " +
+                              std::to_string(k.t2) + " at layer 2 of 4, " +
+                              std::to_string(k.world) + " ranks" +
+                              (k.sharded ? " (distributed optimizer)" : "") + " [" + backend + "]";
+      std::string error;
+      const auto ranks = run_cutpoint(backend, k.world, k.t1, k.t2, static_cast<int>(cut),
+                                      k.sharded, c, B1, T, m, micro, &error);
+      if (!error.empty()) {
+        check(false, tag + ": " + error);
+        continue;
+      }
+      double worst_loss = 0, worst_weights = 0;
+      bool copies = true;
+      for (int64_t s = 0; s < steps; ++s) {
+        double mean = 0;  // over the second segment's DP ranks (its TP rank 0s)
+        for (int d = 0; d < dp2; ++d) mean += ranks[static_cast<size_t>(d * k.t2)].losses[s];
+        mean /= dp2;
+        worst_loss = std::max(worst_loss, std::abs(mean - one.losses[s]) / one.losses[s]);
+      }
+      for (int r = 0; r < k.world; ++r) {
+        const CutRun& run = ranks[static_cast<size_t>(r)];
+        for (const RankSlices& got :
+             {rank_slices(c, k.t1, r % k.t1, 0, cut, run.before, one.weights),
+              rank_slices(c, k.t2, r % k.t2, cut, c.layers - cut, run.after, one.weights)})
+          for (auto [mine, want] :
+               {std::pair{&got.got_layers, &got.want_layers}, {&got.got_unit0, &got.want_unit0}})
+            worst_weights = std::max(worst_weights, rel_error(*mine, widen(*want)));
+        // Both copies of the embeddings' unit took the same sums and the same AdamW: the TP-1
+        // side's copy, with wte cut to the other side's rows, is the other's bit for bit.
+        const bool wide_after = k.t2 > k.t1;
+        const int wide = std::max(k.t1, k.t2), wide_rank = r % wide;
+        const RankSlices narrow_side =
+            wide_after ? rank_slices(c, 1, 0, 0, cut, run.before, one.weights)
+                       : rank_slices(c, 1, 0, cut, c.layers - cut, run.after, one.weights);
+        const RankSlices wide_side =
+            wide_after
+                ? rank_slices(c, wide, wide_rank, cut, c.layers - cut, run.after, one.weights)
+                : rank_slices(c, wide, wide_rank, 0, cut, run.before, one.weights);
+        const size_t rows = static_cast<size_t>(c.padded_vocab * c.channels / wide);
+        F expected(narrow_side.got_unit0.begin() + wide_rank * rows,
+                   narrow_side.got_unit0.begin() + (wide_rank + 1) * rows);
+        expected.insert(expected.end(), narrow_side.got_unit0.begin() + wide * rows,
+                        narrow_side.got_unit0.end());
+        copies &= expected == wide_side.got_unit0;
+      }
+      check(worst_loss < tol,
+            tag + ": losses differ from one rank's by " + std::to_string(worst_loss));
+      check(worst_weights < tol,
+            tag + ": final weights differ from one rank's by " + std::to_string(worst_weights));
+      check(copies, tag + ": the two segments' copies of the embeddings differ");
+      if (worst_loss < tol && worst_weights < tol && copies)
+        std::printf(
+            "ok    %-44s losses %.1e, weights %.1e from one rank (tol %.0e), the "
+            "embeddings' copies bit-identical\n",
+            tag.c_str(), worst_loss, worst_weights, tol);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<NamedTest> parallel_tests() {
   return {{"gpt data parallel", test_cuda_gpt_data_parallel},
           {"gpt distributed optimizer", test_cuda_gpt_distributed_optimizer},
           {"gpt pipeline stages", test_cuda_gpt_pipeline},
+          {"gpt cutpoint", test_cuda_gpt_cutpoint},
           {"gpt tensor parallel", test_cuda_gpt_tensor_parallel},
           {"gpt data and tensor parallel", test_cuda_gpt_data_and_tensor_parallel}};
 }

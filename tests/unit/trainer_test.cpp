@@ -265,8 +265,8 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   staged_gpu_offload.precision = api::Precision::kBf16;
   expect_refusal(staged_gpu_offload,
                  "the CUDA workers run pipeline stages without offload only so far");
-  // A cutpoint runs on CPU ranks without stages, offload or the distributed optimizer, where its
-  // TP degree nests with the plan's and splits the micro-batch.
+  // A cutpoint runs on CPU and CUDA ranks without stages or offload (with or without the
+  // distributed optimizer), where its TP degree nests with the plan's and splits the micro-batch.
   api::Plan cut = tiny_plan(10);
   cut.world = 2;
   cut.config.dp = 2;
@@ -277,10 +277,17 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan cut_gpu = cut;
   cut_gpu.device = api::DeviceKind::kCuda;
   cut_gpu.precision = api::Precision::kBf16;
-  expect_refusal(cut_gpu, "the CUDA workers do not run cutpoints yet");
+#ifdef KUBETRAIN_WITH_CUDA
+  EXPECT_NO_THROW(worker::check_executable(cut_gpu));
+#endif
+  EXPECT_EQ(api::not_yet_executable(cut_gpu), "");
   api::Plan cut_zero = cut;
   cut_zero.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(cut_zero));
+  api::Plan cut_gpu_offload = cut_gpu;
+  cut_gpu_offload.config.offload = api::OffloadMode::kOptimizer;
+  cut_gpu_offload.config.gpu_units = 1;
+  expect_refusal(cut_gpu_offload, "the workers run cutpoints without offload only so far");
   api::Plan cut_offload =
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n", 32);
   cut_offload.world = 2;
