@@ -776,8 +776,9 @@ struct CutRun {
   F before, after;
 };
 std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, int t2, int cut,
-                                 bool sharded, const GptConfig& c, int64_t B1, int64_t T, int64_t m,
-                                 const std::vector<Batches>& micro, std::string* error) {
+                                 bool sharded, int sub_batches, const GptConfig& c, int64_t B1,
+                                 int64_t T, int64_t m, const std::vector<Batches>& micro,
+                                 std::string* error) {
   const int dp1 = world / t1, dp2 = world / t2, hi = std::max(t1, t2), lo = std::min(t1, t2);
   std::vector<std::unique_ptr<ThreadGroup>> tp1_groups, dp1_groups, tp2_groups, dp2_groups,
       cut_groups;
@@ -818,6 +819,7 @@ std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, 
           for (CudaGptOptions* o : {&o1, &o2}) {
             o->distributed_optimizer = sharded;
             o->unit0_elsewhere = true;
+            o->sub_batches = sub_batches;  // on the TP-2 side (TP 1 runs one lane)
           }
           GptConfig c1 = c, c2 = c;
           c1.layers = cut;
@@ -870,7 +872,8 @@ std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, 
 }
 
 // Oases' cutpoint on CUDA ranks (worker/cuda_cutpoint.h) against one rank accumulating the same
-// micro-batches: TP 1 → 2 (the activations all-gathered at the cut), TP 2 → 1 (split), and
+// micro-batches: TP 1 → 2 (the activations all-gathered at the cut), TP 2 → 1 (split; also with
+// the Oases sub-batches on the TP-2 side), and
 // TP 1 → 2 over 4 ranks with the distributed optimizer in both segments (DP 4, then DP 2) — 3
 // steps of 2 micro-batches per rank. The losses (the second segment's, averaged over its DP
 // ranks) and every rank's final weights — both segments' layers and both copies of the
@@ -887,9 +890,13 @@ void test_cuda_gpt_cutpoint() {
   struct Case {
     int world, t1, t2;
     bool sharded;
+    int sub_batches;
   };
-  const std::vector<Case> cases{
-      {2, 1, 2, false}, {2, 2, 1, false}, {4, 1, 2, true}};  // TP 1 on one side
+  const std::vector<Case> cases{// TP 1 on one side
+                                {2, 1, 2, false, 1},
+                                {2, 2, 1, false, 1},
+                                {2, 2, 1, false, 2},
+                                {4, 1, 2, true, 1}};
   for (const Case& k : cases) {
     const int dp1 = k.world / k.t1, dp2 = k.world / k.t2;
     std::vector<Batches> micro(static_cast<size_t>(steps));
@@ -898,13 +905,14 @@ void test_cuda_gpt_cutpoint() {
     const DpRun one = one_rank_steps(c, B1, T, micro);
     const double tol = 1e-2;
     for (const std::string& backend : rank_backends()) {
-      const std::string tag = "cutpoint TP " + std::to_string(k.t1) + " -> " +
-                              std::to_string(k.t2) + " at layer 2 of 4, " +
-                              std::to_string(k.world) + " ranks" +
-                              (k.sharded ? " (distributed optimizer)" : "") + " [" + backend + "]";
+      const std::string tag =
+          "cutpoint TP " + std::to_string(k.t1) + " -> " + std::to_string(k.t2) +
+          " at layer 2 of 4, " + std::to_string(k.world) + " ranks" +
+          (k.sharded ? " (distributed optimizer)" : "") +
+          (k.sub_batches > 1 ? " (Oases: 2 sub-batches)" : "") + " [" + backend + "]";
       std::string error;
       const auto ranks = run_cutpoint(backend, k.world, k.t1, k.t2, static_cast<int>(cut),
-                                      k.sharded, c, B1, T, m, micro, &error);
+                                      k.sharded, k.sub_batches, c, B1, T, m, micro, &error);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;
