@@ -84,11 +84,6 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
 
 std::string not_yet_executable(const Plan& plan) {
   const auto& c = plan.config;
-  if (c.pp > 1 && plan.device != DeviceKind::kCpu && c.offload != OffloadMode::kNone)
-    return "it has " + std::to_string(c.pp) + " pipeline stages with offload " +
-           std::string(to_string(c.offload)) +
-           ", and the CUDA workers run pipeline stages without offload only so far (set "
-           "spec.parallelism.pipelineParallel: 1, or offload: none)";
   if (c.pp > 1 && c.offload == OffloadMode::kWindow)
     return "it has " + std::to_string(c.pp) +
            " pipeline stages with offload window, and the workers run pipeline stages without "

@@ -52,8 +52,8 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   KT_CHECK(stage_.in_flight >= 1 && (staged || stage_.in_flight == 1) &&
                stage_.first_layer + c_.layers <= stage_.model_layers,
            "pipeline stage out of range");
-  KT_CHECK(!staged || (options.device_units < 0 && options.window == 0),
-           "the CUDA pipeline stages run without offload (api::not_yet_executable)");
+  KT_CHECK(!staged || options.window == 0,
+           "the CUDA pipeline stages run without offload window (api::not_yet_executable)");
   const int lanes = t_ > 1 && options.sub_batches == 2 ? 2 : 1;
   KT_CHECK(B % lanes == 0, "two sub-batches need an even micro-batch");
   slots_.resize(static_cast<size_t>(stage_.in_flight));

@@ -495,22 +495,30 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
   else if (reducer_ && last_micro_batch)
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
   if (!u.on_device) {
-    CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
-    d2h.wait(*u.grads_final);
-    if (last_micro_batch) join_reductions(d2h);  // the copy takes the sums
-    for (size_t k = 0; k < u.host_slices.size(); ++k) {
-      const HostSlice& sl = u.host_slices[k];
-      const float* from =
-          in_slot ? slot_ranges[k].first : grads_ + layout_.device_offset(sl.tensor, sl.offset);
-      KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
-                                    cudaMemcpyDeviceToHost, d2h.handle()));
-      d2h_bytes_ += bytes<float>(sl.count);
-    }
-    d2h.record(*u.grads_copied);
-    if (in_slot) d2h.record(*slot_of(unit - 1).grads_free);
+    copy_grads_home(u, *u.grads_final, last_micro_batch, in_slot ? &slot_ranges : nullptr);
+    if (in_slot) device_.stream(StreamRole::kDeviceToHost).record(*slot_of(unit - 1).grads_free);
   }
   const int64_t below = unit - 1 - window_;
   if (in_slot && below >= layout_.resident_layers) load_layer(below);
+}
+
+// A CPU-updated unit's gradients to host memory on the D2H stream, after `ready` (and, with
+// `sums`, the reductions issued so far: the copy takes the sums); from its window slot where
+// `slot_ranges` (the slot's pieces, in host-slice order).
+void CudaOffloadEngine::copy_grads_home(Unit& u, const CudaEvent& ready, bool sums,
+                                        const GradientReducer::Ranges* slot_ranges) {
+  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+  d2h.wait(ready);
+  if (sums) join_reductions(d2h);
+  for (size_t k = 0; k < u.host_slices.size(); ++k) {
+    const HostSlice& sl = u.host_slices[k];
+    const float* from = slot_ranges ? (*slot_ranges)[k].first
+                                    : grads_ + layout_.device_offset(sl.tensor, sl.offset);
+    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
+                                  cudaMemcpyDeviceToHost, d2h.handle()));
+    d2h_bytes_ += bytes<float>(sl.count);
+  }
+  d2h.record(*u.grads_copied);
 }
 
 // The distributed optimizer: the unit's gradients packed into the next bucket on the DP stream
@@ -546,12 +554,15 @@ void CudaOffloadEngine::sum_embeddings() {
                        *embedding_after_);
     return;
   }
-  const Unit& u = units_[0];
+  Unit& u = units_[0];
   CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
   if (reducer_) reducer_->join(dp);
   dp.wait(*u.grads_final);
   dp.record(*embedding_ready_);
   embedding_->reduce(u.grad_ranges, *embedding_ready_);
+  // Offload optimizer with the embeddings on the CPU: the sums go home now (grads_final left
+  // them to this).
+  if (!u.on_device) copy_grads_home(u, *embedding_ready_, true, nullptr);
 }
 
 void CudaOffloadEngine::unit0_summed() {
@@ -605,8 +616,9 @@ void CudaOffloadEngine::update(const kernels::AdamWStep& step, float weight_deca
     cu::adamw_update_multi(ctx_, device_tensors_[decays].data(),
                            static_cast<int>(device_tensors_[decays].size()), s);
   }
-  // The host units, in the order the next forward reads them.
-  for (int64_t u = device_units_; u <= c_.layers; ++u) {
+  // The host units, in the order the next forward reads them (not a stage between's unit 0,
+  // which it never reads).
+  for (int64_t u = std::max<int64_t>(device_units_, updates_unit0_ ? 0 : 1); u <= c_.layers; ++u) {
     std::lock_guard lock(mutex_);
     units_[static_cast<size_t>(u)].pending = true;
     cpu_tasks_.push_back([this, u, step, weight_decay] { cpu_update(u, step, weight_decay); });

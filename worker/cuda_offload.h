@@ -291,6 +291,8 @@ class CudaOffloadEngine {
   kernels::cuda::bf16* ring_host(const Ring& ring, int64_t l) const {
     return ring.host + (l - layout_.resident_layers) * ring.parts * ring.n;
   }
+  void copy_grads_home(Unit& u, const CudaEvent& ready, bool sums,
+                       const GradientReducer::Ranges* slot_ranges);
   void load_layer(int64_t l);  // into its slot (after the CPU's update and the slot's last reader)
   void use_layer(int64_t l);   // ... and the compute stream waits for it
   void wait_cpu_update(const Unit& u);

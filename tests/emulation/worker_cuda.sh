@@ -4,9 +4,9 @@
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
-# the distributed optimizer, resumed), 2 TP ranks, 2 pipeline stages and a cutpoint (resumed) through
-# `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the host
-# collectives.
+# the distributed optimizer, resumed), 2 TP ranks, 2 pipeline stages (also with offload
+# optimizer) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
+# emulated GPU, so they use the host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
@@ -104,6 +104,10 @@ launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
 job pp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2}" 2
 plan pp2 "$DIR/h200x2.yaml"
 grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
+# The same stages with offload optimizer (each stage's layer updated by the CPU, resumed too).
+job pp2-offload 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, offload: optimizer, gpuUpdateFraction: 0.1}" 2
+plan pp2-offload "$DIR/h200x2.yaml"
+grep -q '"offload": *"optimizer"' "$DIR/pp2-offload.json" || fail "pp2-offload: no offload planned"
 # Oases' cutpoint: layer 0 at TP 1 (DP 2), layer 1 at TP 2 — the activations all-gathered at
 # the cut, the embeddings summed over both ranks in both layouts: the one-rank run's losses; its
 # checkpoint (layer 1 as TP shards of their own) resumes to the same losses, and one rank
@@ -111,17 +115,21 @@ grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
 job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
 plan cut "$DIR/h200x2.yaml"
 grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
-for run in dp2 tp2 dp2-accum dp2-zero pp2 cut; do
+for run in dp2 tp2 dp2-accum dp2-zero pp2 pp2-offload cut; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
 grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
   fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
-rm -rf "$DIR/ckpt-pp2/step-00000006"
-echo step-00000003 > "$DIR/ckpt-pp2/latest"
-launch_ranks pp2 pp2-resumed
-grep -q "resumed from step 3" "$DIR/pp2-resumed.log" ||
-  fail "pp2 did not resume: $(head -5 "$DIR/pp2-resumed.log")"
+grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
+  fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
+for run in pp2 pp2-offload; do
+  rm -rf "$DIR/ckpt-$run/step-00000006"
+  echo step-00000003 > "$DIR/ckpt-$run/latest"
+  launch_ranks $run $run-resumed
+  grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
+    fail "$run did not resume: $(head -5 "$DIR/$run-resumed.log")"
+done
 
 grep -q "the re-shard over 2 ranks and the embeddings' sum over 2" "$DIR/cut.log" ||
   fail "cut: no re-shard at the cutpoint: $(head -5 "$DIR/cut.log")"
@@ -263,7 +271,8 @@ accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
-        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2), "cut": (cuda, 2e-2)}
+        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3),
+        "cut": (cuda, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -274,9 +283,10 @@ for name, (ref, tol) in runs.items():
     worst = max(abs(got[s] - ref[s]) / ref[s] for s in got)
     ok = worst < tol
     failed |= not ok
-    against = "cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda else "dp2"
+    against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
+               else "pp2" if name == "pp2-offload" else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window", "dp2-zero", "pp2", "cut"):  # resumed at step 3: the same losses
+for name in ("cuda", "offload", "window", "dp2-zero", "pp2", "pp2-offload", "cut"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "

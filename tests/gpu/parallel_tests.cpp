@@ -549,8 +549,8 @@ void test_cuda_gpt_distributed_optimizer() {
 // r·m .. r·m + m − 1), `sharded`: the distributed optimizer. Each rank returns its losses (the
 // last stage's) and its final weights (its stage's layout).
 std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int tp, bool sharded,
-                                const GptConfig& c, int64_t B, int64_t T, int64_t m,
-                                const std::vector<Batches>& micro, std::string* error) {
+                                int64_t device_units, const GptConfig& c, int64_t B, int64_t T,
+                                int64_t m, const std::vector<Batches>& micro, std::string* error) {
   const int world = pp * dp * tp;
   std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups, pp_groups, embedding_groups;
   for (int g = 0; g < pp * dp; ++g) tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
@@ -590,6 +590,7 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
           options.tp = collectives.get();
           options.reducer = reducer.get();
           options.distributed_optimizer = sharded;
+          options.device_units = device_units;
           options.embedding = embedding.get();
           options.stage.first_layer = stage * local.layers;
           options.stage.model_layers = c.layers;
@@ -700,9 +701,11 @@ void test_cuda_gpt_pipeline() {
   struct Case {
     int pp, dp, tp;
     bool sharded;
+    int64_t device_units;  // offload optimizer: a stage's first units on the GPU (-1: all)
   };
-  const std::vector<Case> cases{
-      {2, 1, 1, false}, {4, 1, 1, false}, {2, 2, 1, true}, {2, 1, 2, false}};
+  const std::vector<Case> cases{{2, 1, 1, false, -1}, {4, 1, 1, false, -1}, {2, 2, 1, true, -1},
+                                {2, 1, 2, false, -1}, {2, 1, 1, false, 0},  {2, 2, 1, false, 1},
+                                {4, 1, 1, false, 0}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)
@@ -713,13 +716,18 @@ void test_cuda_gpt_pipeline() {
     worker::gpt_init_rank(c, 1, 0, g_seed, initial.data());
     const double loss_tol = 5e-3, weight_tol = 5e-3;
     for (const std::string& backend : rank_backends()) {
-      const std::string tag = "pipeline PP " + std::to_string(k.pp) +
-                              (k.dp > 1 ? " x DP " + std::to_string(k.dp) : "") +
-                              (k.tp > 1 ? " x TP " + std::to_string(k.tp) : "") +
-                              (k.sharded ? " (distributed optimizer)" : "") + " [" + backend + "]";
+      const std::string tag =
+          "pipeline PP " + std::to_string(k.pp) +
+          (k.dp > 1 ? " x DP " + std::to_string(k.dp) : "") +
+          (k.tp > 1 ? " x TP " + std::to_string(k.tp) : "") +
+          (k.sharded ? " (distributed optimizer)" : "") +
+          (k.device_units >= 0
+               ? " (offload: " + std::to_string(k.device_units) + " units on the GPU)"
+               : "") +
+          " [" + backend + "]";
       std::string error;
-      const auto ranks =
-          run_pipeline(backend, k.pp, k.dp, k.tp, k.sharded, c, B, T, m, micro, &error);
+      const auto ranks = run_pipeline(backend, k.pp, k.dp, k.tp, k.sharded, k.device_units, c, B, T,
+                                      m, micro, &error);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;
