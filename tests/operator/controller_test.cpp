@@ -1360,21 +1360,23 @@ TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
   EXPECT_TRUE(pods().empty());
 }
 
-// Pipeline stages run on CUDA ranks without offload only so far (docs/WORKER.md): a GPU job
-// planned in stages with offload fails at planning, naming why, and no pod starts only to exit.
-TEST_F(ControllerTest, APlanWithPipelineStagesAndOffloadOnGpus_FailsBeforeAnyPodStarts) {
+// The distributed optimizer runs on CUDA ranks without offload only so far (docs/WORKER.md): a
+// GPU job planned sharded with offload fails at planning, naming why, and no pod starts only to
+// exit.
+TEST_F(ControllerTest, APlanWithTheDistributedOptimizerAndOffloadOnGpus_FailsBeforeAnyPodStarts) {
   add_node(h100_node("gpu-a"));
   store.remove(kube::kNodes, "", "node-a");
   Object j = tiny_job("job");
   j["spec"]["model"] = {{"preset", "gpt2-124m"}};
   j["spec"]["resources"] = Object::object();
-  j["spec"]["parallelism"] = {{"pipelineParallel", 2}, {"offload", "optimizer"}};
+  j["spec"]["parallelism"] = {
+      {"dataParallel", 2}, {"distributedOptimizer", "on"}, {"offload", "optimizer"}};
   store.create(kTrainingJobs, "default", j);
   reconcile();
   EXPECT_EQ(status()["phase"], "Failed");
   EXPECT_EQ(condition("Planned")["reason"], "PlanNotExecutable");
   EXPECT_NE(condition("Planned")["message"].get<std::string>().find(
-                "the CUDA workers run pipeline stages without offload only so far"),
+                "the CUDA workers run the distributed optimizer without offload only so far"),
             std::string::npos)
       << condition("Planned");
   EXPECT_TRUE(pods().empty());
