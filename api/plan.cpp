@@ -89,11 +89,6 @@ std::string not_yet_executable(const Plan& plan) {
            " pipeline stages with offload window, and the workers run pipeline stages without "
            "offload or with offload optimizer only so far (set "
            "spec.parallelism.pipelineParallel: 1, or offload: optimizer)";
-  if (c.distributed_optimizer && plan.device != DeviceKind::kCpu && c.offload != OffloadMode::kNone)
-    return "it shards the optimizer over the " + std::to_string(c.dp) +
-           " data-parallel ranks with offload " + std::string(to_string(c.offload)) +
-           ", and the CUDA workers run the distributed optimizer without offload only so far (set "
-           "spec.parallelism.distributedOptimizer: off, or offload: none)";
   if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks with offload window, and the workers run the distributed "

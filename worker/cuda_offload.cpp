@@ -86,8 +86,9 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
   }
   layout_ = cuda_param_layout(c_, tp, window_ > 0 ? device_units_ - 1 : c_.layers);
   zero_ = options.distributed_optimizer && reducer_ && reducer_->size() > 1;
-  KT_CHECK(!zero_ || device_units_ == units,
-           "the CUDA distributed optimizer runs without offload (api::not_yet_executable)");
+  KT_CHECK(
+      !zero_ || window_ == 0,
+      "the CUDA distributed optimizer runs without the offload window (api::not_yet_executable)");
   KT_CHECK(!unit0_elsewhere_ || (device_units_ == units && !embedding_),
            "a cutpoint's segments run without offload and without stages");
   allocate();
@@ -165,6 +166,7 @@ void CudaOffloadEngine::allocate() {
     Unit& unit = units_[static_cast<size_t>(u)];
     unit.on_device = false;
     for (const ParamSlice& s : gpt_unit_slices(sizes, L, u)) {
+      if (zero_) break;  // it keeps its shard only (allocate_shards)
       unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
       host_packed_ += s.count;
     }
@@ -203,10 +205,24 @@ void CudaOffloadEngine::allocate_shards() {
       packed += s.count;
     }
   }
-  dmaster_ = memory_.device<float>(total, MemoryKind::kParams);
-  dm_ = memory_.device<float>(total, MemoryKind::kOptimizer);
-  dv_ = memory_.device<float>(total, MemoryKind::kOptimizer);
+  // The device units come first (units [0, device_units)), so their shards are a prefix.
+  shard_host_base_ =
+      device_units_ <= L ? shards_[static_cast<size_t>(device_units_)].offset : total;
+  if (shard_host_base_ > 0) {
+    dmaster_ = memory_.device<float>(shard_host_base_, MemoryKind::kParams);
+    dm_ = memory_.device<float>(shard_host_base_, MemoryKind::kOptimizer);
+    dv_ = memory_.device<float>(shard_host_base_, MemoryKind::kOptimizer);
+  }
   shard_grads_ = memory_.device<float>(total, MemoryKind::kGrads);
+  shard_grads_ready_ = std::make_unique<CudaEvent>();
+  if (const int64_t host = total - shard_host_base_; host > 0) {  // offload optimizer
+    hmaster_ = memory_.pinned<float>(host, MemoryKind::kParams);
+    hm_ = memory_.pinned<float>(host, MemoryKind::kOptimizer);
+    hv_ = memory_.pinned<float>(host, MemoryKind::kOptimizer);
+    hgrads_ = memory_.pinned<float>(host, MemoryKind::kGrads);
+    hparams16_ = memory_.pinned<uint16_t>(host, MemoryKind::kParams);
+    std::memset(hparams16_, 0, bytes<uint16_t>(host));  // the padding all-gathers as zeros
+  }
   auto events = [](auto& bucket) {
     bucket.ready = std::make_unique<CudaEvent>();
     bucket.done = std::make_unique<CudaEvent>();
@@ -257,7 +273,7 @@ void download_packed(const float* packed_device, const std::vector<ParamSlice>& 
 void CudaOffloadEngine::set_parameters(const float* host) {
   synchronize();
   if (zero_) {  // the rank's shard of the masters; every rank's bf16 copy from the whole array
-    scatter_shards(host, dmaster_);
+    scatter_shards(host, dmaster_, hmaster_);
     std::vector<uint16_t> rounded(static_cast<size_t>(layout_.params));
     for (int64_t i = 0; i < layout_.params; ++i) rounded[i] = kernels::float_to_bf16(host[i]);
     for (int i = 0; i < kNumParamTensors; ++i)
@@ -274,7 +290,7 @@ void CudaOffloadEngine::set_parameters(const float* host) {
 
 void CudaOffloadEngine::get_parameters(float* host) {
   synchronize();
-  if (zero_) return gather_shards(dmaster_, host);
+  if (zero_) return gather_shards(dmaster_, hmaster_, host);
   if (dmaster_) download_packed(dmaster_, device_slices_, host);
   for (const Unit& u : units_)
     for (const HostSlice& s : u.host_slices)
@@ -284,8 +300,8 @@ void CudaOffloadEngine::get_parameters(float* host) {
 void CudaOffloadEngine::set_moments(const float* m, const float* v) {
   synchronize();
   if (zero_) {
-    scatter_shards(m, dm_);
-    scatter_shards(v, dv_);
+    scatter_shards(m, dm_, hm_);
+    scatter_shards(v, dv_, hv_);
     return;
   }
   if (dm_) {
@@ -302,8 +318,8 @@ void CudaOffloadEngine::set_moments(const float* m, const float* v) {
 void CudaOffloadEngine::get_moments(float* m, float* v) {
   synchronize();
   if (zero_) {
-    gather_shards(dm_, m);
-    gather_shards(dv_, v);
+    gather_shards(dm_, hm_, m);
+    gather_shards(dv_, hv_, v);
     return;
   }
   if (dm_) {
@@ -334,26 +350,40 @@ void CudaOffloadEngine::get_gradients(float* host) {
     }
 }
 
-void CudaOffloadEngine::scatter_shards(const float* host, float* shards) {
+void CudaOffloadEngine::scatter_shards(const float* whole, float* device, float* host) {
   for (const Shard& shard : shards_)
-    for (const ShardPiece& p : shard.pieces)
-      KT_CUDA_CHECK(cudaMemcpy(shards + shard.offset + p.in_shard, host + p.offset,
-                               bytes<float>(p.count), cudaMemcpyHostToDevice));
+    for (const ShardPiece& p : shard.pieces) {
+      const int64_t at = shard.offset + p.in_shard;
+      if (at >= shard_host_base_) {
+        host_writes("scatter_shards", host + at - shard_host_base_, bytes<float>(p.count));
+        std::memcpy(host + at - shard_host_base_, whole + p.offset, bytes<float>(p.count));
+      } else {
+        KT_CUDA_CHECK(cudaMemcpy(device + at, whole + p.offset, bytes<float>(p.count),
+                                 cudaMemcpyHostToDevice));
+      }
+    }
 }
 
 // Unit by unit through the first gradient bucket (the step's collectives are done: the caller
-// synchronised).
-void CudaOffloadEngine::gather_shards(const float* shards, float* host) {
+// synchronised); a host unit's shard goes to the device first, into the second bucket.
+void CudaOffloadEngine::gather_shards(const float* device, const float* host, float* whole) {
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   Bucket<float>& bucket = grad_buckets_[0];
   for (const Shard& shard : shards_) {
+    const float* mine = device + shard.offset;
+    if (shard.offset >= shard_host_base_) {
+      host_reads("gather_shards", host + shard.offset - shard_host_base_, bytes<float>(shard.size));
+      KT_CUDA_CHECK(cudaMemcpy(grad_buckets_[1].data, host + shard.offset - shard_host_base_,
+                               bytes<float>(shard.size), cudaMemcpyHostToDevice));
+      mine = grad_buckets_[1].data;
+    }
     compute.record(*bucket.ready);
-    reducer_->all_gather(shards + shard.offset, bucket.data, static_cast<size_t>(shard.size),
-                         DeviceDtype::kFloat32, *bucket.ready, *bucket.done);
+    reducer_->all_gather(mine, bucket.data, static_cast<size_t>(shard.size), DeviceDtype::kFloat32,
+                         *bucket.ready, *bucket.done);
     bucket.done->synchronize();
     int64_t packed = 0;
     for (const ParamSlice& s : shard.slices) {
-      KT_CUDA_CHECK(cudaMemcpy(host + s.offset, bucket.data + packed, bytes<float>(s.count),
+      KT_CUDA_CHECK(cudaMemcpy(whole + s.offset, bucket.data + packed, bytes<float>(s.count),
                                cudaMemcpyDeviceToHost));
       packed += s.count;
     }
@@ -396,7 +426,8 @@ void CudaOffloadEngine::before_forward(int64_t unit) {
   if (unit == 1)  // the window's first layers, ahead of the first layer's forward
     for (int64_t j = 0; j < window_; ++j) load_layer(layout_.resident_layers + j);
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (zero_) {  // its weights, all-gathered after the last update
+  if (zero_) {  // its weights, all-gathered after the last update (a CPU unit's now)
+    if (u.gather_due) gather_host_shard(unit);
     device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
     return;
   }
@@ -494,7 +525,7 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
     reduce_scatter(unit);
   else if (reducer_ && last_micro_batch)
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
-  if (!u.on_device) {
+  if (!u.on_device && !zero_) {  // (with the shards: the shard's, at the update)
     copy_grads_home(u, *u.grads_final, last_micro_batch, in_slot ? &slot_ranges : nullptr);
     if (in_slot) device_.stream(StreamRole::kDeviceToHost).record(*slot_of(unit - 1).grads_free);
   }
@@ -634,7 +665,30 @@ void CudaOffloadEngine::update_shards(const kernels::AdamWStep& step, float weig
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
   const int64_t r = reducer_->rank();
-  for (size_t u = updates_unit0_ ? 0 : 1; u < shards_.size(); ++u) {
+  const size_t first = updates_unit0_ ? 0 : 1, device_units = static_cast<size_t>(device_units_);
+  // Offload optimizer: the host units' shard gradients go home (after every reduction, and the
+  // embeddings' sums), and the CPU updates them, in the order the next forward reads them; each
+  // one's gather waits for its first use (gather_host_shard).
+  if (device_units < shards_.size()) {
+    compute.record(*shard_grads_ready_);
+    CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+    d2h.wait(*shard_grads_ready_);
+    for (size_t u = std::max(first, device_units); u < shards_.size(); ++u) {
+      const Shard& shard = shards_[u];
+      KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + shard.offset - shard_host_base_,
+                                    shard_grads_ + shard.offset, bytes<float>(shard.size),
+                                    cudaMemcpyDeviceToHost, d2h.handle()));
+      d2h_bytes_ += bytes<float>(shard.size);
+      d2h.record(*units_[u].grads_copied);
+      std::lock_guard lock(mutex_);
+      units_[u].pending = units_[u].gather_due = true;
+      cpu_tasks_.push_back([this, u, step, weight_decay] {
+        cpu_update_shard(static_cast<int64_t>(u), step, weight_decay);
+      });
+    }
+    changed_.notify_all();
+  }
+  for (size_t u = first; u < std::min(device_units, shards_.size()); ++u) {
     const Shard& shard = shards_[u];
     Bucket<bf16>& bucket = weight_buckets_[static_cast<size_t>(next_weight_bucket_)];
     next_weight_bucket_ ^= 1;
@@ -666,6 +720,58 @@ void CudaOffloadEngine::update_shards(const kernels::AdamWStep& step, float weig
     dp.record(*bucket.free);
     dp.record(*units_[u].weights_copied);
   }
+}
+
+void CudaOffloadEngine::cpu_update_shard(int64_t unit, kernels::AdamWStep step,
+                                         float weight_decay) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  const Shard& shard = shards_[static_cast<size_t>(unit)];
+  u.grads_copied->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const ShardPiece& p : shard.pieces) {
+    const int64_t at = shard.offset + p.in_shard - shard_host_base_;
+    kernels::AdamWStep k = step;
+    k.weight_decay = gpt_decays(p.tensor) ? weight_decay : 0.0f;
+    host_reads("cpu_update_shard", hgrads_ + at, bytes<float>(p.count));
+    host_writes("cpu_update_shard", hparams16_ + at, bytes<bf16>(p.count));
+    kernels::cpu::adamw_update_mixed(hmaster_ + at, hgrads_ + at, nullptr, hm_ + at, hv_ + at,
+                                     hparams16_ + at, p.count, k);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard lock(mutex_);
+  cpu_seconds_ += seconds;
+  u.pending = false;
+}
+
+// Once the CPU has updated it: the rank's bf16 shard into its place in the next weight bucket
+// (h2d on the data-parallel stream), all-gathered, unpacked into every rank's weights. Called
+// from the unit's first forward after the update, which every rank reaches in the same order.
+void CudaOffloadEngine::gather_host_shard(int64_t unit) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  const Shard& shard = shards_[static_cast<size_t>(unit)];
+  wait_cpu_update(u);
+  CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
+  Bucket<bf16>& bucket = weight_buckets_[static_cast<size_t>(next_weight_bucket_)];
+  next_weight_bucket_ ^= 1;
+  dp.wait(*bucket.free);  // the last unpack from this bucket has read it
+  bf16* mine = bucket.data + reducer_->rank() * shard.size;
+  KT_CUDA_CHECK(cudaMemcpyAsync(mine, hparams16_ + shard.offset - shard_host_base_,
+                                bytes<bf16>(shard.size), cudaMemcpyHostToDevice, dp.handle()));
+  h2d_bytes_ += bytes<bf16>(shard.size);
+  dp.record(*bucket.ready);
+  reducer_->all_gather(mine, bucket.data, static_cast<size_t>(shard.size), DeviceDtype::kBfloat16,
+                       *bucket.ready, *bucket.done);
+  dp.wait(*bucket.done);
+  int64_t packed = 0;
+  for (const ParamSlice& s : shard.slices) {
+    device_.copy(params16_ + layout_.device_offset(s.tensor, s.offset), bucket.data + packed,
+                 bytes<bf16>(s.count), dp);
+    packed += s.count;
+  }
+  dp.record(*bucket.free);
+  dp.record(*u.weights_copied);
+  u.gather_due = false;
 }
 
 void CudaOffloadEngine::wait_cpu_update(const Unit& u) {

@@ -230,6 +230,7 @@ class CudaOffloadEngine {
     GradientReducer::Ranges grad_ranges;  // its gradients on the device (for the reducer)
     std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
     bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
+    bool gather_due = false;  // the distributed optimizer: its CPU-updated shard awaits the gather
   };
   // A window slot: one streamed layer's bf16 weights and fp32 gradients on the device.
   struct Slot {
@@ -279,10 +280,16 @@ class CudaOffloadEngine {
   const CudaEvent& reduce_scatter(int64_t unit);
 
   void update_shards(const kernels::AdamWStep& step, float weight_decay);
+  // The distributed optimizer with offload optimizer: a host unit's shard updated by the CPU,
+  // and its new bf16 values all-gathered into every rank's weights (before its next forward).
+  void cpu_update_shard(int64_t unit, kernels::AdamWStep step, float weight_decay);
+  void gather_host_shard(int64_t unit);
+  // Between the whole-model host array and the rank's shards of every unit (the device units'
+  // in `device`, the host units' in `host`): set, or all-gathered (every DP rank together).
+  void scatter_shards(const float* whole, float* device, float* host);
+  void gather_shards(const float* device, const float* host, float* whole);
   // Every rank's shard of `shards` (the rank's shard arrays' layout) into `host` (llm.c layout);
   // every DP rank calls it together.
-  void gather_shards(const float* shards, float* host);
-  void scatter_shards(const float* host, float* shards);  // this rank's pieces of `host`
   bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
   Slot& slot_of(int64_t l) {
     return slots_[static_cast<size_t>((l - layout_.resident_layers) % window_)];
@@ -327,11 +334,15 @@ class CudaOffloadEngine {
   uint16_t* hparams16_ = nullptr;
   std::vector<Unit> units_;
   std::vector<Ring> rings_;
-  // The distributed optimizer: the shards (dmaster_, dm_, dv_ hold the rank's shards then), the
-  // shard gradients, and the buckets.
+  // The distributed optimizer: the shards (dmaster_, dm_, dv_ hold the rank's shards of the
+  // device units then; with offload optimizer hmaster_, hm_, hv_, hgrads_ and hparams16_ the
+  // host units' from shard_host_base_ on: a shard at offset o is at o − shard_host_base_ there),
+  // the shard gradients of every unit, and the buckets.
   bool zero_ = false;
   std::vector<Shard> shards_;
   float* shard_grads_ = nullptr;
+  int64_t shard_host_base_ = 0;
+  std::unique_ptr<CudaEvent> shard_grads_ready_;
   std::array<Bucket<float>, 2> grad_buckets_;
   std::array<Bucket<kernels::cuda::bf16>, 2> weight_buckets_;
   int next_grad_bucket_ = 0, next_weight_bucket_ = 0;

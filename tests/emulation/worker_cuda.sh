@@ -4,8 +4,8 @@
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
-# the distributed optimizer, resumed), 2 TP ranks, 2 pipeline stages (also with offload
-# optimizer) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
+# the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
+# with offload optimizer) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
 # emulated GPU, so they use the host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -94,6 +94,10 @@ plan dp2-accum "$DIR/h200x2.yaml"
 job dp2-zero 6 2 "{tensorParallel: 1, dataParallel: 2, distributedOptimizer: on}"
 plan dp2-zero "$DIR/h200x2.yaml"
 grep -q '"distributedOptimizer": *true' "$DIR/dp2-zero.json" || fail "dp2-zero: not sharded"
+# ... with offload optimizer: each rank's CPU updates its shard of the layers (resumed too).
+job dp2-zero-offload 6 2 "{tensorParallel: 1, dataParallel: 2, distributedOptimizer: on, offload: optimizer, gpuUpdateFraction: 0.5}"
+plan dp2-zero-offload "$DIR/h200x2.yaml"
+grep -q '"offload": *"optimizer"' "$DIR/dp2-zero-offload.json" || fail "dp2-zero-offload: no offload"
 launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 300 "$WORKER" launch \
     --plan "$DIR/$1.json" --checkpoint-dir "$DIR/ckpt-$1" > "$DIR/${2:-$1}.log" 2>&1 ||
@@ -115,7 +119,7 @@ grep -q '"offload": *"optimizer"' "$DIR/pp2-offload.json" || fail "pp2-offload: 
 job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
 plan cut "$DIR/h200x2.yaml"
 grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
-for run in dp2 tp2 dp2-accum dp2-zero pp2 pp2-offload cut; do
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload cut; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -144,13 +148,17 @@ grep -q "resumed from step 3" "$DIR/cut-resumed.log" ||
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
   fail "one rank did not reshard the cut checkpoint: $(head -3 "$DIR/cut-one.log")"
 
-grep -q "masters and moments sharded over 2 DP ranks" "$DIR/dp2-zero.log" ||
-  fail "dp2-zero: the optimizer was not sharded: $(head -5 "$DIR/dp2-zero.log")"
-rm -rf "$DIR/ckpt-dp2-zero/step-00000006"
-echo step-00000003 > "$DIR/ckpt-dp2-zero/latest"
-launch_ranks dp2-zero dp2-zero-resumed
-grep -q "resumed from step 3" "$DIR/dp2-zero-resumed.log" ||
-  fail "dp2-zero did not resume: $(head -5 "$DIR/dp2-zero-resumed.log")"
+for run in dp2-zero dp2-zero-offload; do
+  grep -q "masters and moments sharded over 2 DP ranks" "$DIR/$run.log" ||
+    fail "$run: the optimizer was not sharded: $(head -5 "$DIR/$run.log")"
+  rm -rf "$DIR/ckpt-$run/step-00000006"
+  echo step-00000003 > "$DIR/ckpt-$run/latest"
+  launch_ranks $run $run-resumed
+  grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
+    fail "$run did not resume: $(head -5 "$DIR/$run-resumed.log")"
+done
+grep -q "AdamW of 2 of 3 offload units on the GPU\|AdamW of 1 of 3" "$DIR/dp2-zero-offload.log" ||
+  fail "dp2-zero-offload did not split the AdamW: $(head -5 "$DIR/dp2-zero-offload.log")"
 
 # What it refuses, saying why: NCCL forced on ranks that share a GPU; a CUDA plan in fp32.
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) KUBETRAIN_CUDA_COMM=nccl timeout 120 "$WORKER" \
@@ -271,8 +279,8 @@ accum = losses("accum")
 runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
-        "dp2-zero": (losses("dp2"), 1e-3), "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3),
-        "cut": (cuda, 2e-2)}
+        "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
+        "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -285,18 +293,19 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
                else "pp2" if name == "pp2-offload" else "dp2")
-    print(f"{'ok  ' if ok else 'FAIL'} {name:12s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window", "dp2-zero", "pp2", "pp2-offload", "cut"):  # resumed at step 3: the same losses
+    print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
+for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
+             "cut"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
-    print(f"{'ok  ' if same else 'FAIL'} {name:12s} resumed from step 3: steps 4-6 "
+    print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "
           f"{'print' if same else 'do not print'} the uninterrupted run's losses")
     failed |= not same
 # The cut run's step-3 checkpoint on one rank: steps 4-6 near the cut run's own.
 cut, one = losses("cut"), losses("cut-one")
 worst = max((abs(one[s] - cut[s]) / cut[s] for s in one), default=1.0)
 ok = sorted(one) == [4, 5, 6] and worst < 2e-2
-print(f"{'ok  ' if ok else 'FAIL'} cut-one      its checkpoint resumed on one rank: steps 4-6 "
+print(f"{'ok  ' if ok else 'FAIL'} cut-one          its checkpoint resumed on one rank: steps 4-6 "
       f"within {worst:.1e} of the cut run's (tol 2e-02)")
 failed |= not ok
 if cuda[6] > cuda[1] - 0.2:
@@ -305,5 +314,5 @@ if cuda[6] > cuda[1] - 0.2:
 sys.exit(1 if failed else 0)
 PY
 rc=$?
-[[ $rc -eq 0 ]] || { tail -4 "$DIR"/*.log; fail "losses"; }
+[[ $rc -eq 0 ]] || { tail -n 4 "$DIR"/*.log; fail "losses"; }
 echo "emulated CUDA worker ok"

@@ -498,18 +498,26 @@ void test_cuda_gpt_data_and_tensor_parallel() {
 // 0–4e-9). So losses within 1e-4 and final weights within 1e-3 of the plain optimizer's; the DP
 // replicas' weights (each all-gathered from both ranks' shards) bit-identical. A rank that
 // skipped the unpack of the all-gather fails both (losses 4e-3, weights 2.5e-2); a shard cut at
-// the wrong place would update the wrong parameters.
+// the wrong place would update the wrong parameters. With offload optimizer too (DP 2 with the
+// layers' shards on the CPU, DP 2 × TP 2 with every shard there: each rank's CPU updates its
+// shard, whose bf16 values the next forward all-gathers), against the unsharded engine with the
+// same offload.
 void test_cuda_gpt_distributed_optimizer() {
   const GptConfig c = kSmallGpt;
   const int64_t B = 2, T = 32, steps = 3, dp = 2;
   Batches batches;
   for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
   for (const std::string& backend : rank_backends()) {
-    for (const int tp : {1, 2}) {
-      const std::string tag = "distributed optimizer, DP 2" + std::string(tp > 1 ? " x TP 2" : "") +
-                              " [" + backend + "]";
+    for (const auto [tp, device_units] :
+         {std::pair{1, int64_t{-1}}, {2, int64_t{-1}}, {1, int64_t{1}}, {2, int64_t{0}}}) {
+      const std::string tag =
+          "distributed optimizer, DP 2" + std::string(tp > 1 ? " x TP 2" : "") +
+          (device_units >= 0 ? " (offload: " + std::to_string(device_units) + " units on the GPU)"
+                             : std::string()) +
+          " [" + backend + "]";
       CudaGptOptions plain;
-      CudaGptOptions sharded;
+      plain.device_units = device_units;  // the unsharded engine's offload alike
+      CudaGptOptions sharded = plain;
       sharded.distributed_optimizer = true;
       std::string error;
       const auto want =
@@ -523,12 +531,35 @@ void test_cuda_gpt_distributed_optimizer() {
       }
       double worst_loss = 0, worst_weights = 0;
       bool replicas = true;
+      // With offload, each rank moves its shard only: 1/DP of the unsharded engine's bytes each
+      // way (the shards are padded to a multiple of DP). The gradients go home in every step;
+      // the new weights come back in the unsharded engine's update, but with the shards in the
+      // unit's next forward (its all-gather), so the last step's are not counted: 1/2 · 2/3.
+      const double want_d2h = 0.5, want_h2d = 0.5 * static_cast<double>(steps - 1) / steps;
+      double worst_traffic = 0;
       for (size_t r = 0; r < got.size(); ++r) {
         for (int64_t s = 0; s < steps; ++s)
           worst_loss = std::max(worst_loss,
                                 std::abs(got[r].losses[s] - want[r].losses[s]) / want[r].losses[s]);
         worst_weights = std::max(worst_weights, rel_error(got[r].weights, widen(want[r].weights)));
         replicas &= got[r].weights == got[(r + static_cast<size_t>(tp)) % got.size()].weights;
+        if (device_units < 0) continue;
+        worst_traffic =
+            std::max({worst_traffic,
+                      std::abs(static_cast<double>(got[r].d2h) / static_cast<double>(want[r].d2h) -
+                               want_d2h),
+                      std::abs(static_cast<double>(got[r].h2d) / static_cast<double>(want[r].h2d) -
+                               want_h2d)});
+      }
+      if (device_units >= 0) {
+        check(worst_traffic < 0.02, tag + ": the ranks' offload bytes are " +
+                                        std::to_string(worst_traffic) +
+                                        " from 1/2 (d2h) and 1/3 (h2d) of the unsharded engine's");
+        if (worst_traffic < 0.02)
+          std::printf(
+              "ok    %-44s each rank moves 1/2 of the unsharded engine's gradient bytes "
+              "and 1/3 of its weight bytes (within %.3f)\n",
+              tag.c_str(), worst_traffic);
       }
       check(worst_loss < 1e-4,
             tag + ": losses differ from the plain optimizer's by " + std::to_string(worst_loss));
@@ -705,7 +736,7 @@ void test_cuda_gpt_pipeline() {
   };
   const std::vector<Case> cases{{2, 1, 1, false, -1}, {4, 1, 1, false, -1}, {2, 2, 1, true, -1},
                                 {2, 1, 2, false, -1}, {2, 1, 1, false, 0},  {2, 2, 1, false, 1},
-                                {4, 1, 1, false, 0}};
+                                {4, 1, 1, false, 0},  {2, 2, 1, true, 0}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)

@@ -102,6 +102,9 @@ DpRun train_steps(
     }
     gpt.update(clipped_adam_step(s, norm), 0.1f);
   }
+  gpt.synchronize();  // the CPU optimizer's last copies counted, before get_parameters' own
+  r.h2d = gpt.h2d_bytes();
+  r.d2h = gpt.d2h_bytes();
   r.weights.resize(gpt.num_parameters());
   gpt.get_parameters(r.weights.data());
   return r;

@@ -134,10 +134,12 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> random_batch(int64_t BT, i
 AdamWStep clipped_adam_step(int64_t step, double norm);
 
 // One run of `steps` AdamW steps (clipped at norm 1) on the given batches (token pairs of B·T),
-// returning every loss, the gradients of step 1 and the weights after the last step.
+// returning every loss, the gradients of step 1, the weights after the last step, and the
+// offload traffic (bytes each way between device and host).
 struct DpRun {
   std::vector<double> losses;
   F grads1, weights;
+  int64_t h2d = 0, d2h = 0;
 };
 // `tp_group`: with tensor parallelism, the group over which the sharded tensors' squares are
 // summed for the global norm (as the trainer does); `dp_group`: with the distributed optimizer,

@@ -1360,26 +1360,28 @@ TEST_F(ControllerTest, ModelThatFitsNowhere_FailsWithNoFeasiblePlan) {
   EXPECT_TRUE(pods().empty());
 }
 
-// The distributed optimizer runs on CUDA ranks without offload only so far (docs/WORKER.md): a
-// GPU job planned sharded with offload fails at planning, naming why, and no pod starts only to
-// exit.
-TEST_F(ControllerTest, APlanWithTheDistributedOptimizerAndOffloadOnGpus_FailsBeforeAnyPodStarts) {
-  add_node(h100_node("gpu-a"));
+// GPU plans in stages or sharded with offload optimizer, which the workers refused before
+// (PlanNotExecutable), now plan and start their pods: the planner emits no plan that
+// api::not_yet_executable refuses (the controller's check stays, for a plan made elsewhere).
+TEST_F(ControllerTest, GpuPlansWithStagesOrTheDistributedOptimizerAndOffload_StartTheirPods) {
+  add_node(h100_node("gpu-a"));  // a node each: a job's pod takes all 8 GPUs of one
+  add_node(h100_node("gpu-b"));
   store.remove(kube::kNodes, "", "node-a");
-  Object j = tiny_job("job");
-  j["spec"]["model"] = {{"preset", "gpt2-124m"}};
-  j["spec"]["resources"] = Object::object();
-  j["spec"]["parallelism"] = {
-      {"dataParallel", 2}, {"distributedOptimizer", "on"}, {"offload", "optimizer"}};
-  store.create(kTrainingJobs, "default", j);
-  reconcile();
-  EXPECT_EQ(status()["phase"], "Failed");
-  EXPECT_EQ(condition("Planned")["reason"], "PlanNotExecutable");
-  EXPECT_NE(condition("Planned")["message"].get<std::string>().find(
-                "the CUDA workers run the distributed optimizer without offload only so far"),
-            std::string::npos)
-      << condition("Planned");
-  EXPECT_TRUE(pods().empty());
+  const std::vector<Object> parallelisms{
+      {{"dataParallel", 2}, {"distributedOptimizer", "on"}, {"offload", "optimizer"}},
+      {{"pipelineParallel", 2}, {"offload", "optimizer"}}};
+  for (size_t k = 0; k < parallelisms.size(); ++k) {
+    const std::string name = "job" + std::to_string(k);
+    Object j = tiny_job(name);
+    j["spec"]["model"] = {{"preset", "gpt2-124m"}};
+    j["spec"]["resources"] = Object::object();
+    j["spec"]["parallelism"] = parallelisms[k];
+    store.create(kTrainingJobs, "default", j);
+    reconcile(name);
+    EXPECT_EQ(condition("Planned", name)["status"], "True") << status(name);
+    EXPECT_NE(status(name)["phase"], "Failed") << status(name);
+  }
+  EXPECT_EQ(pods().size(), 2u) << "a pod (of 8 ranks) each";
 }
 
 TEST_F(ControllerTest, ControllerRestartMidReconcile_NoDuplicatePodsNoLostStatus) {
