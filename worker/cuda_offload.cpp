@@ -521,9 +521,10 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
       slot_ranges.emplace_back(slot.grads + layout_.slot_offsets[sl.tensor],
                                static_cast<size_t>(sl.count));
   }
-  if (reducer_ && last_micro_batch && zero_)
-    reduce_scatter(unit);
-  else if (reducer_ && last_micro_batch)
+  if (reducer_ && last_micro_batch && zero_) {
+    const CudaEvent& scattered = reduce_scatter(unit);
+    if (!u.on_device) copy_shard_home(unit, scattered);  // beside the backward, as it lands
+  } else if (reducer_ && last_micro_batch)
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
   if (!u.on_device && !zero_) {  // (with the shards: the shard's, at the update)
     copy_grads_home(u, *u.grads_final, last_micro_batch, in_slot ? &slot_ranges : nullptr);
@@ -666,20 +667,15 @@ void CudaOffloadEngine::update_shards(const kernels::AdamWStep& step, float weig
   CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
   const int64_t r = reducer_->rank();
   const size_t first = updates_unit0_ ? 0 : 1, device_units = static_cast<size_t>(device_units_);
-  // Offload optimizer: the host units' shard gradients go home (after every reduction, and the
-  // embeddings' sums), and the CPU updates them, in the order the next forward reads them; each
-  // one's gather waits for its first use (gather_host_shard).
+  // Offload optimizer: the host units' shard gradients went home as their reduce-scatters
+  // landed, except the embeddings' with pipeline stages (summed between the stages since):
+  // theirs now. The CPU updates them in the order the next forward reads them; each one's
+  // gather waits for its first use (gather_host_shard).
   if (device_units < shards_.size()) {
-    compute.record(*shard_grads_ready_);
-    CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
-    d2h.wait(*shard_grads_ready_);
+    compute.record(*shard_grads_ready_);  // after every reduction (update joined them)
     for (size_t u = std::max(first, device_units); u < shards_.size(); ++u) {
-      const Shard& shard = shards_[u];
-      KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + shard.offset - shard_host_base_,
-                                    shard_grads_ + shard.offset, bytes<float>(shard.size),
-                                    cudaMemcpyDeviceToHost, d2h.handle()));
-      d2h_bytes_ += bytes<float>(shard.size);
-      d2h.record(*units_[u].grads_copied);
+      if (!units_[u].shard_home) copy_shard_home(static_cast<int64_t>(u), *shard_grads_ready_);
+      units_[u].shard_home = false;
       std::lock_guard lock(mutex_);
       units_[u].pending = units_[u].gather_due = true;
       cpu_tasks_.push_back([this, u, step, weight_decay] {
@@ -742,6 +738,20 @@ void CudaOffloadEngine::cpu_update_shard(int64_t unit, kernels::AdamWStep step,
   std::lock_guard lock(mutex_);
   cpu_seconds_ += seconds;
   u.pending = false;
+}
+
+// A host unit's shard gradients to host memory on the D2H stream, after `ready`.
+void CudaOffloadEngine::copy_shard_home(int64_t unit, const CudaEvent& ready) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  const Shard& shard = shards_[static_cast<size_t>(unit)];
+  CudaStream& d2h = device_.stream(StreamRole::kDeviceToHost);
+  d2h.wait(ready);
+  KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + shard.offset - shard_host_base_,
+                                shard_grads_ + shard.offset, bytes<float>(shard.size),
+                                cudaMemcpyDeviceToHost, d2h.handle()));
+  d2h_bytes_ += bytes<float>(shard.size);
+  d2h.record(*u.grads_copied);
+  u.shard_home = true;
 }
 
 // Once the CPU has updated it: the rank's bf16 shard into its place in the next weight bucket

@@ -231,6 +231,7 @@ class CudaOffloadEngine {
     std::unique_ptr<CudaEvent> grads_final, grads_copied, weights_copied;
     bool pending = false;  // the CPU update of the last step has not reached its h2d copy yet
     bool gather_due = false;  // the distributed optimizer: its CPU-updated shard awaits the gather
+    bool shard_home = false;  // ... and its shard gradients of this step went home already
   };
   // A window slot: one streamed layer's bf16 weights and fp32 gradients on the device.
   struct Slot {
@@ -284,6 +285,7 @@ class CudaOffloadEngine {
   // and its new bf16 values all-gathered into every rank's weights (before its next forward).
   void cpu_update_shard(int64_t unit, kernels::AdamWStep step, float weight_decay);
   void gather_host_shard(int64_t unit);
+  void copy_shard_home(int64_t unit, const CudaEvent& ready);
   // Between the whole-model host array and the rank's shards of every unit (the device units'
   // in `device`, the host units' in `host`): set, or all-gathered (every DP rank together).
   void scatter_shards(const float* whole, float* device, float* host);
