@@ -454,11 +454,11 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // ---- device memory per rank ----
   const double resident_params = params_rank - streamed * lay;
   mem.params = (resident_params + slots * lay) * bpe;
-  double grads = gpu_params * bpe;
-  if (c.offload == OffloadMode::kOptimizer && cpu_params > 0)
-    grads += c.grad_accum > 1 ? cpu_params * bpe : std::min(cpu_params, 2 * lay) * bpe;
-  if (window) grads += slots * lay * bpe;
-  mem.grads = grads;
+  // Gradients are fp32 in both workers whatever the compute precision (the models accumulate
+  // them so, as Megatron's main_grad), for every parameter the device holds: the CUDA engine
+  // keeps the CPU-updated units' gradients on the device too and copies them home after the
+  // last micro-batch; a window slot holds its layer's; a CPU rank's model holds all of them.
+  mem.grads = (p.cpu_device ? params_rank : resident_params + slots * lay) * 4;
   mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
   if (c.distributed_optimizer) mem.optimizer /= static_cast<double>(c.dp);  // ZeRO-1
   const double act_scale = bpe / 2;

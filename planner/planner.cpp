@@ -419,6 +419,38 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   const int64_t max_nodes = std::min<int64_t>(static_cast<int64_t>(g.nodes.size()),
                                               job.spec.resources.max_nodes.value_or(INT64_MAX));
 
+  // The baselines, in the same cost model. The megatron one may use the distributed optimizer
+  // (and stages), which the first tier leaves out: where it beats that tier's best, the widened
+  // space is searched too, so that the chosen plan is never slower than a baseline.
+  SearchSpace resources;
+  resources.procs_per_node = space.procs_per_node;
+  std::vector<api::Alternative> alternatives = baselines(g, max_nodes, resources);
+  // Only where the job left the shape to the planner (the baselines pick their own), and with
+  // what the baseline used: the distributed optimizer, stages.
+  std::string widened_for;
+  const auto& asked = job.spec.parallelism;
+  if (!widened && !asked.tensor_parallel && !asked.data_parallel && !asked.pipeline_parallel) {
+    const api::Alternative* beat = nullptr;
+    for (const api::Alternative& a : alternatives)
+      if (!beat && a.feasible && a.predicted.step_seconds > 0 &&
+          a.predicted.step_seconds < best->eval.predicted.step_seconds * (1 - 1e-9) &&
+          (a.config.distributed_optimizer || a.config.pp > 1))
+        beat = &a;
+    if (beat && !asked.distributed_optimizer && beat->config.distributed_optimizer)
+      space.distributed_optimizer = {false, true};
+    else if (beat && beat->config.pp <= 1)
+      beat = nullptr;                                   // (its sharding was ruled out by the job)
+    if (beat && beat->config.pp > 1) space.pp.clear();  // every stage count
+    if (beat) {
+      if (SearchResult r = search(g.problem, max_nodes, g.slots, space);
+          r.best && r.best->eval.predicted.step_seconds < best->eval.predicted.step_seconds) {
+        best = r.best;
+        widened = true;
+        widened_for = beat->name;
+      }
+    }
+  }
+
   // What memory costs: the fastest plan if every configuration fit.
   Problem unlimited = g.problem;
   unlimited.ignore_memory = true;
@@ -428,10 +460,6 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   SearchSpace other = space;
   other.exclude_kind = kind_of(best->config);
   SearchResult runner = search(g.problem, max_nodes, g.slots, other);
-
-  SearchSpace resources;
-  resources.procs_per_node = space.procs_per_node;
-  std::vector<api::Alternative> alternatives = baselines(g, max_nodes, resources);
 
   api::Plan plan;
   const auto& c = best->config;
@@ -501,7 +529,12 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   if (widened && (c.pp > 1 || c.distributed_optimizer) && c.cut_layer == 0) {
     const std::string refused = api::not_yet_executable(plan);
     plan.explanation.push_back(
-        "No plan without pipeline stages or a distributed optimizer fits these nodes: " +
+        (widened_for.empty()
+             ? std::string("No plan without pipeline stages or a distributed optimizer fits "
+                           "these nodes: ")
+             : "The " + widened_for +
+                   " baseline beat every plan without pipeline stages or a distributed "
+                   "optimizer, so they were searched too: ") +
         std::string(c.pp > 1 ? std::to_string(c.pp) + " stages of " +
                                    std::to_string(model.layers / c.pp) + " layers (1F1B, bubble " +
                                    api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) + " %)"

@@ -401,8 +401,39 @@ TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimi
   EXPECT_NE(api::compute_plan_hash(other), plan.plan_hash);
 }
 
-// Where a plan without them fits, there are no stages and no sharded optimizer — and the plan's
-// document has neither key (so plans made before they existed keep their hash).
+// The megatron baseline shards the optimizer (and adds stages) where Megatron-LM would, which
+// the first tier of the search leaves out; where it beats that tier's best the widened space is
+// searched too, so that no feasible baseline is faster than the chosen plan. GPT-2 XL on the
+// Oases testbed: offload optimizer alone no longer fits with fp32 gradients; the sharded
+// optimizer with every shard updated on the CPU does, faster than the megatron baseline. GPT-3
+// 175B with 4 TiB per node: the window plan that fits without stages is half the speed of the
+// megatron baseline's stages; the widened search takes stages.
+TEST(Planner, NoBaselineIsFasterThanTheChosenPlan_WidenedWhereOneWas) {
+  const auto xl = planner::best_plan(test::gpt_job("{preset: gpt2-1.5b}", "", 512),
+                                     test::cluster("3090x32-pcie"));
+  EXPECT_TRUE(xl.config.distributed_optimizer);
+  bool said = false;
+  for (const auto& line : xl.explanation)
+    said |= line.find(
+                "The megatron baseline beat every plan without pipeline stages or a "
+                "distributed optimizer") == 0;
+  EXPECT_TRUE(said);
+  api::TrainingJob gpt3 =
+      test::gpt_job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", "", 1536);
+  api::Inventory roomy = test::cluster("h100x1024");
+  for (auto& node : roomy.nodes) node.memory_bytes = 4.0 * 1024 * 1024 * 1024 * 1024;
+  const auto big = planner::best_plan(gpt3, roomy);
+  EXPECT_GT(big.config.pp, 1);
+  for (const api::Plan& plan : {xl, big})
+    for (const auto& a : plan.alternatives)
+      if (a.feasible)
+        EXPECT_GE(plan.predicted.tokens_per_second, a.predicted.tokens_per_second * (1 - 1e-9))
+            << a.name;
+}
+
+// Where a plan without them fits (and no baseline beats it), there are no stages and no sharded
+// optimizer — and the plan's document has neither key (so plans made before they existed keep
+// their hash).
 TEST(Planner, PipelinesOnlyWhereNothingElseFits_OrWhenAsked) {
   const auto inv = gpu_cluster("NVIDIA-H100-80GB-HBM3", 4, 8, 80, 25, 150, 25);
   const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 64), inv);
@@ -419,18 +450,18 @@ TEST(Planner, PipelinesOnlyWhereNothingElseFits_OrWhenAsked) {
   EXPECT_TRUE(asked.config.distributed_optimizer);
 }
 
-// Oases' cutpoint: GPT-7B on 4 × 8 H100s (examples/clusters/h100x32.yaml), global batch 512. With
+// Oases' cutpoint: GPT-7B on 4 × 8 H100s (examples/clusters/h100x32.yaml), global batch 1024. With
 // `cutpoint: on` the search tries every layer and every other TP degree that nests, and finds a
 // model split between two degrees predicted faster than any single degree; unset, a plan that fits
 // without one has none; forced values are obeyed; the plan says it, and round-trips as the worker
 // reads it.
 TEST(Planner, CutpointsWhereAsked_SplitTheModelBetweenTwoTensorParallelDegrees) {
   const auto inv = test::cluster("h100x32");
-  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 512), inv);
+  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 1024), inv);
   EXPECT_EQ(plain.config.cut_layer, 0);
   EXPECT_FALSE(api::to_json(plain).contains("cutpoint"));
   const api::Plan cut = planner::best_plan(
-      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpoint: on}\n", 512), inv);
+      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpoint: on}\n", 1024), inv);
   ASSERT_GT(cut.config.cut_layer, 0);
   EXPECT_NE(cut.config.cut_tp, cut.config.tp);
   EXPECT_LT(cut.predicted.step_seconds, plain.predicted.step_seconds);
