@@ -9,6 +9,12 @@
 
 namespace kt::planner {
 namespace {
+// Gradients are fp32 in both workers whatever the compute precision (the models accumulate them
+// so, as Megatron's main_grad): their memory, their DP sums and their copies home.
+constexpr double kGradBytes = 4.0;
+}  // namespace
+
+namespace {
 
 // Device memory a CUDA rank cannot use for tensors: the CUDA context (~0.5 GiB on Hopper with
 // cuBLAS/cuDNN/NCCL loaded) plus a fragmentation reserve of the caching allocator (5 %).
@@ -340,7 +346,7 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
   // Each segment's DP sum of the embeddings' unit, replaced by one sum over the world of the
   // unsharded tensors (both layouts at once).
   auto unit0_dp = [&](const ParallelConfig& x) {
-    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * bpe, x.dp,
+    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * kGradBytes, x.dp,
                                         dp_bus_bandwidth(p, x), hw.allreduce_latency) *
                           hw.dp_comm_scale
                     : 0.0;
@@ -349,8 +355,8 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
       c.nodes > 1 ? std::min(hw.intra_allreduce_busbw,
                              hw.inter_node_bandwidth / static_cast<double>(c.procs_per_node))
                   : hw.intra_allreduce_busbw;
-  const double world_sum = allreduce_seconds(unit0 * bpe, c.nodes * c.procs_per_node, world_busbw,
-                                             hw.allreduce_latency) *
+  const double world_sum = allreduce_seconds(unit0 * kGradBytes, c.nodes * c.procs_per_node,
+                                             world_busbw, hw.allreduce_latency) *
                            hw.dp_comm_scale;
   // The re-shard: an all-gather (half a ring all-reduce) of the wider side's activations over
   // the cut group, inside a node, once per micro-batch (forward or backward).
@@ -458,7 +464,7 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // them so, as Megatron's main_grad), for every parameter the device holds: the CUDA engine
   // keeps the CPU-updated units' gradients on the device too and copies them home after the
   // last micro-batch; a window slot holds its layer's; a CPU rank's model holds all of them.
-  mem.grads = (p.cpu_device ? params_rank : resident_params + slots * lay) * 4;
+  mem.grads = (p.cpu_device ? params_rank : resident_params + slots * lay) * kGradBytes;
   mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
   if (c.distributed_optimizer) mem.optimizer /= static_cast<double>(c.dp);  // ZeRO-1
   const double act_scale = bpe / 2;
@@ -538,6 +544,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     // with their activation checkpoint; every streamed layer's gradients leave by D2H before its
     // slot is reused.
     const double load = kCopyLatency + lay * bpe / pcie;
+    const double grads_down = kCopyLatency + lay * kGradBytes / pcie;  // fp32 gradients
     const double act_load = kCopyLatency + act_layer / pcie;
     double clock = gpu_layers * fwd_layer;  // resident layers first
     double h2d_free = 0, d2h_free = 0;
@@ -561,7 +568,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
         start = std::max(start, released_bwd[j + slots]);
       h2d_free = start + (resident_from_forward ? 0 : load) + act_load;
       clock = std::max(clock, h2d_free) + bwd_layer;
-      d2h_free = std::max(d2h_free, clock) + load;  // gradients to the host
+      d2h_free = std::max(d2h_free, clock) + grads_down;  // gradients to the host
       released_bwd[j] = d2h_free;
     }
     clock += gpu_layers * bwd_layer + (timing.backward - L * bwd_layer);
@@ -570,9 +577,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     // layers' gradients down, S activation checkpoints down and up. Per step: the W layers
     // left in the slots by the last backward are fetched once more after the CPU update.
     const double reloads = static_cast<double>(streamed - slots);
-    pcie_bytes =
-        c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * bpe + 2 * streamed * act_layer) +
-        slots * lay * bpe;
+    pcie_bytes = c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * kGradBytes +
+                                 2 * streamed * act_layer) +
+                 slots * lay * bpe;
   }
   // With a pipeline (1F1B), each micro-batch also passes its activations to the next stage and
   // its input gradients to the one before, point to point (b·s·h elements each way per stage
@@ -637,18 +644,26 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   for (size_t i = 0; i < units.size(); ++i) {
     double t = units[i].grads_ready;
     if (c.dp > 1) {
+      // The gradients are summed in fp32 (both workers, as Megatron's main_grad); the
+      // distributed optimizer's all-gather moves the new 16-bit (or fp32) weights.
       const double seconds =
-          allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
+          allreduce_seconds(units[i].params * kGradBytes, c.dp, dp_busbw, hw.allreduce_latency) *
           hw.dp_comm_scale;
       t = std::max(t, dp_free) + seconds * reduce_scatter_share;
       dp_free = t;
       dp_total += seconds * reduce_scatter_share;
-      if (gather_after_update) gather_seconds[i] = seconds / 2, zero_gather += seconds / 2;
+      if (gather_after_update) {
+        const double gather =
+            allreduce_seconds(units[i].params * bpe, c.dp, dp_busbw, hw.allreduce_latency) *
+            hw.dp_comm_scale / 2;
+        gather_seconds[i] = gather, zero_gather += gather;
+      }
     }
     // A pipeline's first and last stages both hold the tied word embeddings: their gradients
     // are summed between the two (Megatron's embedding group), after the DP sum.
     if (c.pp > 1 && i + 1 == units.size()) {
-      const double vocab_bytes = static_cast<double>(m.padded_vocab()) * m.hidden / c.tp * bpe;
+      const double vocab_bytes =
+          static_cast<double>(m.padded_vocab()) * m.hidden / c.tp * kGradBytes;
       const double seconds =
           allreduce_seconds(vocab_bytes, 2, hw.inter_node_bandwidth, hw.allreduce_latency) *
           hw.dp_comm_scale;
@@ -691,8 +706,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     const Unit& u = units[i];
     if (u.on_gpu) continue;
     last_final = std::max(last_final, final_time[i]);
-    const double copy = kCopyLatency + u.params * shard * bpe / pcie;
-    const double d2h = u.streamed ? 0 : copy;  // streamed grads already left in the window sim
+    const double copy = kCopyLatency + u.params * shard * bpe / pcie;  // 16-bit weights up
+    const double grads_copy = kCopyLatency + u.params * shard * kGradBytes / pcie;  // fp32 down
+    const double d2h = u.streamed ? 0 : grads_copy;  // streamed grads already left (window sim)
     d2h_free = std::max(final_time[i], d2h_free) + d2h;
     const double adam = u.params * shard / cpu_rate;
     cpu_free = std::max(d2h_free, cpu_free) + adam;
@@ -702,7 +718,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     lateness = std::max(lateness, h2d_free - deadline);
     cpu_total += adam;
     copy_total += d2h + h2d;
-    if (!u.streamed) pcie_bytes += 2 * u.params * shard * bpe;
+    if (!u.streamed) pcie_bytes += u.params * shard * (kGradBytes + bpe);
   }
   // Gradients of CPU-updated units must also be final before the step ends.
   lateness = std::max(lateness, last_final - step_device_end);

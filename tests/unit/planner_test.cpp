@@ -450,18 +450,18 @@ TEST(Planner, PipelinesOnlyWhereNothingElseFits_OrWhenAsked) {
   EXPECT_TRUE(asked.config.distributed_optimizer);
 }
 
-// Oases' cutpoint: GPT-7B on 4 × 8 H100s (examples/clusters/h100x32.yaml), global batch 1024. With
+// Oases' cutpoint: GPT-7B on 4 × 8 H100s (examples/clusters/h100x32.yaml), global batch 2048. With
 // `cutpoint: on` the search tries every layer and every other TP degree that nests, and finds a
 // model split between two degrees predicted faster than any single degree; unset, a plan that fits
 // without one has none; forced values are obeyed; the plan says it, and round-trips as the worker
 // reads it.
 TEST(Planner, CutpointsWhereAsked_SplitTheModelBetweenTwoTensorParallelDegrees) {
   const auto inv = test::cluster("h100x32");
-  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 1024), inv);
+  const api::Plan plain = planner::best_plan(test::gpt_job("{preset: gpt-7b}", "", 2048), inv);
   EXPECT_EQ(plain.config.cut_layer, 0);
   EXPECT_FALSE(api::to_json(plain).contains("cutpoint"));
   const api::Plan cut = planner::best_plan(
-      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpoint: on}\n", 1024), inv);
+      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpoint: on}\n", 2048), inv);
   ASSERT_GT(cut.config.cut_layer, 0);
   EXPECT_NE(cut.config.cut_tp, cut.config.tp);
   EXPECT_LT(cut.predicted.step_seconds, plain.predicted.step_seconds);
