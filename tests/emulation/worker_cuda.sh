@@ -41,6 +41,10 @@ spec:
 ${4:+  parallelism: $4}
 YAML
 }
+roll_back() {  # roll_back CHECKPOINT-DIR: to its step-3 checkpoint
+  rm -rf "$1/step-00000006"
+  echo step-00000003 > "$1/latest"
+}
 plan() {  # plan NAME CLUSTER-FILE
   "$KT" plan "$DIR/$1.yaml" --cluster "$2" -o json > "$DIR/$1.json" || fail "planning $1"
 }
@@ -75,8 +79,7 @@ grep -q "AdamW of 1 of 3 offload units on the GPU\|AdamW of 2 of 3" "$DIR/offloa
 for run in cuda offload window; do
   [[ -d $DIR/ckpt-$run/step-00000003 && -d $DIR/ckpt-$run/step-00000006 ]] ||
     fail "$run: no checkpoints of steps 3 and 6: $(ls "$DIR/ckpt-$run")"
-  rm -rf "$DIR/ckpt-$run/step-00000006"
-  echo step-00000003 > "$DIR/ckpt-$run/latest"
+  roll_back "$DIR/ckpt-$run"
   "$WORKER" train --plan "$DIR/$run.json" --checkpoint-dir "$DIR/ckpt-$run" --log-every 1 \
     > "$DIR/$run-resumed.log" 2>&1 || fail "$run resume: $(tail -3 "$DIR/$run-resumed.log")"
   grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
@@ -103,6 +106,12 @@ launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
     --plan "$DIR/$1.json" --checkpoint-dir "$DIR/ckpt-$1" > "$DIR/${2:-$1}.log" 2>&1 ||
     fail "${2:-$1}: $(tail -5 "$DIR/${2:-$1}.log")"
 }
+resume_ranks() {  # resume_ranks RUN: rolled back to step 3 and launched again (RUN-resumed)
+  roll_back "$DIR/ckpt-$1"
+  launch_ranks "$1" "$1-resumed"
+  grep -q "resumed from step 3" "$DIR/$1-resumed.log" ||
+    fail "$1 did not resume: $(head -5 "$DIR/$1-resumed.log")"
+}
 # 2 pipeline stages (one layer each, 1F1B over 4 micro-batches of 2): the one-rank run's losses;
 # its checkpoint (each stage's shard) rolled back to step 3 resumes to the same losses.
 job pp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2}" 2
@@ -127,22 +136,13 @@ grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
   fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
   fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
-for run in pp2 pp2-offload; do
-  rm -rf "$DIR/ckpt-$run/step-00000006"
-  echo step-00000003 > "$DIR/ckpt-$run/latest"
-  launch_ranks $run $run-resumed
-  grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
-    fail "$run did not resume: $(head -5 "$DIR/$run-resumed.log")"
-done
+for run in pp2 pp2-offload; do resume_ranks $run; done
 
 grep -q "the re-shard over 2 ranks and the embeddings' sum over 2" "$DIR/cut.log" ||
   fail "cut: no re-shard at the cutpoint: $(head -5 "$DIR/cut.log")"
-rm -rf "$DIR/ckpt-cut/step-00000006"
-echo step-00000003 > "$DIR/ckpt-cut/latest"
 cp -r "$DIR/ckpt-cut" "$DIR/ckpt-cut-one"
-launch_ranks cut cut-resumed
-grep -q "resumed from step 3" "$DIR/cut-resumed.log" ||
-  fail "cut did not resume: $(head -5 "$DIR/cut-resumed.log")"
+roll_back "$DIR/ckpt-cut-one"
+resume_ranks cut
 "$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
   > "$DIR/cut-one.log" 2>&1 || fail "cut checkpoint on one rank: $(tail -3 "$DIR/cut-one.log")"
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
@@ -151,11 +151,7 @@ grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
 for run in dp2-zero dp2-zero-offload; do
   grep -q "masters and moments sharded over 2 DP ranks" "$DIR/$run.log" ||
     fail "$run: the optimizer was not sharded: $(head -5 "$DIR/$run.log")"
-  rm -rf "$DIR/ckpt-$run/step-00000006"
-  echo step-00000003 > "$DIR/ckpt-$run/latest"
-  launch_ranks $run $run-resumed
-  grep -q "resumed from step 3" "$DIR/$run-resumed.log" ||
-    fail "$run did not resume: $(head -5 "$DIR/$run-resumed.log")"
+  resume_ranks $run
 done
 grep -q "AdamW of 2 of 3 offload units on the GPU\|AdamW of 1 of 3" "$DIR/dp2-zero-offload.log" ||
   fail "dp2-zero-offload did not split the AdamW: $(head -5 "$DIR/dp2-zero-offload.log")"
