@@ -370,13 +370,13 @@ void CudaOffloadEngine::gather_shards(const float* device, const float* host, fl
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   Bucket<float>& bucket = grad_buckets_[0];
   for (const Shard& shard : shards_) {
-    const float* mine = device + shard.offset;
-    if (shard.offset >= shard_host_base_) {
+    const bool on_host = shard.offset >= shard_host_base_;
+    if (on_host) {
       host_reads("gather_shards", host + shard.offset - shard_host_base_, bytes<float>(shard.size));
       KT_CUDA_CHECK(cudaMemcpy(grad_buckets_[1].data, host + shard.offset - shard_host_base_,
                                bytes<float>(shard.size), cudaMemcpyHostToDevice));
-      mine = grad_buckets_[1].data;
     }
+    const float* mine = on_host ? grad_buckets_[1].data : device + shard.offset;
     compute.record(*bucket.ready);
     reducer_->all_gather(mine, bucket.data, static_cast<size_t>(shard.size), DeviceDtype::kFloat32,
                          *bucket.ready, *bucket.done);
@@ -526,7 +526,7 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
     if (!u.on_device) copy_shard_home(unit, scattered);  // beside the backward, as it lands
   } else if (reducer_ && last_micro_batch)
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
-  if (!u.on_device && !zero_) {  // (with the shards: the shard's, at the update)
+  if (!u.on_device && !zero_) {  // (with the shards: the shard's, above)
     copy_grads_home(u, *u.grads_final, last_micro_batch, in_slot ? &slot_ranges : nullptr);
     if (in_slot) device_.stream(StreamRole::kDeviceToHost).record(*slot_of(unit - 1).grads_free);
   }
