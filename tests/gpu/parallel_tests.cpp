@@ -508,7 +508,7 @@ void test_cuda_gpt_distributed_optimizer() {
   Batches batches;
   for (int64_t s = 0; s < steps; ++s) batches.push_back(random_batch(dp * B * T, c.vocab));
   for (const std::string& backend : rank_backends()) {
-    for (const auto [tp, device_units] :
+    for (const auto& [tp, device_units] :
          {std::pair{1, int64_t{-1}}, {2, int64_t{-1}}, {1, int64_t{1}}, {2, int64_t{0}}}) {
       const std::string tag =
           "distributed optimizer, DP 2" + std::string(tp > 1 ? " x TP 2" : "") +
