@@ -33,10 +33,14 @@ CudaCutpoint::CudaCutpoint(CudaGpt& before, CudaGpt& after, CudaDevice& device,
   KT_CHECK(before.stage().first && !before.stage().last && !after.stage().first &&
                after.stage().last && before.stage().in_flight == 1 && after.stage().in_flight == 1,
            "a cutpoint's segments are the first and the last stage of one rank");
+  // Where TP widens the second segment's input is gathered and the first's output gradient is
+  // read in place (the rank's block); where it narrows, the other way round.
   out1_ = memory_.device<bf16>(n1_, MemoryKind::kActivations);
-  grad_out1_ = memory_.device<bf16>(n1_, MemoryKind::kActivations);
-  in2_ = memory_.device<bf16>(n2_, MemoryKind::kActivations);
   grad_in2_ = memory_.device<bf16>(n2_, MemoryKind::kActivations);
+  if (widens_)
+    in2_ = memory_.device<bf16>(n2_, MemoryKind::kActivations);
+  else
+    grad_out1_ = memory_.device<bf16>(n1_, MemoryKind::kActivations);
   unit0_ = memory_.device<float>(before.unit0_floats(), MemoryKind::kWorkspace);
   inputs2_.resize(static_cast<size_t>(after.batch() * after.seq_len()));
   targets2_.resize(inputs2_.size());

@@ -283,6 +283,11 @@ std::vector<TensorView> stage_views(const std::vector<TensorView>& views, bool w
       out.push_back(views[static_cast<size_t>(i)]);
   return out;
 }
+// The same of the parameters and both moments.
+CheckpointTensors stage_views(const CheckpointTensors& tensors, bool with_unit0) {
+  return {stage_views(tensors.params, with_unit0), stage_views(tensors.adam_m, with_unit0),
+          stage_views(tensors.adam_v, with_unit0)};
+}
 
 // One optimizer step's micro-batches on a pipeline stage, in the 1F1B schedule (Narayanan et
 // al. SC21; Megatron's forward_backward_pipelining_without_interleaving): stage s of p runs
@@ -773,14 +778,9 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
         after->get_moments(after_m.data(), after_v.data());
         if (groups.dp2->rank() == 0)
           sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
-                                     CheckpointTensors{stage_views(after_tensors->params, false),
-                                                       stage_views(after_tensors->adam_m, false),
-                                                       stage_views(after_tensors->adam_v, false)});
+                                     stage_views(*after_tensors, false));
       }
-      const CheckpointTensors tensors{stage_views(ckpt_tensors.params, stage.first),
-                                      stage_views(ckpt_tensors.adam_m, stage.first),
-                                      stage_views(ckpt_tensors.adam_v, stage.first)};
-      return save_checkpoint(options.checkpoint_dir, meta, tensors,
+      return save_checkpoint(options.checkpoint_dir, meta, stage_views(ckpt_tensors, stage.first),
                              static_cast<int>(plan.checkpoint.keep), std::move(sharding));
     });
   };
@@ -1192,9 +1192,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   // The second segment's tensors: its layers, and to load, also its copy of unit 0 (in its TP
   // layout); the first segment writes unit 0.
   auto after_views = [&](bool with_unit0) {
-    return CheckpointTensors{stage_views(after->parameter_views(), with_unit0),
-                             stage_views(after_engine->adam_m_views(), with_unit0),
-                             stage_views(after_engine->adam_v_views(), with_unit0)};
+    return stage_views(CheckpointTensors{after->parameter_views(), after_engine->adam_m_views(),
+                                         after_engine->adam_v_views()},
+                       with_unit0);
   };
   const std::optional<CheckpointTensors> after_tensors =
       after ? std::optional(after_views(true)) : std::nullopt;
@@ -1255,9 +1255,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
         if (after && groups.dp2->rank() == 0)
           sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
                                      after_views(false));
-        const CheckpointTensors tensors{stage_views(params, stage.first),
-                                        stage_views(engine.adam_m_views(), stage.first),
-                                        stage_views(engine.adam_v_views(), stage.first)};
+        const CheckpointTensors tensors = stage_views(
+            CheckpointTensors{params, engine.adam_m_views(), engine.adam_v_views()}, stage.first);
         dir = save_checkpoint(options.checkpoint_dir, meta, tensors,
                               static_cast<int>(plan.checkpoint.keep), sharding);
       });

@@ -233,6 +233,13 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
+  // A GPU plan the CUDA workers run (the worker built without CUDA refuses it for that alone).
+  auto expect_runs_on_cuda = [](const api::Plan& plan) {
+#ifdef KUBETRAIN_WITH_CUDA
+    EXPECT_NO_THROW(worker::check_executable(plan));
+#endif
+    EXPECT_EQ(api::not_yet_executable(plan), "");
+  };
   // Pipeline stages run on CPU and CUDA ranks without offload or with offload optimizer; not
   // with the window, and only where the stages divide the layers and the ranks make up the
   // world.
@@ -263,10 +270,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   staged_gpu_offload.config.gpu_units = 2;
   staged_gpu_offload.device = api::DeviceKind::kCuda;
   staged_gpu_offload.precision = api::Precision::kBf16;
-#ifdef KUBETRAIN_WITH_CUDA
-  EXPECT_NO_THROW(worker::check_executable(staged_gpu_offload));
-#endif
-  EXPECT_EQ(api::not_yet_executable(staged_gpu_offload), "");
+  expect_runs_on_cuda(staged_gpu_offload);
   // A cutpoint runs on CPU and CUDA ranks without stages or offload (with or without the
   // distributed optimizer), where its TP degree nests with the plan's and splits the micro-batch.
   api::Plan cut = tiny_plan(10);
@@ -279,10 +283,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan cut_gpu = cut;
   cut_gpu.device = api::DeviceKind::kCuda;
   cut_gpu.precision = api::Precision::kBf16;
-#ifdef KUBETRAIN_WITH_CUDA
-  EXPECT_NO_THROW(worker::check_executable(cut_gpu));
-#endif
-  EXPECT_EQ(api::not_yet_executable(cut_gpu), "");
+  expect_runs_on_cuda(cut_gpu);
   api::Plan cut_zero = cut;
   cut_zero.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(cut_zero));
@@ -328,10 +329,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan sharded_gpu_offload = sharded_offload;
   sharded_gpu_offload.device = api::DeviceKind::kCuda;
   sharded_gpu_offload.precision = api::Precision::kBf16;
-#ifdef KUBETRAIN_WITH_CUDA
-  EXPECT_NO_THROW(worker::check_executable(sharded_gpu_offload));
-#endif
-  EXPECT_EQ(api::not_yet_executable(sharded_gpu_offload), "");
+  expect_runs_on_cuda(sharded_gpu_offload);
   api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   window.config.recompute = api::Recompute::kNone;
   expect_refusal(window, "needs recompute");
