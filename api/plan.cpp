@@ -63,6 +63,11 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
     throw FieldError(pipeline.path_of("stages"), std::to_string(c.pp) + " must be between 1 and " +
                                                      std::to_string(JobLimits::kParallel));
   pipeline.integer("layersPerStage");
+  c.virtual_stages = pipeline.integer("virtualStages").value_or(1);
+  if (c.virtual_stages < 1 || c.virtual_stages > ModelLimits::kLayers)
+    throw FieldError(pipeline.path_of("virtualStages"), std::to_string(c.virtual_stages) +
+                                                            " must be between 1 and " +
+                                                            std::to_string(ModelLimits::kLayers));
   pipeline.finish();
   c.distributed_optimizer = r.boolean("distributedOptimizer").value_or(false);
   ObjectReader cut = r.object("cutpoint");
@@ -89,6 +94,15 @@ std::string not_yet_executable(const Plan& plan) {
            " pipeline stages with offload window, and the workers run pipeline stages without "
            "offload or with offload optimizer only so far (set "
            "spec.parallelism.pipelineParallel: 1, or offload: optimizer)";
+  if (c.virtual_stages > 1 && c.offload != OffloadMode::kNone)
+    return "it interleaves " + std::to_string(c.virtual_stages) +
+           " virtual stages per pipeline stage with offload " + std::string(to_string(c.offload)) +
+           ", and the workers run virtual stages without offload only so far (set "
+           "spec.parallelism.virtualStages: 1, or offload: none)";
+  if (c.virtual_stages > 1 && plan.device == DeviceKind::kCuda)
+    return "it interleaves " + std::to_string(c.virtual_stages) +
+           " virtual stages per pipeline stage on CUDA ranks, and the CUDA workers run one chunk "
+           "per stage so far (set spec.parallelism.virtualStages: 1)";
   if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks with offload window, and the workers run the distributed "
@@ -104,18 +118,19 @@ std::string not_yet_executable(const Plan& plan) {
 
 Json to_json(const ParallelConfig& c) {
   Json out = {{"nodes", c.nodes},
-          {"procsPerNode", c.procs_per_node},
-          {"tp", c.tp},
-          {"dp", c.dp},
-          {"pp", c.pp},
-          {"distributedOptimizer", c.distributed_optimizer},
-          {"microBatch", c.micro_batch},
-          {"gradAccum", c.grad_accum},
-          {"subBatches", c.sub_batches},
-          {"recompute", std::string(to_string(c.recompute))},
-          {"offload", std::string(to_string(c.offload))},
-          {"gpuUnits", c.gpu_units},
-          {"window", c.window}};
+              {"procsPerNode", c.procs_per_node},
+              {"tp", c.tp},
+              {"dp", c.dp},
+              {"pp", c.pp},
+              {"virtualStages", c.virtual_stages},
+              {"distributedOptimizer", c.distributed_optimizer},
+              {"microBatch", c.micro_batch},
+              {"gradAccum", c.grad_accum},
+              {"subBatches", c.sub_batches},
+              {"recompute", std::string(to_string(c.recompute))},
+              {"offload", std::string(to_string(c.offload))},
+              {"gpuUnits", c.gpu_units},
+              {"window", c.window}};
   if (c.cut_layer > 0) out["cutpoint"] = {{"layer", c.cut_layer}, {"tp", c.cut_tp}};
   return out;
 }
@@ -240,6 +255,10 @@ static Json executed_part(const Plan& plan) {
   };
   // Only where used, so that the plans made before these existed keep their hash.
   if (c.pp > 1) out["pipeline"] = {{"stages", c.pp}, {"layersPerStage", m.layers / c.pp}};
+  if (c.virtual_stages > 1) {
+    out["pipeline"]["virtualStages"] = c.virtual_stages;
+    out["pipeline"]["layersPerVirtualStage"] = m.layers / (c.pp * c.virtual_stages);
+  }
   if (c.distributed_optimizer) out["distributedOptimizer"] = true;
   if (c.cut_layer > 0)
     out["cutpoint"] = {{"layer", c.cut_layer}, {"tp", c.cut_tp}, {"dp", plan.world / c.cut_tp}};
@@ -423,6 +442,22 @@ Plan decode_plan(const Json& doc) {
   if (plan.model.layers % pc.pp)
     throw FieldError("plan.pipeline.stages", std::to_string(pc.pp) + " does not divide the " +
                                                  std::to_string(plan.model.layers) + " layers");
+  if (pc.virtual_stages > 1) {
+    const std::string field = "plan.pipeline.virtualStages";
+    const int64_t v = pc.virtual_stages;
+    if (pc.pp < 2)
+      throw FieldError(field,
+                       std::to_string(v) + " virtual stages need at least 2 pipeline stages");
+    if (plan.model.layers % (pc.pp * v))
+      throw FieldError(field, std::to_string(pc.pp) + " stages × " + std::to_string(v) +
+                                  " virtual stages do not divide the " +
+                                  std::to_string(plan.model.layers) + " layers");
+    if (pc.grad_accum % pc.pp)
+      throw FieldError(field, "the interleaved schedule runs micro-batches in groups of the " +
+                                  std::to_string(pc.pp) + " stages, and plan.batch.gradAccum " +
+                                  std::to_string(pc.grad_accum) + " is not a multiple");
+    if (pc.cut_layer > 0) throw FieldError(field, "virtual stages with a cutpoint");
+  }
   if (pc.cut_layer > 0) check_cutpoint(plan);
   if (!plan.plan_hash.empty() && plan.plan_hash != compute_plan_hash(plan))
     throw FieldError("plan.planHash", "\"" + plan.plan_hash +

@@ -29,6 +29,12 @@ struct ParallelConfig {
   // stage holds the embeddings, the last the LM head (tied: a copy of wte, its gradient summed
   // with the first stage's).
   int64_t pp = 1;
+  // Virtual stages (the interleaved 1F1B schedule, SC21 §2.2.2; Megatron's
+  // --num-layers-per-virtual-pipeline-stage): each stage holds `virtual_stages` chunks of
+  // L/(pp·virtual_stages) layers, rank s chunk c being virtual stage c·pp + s; the bubble shrinks
+  // v-fold, the transfers grow v-fold. 1: one chunk of L/pp layers per stage. grad_accum must be a
+  // multiple of pp (worker/pipeline_order.h).
+  int64_t virtual_stages = 1;
   // The distributed optimizer (ZeRO-1; Megatron's --use-distributed-optimizer): fp32 master
   // weights and AdamW moments sharded over the DP group; gradients reduce-scattered, updated
   // parameters all-gathered.

@@ -19,11 +19,12 @@
 #include "kernels/ops.h"
 #include "worker/checkpoint.h"
 #include "worker/cutpoint.h"
-#include "worker/llmc_file.h"
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/gpt.h"
+#include "worker/llmc_file.h"
 #include "worker/offload.h"
+#include "worker/pipeline_order.h"
 #ifdef KUBETRAIN_WITH_CUDA
 #include "worker/cuda_cutpoint.h"
 #include "worker/cuda_gpt.h"
@@ -119,16 +120,19 @@ struct Restored {
 // and `more` where given, then `loaded()`), else an llm.c file (into tensors.params, then
 // `loaded()`), else `init()`.
 Restored restore_or_init_weights(const api::Plan& plan, const TrainOptions& options,
-                                const CheckpointTensors& tensors, DataSource& data,
-                                const std::function<void(const std::string&)>& log,
-                                const std::function<void()>& loaded,
-                                const std::function<void()>& init,
-                                const CheckpointTensors* more) {
+                                 const CheckpointTensors& tensors, DataSource& data,
+                                 const std::function<void(const std::string&)>& log,
+                                 const std::function<void()>& loaded,
+                                 const std::function<void()>& init,
+                                 const std::vector<CheckpointTensors>& more) {
   std::optional<CheckpointMeta> resumed;
   if (!options.checkpoint_dir.empty())
     resumed = load_latest_checkpoint(options.checkpoint_dir, tensors);
-  if (resumed && more) {  // a cutpoint's second segment, from the same checkpoint
-    const auto also = load_latest_checkpoint(options.checkpoint_dir, *more);
+  // A cutpoint's second segment, or the further chunks of virtual stages, from the same
+  // checkpoint.
+  for (const CheckpointTensors& also_tensors : more) {
+    if (!resumed) break;
+    const auto also = load_latest_checkpoint(options.checkpoint_dir, also_tensors);
     if (!also || also->step != resumed->step)
       throw Error("checkpoint directory " + options.checkpoint_dir + " changed while resuming " +
                   "from step " + std::to_string(resumed->step));
@@ -153,6 +157,8 @@ Restored restore_or_init_weights(const api::Plan& plan, const TrainOptions& opti
         static_cast<int>(plan.model.layers),  static_cast<int>(plan.model.heads),
         static_cast<int>(plan.model.hidden),  static_cast<int>(plan.model.padded_vocab())};
     import_llmc(options.init_from_llmc, dims, tensors.params);
+    for (const CheckpointTensors& also : more)
+      import_llmc(options.init_from_llmc, dims, also.params);
     loaded();
     log("initialised from llm.c model " + options.init_from_llmc);
     return {};
@@ -167,7 +173,7 @@ Restored restore_or_init(const api::Plan& plan, const TrainOptions& options,
                          const CheckpointTensors& tensors, DataSource& data,
                          const std::function<void(const std::string&)>& log,
                          const std::function<void()>& loaded, const std::function<void()>& init,
-                         const CheckpointTensors* more = nullptr) {
+                         const std::vector<CheckpointTensors>& more = {}) {
   const Restored start =
       restore_or_init_weights(plan, options, tensors, data, log, loaded, init, more);
   if (options.on_start) options.on_start({start.step, data.loss_floor()});
@@ -262,15 +268,19 @@ ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
 }
 
 // Rank `stage`'s part of the plan's pipeline (docs/WORKER.md, "Pipeline stages"): layers
-// [s·L/pp, (s+1)·L/pp), and the micro-batches 1F1B keeps in flight there.
-PipelineStage pipeline_stage(const api::Plan& plan, int stage) {
-  const int64_t L = plan.model.layers, pp = plan.config.pp;
+// [s·L/pp, (s+1)·L/pp), or with v virtual stages chunk c's [(c·pp + s)·L/(pp·v), …), and the
+// micro-batches the schedule keeps in flight there (worker/pipeline_order.h).
+PipelineStage pipeline_stage(const api::Plan& plan, int stage, int chunk = 0) {
+  const int64_t L = plan.model.layers, pp = plan.config.pp, v = plan.config.virtual_stages;
+  const int64_t place = virtual_stage(static_cast<int>(pp), stage, chunk);
   PipelineStage s;
-  s.first_layer = stage * L / pp;
+  s.first_layer = place * L / (pp * v);
   s.model_layers = L;
-  s.first = stage == 0;
-  s.last = stage + 1 == pp;
-  s.in_flight = static_cast<int>(std::min<int64_t>(pp - stage, plan.config.grad_accum));
+  s.first = place == 0;
+  s.last = place + 1 == pp * v;
+  s.in_flight =
+      pipeline_order(static_cast<int>(pp), stage, static_cast<int>(v), plan.config.grad_accum)
+          .in_flight[static_cast<size_t>(chunk)];
   return s;
 }
 
@@ -289,98 +299,122 @@ CheckpointTensors stage_views(const CheckpointTensors& tensors, bool with_unit0)
           stage_views(tensors.adam_v, with_unit0)};
 }
 
-// One optimizer step's micro-batches on a pipeline stage, in the 1F1B schedule (Narayanan et
-// al. SC21; Megatron's forward_backward_pipelining_without_interleaving): stage s of p runs
-// min(p − s − 1, m) forwards, then alternates one forward and one backward, then the remaining
-// backwards. Activations go to the next stage and gradients to the previous one as soon as they
-// are made (the sends return at once), each receive is posted a micro-batch ahead; a stage waits
-// only for what it has not received yet.
+// One optimizer step's micro-batches on a pipeline stage, in the order of
+// worker/pipeline_order.h: 1F1B (Narayanan et al. SC21; Megatron's
+// forward_backward_pipelining_without_interleaving), or with virtual stages the interleaved
+// schedule, whose model chunks are `chunks` (chunk c: virtual stage c·p + s). Each transfer is
+// posted at its group: a send returns at once, a receive is posted ahead of the op that needs
+// it, so that the transfer runs while this stage computes; a stage waits only for what it has
+// not received yet. Every rank posts its sends and receives of a pair in the order the order's
+// test checks, which is the order Gloo matches them in.
 class PipelineSchedule {
  public:
-  PipelineSchedule(Gpt& model, OffloadEngine& engine, Communicator& pp, int64_t B, int64_t T)
-      : model_(model), engine_(engine), pp_(pp), stage_(pp.rank()) {
-    const int slots = model.stage().in_flight;
-    const size_t n = static_cast<size_t>(B * T * model.config().channels);
-    for (auto* buffers : {&inputs_, &targets_}) buffers->resize(slots);
-    for (auto* buffers : {&act_in_, &act_out_, &grad_in_, &grad_out_})
-      buffers->assign(slots, std::vector<float>(n));
-    for (auto* works : {&act_sent_, &grad_sent_, &act_received_, &grad_received_})
-      works->resize(slots);
+  PipelineSchedule(std::vector<Gpt*> chunks, std::vector<OffloadEngine*> engines, Communicator& pp,
+                   int64_t B, int64_t T)
+      : chunks_(std::move(chunks)), engines_(std::move(engines)), pp_(pp) {
+    const size_t n = static_cast<size_t>(B * T * chunks_[0]->config().channels);
+    for (Gpt* chunk : chunks_) {
+      Buffers& b = buffers_.emplace_back();
+      const int slots = chunk->stage().in_flight;
+      for (auto* buffers : {&b.act_in, &b.act_out, &b.grad_in, &b.grad_out})
+        buffers->assign(slots, std::vector<float>(n));
+      for (auto* works : {&b.act_sent, &b.grad_sent, &b.act_received, &b.grad_received})
+        works->resize(slots);
+    }
+    floats_ = n;
   }
 
   // Returns the step's loss on the last stage (0 elsewhere); every send has completed.
   double step(BatchFeeder& feeder, int64_t m, float loss_scale) {
-    const int64_t warmup = std::min<int64_t>(pp_.size() - stage_ - 1, m);
+    const PipelineOrder order =
+        pipeline_order(pp_.size(), pp_.rank(), static_cast<int>(chunks_.size()), m);
+    // The tokens of every micro-batch of the step (the first and the last virtual stage read
+    // them; every stage takes them, so that the data cursor stays the same everywhere).
+    inputs_.resize(static_cast<size_t>(m));
+    targets_.resize(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i)
+      feeder.take(inputs_[static_cast<size_t>(i)], targets_[static_cast<size_t>(i)]);
     double loss = 0;
-    for (int64_t i = 0; i < warmup; ++i) loss += forward(feeder, i, m, loss_scale);
-    for (int64_t i = 0; i < m - warmup; ++i) {
-      loss += forward(feeder, warmup + i, m, loss_scale);
-      backward(i, m);
+    for (size_t j = 0; j < order.ops.size(); ++j) {
+      post(order.groups[j]);
+      const PipelineOp& op = order.ops[j];
+      if (op.forward)
+        loss += forward(op, loss_scale);
+      else
+        backward(op, m);
     }
-    for (int64_t i = m - warmup; i < m; ++i) backward(i, m);
-    for (auto* sent : {&act_sent_, &grad_sent_})
-      for (auto& work : *sent) finish(work);
+    post(order.groups.back());
+    for (Buffers& b : buffers_)
+      for (auto* works : {&b.act_sent, &b.grad_sent, &b.act_received, &b.grad_received})
+        for (auto& work : *works) finish(work);
     return loss / static_cast<double>(m);
   }
 
  private:
+  struct Buffers {  // per chunk, by slot
+    std::vector<std::vector<float>> act_in, act_out, grad_in, grad_out;
+    std::vector<std::shared_ptr<CommWork>> act_sent, grad_sent, act_received, grad_received;
+  };
   static void finish(std::shared_ptr<CommWork>& work) {
     if (work) work->wait();
     work.reset();
   }
-  int slot(int64_t micro) const { return static_cast<int>(micro % model_.stage().in_flight); }
-  size_t floats() const { return act_in_[0].size(); }
-
-  // Receives are posted one micro-batch ahead, as soon as the slot's buffer is free (its last
-  // reader returned), so that the transfer runs while this stage computes instead of starting
-  // when it asks (a Gloo send moves its data once the matching receive is posted).
-  void receive_activations(int64_t micro, int64_t m) {
-    if (model_.stage().first || micro >= m) return;
-    const int s = slot(micro);
-    act_received_[s] = pp_.recv_async(act_in_[s].data(), floats(), stage_ - 1);
-  }
-  void receive_gradients(int64_t micro, int64_t m) {
-    if (model_.stage().last || micro >= m) return;
-    const int s = slot(micro);
-    grad_received_[s] = pp_.recv_async(grad_in_[s].data(), floats(), stage_ + 1);
+  int slot(int chunk, int64_t micro) const {
+    return static_cast<int>(micro % chunks_[static_cast<size_t>(chunk)]->stage().in_flight);
   }
 
-  double forward(BatchFeeder& feeder, int64_t micro, int64_t m, float loss_scale) {
-    const int s = slot(micro);
-    const PipelineStage& stage = model_.stage();
-    feeder.take(inputs_[s], targets_[s]);
-    if (micro == 0) receive_activations(0, m);
-    finish(act_received_[s]);
-    finish(act_sent_[s]);  // the slot's previous output has left
-    const float loss = model_.forward_micro(s, inputs_[s].data(), targets_[s].data(), loss_scale,
-                                            stage.first ? nullptr : act_in_[s].data(),
-                                            stage.last ? nullptr : act_out_[s].data());
-    receive_activations(micro + 1, m);
-    if (!stage.last) act_sent_[s] = pp_.send_async(act_out_[s].data(), floats(), stage_ + 1);
-    return loss;
+  // A receive's slot is free when it is posted: the op that last read it ran (the order keeps
+  // a chunk's micro-batches in flight below its in_flight). A send waits, before its slot is
+  // written again, in the op that writes it.
+  void post(const std::vector<PipelineTransfer>& group) {
+    for (const PipelineTransfer& t : group) {
+      Buffers& b = buffers_[static_cast<size_t>(t.chunk)];
+      const int s = slot(t.chunk, t.micro);
+      if (t.send) {
+        auto& data = t.activations ? b.act_out[s] : b.grad_out[s];
+        (t.activations ? b.act_sent : b.grad_sent)[s] =
+            pp_.send_async(data.data(), floats_, t.peer);
+      } else {
+        auto& data = t.activations ? b.act_in[s] : b.grad_in[s];
+        auto& work = (t.activations ? b.act_received : b.grad_received)[s];
+        KT_CHECK(!work, "a pipeline receive into a slot still in use");
+        work = pp_.recv_async(data.data(), floats_, t.peer);
+      }
+    }
   }
 
-  void backward(int64_t micro, int64_t m) {
-    const int s = slot(micro);
-    const PipelineStage& stage = model_.stage();
+  double forward(const PipelineOp& op, float loss_scale) {
+    Gpt& model = *chunks_[static_cast<size_t>(op.chunk)];
+    Buffers& b = buffers_[static_cast<size_t>(op.chunk)];
+    const int s = slot(op.chunk, op.micro);
+    const PipelineStage& stage = model.stage();
+    finish(b.act_received[s]);
+    finish(b.act_sent[s]);  // the slot's previous output has left
+    const auto i = static_cast<size_t>(op.micro);
+    return model.forward_micro(s, inputs_[i].data(), targets_[i].data(), loss_scale,
+                               stage.first ? nullptr : b.act_in[s].data(),
+                               stage.last ? nullptr : b.act_out[s].data());
+  }
+
+  void backward(const PipelineOp& op, int64_t m) {
+    Gpt& model = *chunks_[static_cast<size_t>(op.chunk)];
+    Buffers& b = buffers_[static_cast<size_t>(op.chunk)];
+    const int s = slot(op.chunk, op.micro);
+    const PipelineStage& stage = model.stage();
     // In the last micro-batch the engine sums each unit's gradients over DP once final.
-    engine_.begin_micro_batch(micro, m);
-    if (micro == 0) receive_gradients(0, m);
-    finish(grad_received_[s]);
-    finish(grad_sent_[s]);
-    model_.backward_micro(s, stage.last ? nullptr : grad_in_[s].data(),
-                          stage.first ? nullptr : grad_out_[s].data());
-    receive_gradients(micro + 1, m);
-    if (!stage.first) grad_sent_[s] = pp_.send_async(grad_out_[s].data(), floats(), stage_ - 1);
+    engines_[static_cast<size_t>(op.chunk)]->begin_micro_batch(op.micro, m);
+    finish(b.grad_received[s]);
+    finish(b.grad_sent[s]);
+    model.backward_micro(s, stage.last ? nullptr : b.grad_in[s].data(),
+                         stage.first ? nullptr : b.grad_out[s].data());
   }
 
-  Gpt& model_;
-  OffloadEngine& engine_;
+  std::vector<Gpt*> chunks_;
+  std::vector<OffloadEngine*> engines_;
   Communicator& pp_;
-  int stage_;
+  size_t floats_ = 0;
+  std::vector<Buffers> buffers_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
-  std::vector<std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
-  std::vector<std::shared_ptr<CommWork>> act_sent_, grad_sent_, act_received_, grad_received_;
 };
 
 // Who writes what of a checkpoint: TP shards by TP rank, written by DP rank 0 (the replicas hold
@@ -389,7 +423,9 @@ ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
   ShardedSave sharding;
   // Stage s's TP ranks write shards s·tp .. s·tp + tp − 1.
   sharding.shard_index = groups.pp->rank() * static_cast<int>(plan.config.tp) + groups.tp->rank();
-  sharding.shard_count = static_cast<int>(plan.config.tp * plan.config.pp);
+  // With virtual stages, chunk c writes virtual stage c·pp + s's: shard (c·pp + s)·tp + TP rank.
+  sharding.shard_count =
+      static_cast<int>(plan.config.tp * plan.config.pp * plan.config.virtual_stages);
   sharding.writes = groups.dp->rank() == 0;
   if (plan.config.cut_layer > 0)  // after the TP ranks before the cut, those after it
     sharding.shard_count = static_cast<int>(plan.config.tp + plan.config.cut_tp);
@@ -738,7 +774,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
         model.init_weights(static_cast<uint64_t>(t.seed));
         if (after) after->init_weights(static_cast<uint64_t>(t.seed));
       },
-      after_tensors ? &*after_tensors : nullptr);
+      after_tensors ? std::vector<CheckpointTensors>{*after_tensors}
+                    : std::vector<CheckpointTensors>{});
   const int64_t start_step = restored.step;
   if (options.on_memory) {
     std::map<std::string, double> bytes;
@@ -1048,6 +1085,15 @@ void check_executable(const api::Plan& plan) {
       refuse("overlap needs an even micro-batch after the cutpoint too (" +
              std::to_string(after_batch) + ")");
   }
+  if (c.virtual_stages > 1) {
+    const std::string why = pipeline_order_refusal(
+        static_cast<int>(c.pp), static_cast<int>(c.virtual_stages), c.grad_accum);
+    if (!why.empty()) refuse(std::to_string(c.virtual_stages) + " virtual stages: " + why);
+    if (L % (c.pp * c.virtual_stages) != 0 || c.cut_layer > 0)
+      refuse(std::to_string(c.pp) + " stages × " + std::to_string(c.virtual_stages) +
+             " virtual stages must divide the model's " + std::to_string(L) +
+             " layers, without a cutpoint");
+  }
   if (plan.config.offload != api::OffloadMode::kNone &&
       (plan.config.gpu_units < 0 || plan.config.gpu_units > L / c.pp + 1))
     refuse("offload gpuUnits " + std::to_string(plan.config.gpu_units) + " is not in [0, " +
@@ -1149,23 +1195,44 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
   PipelineStage stage = pipeline_stage(plan, groups.pp->rank());
   GptConfig config = GptConfig::from(plan.model);
-  config.layers /= pp;
+  const int virtual_stages = static_cast<int>(plan.config.virtual_stages);
+  config.layers /= pp * virtual_stages;
   if (cut > 0) {
     config.layers = cut;
     stage.last = false;
   }
   const int sub_batches = static_cast<int>(plan.config.sub_batches);
-  Gpt model(config, B, T, device,
-            TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr}, sub_batches,
-            plan.config.recompute, precision, stage);
+  auto make_chunk = [&](const PipelineStage& place) {
+    return std::make_unique<Gpt>(
+        config, B, T, device,
+        TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr}, sub_batches,
+        plan.config.recompute, precision, place);
+  };
+  const std::unique_ptr<Gpt> first_chunk = make_chunk(stage);
+  Gpt& model = *first_chunk;
   OffloadOptions offload_options;
   offload_options.record_timeline = static_cast<bool>(options.on_timeline);
   offload_options.poison_evicted = offload_options.poison_evicted || options.poison_evicted;
-  OffloadEngine engine(plan, model, groups.dp.get(), offload_options);
   // Pipeline stages: the first and the last sum the tied embedding's gradients; the first
   // counts the tensors that are not per layer in the gradient norm; the stages between leave
-  // their copy alone.
-  engine.set_pipeline(groups.embedding.get(), stage.first, stage.first || stage.last);
+  // their copy alone. With virtual stages, per chunk.
+  auto make_engine = [&](Gpt& chunk) {
+    auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), offload_options);
+    const PipelineStage& place = chunk.stage();
+    made->set_pipeline(place.first || place.last ? groups.embedding.get() : nullptr, place.first,
+                       place.first || place.last);
+    return made;
+  };
+  const std::unique_ptr<OffloadEngine> first_engine = make_engine(model);
+  OffloadEngine& engine = *first_engine;
+  // Virtual stages (worker/pipeline_order.h): chunks 1..v−1 of this stage, each a model of its
+  // layers with its own engine over the same TP and DP groups.
+  std::vector<std::unique_ptr<Gpt>> chunks;
+  std::vector<std::unique_ptr<OffloadEngine>> chunk_engines;
+  for (int c = 1; c < virtual_stages; ++c) {
+    chunks.push_back(make_chunk(pipeline_stage(plan, groups.pp->rank(), c)));
+    chunk_engines.push_back(make_engine(*chunks.back()));
+  }
   std::optional<CutpointReshard> reshard;
   std::unique_ptr<Gpt> after;
   std::unique_ptr<OffloadEngine> after_engine;
@@ -1198,6 +1265,16 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   };
   const std::optional<CheckpointTensors> after_tensors =
       after ? std::optional(after_views(true)) : std::nullopt;
+  // The further chunks' tensors, each's layers (and to load, its copy of unit 0).
+  auto chunk_views = [&](size_t c, bool with_unit0) {
+    return stage_views(
+        CheckpointTensors{chunks[c]->parameter_views(), chunk_engines[c]->adam_m_views(),
+                          chunk_engines[c]->adam_v_views()},
+        with_unit0);
+  };
+  std::vector<CheckpointTensors> more_tensors;
+  if (after_tensors) more_tensors.push_back(*after_tensors);
+  for (size_t c = 0; c < chunks.size(); ++c) more_tensors.push_back(chunk_views(c, true));
   std::unique_ptr<DataSource> data = make_data(plan, dp_rank, dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
@@ -1205,11 +1282,13 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       [&] {
         model.init_weights(static_cast<uint64_t>(t.seed));
         if (after) after->init_weights(static_cast<uint64_t>(t.seed));
+        for (auto& chunk : chunks) chunk->init_weights(static_cast<uint64_t>(t.seed));
       },
-      after_tensors ? &*after_tensors : nullptr);
+      more_tensors);
   const int64_t start_step = restored.step;
   engine.start();
   if (after_engine) after_engine->start();
+  for (auto& e : chunk_engines) e->start();
   if (options.on_memory) {
     for (const auto& space : {device, Device::host()}) {
       std::map<std::string, double> bytes;
@@ -1234,13 +1313,15 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   result.last_loss = restored.loss;
   // Every parameter in place (and, sharded, the full moments) for `fn`: both segments' with a
   // cutpoint (each finishes its own all-gathers).
+  std::vector<OffloadEngine*> all_engines{&engine};
+  if (after_engine) all_engines.push_back(after_engine.get());
+  for (auto& e : chunk_engines) all_engines.push_back(e.get());
   auto with_all_parameters = [&](const std::function<void()>& fn) {
-    engine.with_all_parameters([&] {
-      if (after_engine)
-        after_engine->with_all_parameters(fn);
-      else
-        fn();
-    });
+    std::function<void(size_t)> nest = [&](size_t i) {
+      if (i == all_engines.size()) return fn();
+      all_engines[i]->with_all_parameters([&] { nest(i + 1); });
+    };
+    nest(0);
   };
   auto save = [&](int64_t steps_done, double loss) {
     if (options.checkpoint_dir.empty()) return;
@@ -1255,6 +1336,13 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
         if (after && groups.dp2->rank() == 0)
           sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
                                      after_views(false));
+        // Virtual stages: chunk c writes the shards of virtual stage c·pp + s.
+        for (size_t c = 0; c < chunks.size() && sharding.writes; ++c)
+          sharding.more.emplace_back(
+              static_cast<int>(virtual_stage(pp, groups.pp->rank(), static_cast<int>(c) + 1) *
+                               plan.config.tp) +
+                  groups.tp->rank(),
+              chunk_views(c, false));
         const CheckpointTensors tensors = stage_views(
             CheckpointTensors{params, engine.adam_m_views(), engine.adam_v_views()}, stage.first);
         dir = save_checkpoint(options.checkpoint_dir, meta, tensors,
@@ -1266,9 +1354,16 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
 
   model.unit_observer = &engine;
   if (after) after->unit_observer = after_engine.get();
+  std::vector<Gpt*> all_chunks{&model};
+  std::vector<OffloadEngine*> chunk_engine_list{&engine};
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    chunks[c]->unit_observer = chunk_engines[c].get();
+    all_chunks.push_back(chunks[c].get());
+    chunk_engine_list.push_back(chunk_engines[c].get());
+  }
   std::vector<float> unit0_sums;  // sum_unit0_over_world's buffer
   std::optional<PipelineSchedule> pipeline;
-  if (pp > 1) pipeline.emplace(model, engine, *groups.pp, B, T);
+  if (pp > 1) pipeline.emplace(all_chunks, chunk_engine_list, *groups.pp, B, T);
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t h2d_before = engine.h2d_bytes(), d2h_before = engine.d2h_bytes();
@@ -1276,7 +1371,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     const double transfer_before = engine.transfer_seconds();
     const double exposed_transfer_before = engine.exposed_transfer_seconds();
     if (options.on_timeline) engine.clear_timeline();
-    model.zero_grad();
+    for (Gpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
     double loss = 0;
     if (pipeline) {  // the last stage has the loss
@@ -1302,7 +1397,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       loss += model.train_micro_step(inputs.data(), targets.data(), 1.0f / (accum * dp)) / accum;
     }
     if (after) after_engine->finish_backward();
-    engine.finish_backward();
+    for (auto it = chunk_engine_list.rbegin(); it != chunk_engine_list.rend(); ++it)
+      (*it)->finish_backward();
     if (after) {
       sum_unit0_over_world(model, *after, *groups.world, unit0_sums);
       engine.unit0_summed();
@@ -1312,16 +1408,22 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2], after_sums[2];
     engine.sum_of_squares(sums);
+    for (size_t c = 0; c < chunks.size(); ++c) {  // the further chunks: the same TP and DP groups
+      double more[2];
+      chunk_engines[c]->sum_of_squares(more);
+      sums[0] += more[0];
+      sums[1] += more[1];
+    }
     if (after) after_engine->sum_of_squares(after_sums);
     const double norm = global_norm(sums[0], sums[1], groups, after ? after_sums : nullptr);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
-    engine.update(adam, static_cast<float>(t.weight_decay));
-    if (after) after_engine->update(adam, static_cast<float>(t.weight_decay));
+    for (OffloadEngine* e : all_engines) e->update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
     check_finite(loss, step);
 
-    const double flops =
-        (model.flops_per_micro_step() + (after ? after->flops_per_micro_step() : 0.0)) * accum;
+    double flops_per_micro = after ? after->flops_per_micro_step() : 0.0;
+    for (Gpt* chunk : all_chunks) flops_per_micro += chunk->flops_per_micro_step();
+    const double flops = flops_per_micro * accum;
     StepReport r =
         step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
     r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
@@ -1341,13 +1443,19 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (last || (interval > 0 && (step + 1) % interval == 0)) save(step + 1, loss);
   }
   feeder.synchronize();
-  model.unit_observer = nullptr;
+  for (Gpt* chunk : all_chunks) chunk->unit_observer = nullptr;
   if (after) after->unit_observer = nullptr;
   if (options.on_finish) {
     with_all_parameters([&] {
       std::vector<TensorView> views = stage_views(params, stage.first || stage.last);
-      if (after) {  // and the layers after the cut (each view names its slice)
-        const auto more = stage_views(after->parameter_views(), false);
+      // and the layers after the cut, or of the further chunks (each view names its slice)
+      for (Gpt* other : {after.get()}) {
+        if (!other) continue;
+        const auto more = stage_views(other->parameter_views(), false);
+        views.insert(views.end(), more.begin(), more.end());
+      }
+      for (auto& chunk : chunks) {
+        const auto more = stage_views(chunk->parameter_views(), chunk->stage().last);
         views.insert(views.end(), more.begin(), more.end());
       }
       options.on_finish(views);

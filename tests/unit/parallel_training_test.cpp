@@ -357,6 +357,44 @@ TEST(ParallelTraining, PipelineStagesWithRecomputeAndDistributedOptimizerEqualOn
   four.config.distributed_optimizer = true;
   expect_same_training(four, kFourLayers);
 }
+// Virtual stages (the interleaved schedule, worker/pipeline_order.h): each stage holds chunks of
+// layers that are not consecutive (stage s chunk c: virtual stage c·p + s), activations wrap
+// from the last stage to the first's next chunk — the same training as one rank.
+api::Plan with_virtual_stages(const std::string& parallelism, int64_t v,
+                              const std::string& model = kFourLayers, int cores = 4) {
+  api::Plan plan = plan_for(parallelism, model, "fp32", 6, cores);
+  plan.config.virtual_stages = v;
+  return plan;
+}
+TEST(ParallelTraining, VirtualStagesEqualOneRank) {
+  {  // 2 stages × 2 chunks of one layer: rank 0 holds layers 0 and 2, rank 1 layers 1 and 3
+    const api::Plan plan = with_virtual_stages(
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off", 2);
+    ASSERT_EQ(plan.config.grad_accum % 2, 0);
+    expect_same_training(plan, kFourLayers);
+  }
+  {  // with TP, DP (and the overlap) in every chunk, and the distributed optimizer
+    api::Plan plan = with_virtual_stages(
+        "tensorParallel: 2, dataParallel: 2, pipelineParallel: 2, overlap: on", 2, kFourLayers, 8);
+    ASSERT_EQ(plan.world, 8);
+    plan.config.distributed_optimizer = true;
+    expect_same_training(plan, kFourLayers);
+  }
+  {  // 2 stages × 2 chunks with recompute, 4 micro-batches of 2 groups
+    api::Plan plan = with_virtual_stages(
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off, recompute: full",
+        2);
+    expect_same_training(plan, kFourLayers);
+  }
+}
+TEST(ParallelTraining, VirtualStageCheckpointsResumeAtAnyLayout) {
+  const std::string pipelined =
+      "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off";
+  expect_resharded_resume(
+      with_virtual_stages(pipelined, 2),
+      plan_for("tensorParallel: 2, dataParallel: 1, overlap: off", kFourLayers));
+  expect_resharded_resume(plan_for(pipelined, kFourLayers), with_virtual_stages(pipelined, 2));
+}
 // Offload optimizer inside each stage: every stage keeps its first gpuUnits units (its copy of the
 // embeddings' unit, then its layers) on the device and updates the rest on the CPU; the first and
 // the last stage's embeddings, summed between them, go home and back too where they are
