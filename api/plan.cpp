@@ -99,10 +99,6 @@ std::string not_yet_executable(const Plan& plan) {
            " virtual stages per pipeline stage with offload " + std::string(to_string(c.offload)) +
            ", and the workers run virtual stages without offload only so far (set "
            "spec.parallelism.virtualStages: 1, or offload: none)";
-  if (c.virtual_stages > 1 && plan.device == DeviceKind::kCuda)
-    return "it interleaves " + std::to_string(c.virtual_stages) +
-           " virtual stages per pipeline stage on CUDA ranks, and the CUDA workers run one chunk "
-           "per stage so far (set spec.parallelism.virtualStages: 1)";
   if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks with offload window, and the workers run the distributed "

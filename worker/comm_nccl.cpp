@@ -213,19 +213,23 @@ class NcclGroup : public Communicator,
   }
 
   // ---- StreamPointToPoint: the send and the receive in one group, on the caller's stream
-  void exchange(const void* send, int to, void* recv, int from, size_t count,
-                const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
+  void exchange_group(const std::vector<PointToPointOp>& ops, size_t count, const CudaEvent& ready,
+                      CudaEvent& done, CudaStream& stream) override {
     stream.wait(ready);
     check_nccl(nccl().group_start(), "ncclGroupStart");
     ncclResult_t status = ncclSuccess;
-    if (send) status = nccl().send(send, count, ncclBfloat16, to, comm_, stream.handle());
-    if (recv && status == ncclSuccess)
-      status = nccl().recv(recv, count, ncclBfloat16, from, comm_, stream.handle());
+    const char* failed = "ncclSend";
+    for (const PointToPointOp& op : ops) {
+      if (status != ncclSuccess) break;
+      failed = op.send ? "ncclSend" : "ncclRecv";
+      status = op.send ? nccl().send(op.send, count, ncclBfloat16, op.peer, comm_, stream.handle())
+                       : nccl().recv(op.recv, count, ncclBfloat16, op.peer, comm_, stream.handle());
+    }
     const ncclResult_t ended = nccl().group_end();
-    check_nccl(status, send ? "ncclSend" : "ncclRecv");
+    check_nccl(status, failed);
     check_nccl(ended, "ncclGroupEnd");
     stream.record(done);
-    count_op(count * 2 * ((send ? 1 : 0) + (recv ? 1 : 0)), false);
+    count_op(count * 2 * ops.size(), false);
   }
 
   CommStats stats() const override {

@@ -142,7 +142,7 @@ class HostPointToPoint : public StreamPointToPoint {
  public:
   HostPointToPoint(Communicator& group, CudaDevice& device) : group_(group), device_(device) {}
   ~HostPointToPoint() override {
-    for (void* p : {send_, recv_})
+    for (void* p : staging_)
       if (p) device_.deallocate_pinned(p);
   }
   int rank() const override { return group_.rank(); }
@@ -150,40 +150,49 @@ class HostPointToPoint : public StreamPointToPoint {
   const char* backend() const override { return "host"; }
   CommStats stats() const override { return stats_; }
 
-  void exchange(const void* send, int to, void* recv, int from, size_t count,
-                const CudaEvent& ready, CudaEvent& done, CudaStream& stream) override {
+  void exchange_group(const std::vector<PointToPointOp>& ops, size_t count, const CudaEvent& ready,
+                      CudaEvent& done, CudaStream& stream) override {
     KT_CHECK(count % 2 == 0, "pipeline transfers carry bf16 in pairs (an even count)");
     const auto t0 = std::chrono::steady_clock::now();
     const size_t bytes = count * 2;
     stream.wait(ready);
-    if (bytes > capacity_) {
+    if (bytes > capacity_ || staging_.size() < ops.size()) {
       stream.synchronize();
-      for (void** p : {&send_, &recv_}) {
-        if (*p) device_.deallocate_pinned(*p);
-        *p = device_.allocate_pinned(bytes, MemoryKind::kWorkspace);
+      for (void* p : staging_)
+        if (p) device_.deallocate_pinned(p);
+      capacity_ = std::max(capacity_, bytes);
+      staging_.assign(std::max(staging_.size(), ops.size()), nullptr);
+      for (void*& p : staging_) p = device_.allocate_pinned(capacity_, MemoryKind::kWorkspace);
+    }
+    // Sends staged and posted first (Gloo's sends return at once), then the receives, each
+    // posted in the group's order.
+    std::vector<std::shared_ptr<CommWork>> works(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (!ops[i].send) continue;
+      device_.copy(staging_[i], ops[i].send, bytes, stream);
+    }
+    stream.synchronize();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].send) {
+        host_reads("pipeline send", staging_[i], bytes);
+        works[i] =
+            group_.send_async(static_cast<const float*>(staging_[i]), count / 2, ops[i].peer);
+      } else {
+        works[i] = group_.recv_async(static_cast<float*>(staging_[i]), count / 2, ops[i].peer);
       }
-      capacity_ = bytes;
     }
-    std::shared_ptr<CommWork> sent, received;
-    if (send) {
-      device_.copy(send_, send, bytes, stream);
-      stream.synchronize();
-      host_reads("pipeline send", send_, bytes);
-      sent = group_.send_async(static_cast<const float*>(send_), count / 2, to);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      works[i]->wait();
+      if (ops[i].send) continue;
+      host_writes("pipeline receive", staging_[i], bytes);
+      device_.copy(ops[i].recv, staging_[i], bytes, stream);
     }
-    if (recv) {
-      received = group_.recv_async(static_cast<float*>(recv_), count / 2, from);
-      received->wait();
-      host_writes("pipeline receive", recv_, bytes);
-      device_.copy(recv, recv_, bytes, stream);
-    }
-    if (sent) sent->wait();
     stream.synchronize();  // the staging is reused by the next exchange
     stream.record(done);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stats_.collectives;
-    stats_.bytes += static_cast<int64_t>(bytes * ((send ? 1 : 0) + (recv ? 1 : 0)));
+    stats_.bytes += static_cast<int64_t>(bytes * ops.size());
     stats_.seconds += seconds;
     stats_.exposed_seconds += seconds;
   }
@@ -191,7 +200,7 @@ class HostPointToPoint : public StreamPointToPoint {
  private:
   Communicator& group_;
   CudaDevice& device_;
-  void *send_ = nullptr, *recv_ = nullptr;
+  std::vector<void*> staging_;  // pinned, one per operation of a group
   size_t capacity_ = 0;
   CommStats stats_;
 };

@@ -80,14 +80,29 @@ std::unique_ptr<StreamCollectives> make_host_stream_collectives(Communicator& gr
 // null), on `stream` after `ready`; `done` is recorded there once both are complete. NCCL runs
 // them with ncclSend/ncclRecv in one group; the host implementation stages them through pinned
 // memory and the group's Communicator (Gloo's point to point) and returns when they are done.
+// The interleaved schedule's groups hold up to two sends and two receives
+// (worker/pipeline_order.h): exchange_group issues them in the order given, which is the order a
+// pair of ranks matches them in.
+struct PointToPointOp {
+  const void* send = nullptr;  // or
+  void* recv = nullptr;
+  int peer = 0;
+};
 class StreamPointToPoint {
  public:
   virtual ~StreamPointToPoint() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "nccl" or "host"
-  virtual void exchange(const void* send, int to, void* recv, int from, size_t count,
-                        const CudaEvent& ready, CudaEvent& done, CudaStream& stream) = 0;
+  virtual void exchange_group(const std::vector<PointToPointOp>& ops, size_t count,
+                              const CudaEvent& ready, CudaEvent& done, CudaStream& stream) = 0;
+  void exchange(const void* send, int to, void* recv, int from, size_t count,
+                const CudaEvent& ready, CudaEvent& done, CudaStream& stream) {
+    std::vector<PointToPointOp> ops;
+    if (send) ops.push_back({send, nullptr, to});
+    if (recv) ops.push_back({nullptr, recv, from});
+    exchange_group(ops, count, ready, done, stream);
+  }
   virtual CommStats stats() const = 0;
 };
 std::unique_ptr<StreamPointToPoint> make_host_point_to_point(Communicator& group,

@@ -697,9 +697,12 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   // Pipeline stages (worker/cuda_pipeline.h): this rank's layers.
   const int pp = static_cast<int>(plan.config.pp);
   model_options.stage = pipeline_stage(plan, groups.pp->rank());
-  model_options.embedding = collectives.embedding.get();
+  // The tied embeddings' sum: the first and the last (virtual) stage's.
+  model_options.embedding =
+      model_options.stage.first || model_options.stage.last ? collectives.embedding.get() : nullptr;
   GptConfig config = GptConfig::from(plan.model);
-  config.layers /= pp;
+  const int virtual_stages = static_cast<int>(plan.config.virtual_stages);
+  config.layers /= pp * virtual_stages;
   // Oases' cutpoint (worker/cuda_cutpoint.h): layers [0, cut) here, the rest in `after` (its own
   // TP and DP collectives), built as the two stages of a pipeline on this rank.
   const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
@@ -722,6 +725,17 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
                                       T, after_options);
     cutpoint.emplace(model, *after, device, *groups.cut, *collectives.cut, *collectives.world);
   }
+  // Virtual stages (worker/pipeline_order.h): chunks 1..v−1 of this stage, each a model of its
+  // layers over the same collectives; the embedding group's only in the last virtual stage.
+  std::vector<std::unique_ptr<CudaGpt>> chunks;
+  for (int c = 1; c < virtual_stages; ++c) {
+    CudaGptOptions chunk_options = model_options;
+    chunk_options.stage = pipeline_stage(plan, groups.pp->rank(), c);
+    chunk_options.embedding = chunk_options.stage.last ? collectives.embedding.get() : nullptr;
+    chunks.push_back(std::make_unique<CudaGpt>(device, config, B, T, chunk_options));
+  }
+  std::vector<CudaGpt*> all_chunks{&model};
+  for (auto& chunk : chunks) all_chunks.push_back(chunk.get());
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
       std::to_string(model.device_units() + (after ? after->device_units() : 0)) + " of " +
@@ -758,6 +772,24 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   if (after)
     after_tensors =
         CheckpointTensors{after_views(after_params), after_views(after_m), after_views(after_v)};
+  // The further chunks' host copies, each with its copy of unit 0 (loaded; written by none:
+  // virtual stage 0 writes unit 0), as further shards.
+  struct ChunkHost {
+    std::vector<float> params, m, v;
+  };
+  std::vector<ChunkHost> chunk_hosts(chunks.size());
+  std::vector<CheckpointTensors> more_tensors;
+  if (after_tensors) more_tensors.push_back(*after_tensors);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    ChunkHost& h = chunk_hosts[c];
+    const auto n = static_cast<size_t>(chunks[c]->num_parameters());
+    h.params.resize(n), h.m.resize(n), h.v.resize(n);
+    auto chunk_views = [&](std::vector<float>& host) {
+      return gpt_rank_views(whole, tp, tp_rank, host.data(), chunks[c]->stage().first_layer,
+                            config.layers);
+    };
+    more_tensors.push_back({chunk_views(h.params), chunk_views(h.m), chunk_views(h.v)});
+  }
   std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
@@ -769,13 +801,17 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
           after->set_parameters(after_params.data());
           after->set_moments(after_m.data(), after_v.data());
         }
+        for (size_t c = 0; c < chunks.size(); ++c) {
+          chunks[c]->set_parameters(chunk_hosts[c].params.data());
+          chunks[c]->set_moments(chunk_hosts[c].m.data(), chunk_hosts[c].v.data());
+        }
       },
       [&] {
         model.init_weights(static_cast<uint64_t>(t.seed));
         if (after) after->init_weights(static_cast<uint64_t>(t.seed));
+        for (auto& chunk : chunks) chunk->init_weights(static_cast<uint64_t>(t.seed));
       },
-      after_tensors ? std::vector<CheckpointTensors>{*after_tensors}
-                    : std::vector<CheckpointTensors>{});
+      more_tensors);
   const int64_t start_step = restored.step;
   if (options.on_memory) {
     std::map<std::string, double> bytes;
@@ -792,7 +828,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   std::vector<int32_t> inputs, targets;
   std::optional<CudaPipeline> pipeline;
   if (pp > 1)
-    pipeline.emplace(model, device, *collectives.pp,
+    pipeline.emplace(all_chunks, device, *collectives.pp,
                      device.stream(StreamRole::kTensorParallelComm));
   const api::HardwareProfile* profile = api::find_profile(plan.hardware);
   const double peak = plan.peak_flops > 0 ? plan.peak_flops
@@ -817,6 +853,16 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
           sharding.more.emplace_back(static_cast<int>(plan.config.tp) + groups.tp2->rank(),
                                      stage_views(*after_tensors, false));
       }
+      // Virtual stages: chunk c writes the shards of virtual stage c·pp + s.
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        chunks[c]->get_parameters(chunk_hosts[c].params.data());
+        chunks[c]->get_moments(chunk_hosts[c].m.data(), chunk_hosts[c].v.data());
+        if (sharding.writes)
+          sharding.more.emplace_back(
+              static_cast<int>(virtual_stage(pp, groups.pp->rank(), static_cast<int>(c) + 1) * tp +
+                               tp_rank),
+              stage_views(more_tensors[c + (after ? 1 : 0)], false));
+      }
       return save_checkpoint(options.checkpoint_dir, meta, stage_views(ckpt_tensors, stage.first),
                              static_cast<int>(plan.checkpoint.keep), std::move(sharding));
     });
@@ -826,7 +872,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t h2d_before = model.h2d_bytes(), d2h_before = model.d2h_bytes();
     const double cpu_adam_before = model.cpu_optimizer_seconds();
-    model.zero_grad();
+    for (CudaGpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
     // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum (with a cutpoint,
     // the DP degree after it, where the loss is).
@@ -843,7 +889,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
         model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
     }
     if (cutpoint) cutpoint->sum_unit0();
-    double stage_loss = after ? after->mean_loss() : model.mean_loss();
+    double stage_loss = after ? after->mean_loss() : all_chunks.back()->mean_loss();
     if (pipeline) {  // the last stage's
       float last_loss = static_cast<float>(stage_loss);
       groups.pp->broadcast(&last_loss, 1, pp - 1);
@@ -852,7 +898,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     const double loss = dp_mean_loss(stage_loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2], after_sums[2];
-    model.grad_sums_of_squares(&sums[0], &sums[1]);
+    sums[0] = sums[1] = 0;
+    for (CudaGpt* chunk : all_chunks) {  // every chunk: the same TP and DP groups
+      double more[2];
+      chunk->grad_sums_of_squares(&more[0], &more[1]);
+      sums[0] += more[0];
+      sums[1] += more[1];
+    }
     if (model.distributed_optimizer()) allreduce_doubles(*groups.dp, sums, 2);  // the shards'
     if (after) {
       after->grad_sums_of_squares(&after_sums[0], &after_sums[1]);
@@ -860,12 +912,13 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     }
     const double norm = global_norm(sums[0], sums[1], groups, after ? after_sums : nullptr);
     const kernels::AdamWStep adam = adamw_step(t, step, norm);
-    model.update(adam, static_cast<float>(t.weight_decay));
+    for (CudaGpt* chunk : all_chunks) chunk->update(adam, static_cast<float>(t.weight_decay));
     if (after) after->update(adam, static_cast<float>(t.weight_decay));
     const auto t1 = std::chrono::steady_clock::now();
     check_finite(loss, step);
-    const double flops =
-        (model.flops_per_micro_step() + (after ? after->flops_per_micro_step() : 0.0)) * accum;
+    double flops_per_micro = after ? after->flops_per_micro_step() : 0.0;
+    for (CudaGpt* chunk : all_chunks) flops_per_micro += chunk->flops_per_micro_step();
+    const double flops = flops_per_micro * accum;
     StepReport r =
         step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
     r.device = device.name();
@@ -889,10 +942,17 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   feeder.synchronize();
   if (options.on_finish) {
     model.get_parameters(host_params.data());
-    std::vector<TensorView> views = ckpt_tensors.params;
+    // The stages between never train their copy of unit 0.
+    std::vector<TensorView> views = stage_views(ckpt_tensors.params, stage.first || stage.last);
     if (after) {  // and the layers after the cut (each view names its slice)
       after->get_parameters(after_params.data());
       const auto more = stage_views(after_tensors->params, false);
+      views.insert(views.end(), more.begin(), more.end());
+    }
+    for (size_t c = 0; c < chunks.size(); ++c) {  // and the further chunks' layers
+      chunks[c]->get_parameters(chunk_hosts[c].params.data());
+      const auto more =
+          stage_views(more_tensors[c + (after ? 1 : 0)].params, chunks[c]->stage().last);
       views.insert(views.end(), more.begin(), more.end());
     }
     options.on_finish(views);

@@ -577,11 +577,13 @@ void test_cuda_gpt_distributed_optimizer() {
 
 // A pipeline case: PP × DP × TP ranks (Megatron's order: TP fastest, then DP, then stages), the
 // step's micro-batches `micro[step][dp·m]` (each B·T tokens and targets; DP rank r takes
-// r·m .. r·m + m − 1), `sharded`: the distributed optimizer. Each rank returns its losses (the
-// last stage's) and its final weights (its stage's layout).
+// r·m .. r·m + m − 1), `sharded`: the distributed optimizer, `v`: virtual stages (chunks per
+// stage). Each rank returns its losses (the last stage's) and its final weights (its chunks'
+// layouts, one after the other).
 std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int tp, bool sharded,
                                 int64_t device_units, const GptConfig& c, int64_t B, int64_t T,
-                                int64_t m, const std::vector<Batches>& micro, std::string* error) {
+                                int64_t m, const std::vector<Batches>& micro, std::string* error,
+                                int v = 1) {
   const int world = pp * dp * tp;
   std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups, pp_groups, embedding_groups;
   for (int g = 0; g < pp * dp; ++g) tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
@@ -616,24 +618,33 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
 #endif
           if (!p2p) p2p = worker::make_host_point_to_point(pp_comm, device);
           GptConfig local = c;
-          local.layers = c.layers / pp;
-          CudaGptOptions options;
-          options.tp = collectives.get();
-          options.reducer = reducer.get();
-          options.distributed_optimizer = sharded;
-          options.device_units = device_units;
-          options.embedding = embedding.get();
-          options.stage.first_layer = stage * local.layers;
-          options.stage.model_layers = c.layers;
-          options.stage.first = stage == 0;
-          options.stage.last = stage == pp - 1;
-          options.stage.in_flight = static_cast<int>(std::min<int64_t>(pp - stage, m));
-          CudaGpt gpt(device, local, B, T, options);
-          gpt.init_weights(g_seed);
-          worker::CudaPipeline pipeline(gpt, device, *p2p, serial);
+          local.layers = c.layers / (pp * v);
+          const worker::PipelineOrder order = worker::pipeline_order(pp, stage, v, m);
+          std::vector<std::unique_ptr<CudaGpt>> chunks;
+          std::vector<CudaGpt*> chunk_list;
+          for (int k = 0; k < v; ++k) {
+            const int64_t place = worker::virtual_stage(pp, stage, k);
+            CudaGptOptions options;
+            options.tp = collectives.get();
+            options.reducer = reducer.get();
+            options.distributed_optimizer = sharded;
+            options.device_units = device_units;
+            options.stage.first_layer = place * local.layers;
+            options.stage.model_layers = c.layers;
+            options.stage.first = place == 0;
+            options.stage.last = place == int64_t{pp} * v - 1;
+            options.stage.in_flight = order.in_flight[static_cast<size_t>(k)];
+            options.embedding =
+                options.stage.first || options.stage.last ? embedding.get() : nullptr;
+            chunks.push_back(std::make_unique<CudaGpt>(device, local, B, T, options));
+            chunks.back()->init_weights(g_seed);
+            chunk_list.push_back(chunks.back().get());
+          }
+          CudaGpt& gpt = *chunks.back();  // the loss's (on the last stage)
+          worker::CudaPipeline pipeline(chunk_list, device, *p2p, serial);
           DpRun run;
           for (size_t s = 0; s < micro.size(); ++s) {
-            gpt.zero_grad();
+            for (CudaGpt* chunk : chunk_list) chunk->zero_grad();
             int64_t next = dp_rank * m;
             pipeline.step(m, 1.0f / static_cast<float>(m * dp),
                           [&](std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
@@ -643,18 +654,27 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
                           });
             run.losses.push_back(gpt.mean_loss());
             // The norm as the trainer takes it (worker/trainer.cpp, global_norm).
-            double sums[2];
-            gpt.grad_sums_of_squares(&sums[0], &sums[1]);
+            double sums[2] = {0, 0};
+            for (CudaGpt* chunk : chunk_list) {
+              double more[2];
+              chunk->grad_sums_of_squares(&more[0], &more[1]);
+              sums[0] += more[0];
+              sums[1] += more[1];
+            }
             if (gpt.distributed_optimizer()) worker::allreduce_doubles(dp_comm, sums, 2);
             float sharded32 = static_cast<float>(sums[0]);
             if (tp > 1) tp_comm.allreduce(&sharded32, 1);
             double total = static_cast<double>(sharded32) + sums[1];
             worker::allreduce_doubles(pp_comm, &total, 1);
             const double norm = std::sqrt(total);
-            gpt.update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
+            for (CudaGpt* chunk : chunk_list)
+              chunk->update(clipped_adam_step(static_cast<int64_t>(s), norm), 0.1f);
           }
-          run.weights.resize(gpt.num_parameters());
-          gpt.get_parameters(run.weights.data());
+          for (CudaGpt* chunk : chunk_list) {
+            F weights(static_cast<size_t>(chunk->num_parameters()));
+            chunk->get_parameters(weights.data());
+            run.weights.insert(run.weights.end(), weights.begin(), weights.end());
+          }
           return run;
         } catch (...) {  // the other groups' members must not wait forever either
           abort_all();
@@ -733,10 +753,12 @@ void test_cuda_gpt_pipeline() {
     int pp, dp, tp;
     bool sharded;
     int64_t device_units;  // offload optimizer: a stage's first units on the GPU (-1: all)
+    int v = 1;             // virtual stages
   };
-  const std::vector<Case> cases{{2, 1, 1, false, -1}, {4, 1, 1, false, -1}, {2, 2, 1, true, -1},
-                                {2, 1, 2, false, -1}, {2, 1, 1, false, 0},  {2, 2, 1, false, 1},
-                                {4, 1, 1, false, 0},  {2, 2, 1, true, 0}};
+  const std::vector<Case> cases{
+      {2, 1, 1, false, -1},    {4, 1, 1, false, -1},   {2, 2, 1, true, -1},    {2, 1, 2, false, -1},
+      {2, 1, 1, false, 0},     {2, 2, 1, false, 1},    {4, 1, 1, false, 0},    {2, 2, 1, true, 0},
+      {2, 1, 1, false, -1, 2}, {2, 2, 1, true, -1, 2}, {2, 1, 2, false, -1, 2}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)
@@ -751,6 +773,7 @@ void test_cuda_gpt_pipeline() {
           "pipeline PP " + std::to_string(k.pp) +
           (k.dp > 1 ? " x DP " + std::to_string(k.dp) : "") +
           (k.tp > 1 ? " x TP " + std::to_string(k.tp) : "") +
+          (k.v > 1 ? " x " + std::to_string(k.v) + " virtual" : "") +
           (k.sharded ? " (distributed optimizer)" : "") +
           (k.device_units >= 0
                ? " (offload: " + std::to_string(k.device_units) + " units on the GPU)"
@@ -758,7 +781,7 @@ void test_cuda_gpt_pipeline() {
           " [" + backend + "]";
       std::string error;
       const auto ranks = run_pipeline(backend, k.pp, k.dp, k.tp, k.sharded, k.device_units, c, B, T,
-                                      m, micro, &error);
+                                      m, micro, &error, k.v);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;
@@ -777,21 +800,27 @@ void test_cuda_gpt_pipeline() {
             mean /= k.dp;
             worst_loss = std::max(worst_loss, std::abs(mean - one.losses[s]) / one.losses[s]);
           }
-        // The rank's slice (its TP rows, its stage's layers) of the one rank's weights and of the
-        // initial ones, in the rank's layout.
-        const int64_t layers = c.layers / k.pp;
-        const F& mine = ranks[static_cast<size_t>(r)].weights;
-        const RankSlices trained =
-            rank_slices(c, k.tp, tp_rank, stage * layers, layers, mine, one.weights);
-        worst_weights =
-            std::max(worst_weights, rel_error(trained.got_layers, widen(trained.want_layers)));
-        if (stage == 0 || stage == k.pp - 1)
+        // Each chunk's slice (its TP rows, its virtual stage's layers) of the one rank's weights
+        // and of the initial ones, in the rank's layout.
+        const int64_t layers = c.layers / (k.pp * k.v);
+        const F& all = ranks[static_cast<size_t>(r)].weights;
+        const size_t per_chunk = all.size() / static_cast<size_t>(k.v);
+        for (int chunk = 0; chunk < k.v; ++chunk) {
+          const int64_t place = worker::virtual_stage(k.pp, stage, chunk);
+          const F mine(all.begin() + static_cast<std::ptrdiff_t>(chunk * per_chunk),
+                       all.begin() + static_cast<std::ptrdiff_t>((chunk + 1) * per_chunk));
+          const RankSlices trained =
+              rank_slices(c, k.tp, tp_rank, place * layers, layers, mine, one.weights);
           worst_weights =
-              std::max(worst_weights, rel_error(trained.got_unit0, widen(trained.want_unit0)));
-        else
-          untouched &=
-              trained.got_unit0 ==
-              rank_slices(c, k.tp, tp_rank, stage * layers, layers, mine, initial).want_unit0;
+              std::max(worst_weights, rel_error(trained.got_layers, widen(trained.want_layers)));
+          if (place == 0 || place == int64_t{k.pp} * k.v - 1)
+            worst_weights =
+                std::max(worst_weights, rel_error(trained.got_unit0, widen(trained.want_unit0)));
+          else
+            untouched &=
+                trained.got_unit0 ==
+                rank_slices(c, k.tp, tp_rank, place * layers, layers, mine, initial).want_unit0;
+        }
       }
       check(worst_loss < loss_tol,
             tag + ": losses differ from one rank's by " + std::to_string(worst_loss));
