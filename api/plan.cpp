@@ -64,6 +64,7 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
                                                      std::to_string(JobLimits::kParallel));
   pipeline.integer("layersPerStage");
   c.virtual_stages = pipeline.integer("virtualStages").value_or(1);
+  pipeline.integer("layersPerVirtualStage");
   if (c.virtual_stages < 1 || c.virtual_stages > ModelLimits::kLayers)
     throw FieldError(pipeline.path_of("virtualStages"), std::to_string(c.virtual_stages) +
                                                             " must be between 1 and " +

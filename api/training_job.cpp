@@ -106,6 +106,7 @@ ParallelismSpec decode_parallelism(ObjectReader r) {
   p.tensor_parallel = r.integer_or_auto("tensorParallel");
   p.data_parallel = r.integer_or_auto("dataParallel");
   p.pipeline_parallel = r.integer_or_auto("pipelineParallel");
+  p.virtual_stages = r.integer_or_auto("virtualStages");
   p.distributed_optimizer = read_on_off(r, "distributedOptimizer");
   p.cutpoint = read_on_off(r, "cutpoint");
   p.cutpoint_layer = r.integer_or_auto("cutpointLayer");
@@ -412,6 +413,20 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   check_positive(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel);
   check_positive(errors, "spec.parallelism.offloadWindow", p.offload_window);
   check_at_most(errors, "spec.parallelism.pipelineParallel", p.pipeline_parallel, JL::kParallel);
+  check_positive(errors, "spec.parallelism.virtualStages", p.virtual_stages);
+  check_at_most(errors, "spec.parallelism.virtualStages", p.virtual_stages, ModelLimits::kLayers);
+  if (p.virtual_stages && *p.virtual_stages > 1 && p.pipeline_parallel && *p.pipeline_parallel == 1)
+    errors.emplace_back("spec.parallelism.virtualStages",
+                        std::to_string(*p.virtual_stages) +
+                            " virtual stages need pipeline stages (pipelineParallel is 1)");
+  if (dims && p.virtual_stages && *p.virtual_stages > 0 && p.pipeline_parallel &&
+      *p.pipeline_parallel > 0 && dims->layers % (*p.pipeline_parallel * *p.virtual_stages) != 0)
+    errors.emplace_back("spec.parallelism.virtualStages",
+                        std::to_string(*p.pipeline_parallel) + " stages × " +
+                            std::to_string(*p.virtual_stages) +
+                            " virtual stages do not divide "
+                            "the model's " +
+                            std::to_string(dims->layers) + " layers");
   check_positive(errors, "spec.parallelism.cutpointLayer", p.cutpoint_layer);
   check_positive(errors, "spec.parallelism.cutpointTensorParallel", p.cutpoint_tensor_parallel);
   check_at_most(errors, "spec.parallelism.cutpointTensorParallel", p.cutpoint_tensor_parallel,
@@ -584,6 +599,7 @@ Json to_json(const TrainingJobSpec& s) {
   put_auto(par, "tensorParallel", p.tensor_parallel);
   put_auto(par, "dataParallel", p.data_parallel);
   put_auto(par, "pipelineParallel", p.pipeline_parallel);
+  if (p.virtual_stages) par["virtualStages"] = *p.virtual_stages;
   if (p.distributed_optimizer)
     par["distributedOptimizer"] = *p.distributed_optimizer ? "on" : "off";
   if (p.cutpoint) par["cutpoint"] = *p.cutpoint ? "on" : "off";
@@ -652,6 +668,7 @@ Json to_json(const TrainingJobStatus& s) {
                    {"configMap", p.config_map},
                    {"planHash", p.plan_hash}};
     if (p.cut_layer > 0) out["plan"]["cutpoint"] = {{"layer", p.cut_layer}, {"tp", p.cut_tp}};
+    if (p.virtual_stages > 1) out["plan"]["virtualStages"] = p.virtual_stages;
   }
   out["workers"] = {{"desired", s.workers.desired},
                     {"ready", s.workers.ready},
@@ -729,6 +746,7 @@ TrainingJobStatus decode_status(const Json& value) {
     ps.tp = p.integer("tp").value_or(0);
     ps.dp = p.integer("dp").value_or(0);
     ps.pp = p.integer("pp").value_or(1);
+    ps.virtual_stages = p.integer("virtualStages").value_or(1);
     ps.distributed_optimizer = p.boolean("distributedOptimizer").value_or(false);
     if (p.has("cutpoint")) {
       ObjectReader cut = p.object("cutpoint");

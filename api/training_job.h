@@ -91,6 +91,10 @@ struct ParallelismSpec {
   // uses them only where no plan without them fits (the CPU and CUDA workers do not run them
   // yet; a plan with them is refused by the worker, saying so).
   std::optional<int64_t> pipeline_parallel;
+  // Virtual stages per pipeline stage (the interleaved schedule; Megatron's
+  // --num-layers-per-virtual-pipeline-stage as a count). Unset (auto): the planner tries every
+  // count that divides a stage's layers where the micro-batches are a multiple of the stages.
+  std::optional<int64_t> virtual_stages;
   std::optional<bool> distributed_optimizer;  // on/off
   std::optional<bool> overlap;  // on/off
   std::optional<Recompute> recompute;
@@ -171,6 +175,7 @@ struct Condition {  // metav1.Condition
 struct PlanSummary {
   int64_t nodes = 0, gpus_per_node = 0, tp = 0, dp = 0;
   int64_t pp = 1;                      // pipeline stages
+  int64_t virtual_stages = 1;          // chunks per stage (interleaved schedule)
   bool distributed_optimizer = false;  // ZeRO-1
   int64_t cut_layer = 0, cut_tp = 0;   // Oases' cutpoint (0: none)
   bool overlap = false;

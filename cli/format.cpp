@@ -34,7 +34,8 @@ std::string grouped(double v) {
 std::string config_cell(const api::ParallelConfig& c) {
   std::string s =
       std::to_string(c.nodes) + "×" + std::to_string(c.procs_per_node) + " tp" +
-      std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") + " dp" +
+      std::to_string(c.tp) + (c.pp > 1 ? " pp" + std::to_string(c.pp) : "") +
+      (c.virtual_stages > 1 ? "×v" + std::to_string(c.virtual_stages) : "") + " dp" +
       std::to_string(c.dp) +
       (c.cut_layer > 0 ? " cut@" + std::to_string(c.cut_layer) + ":tp" + std::to_string(c.cut_tp)
                        : "") +
@@ -66,7 +67,11 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
     out << "  figures      " << plan.peak_source << " (peak "
         << fmt("%.1f", plan.peak_flops / 1e9) << " GFLOP/s per " << rank << ")\n";
   out << "  parallelism  TP " << c.tp;
-  if (c.pp > 1) out << " × PP " << c.pp << " (" << m.layers / c.pp << " layers per stage, 1F1B)";
+  if (c.pp > 1 && c.virtual_stages > 1)
+    out << " × PP " << c.pp << " (" << c.virtual_stages << " interleaved chunks of "
+        << m.layers / (c.pp * c.virtual_stages) << " layers per stage)";
+  else if (c.pp > 1)
+    out << " × PP " << c.pp << " (" << m.layers / c.pp << " layers per stage, 1F1B)";
   out << " × DP " << c.dp;
   if (c.cut_layer > 0)
     out << " for layers 0-" << c.cut_layer - 1 << ", TP " << c.cut_tp << " × DP "

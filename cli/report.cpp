@@ -273,6 +273,7 @@ RunRecords parse_steps_log(std::string_view text, const std::string& source) {
       s.tp = r.integer("tp", 1, 1 << 20);
       s.dp = r.integer("dp", 1, 1 << 20);
       s.pp = r.integer_or("pp", 1, 1 << 16, 1);
+      s.virtual_stages = r.integer_or("virtual_stages", 1, 1 << 16, 1);
       s.distributed_optimizer = r.flag_or("distributed_optimizer", false);
       s.cut_layer = r.integer_or("cut_layer", 0, 1 << 16, 0);
       s.cut_tp = r.integer_or("cut_tp", 0, 1 << 20, 0);
@@ -990,8 +991,13 @@ std::string header_table(const View& v, const ReportOptions& options) {
                                  : ""));
   t += row("parallelism",
            "TP " + std::to_string(plan.tp) +
-               (plan.pp > 1 ? " × PP " + std::to_string(plan.pp) + " (1F1B)" : "") + " × DP " +
-               std::to_string(plan.dp) +
+               (plan.pp > 1 ? " × PP " + std::to_string(plan.pp) +
+                                  (plan.virtual_stages > 1
+                                       ? " (interleaved, " + std::to_string(plan.virtual_stages) +
+                                             " virtual stages)"
+                                       : " (1F1B)")
+                            : "") +
+               " × DP " + std::to_string(plan.dp) +
                (plan.cut_layer > 0 ? ", TP " + std::to_string(plan.cut_tp) + " from layer " +
                                          std::to_string(plan.cut_layer) + " (Oases' cutpoint)"
                                    : "") +

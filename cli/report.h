@@ -42,6 +42,7 @@ struct StartRecord {
   std::string plan_hash, recompute, offload, precision, device;
   int64_t tp = 1, dp = 1;
   int64_t pp = 1;                      // pipeline stages (absent in logs before them: 1)
+  int64_t virtual_stages = 1;          // chunks per stage (absent before them: 1)
   bool distributed_optimizer = false;  // (absent before it: false)
   int64_t cut_layer = 0, cut_tp = 0;   // Oases' cutpoint (absent before it: none)
   std::optional<double> predicted_step_seconds, predicted_tokens_per_second;

@@ -164,7 +164,12 @@ void print_plan(const Object& plan_json, const std::string& node) {
       "overlap %s, recompute %s, offload %s, %s\n",
       static_cast<long long>(c.nodes), static_cast<long long>(c.procs_per_node),
       std::string(api::to_string(plan.device)).c_str(), static_cast<long long>(c.tp),
-      c.pp > 1 ? (" × PP " + std::to_string(c.pp) + " (1F1B)").c_str() : "",
+      c.pp > 1 ? (" × PP " + std::to_string(c.pp) +
+                  (c.virtual_stages > 1
+                       ? " (interleaved, " + std::to_string(c.virtual_stages) + " virtual stages)"
+                       : " (1F1B)"))
+                     .c_str()
+               : "",
       static_cast<long long>(c.dp),
       c.cut_layer > 0
           ? (" for layers 0-" + std::to_string(c.cut_layer - 1) + ", TP " +

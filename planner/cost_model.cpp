@@ -410,7 +410,9 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
   Shape sh;
   sh.L = m.layers / c.pp;  // the stage's layers (every stage holds the tied embeddings' unit)
   sh.bpe = bytes_per_element(p.precision);
-  sh.emb = embedding_unit_params(m, c.tp);
+  // Every model chunk of a stage keeps the tensors that are not per layer (with virtual stages,
+  // v copies: worker/gpt_layout.h).
+  sh.emb = embedding_unit_params(m, c.tp) * static_cast<double>(c.virtual_stages);
   sh.lay = layer_unit_params(m, c.tp);
   sh.params_rank = sh.emb + sh.L * sh.lay;
   sh.window = c.offload == OffloadMode::kWindow;
@@ -470,8 +472,15 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   const double act_scale = bpe / 2;
   const int64_t layers_on_device = window ? L - streamed + slots : L;
   // 1F1B: the first stage holds the activations of min(pp, micro-batches) micro-batches in
-  // flight (Narayanan et al. SC21 §2.2; Korthikanti et al. 2022 §4.2.3).
-  const double in_flight = static_cast<double>(std::min(c.pp, c.grad_accum));
+  // flight (Narayanan et al. SC21 §2.2; Korthikanti et al. 2022 §4.2.3); interleaved over v
+  // virtual stages, of min(m·v, pp·v + pp − 1) chunks of 1/v of its layers each, p + (p − 1)/v
+  // micro-batches' worth (worker/pipeline_order.h).
+  const double v = static_cast<double>(c.virtual_stages);
+  const double in_flight = c.virtual_stages > 1
+                               ? static_cast<double>(std::min(c.grad_accum * c.virtual_stages,
+                                                              c.pp * c.virtual_stages + c.pp - 1)) /
+                                     v
+                               : static_cast<double>(std::min(c.pp, c.grad_accum));
   double activations = in_flight * layers_on_device * act_layer;
   if (c.recompute != Recompute::kNone)  // the recomputed layer's full working set
     activations += layer_activation_bytes(m, b, c.tp, Recompute::kNone) * act_scale;
@@ -585,7 +594,9 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   // its input gradients to the one before, point to point (b·s·h elements each way per stage
   // boundary, blocking as Megatron's default schedule's send/recv are; not on CPU ranks, below),
   // and the schedule takes
-  // m + pp − 1 micro-batch slots: the bubble (pp − 1)/m (Narayanan et al. SC21 §2.2).
+  // m + pp − 1 micro-batch slots: the bubble (pp − 1)/m (Narayanan et al. SC21 §2.2). With v
+  // virtual stages, m·v + pp − 1 chunk slots of 1/v of a micro-batch each, every one with its
+  // transfer: the bubble (pp − 1)/(v·m), v times the transfers (SC21 §2.2.2).
   double p2p_seconds = 0;
   if (c.pp > 1) {
     const double bytes = sh.b * m.seq_len * m.hidden * bpe;
@@ -598,15 +609,17 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
             : hw.intra_allreduce_busbw;
     p2p_seconds = 2 * (hw.allreduce_latency + bytes / bandwidth);
   }
-  double forward_backward =
-      static_cast<double>(c.grad_accum + c.pp - 1) * (micro_batch_seconds + p2p_seconds);
+  const double v_stages = static_cast<double>(c.virtual_stages);
+  const double chunk_slots =
+      static_cast<double>(c.grad_accum) * v_stages + static_cast<double>(c.pp - 1);
+  double forward_backward = chunk_slots * (micro_batch_seconds / v_stages + p2p_seconds);
   // The CPU workers' sends return at once (docs/WORKER.md, "Pipeline stages on CPU ranks"): a
   // transfer delays only the stage that waits for it, which in 1F1B is on the critical path in
   // the fill and the drain — p − 1 hops forward, p − 1 back — and hidden behind the other
   // micro-batches' compute in between.
   if (c.pp > 1 && p.cpu_device)
-    forward_backward = static_cast<double>(c.grad_accum + c.pp - 1) * micro_batch_seconds +
-                       static_cast<double>(c.pp - 1) * p2p_seconds;
+    forward_backward =
+        chunk_slots * micro_batch_seconds / v_stages + static_cast<double>(c.pp - 1) * p2p_seconds;
 
   // Tail of the step: the last micro-batch's backward frees unit gradients from the top layer
   // down; DP all-reduces them bucket by bucket; GPU-updated units then run AdamW on the device;

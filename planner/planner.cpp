@@ -17,6 +17,69 @@ namespace {
 
 using api::OffloadMode;
 
+// Whether virtual stages (the interleaved schedule; Narayanan et al. SC21 §2.2.2) pay for the
+// chosen configuration `c` with stages: the same configuration with the other schedule,
+// evaluated — a line for the explanation ("" without stages).
+std::string virtual_stages_note(const Problem& problem, const ParallelConfig& c,
+                                const Evaluation& chosen) {
+  if (c.pp < 2 || c.cut_layer > 0) return "";
+  auto bubble = [&](int64_t v) {
+    return api::fmt("%.1f",
+                    100.0 * static_cast<double>(c.pp - 1) / static_cast<double>(c.grad_accum * v)) +
+           " %";
+  };
+  const double seconds = chosen.predicted.step_seconds;
+  if (c.virtual_stages > 1) {
+    ParallelConfig plain = c;
+    plain.virtual_stages = 1;
+    const Evaluation e = evaluate(problem, plain);
+    return std::to_string(c.virtual_stages) + " virtual stages per pipeline stage cut the bubble " +
+           "from " + bubble(1) + " to " + bubble(c.virtual_stages) + " for " +
+           std::to_string(c.virtual_stages) +
+           "× the transfers between stages: " + api::fmt("%.3f", seconds) + " s/step against " +
+           api::fmt("%.3f", e.predicted.step_seconds) + " with 1F1B" +
+           (e.fits ? std::string() : " (which does not fit)") + ".";
+  }
+  if (c.offload != OffloadMode::kNone)
+    return "Virtual stages (the interleaved schedule) were not evaluated: the workers run them "
+           "without offload only.";
+  if (c.grad_accum % c.pp != 0)
+    return "Virtual stages (the interleaved schedule) were not evaluated: its micro-batches run "
+           "in groups of the " +
+           std::to_string(c.pp) + " stages, and " + std::to_string(c.grad_accum) +
+           " is not a multiple.";
+  std::optional<std::pair<ParallelConfig, Evaluation>> fastest, leanest;
+  for (int64_t v = 2; v <= problem.model.layers / c.pp; ++v) {
+    if ((problem.model.layers / c.pp) % v) continue;
+    ParallelConfig with = c;
+    with.virtual_stages = v;
+    const Evaluation e = evaluate(problem, with);
+    if (e.fits && (!fastest || e.predicted.step_seconds < fastest->second.predicted.step_seconds))
+      fastest.emplace(with, e);
+    if (!leanest || e.device_ratio < leanest->second.device_ratio) leanest.emplace(with, e);
+  }
+  if (!leanest) return "";
+  if (!fastest)
+    return "Virtual stages would cut the bubble from " + bubble(1) + " to " +
+           bubble(leanest->first.virtual_stages) +
+           " but do not fit: " + std::to_string(leanest->first.virtual_stages) +
+           " per stage need " + api::format_bytes(leanest->second.predicted.memory.total()) +
+           " per rank (every chunk keeps its micro-batches' activations and a copy of the "
+           "embeddings).";
+  if (fastest->second.predicted.step_seconds < seconds)  // (the job fixed virtualStages: 1)
+    return "Virtual stages would pay: " + std::to_string(fastest->first.virtual_stages) +
+           " per stage would cut the bubble from " + bubble(1) + " to " +
+           bubble(fastest->first.virtual_stages) + " and take " +
+           api::fmt("%.3f", fastest->second.predicted.step_seconds) + " s/step against " +
+           api::fmt("%.3f", seconds) + " (spec.parallelism.virtualStages keeps 1F1B).";
+  return "Virtual stages do not pay here: " + std::to_string(fastest->first.virtual_stages) +
+         " per stage would cut the bubble from " + bubble(1) + " to " +
+         bubble(fastest->first.virtual_stages) + " but take " +
+         api::fmt("%.3f", fastest->second.predicted.step_seconds) + " s/step against " +
+         api::fmt("%.3f", seconds) + " (each micro-batch crosses " +
+         std::to_string(fastest->first.virtual_stages) + "× the stage boundaries).";
+}
+
 // Nodes that can host ranks of one kind: same hardware figures, same CPU, memory and free slots.
 struct NodeGroup {
   Problem problem;
@@ -138,6 +201,7 @@ SearchSpace space_from_hints(const api::TrainingJob& job) {
   if (p.tensor_parallel) s.tp = {*p.tensor_parallel};
   if (p.data_parallel) s.dp = {*p.data_parallel};
   if (p.pipeline_parallel) s.pp = {*p.pipeline_parallel};
+  if (p.virtual_stages) s.virtual_stages = {*p.virtual_stages};
   if (p.distributed_optimizer) s.distributed_optimizer = {*p.distributed_optimizer};
   // A forced cutpoint layer or degree asks for plans with a cutpoint only.
   s.cutpoints_only = p.cutpoint_layer.has_value() || p.cutpoint_tensor_parallel.has_value();
@@ -216,6 +280,7 @@ std::string hints_summary(const api::TrainingJob& job) {
   if (p.data_parallel) parts.push_back("dataParallel=" + std::to_string(*p.data_parallel));
   if (p.pipeline_parallel)
     parts.push_back("pipelineParallel=" + std::to_string(*p.pipeline_parallel));
+  if (p.virtual_stages) parts.push_back("virtualStages=" + std::to_string(*p.virtual_stages));
   if (p.distributed_optimizer)
     parts.push_back(std::string("distributedOptimizer=") +
                     (*p.distributed_optimizer ? "on" : "off"));
@@ -505,6 +570,8 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   plan.explanation = explain(*best, g.problem.hw.name, g.problem.cpu_device, fastest_any,
                              runner.best, plan.alternatives);
   plan.precision_auto = !job.spec.training.precision.has_value();
+  if (const std::string line = virtual_stages_note(g.problem, c, best->eval); !line.empty())
+    plan.explanation.push_back(line);
   if (g.problem.cpu_device) {
     if (g.problem.hw.has_bf16 && plan.precision_auto && best_by_precision.size() == 2) {
       const bool bf16 = plan.precision == api::Precision::kBf16;
@@ -535,10 +602,21 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
              : "The " + widened_for +
                    " baseline beat every plan without pipeline stages or a distributed "
                    "optimizer, so they were searched too: ") +
-        std::string(c.pp > 1 ? std::to_string(c.pp) + " stages of " +
-                                   std::to_string(model.layers / c.pp) + " layers (1F1B, bubble " +
-                                   api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) + " %)"
-                             : std::string("no pipeline")) +
+        std::string(
+            c.pp > 1 && c.virtual_stages > 1
+                ? std::to_string(c.pp) + " stages of " + std::to_string(c.virtual_stages) +
+                      " interleaved chunks of " +
+                      std::to_string(model.layers / (c.pp * c.virtual_stages)) +
+                      " layers (virtual stages, bubble " +
+                      api::fmt("%.1f", 100.0 * (c.pp - 1) /
+                                           static_cast<double>(c.grad_accum * c.virtual_stages)) +
+                      " % against 1F1B's " + api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) +
+                      " %, each micro-batch crossing " + std::to_string(c.virtual_stages) +
+                      "× the stage boundaries)"
+            : c.pp > 1 ? std::to_string(c.pp) + " stages of " +
+                             std::to_string(model.layers / c.pp) + " layers (1F1B, bubble " +
+                             api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) + " %)"
+                       : std::string("no pipeline")) +
         (c.distributed_optimizer ? ", optimizer state sharded over the " + std::to_string(c.dp) +
                                        " data-parallel ranks (ZeRO-1)"
                                  : std::string()) +

@@ -29,8 +29,8 @@ std::vector<int64_t> divisors(int64_t n) {
 // Deterministic preference among equally fast plans: fewer ranks, less offload, less TP,
 // no overlap, less recompute, larger micro-batches.
 auto simplicity(const ParallelConfig& c) {
-  return std::make_tuple(c.nodes * c.procs_per_node, c.pp, c.cut_layer > 0, c.distributed_optimizer,
-                         static_cast<int>(c.offload), c.tp, c.sub_batches,
+  return std::make_tuple(c.nodes * c.procs_per_node, c.pp, c.virtual_stages, c.cut_layer > 0,
+                         c.distributed_optimizer, static_cast<int>(c.offload), c.tp, c.sub_batches,
                          static_cast<int>(c.recompute), -c.micro_batch, -c.gpu_units, -c.window);
 }
 
@@ -61,6 +61,30 @@ struct Searcher {
     }
     Candidate cand{c, c.cut_layer > 0 ? evaluate_cutpoint(c) : evaluate(problem, c, timing(c))};
     if (!result.best || better(cand, *result.best)) result.best = cand;
+  }
+
+  // The virtual stage counts to try for `c` (its stages, micro-batches), ascending: 1, and with
+  // stages, every count that divides a stage's layers where the micro-batches are a multiple of
+  // the stages (worker/pipeline_order.h), unless the job fixed them. Without offload only (what
+  // the workers run).
+  std::vector<int64_t> virtual_stage_counts(const ParallelConfig& c) {
+    std::vector<int64_t> out;
+    const int64_t stage_layers = problem.model.layers / c.pp;
+    for (int64_t v : divisors(stage_layers)) {
+      if (!space.virtual_stages.empty() && !contains(space.virtual_stages, v)) continue;
+      if (v > 1 && (c.pp < 2 || c.grad_accum % c.pp != 0)) continue;
+      out.push_back(v);
+    }
+    if (out.empty())
+      note(Stage::kBatch, [&] {
+        return "virtualStages " + list(space.virtual_stages) + " needs pipeline stages whose " +
+               std::to_string(stage_layers) +
+               " layers it divides and micro-batches in groups of "
+               "the stages (" +
+               std::to_string(c.pp) + " stages, " + std::to_string(c.grad_accum) +
+               " micro-batches)";
+      });
+    return out;
   }
 
   // A micro-batch's timing depends on the model only through its layers (a cutpoint's segments
@@ -367,10 +391,15 @@ struct Searcher {
                   // at least its forward and backward (evaluate: the step ends after them), so
                   // when that floor is no faster than the best plan, none of this shape's
                   // variants can be (a cutpoint's segments are timed apart: not bounded here).
+                  // (With virtual stages the bubble shrinks to (pp − 1)/v_max of a micro-batch.)
+                  const std::vector<int64_t> interleave = virtual_stage_counts(c);
                   const bool floor_slower = [&] {
                     if (!result.best || space.cutpoints_only) return false;
                     const MicroBatchTiming& mt = timing(c);
-                    return static_cast<double>(c.grad_accum + pp - 1) *
+                    const double v_max =
+                        interleave.empty() ? 1.0 : static_cast<double>(interleave.back());
+                    return (static_cast<double>(c.grad_accum) +
+                            static_cast<double>(pp - 1) / v_max) *
                                (mt.forward + mt.backward) >=
                            result.best->eval.predicted.step_seconds;
                   }();
@@ -382,7 +411,11 @@ struct Searcher {
                     for (bool zero : space.distributed_optimizer) {
                       if (zero && d == 1 && zero_optional) continue;  // nothing to shard
                       c.distributed_optimizer = zero && d > 1;
-                      if (!space.cutpoints_only && !floor_slower) consider(c);
+                      for (int64_t v : interleave) {
+                        c.virtual_stages = v;
+                        if (!space.cutpoints_only && !floor_slower) consider(c);
+                      }
+                      c.virtual_stages = 1;
                     }
                     c.distributed_optimizer = false;
                     // Cutpoints, sharded or not (a cutpoint's two degrees differ, so one of its
@@ -484,6 +517,7 @@ struct Searcher {
 
 std::string kind_of(const ParallelConfig& c) {
   return "tp" + std::to_string(c.tp) + (c.pp > 1 ? "pp" + std::to_string(c.pp) : "") +
+         (c.virtual_stages > 1 ? "v" + std::to_string(c.virtual_stages) : "") +
          (c.cut_layer > 0 ? "cut" + std::to_string(c.cut_tp) : "") +
          (c.sub_batches == 2 ? "+overlap" : "") + "/" + std::string(api::to_string(c.recompute)) +
          (c.offload == api::OffloadMode::kNone ? "" : "/offload");

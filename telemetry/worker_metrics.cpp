@@ -97,13 +97,14 @@ WorkerMetrics::WorkerMetrics(Registry& registry)
                                              "Seconds per step the planner predicted for each "
                                              "phase of the step, per rank.",
                                              {"phase"})),
-      plan_info(
-          registry.gauge("kubetrain_worker_plan_info",
-                         "The plan being run (always 1): parallel degrees (pipeline stages, "
-                         "the sharded optimizer, Oases' cutpoint: 0 when none), recompute, "
-                         "offload, overlap, precision, device and the plan's hash.",
-                         {"tp", "dp", "pp", "distributed_optimizer", "cut_layer", "cut_tp", "nodes",
-                          "recompute", "offload", "overlap", "precision", "device", "plan_hash"})),
+      plan_info(registry.gauge(
+          "kubetrain_worker_plan_info",
+          "The plan being run (always 1): parallel degrees (pipeline stages and their "
+          "virtual stages, "
+          "the sharded optimizer, Oases' cutpoint: 0 when none), recompute, "
+          "offload, overlap, precision, device and the plan's hash.",
+          {"tp", "dp", "pp", "virtual_stages", "distributed_optimizer", "cut_layer", "cut_tp",
+           "nodes", "recompute", "offload", "overlap", "precision", "device", "plan_hash"})),
       checkpoint_seconds(registry
                              .gauge("kubetrain_worker_checkpoint_seconds",
                                     "Wall time of the last checkpoint save, in seconds.")

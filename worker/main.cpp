@@ -88,7 +88,8 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
   metrics.target_steps.set(static_cast<double>(plan.training.steps));
   metrics.plan_info
       .with({std::to_string(plan.config.tp), std::to_string(plan.config.dp),
-             std::to_string(plan.config.pp), plan.config.distributed_optimizer ? "true" : "false",
+             std::to_string(plan.config.pp), std::to_string(plan.config.virtual_stages),
+             plan.config.distributed_optimizer ? "true" : "false",
              std::to_string(plan.config.cut_layer), std::to_string(plan.config.cut_tp),
              std::to_string(plan.config.nodes),
              std::string(kt::api::to_string(plan.config.recompute)),

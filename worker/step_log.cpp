@@ -99,6 +99,7 @@ void StepLog::start(const api::Plan& plan, const RunStart& start) {
       {"tp", plan.config.tp},
       {"dp", plan.config.dp},
       {"pp", plan.config.pp},
+      {"virtual_stages", plan.config.virtual_stages},
       {"distributed_optimizer", plan.config.distributed_optimizer},
       {"cut_layer", plan.config.cut_layer},
       {"cut_tp", plan.config.cut_tp},

@@ -109,6 +109,7 @@ api::PlanSummary summarize(const api::Plan& plan) {
   s.tp = plan.config.tp;
   s.dp = plan.config.dp;
   s.pp = plan.config.pp;
+  s.virtual_stages = plan.config.virtual_stages;
   s.distributed_optimizer = plan.config.distributed_optimizer;
   s.cut_layer = plan.config.cut_layer;
   s.cut_tp = plan.config.cut_tp;

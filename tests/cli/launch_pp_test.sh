@@ -47,6 +47,38 @@ grep -q '\[rank 1\] done: 60 steps' "$DIR/log" || fail "stage 1 did not finish"
 # Stages -> one rank, and one rank -> stages, from step 30.
 expect_resumes_across_layouts "$WORKER" "$DIR" "$DIR/job.json" "$DIR/one.json" "$one_final"
 
+# Virtual stages (the interleaved schedule): 4 layers in 2 stages of 2 chunks, rank 0 holding
+# layers 0 and 2, rank 1 layers 1 and 3, through real processes; the one rank's final loss, and a
+# shard per virtual stage in the checkpoint, which resumes as one rank to the same loss.
+sed 's/{preset: tiny}/{layers: 4, hidden: 64, heads: 4, ffnHidden: 256, vocab: 256, seqLen: 32}/;
+     s/pipelineParallel: 2}/pipelineParallel: 2, virtualStages: 2}/; s/tiny-pp2/tiny-vpp/' \
+  "$DIR/job.yaml" > "$DIR/vpp.yaml"
+sed 's/pipelineParallel: 2, virtualStages: 2/pipelineParallel: 1/; s/tiny-vpp/four-one/' \
+  "$DIR/vpp.yaml" > "$DIR/four.yaml"
+for job in vpp four; do
+  "$KT" plan "$DIR/$job.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/$job.json" ||
+    fail "planning $job.yaml"
+done
+python3 -c "import json, sys; sys.exit(json.load(open('$DIR/vpp.json'))['pipeline'].get('virtualStages') != 2)" ||
+  fail "the plan has no 2 virtual stages"
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/vpp.json" --checkpoint-dir "$DIR/vckpt" \
+  > "$DIR/vlog" 2>&1 || { tail -20 "$DIR/vlog"; fail "the virtual-stage launch failed"; }
+"$WORKER" train --plan "$DIR/four.json" --log-every 0 > "$DIR/four.log" 2>&1 ||
+  fail "the one-rank run of 4 layers failed"
+vpp_final=$(final_loss "$DIR/vlog")
+four_final=$(final_loss "$DIR/four.log")
+[[ -n $four_final && $vpp_final == "$four_final" ]] ||
+  fail "final losses differ: one rank '$four_final', 2 stages × 2 virtual '$vpp_final'"
+for shard in 0 1 2 3; do
+  [[ -f $DIR/vckpt/step-00000030/rank-0000$shard.safetensors ]] ||
+    fail "no shard $shard of 4 virtual stages: $(ls "$DIR/vckpt/step-00000030")"
+done
+rm -rf "$DIR/vckpt/step-00000060"
+"$WORKER" train --plan "$DIR/four.json" --log-every 0 --checkpoint-dir "$DIR/vckpt" \
+  > "$DIR/vresume.log" 2>&1 || fail "one rank did not resume the virtual stages' checkpoint"
+[[ $(final_loss "$DIR/vresume.log") == "$four_final" ]] ||
+  fail "resumed from the virtual stages: '$(final_loss "$DIR/vresume.log")', want '$four_final'"
+
 # A dead stage: the launcher stops the job and names it.
 sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
 "$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
@@ -68,4 +100,4 @@ done
 promtool check metrics < "$DIR/metrics" || fail "promtool rejected the merged /metrics"
 expect_dead_rank_noticed $PID "$DIR/log2"  # rank 1, the last stage
 PID=
-echo "launch pp ok: final loss $one_final for 1 rank, 2 stages and both resumes; killed stage noticed in ${NOTICED_IN}s: $(grep -m1 'launch: rank' "$DIR/log2")"
+echo "launch pp ok: final loss $one_final for 1 rank, 2 stages and both resumes; $four_final for 2 stages × 2 virtual, one rank and its resume; killed stage noticed in ${NOTICED_IN}s: $(grep -m1 'launch: rank' "$DIR/log2")"

@@ -70,8 +70,8 @@ api::TrainingJobSpec full_spec() {
   s.resources.image = "worker:1";
   s.resources.resources = {{"limits", {{"memory", "8Gi"}}}};
   s.parallelism = {
-      2,   1,    2,    true, true, api::Recompute::kFull, api::OffloadMode::kWindow, 2, 0.5,
-      1e9, true, true, 1,    2};
+      2,   1,   2,    2,    true, true, api::Recompute::kFull, api::OffloadMode::kWindow, 2,
+      0.5, 1e9, true, true, 1,    2};
   s.checkpoint.volume = {{"emptyDir", Json::object()}};
   s.run_policy.active_deadline_seconds = 60;
   s.run_policy.ttl_seconds_after_finished = 60;
@@ -86,6 +86,7 @@ api::TrainingJobStatus full_status() {
   s.plan = api::PlanSummary{};
   s.plan->cut_layer = 1;  // (encoded only when set)
   s.plan->cut_tp = 2;
+  s.plan->virtual_stages = 2;  // (encoded only when > 1)
   s.progress.loss = 1;
   s.progress.eta_seconds = 1;
   s.progress.step_seconds = 1;

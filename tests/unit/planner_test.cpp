@@ -401,6 +401,57 @@ TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimi
   EXPECT_NE(api::compute_plan_hash(other), plan.plan_hash);
 }
 
+// Virtual stages (the interleaved schedule, issue 20): the planner tries every count that divides
+// a stage's layers and takes one where it pays — GPT-3 175B in 8 stages with full recompute
+// (whose activations leave room for the extra micro-batches in flight): the bubble's share of
+// the step falls faster than the transfers grow. Held to 1F1B, the explanation says what
+// interleaving would have given; the plan carries the count, and the CUDA workers run it.
+TEST(Planner, VirtualStagesWhereTheyPay) {
+  const std::string model = "{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}";
+  const std::string forced =
+      "  parallelism: {tensorParallel: 8, pipelineParallel: 8, recompute: full";
+  const api::Plan interleaved =
+      planner::best_plan(test::gpt_job(model, forced + "}\n", 1536), test::cluster("h100x1024"));
+  ASSERT_GT(interleaved.config.virtual_stages, 1);
+  EXPECT_EQ(12 % interleaved.config.virtual_stages, 0);
+  EXPECT_EQ(interleaved.config.grad_accum % 8, 0);
+  EXPECT_EQ(api::not_yet_executable(interleaved), "");
+  const api::Plan plain = planner::best_plan(
+      test::gpt_job(model, forced + ", virtualStages: 1}\n", 1536), test::cluster("h100x1024"));
+  EXPECT_EQ(plain.config.virtual_stages, 1);
+  EXPECT_LT(interleaved.predicted.step_seconds, plain.predicted.step_seconds);
+  // More micro-batches' activations in flight: p + (p − 1)/v stages' worth, not p.
+  EXPECT_GT(interleaved.predicted.memory.activations, plain.predicted.memory.activations);
+  auto says = [](const api::Plan& plan, const std::string& text) {
+    for (const auto& line : plan.explanation)
+      if (line.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(says(interleaved, "virtual stages per pipeline stage cut the bubble"));
+  EXPECT_TRUE(says(plain, "Virtual stages would pay"));
+  // The contract: pipeline.virtualStages, round-tripped, in the hash.
+  const api::Json doc = api::to_json(interleaved);
+  EXPECT_EQ(doc["pipeline"]["virtualStages"], interleaved.config.virtual_stages);
+  EXPECT_EQ(api::decode_plan(doc).config.virtual_stages, interleaved.config.virtual_stages);
+  api::Plan other = interleaved;
+  other.config.virtual_stages = 1;
+  EXPECT_NE(api::compute_plan_hash(other), interleaved.plan_hash);
+  // Without full recompute the extra activations do not fit next to the 1F1B plan's 77.8 GiB.
+  const api::Plan tight =
+      planner::best_plan(test::gpt_job(model, "", 1536), test::cluster("h100x1024"));
+  EXPECT_EQ(tight.config.virtual_stages, 1);
+  EXPECT_TRUE(says(tight, "Virtual stages would cut the bubble"));
+}
+// A virtual-stage count the job fixes must fit the stages: named in the error.
+TEST(Planner, VirtualStagesThatDoNotDivideAreRefusedByField) {
+  const auto errors = api::validate(test::gpt_job(
+      "{preset: gpt2-124m}", "  parallelism: {pipelineParallel: 4, virtualStages: 2}\n"));
+  ASSERT_EQ(errors.size(), 1u) << "12 layers in 4 × 2 chunks accepted";
+  EXPECT_EQ(errors[0].path(), "spec.parallelism.virtualStages");
+  EXPECT_NE(errors[0].problem().find("do not divide the model's 12 layers"), std::string::npos)
+      << errors[0].problem();
+}
+
 // The megatron baseline shards the optimizer (and adds stages) where Megatron-LM would, which
 // the first tier of the search leaves out; where it beats that tier's best the widened space is
 // searched too, so that no feasible baseline is faster than the chosen plan. GPT-2 XL on the

@@ -482,8 +482,8 @@ std::string worker_exposition() {
   metrics.predicted_phase_seconds.with({"compute"}).set(0.8);
   metrics.predicted_phase_seconds.with({"tp_comm_exposed"}).set(0.05);
   metrics.plan_info
-      .with({"2", "4", "2", "true", "0", "0", "1", "selective", "optimizer", "true", "bf16", "cuda",
-             "sha256:ab12"})
+      .with({"2", "4", "2", "2", "true", "0", "0", "1", "selective", "optimizer", "true", "bf16",
+             "cuda", "sha256:ab12"})
       .set(1);
   metrics.checkpoint_seconds.set(4.5);
   metrics.last_checkpoint_step.set(10);
@@ -533,7 +533,8 @@ TEST(WorkerMetrics, ExposesEveryDesignMetricWithTheWorkerLabels) {
   EXPECT_NE(
       text.find(
           "kubetrain_worker_plan_info{" + labels +
-          ",tp=\"2\",dp=\"4\",pp=\"2\",distributed_optimizer=\"true\",cut_layer=\"0\","
+          ",tp=\"2\",dp=\"4\",pp=\"2\",virtual_stages=\"2\",distributed_optimizer=\"true\","
+          "cut_layer=\"0\","
           "cut_tp=\"0\",nodes=\"1\",recompute=\"selective\",offload=\"optimizer\","
           "overlap=\"true\",precision=\"bf16\",device=\"cuda\",plan_hash=\"sha256:ab12\"} 1\n"),
       std::string::npos)
