@@ -5,7 +5,7 @@
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
 # the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
-# with offload optimizer) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
+# with offload optimizer, and 2 × 2 virtual stages) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
 # emulated GPU, so they use the host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -66,7 +66,11 @@ job accum 6 1 "" 2
 plan accum $h200
 job window-accum 6 1 "{offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}" 2
 plan window-accum $h200
-for run in cuda offload window accum window-accum; do
+# The same accumulation of a 4-layer model (the virtual stages' reference below).
+job accum4 6 1 "" 2
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/accum4.yaml"
+plan accum4 $h200
+for run in cuda offload window accum window-accum accum4; do
   "$WORKER" train --plan "$DIR/$run.json" --checkpoint-dir "$DIR/ckpt-$run" --log-every 1 \
     > "$DIR/$run.log" 2>&1 ||
     fail "$run: $(tail -3 "$DIR/$run.log")"
@@ -121,6 +125,13 @@ grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
 job pp2-offload 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, offload: optimizer, gpuUpdateFraction: 0.1}" 2
 plan pp2-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/pp2-offload.json" || fail "pp2-offload: no offload planned"
+# Virtual stages: 4 layers in 2 stages × 2 chunks (rank 0 holds layers 0 and 2, rank 1 layers 1
+# and 3), the interleaved schedule over 4 micro-batches: the one-rank run's losses; its
+# checkpoint (a shard per virtual stage) rolled back to step 3 resumes to the same losses.
+job vpp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 2}" 2
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/vpp2.yaml"
+plan vpp2 "$DIR/h200x2.yaml"
+grep -q '"virtualStages": *2' "$DIR/vpp2.json" || fail "vpp2: not planned with 2 virtual stages"
 # Oases' cutpoint: layer 0 at TP 1 (DP 2), layer 1 at TP 2 — the activations all-gathered at
 # the cut, the embeddings summed over both ranks in both layouts: the one-rank run's losses; its
 # checkpoint (layer 1 as TP shards of their own) resumes to the same losses, and one rank
@@ -128,7 +139,7 @@ grep -q '"offload": *"optimizer"' "$DIR/pp2-offload.json" || fail "pp2-offload: 
 job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
 plan cut "$DIR/h200x2.yaml"
 grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
-for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload cut; do
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 cut; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -136,7 +147,9 @@ grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
   fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
   fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
-for run in pp2 pp2-offload; do resume_ranks $run; done
+for run in pp2 pp2-offload vpp2; do resume_ranks $run; done
+[[ -f $DIR/ckpt-vpp2/step-00000006/rank-00003.safetensors ]] ||
+  fail "vpp2: no shard per virtual stage: $(ls "$DIR/ckpt-vpp2/step-00000006")"
 
 grep -q "the re-shard over 2 ranks and the embeddings' sum over 2" "$DIR/cut.log" ||
   fail "cut: no re-shard at the cutpoint: $(head -5 "$DIR/cut.log")"
@@ -276,7 +289,8 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
-        "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2)}
+        "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
+        "vpp2": (losses("accum4"), 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -288,10 +302,10 @@ for name, (ref, tol) in runs.items():
     ok = worst < tol
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
-               else "pp2" if name == "pp2-offload" else "dp2")
+               else "pp2" if name == "pp2-offload" else "accum4" if name == "vpp2" else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "cut"):  # resumed at step 3: the same losses
+             "vpp2", "cut"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "
