@@ -95,11 +95,11 @@ std::string not_yet_executable(const Plan& plan) {
            " pipeline stages with offload window, and the workers run pipeline stages without "
            "offload or with offload optimizer only so far (set "
            "spec.parallelism.pipelineParallel: 1, or offload: optimizer)";
-  if (c.virtual_stages > 1 && c.offload != OffloadMode::kNone)
+  if (c.virtual_stages > 1 && c.offload == OffloadMode::kWindow)
     return "it interleaves " + std::to_string(c.virtual_stages) +
-           " virtual stages per pipeline stage with offload " + std::string(to_string(c.offload)) +
-           ", and the workers run virtual stages without offload only so far (set "
-           "spec.parallelism.virtualStages: 1, or offload: none)";
+           " virtual stages per pipeline stage with offload window, and the workers run virtual "
+           "stages without offload or with offload optimizer only so far (set "
+           "spec.parallelism.virtualStages: 1, or offload: optimizer)";
   if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks with offload window, and the workers run the distributed "
@@ -372,17 +372,28 @@ Plan decode_plan(const Json& doc) {
                                                 " entries for " +
                                                 std::to_string(plan.model.layers) + " layers");
   if (plan.layers.empty()) plan.layers.assign(plan.model.layers, LayerPlacement{});
-  // gpuUnits: of every pipeline stage's units (its copy of the embeddings', then its layers);
-  // the stages place their layers alike.
-  const int64_t stage_layers = plan.model.layers / std::max<int64_t>(1, plan.config.pp);
+  // gpuUnits: of every pipeline stage's units (its copy of the embeddings', then its layers —
+  // with virtual stages its chunks', chunk after chunk); the stages place their layers alike.
+  // (The stage and chunk counts were checked above: they divide the layers.)
+  const ParallelConfig& pc = plan.config;
+  const int64_t L = plan.model.layers;
+  const bool divides = pc.pp >= 1 && pc.virtual_stages >= 1 && L % (pc.pp * pc.virtual_stages) == 0;
+  const int64_t stage_layers = divides ? L / pc.pp : 0;
   int64_t gpu_units = plan.embeddings.update == UpdateDevice::kGpu ? 1 : 0;
-  for (int64_t l = 0; l < stage_layers && l < static_cast<int64_t>(plan.layers.size()); ++l)
-    gpu_units += plan.layers[static_cast<size_t>(l)].update == UpdateDevice::kGpu ? 1 : 0;
-  for (size_t l = 0; l < plan.layers.size() && stage_layers > 0; ++l) {
-    const auto& first = plan.layers[l % static_cast<size_t>(stage_layers)];
-    if (plan.layers[l].update != first.update || plan.layers[l].resident != first.resident)
+  std::vector<int64_t> first_stage(static_cast<size_t>(stage_layers), -1);  // place → layer
+  for (int64_t l = 0; l < L && divides; ++l) {
+    const int64_t place = stage_layer_place(pc, L, l);
+    int64_t& first = first_stage[static_cast<size_t>(place)];
+    if (first < 0) {
+      first = l;
+      gpu_units += plan.layers[static_cast<size_t>(l)].update == UpdateDevice::kGpu ? 1 : 0;
+      continue;
+    }
+    const auto& like = plan.layers[static_cast<size_t>(first)];
+    if (plan.layers[static_cast<size_t>(l)].update != like.update ||
+        plan.layers[static_cast<size_t>(l)].resident != like.resident)
       throw FieldError("plan.offload.layers[" + std::to_string(l) + "]",
-                       "is placed unlike layer " + std::to_string(l % stage_layers) +
+                       "is placed unlike layer " + std::to_string(first) +
                            " of the first pipeline stage (every stage places its layers alike)");
   }
   plan.config.gpu_units = gpu_units;
@@ -432,7 +443,6 @@ Plan decode_plan(const Json& doc) {
       if (line.is_string()) plan.explanation.push_back(line.get<std::string>());
   plan.plan_hash = r.string("planHash").value_or("");
   r.finish();
-  const auto& pc = plan.config;
   if (pc.tp * pc.pp * pc.dp != plan.world)
     throw FieldError("plan.world", std::to_string(plan.world) + " is not tp × pp × dp = " +
                                        std::to_string(pc.tp * pc.pp * pc.dp));

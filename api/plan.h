@@ -156,6 +156,22 @@ struct Plan {
   std::string plan_hash;
 };
 
+// Offload places every pipeline stage's units alike: its copy of the embeddings' unit, then its
+// layers in order — with virtual stages its chunks' layers, chunk after chunk — the first
+// gpu_units of them on the device. Layer l's place among its stage's layers (0-based; the
+// embeddings' unit comes first, so layer l is on the device iff 1 + place < gpu_units), and the
+// device units of chunk `chunk` (a prefix of its units: its copy of the embeddings', then its
+// layers).
+inline int64_t stage_layer_place(const ParallelConfig& c, int64_t model_layers, int64_t l) {
+  const int64_t chunk_layers = model_layers / (c.pp * c.virtual_stages);
+  return l / chunk_layers / c.pp * chunk_layers + l % chunk_layers;
+}
+inline int64_t chunk_device_units(const ParallelConfig& c, int64_t model_layers, int64_t chunk) {
+  const int64_t chunk_layers = model_layers / (c.pp * c.virtual_stages);
+  if (c.gpu_units <= 0) return 0;
+  return 1 + std::clamp<int64_t>(c.gpu_units - 1 - chunk * chunk_layers, 0, chunk_layers);
+}
+
 // Why no worker of this version can execute `plan` — pipeline stages or the distributed
 // optimizer, which the planner plans where nothing else fits (docs/PLANNER.md §15) — naming the
 // spec field to change; empty when the workers run it. The worker refuses such a plan with it,

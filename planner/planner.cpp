@@ -40,9 +40,9 @@ std::string virtual_stages_note(const Problem& problem, const ParallelConfig& c,
            api::fmt("%.3f", e.predicted.step_seconds) + " with 1F1B" +
            (e.fits ? std::string() : " (which does not fit)") + ".";
   }
-  if (c.offload != OffloadMode::kNone)
+  if (c.offload == OffloadMode::kWindow)
     return "Virtual stages (the interleaved schedule) were not evaluated: the workers run them "
-           "without offload only.";
+           "without offload or with offload optimizer only.";
   if (c.grad_accum % c.pp != 0)
     return "Virtual stages (the interleaved schedule) were not evaluated: its micro-batches run "
            "in groups of the " +
@@ -547,7 +547,7 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   plan.gpu_update_fraction = gpu_update_fraction(stage_model, c.tp, gpu_units);
   plan.embeddings = {true, gpu_units >= 1 ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu};
   for (int64_t l = 0; l < model.layers; ++l) {
-    const bool gpu = l % stage_model.layers + 1 < gpu_units;
+    const bool gpu = api::stage_layer_place(c, model.layers, l) + 1 < gpu_units;
     plan.layers.push_back({gpu || c.offload != OffloadMode::kWindow,
                            gpu ? api::UpdateDevice::kGpu : api::UpdateDevice::kCpu});
   }

@@ -65,8 +65,8 @@ struct Searcher {
 
   // The virtual stage counts to try for `c` (its stages, micro-batches), ascending: 1, and with
   // stages, every count that divides a stage's layers where the micro-batches are a multiple of
-  // the stages (worker/pipeline_order.h), unless the job fixed them. Without offload only (what
-  // the workers run).
+  // the stages (worker/pipeline_order.h), unless the job fixed them. Without offload or with
+  // offload optimizer (what the workers run).
   std::vector<int64_t> virtual_stage_counts(const ParallelConfig& c) {
     std::vector<int64_t> out;
     const int64_t stage_layers = problem.model.layers / c.pp;
@@ -219,7 +219,11 @@ struct Searcher {
           for (bool zero : zeros) {
             if (zero && c.dp == 1 && zero_optional) continue;  // nothing to shard
             c.distributed_optimizer = zero && c.dp > 1;
-            consider(c);
+            for (int64_t v : virtual_stage_counts(c)) {  // (each chunk its part of the units)
+              c.virtual_stages = v;
+              consider(c);
+            }
+            c.virtual_stages = 1;
           }
           c.distributed_optimizer = false;
           continue;

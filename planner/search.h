@@ -24,8 +24,8 @@ struct SearchSpace {
   // them fits; planner.cpp). Empty pp: every valid count.
   std::vector<int64_t> pp{1};
   // Virtual stages per pipeline stage (the interleaved schedule), where stages are planned
-  // without offload and the micro-batches are a multiple of the stages: empty, every count
-  // that divides a stage's layers; else the ones listed (1: none).
+  // without offload or with offload optimizer and the micro-batches are a multiple of the stages:
+  // empty, every count that divides a stage's layers; else the ones listed (1: none).
   std::vector<int64_t> virtual_stages;
   std::vector<bool> distributed_optimizer{false};
   // Oases' cutpoints (the layers from cut_layer on at TP cut_tp): none by default (widened like

@@ -132,7 +132,9 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   const int64_t L = model.config().layers;
   const auto mode = plan.config.offload;
   // (A pipeline stage, which runs without offload, holds fewer layers than the plan's model.)
-  const int64_t gpu_units = device_units(plan, model);
+  const int64_t gpu_units = options.device_units >= 0 && mode != api::OffloadMode::kNone
+                                ? options.device_units
+                                : device_units(plan, model);
   KT_CHECK(gpu_units >= 0 && gpu_units <= L + 1, "gpuUnits out of range");
   const bool window = mode == api::OffloadMode::kWindow;
   KT_CHECK(!window || gpu_units >= 1, "window offload keeps the embeddings on the device");

@@ -75,6 +75,9 @@ struct OffloadOptions {
 #endif
   int64_t tile_floats = 1 << 18;  // CPU AdamW tile: its copy overlaps the next tile's math
   bool record_timeline = false;
+  // The units [0, device_units) on the device (-1: the plan's gpuUnits): a virtual stage's chunk
+  // holds a part of its stage's units (api::chunk_device_units).
+  int64_t device_units = -1;
 };
 
 // One busy interval of a lane, seconds since the engine started.

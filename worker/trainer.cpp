@@ -299,6 +299,24 @@ CheckpointTensors stage_views(const CheckpointTensors& tensors, bool with_unit0)
           stage_views(tensors.adam_v, with_unit0)};
 }
 
+// The offload engines' counters of a rank, summed (a virtual stage's chunks, a cutpoint's
+// segments each have their own engine).
+struct EngineTotals {
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  double cpu_optimizer_seconds = 0, transfer_seconds = 0, exposed_transfer_seconds = 0;
+};
+EngineTotals engine_totals(const std::vector<OffloadEngine*>& engines) {
+  EngineTotals sum;
+  for (const OffloadEngine* e : engines) {
+    sum.h2d_bytes += e->h2d_bytes();
+    sum.d2h_bytes += e->d2h_bytes();
+    sum.cpu_optimizer_seconds += e->cpu_optimizer_seconds();
+    sum.transfer_seconds += e->transfer_seconds();
+    sum.exposed_transfer_seconds += e->exposed_transfer_seconds();
+  }
+  return sum;
+}
+
 // One optimizer step's micro-batches on a pipeline stage, in the order of
 // worker/pipeline_order.h: 1F1B (Narayanan et al. SC21; Megatron's
 // forward_backward_pipelining_without_interleaving), or with virtual stages the interleaved
@@ -690,8 +708,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   model_options.tp = collectives.tp.get();
   model_options.sub_batches = static_cast<int>(plan.config.sub_batches);
   model_options.recompute = plan.config.recompute;
+  // (With virtual stages, chunk 0's part of its stage's units: api::chunk_device_units.)
   if (plan.config.offload != api::OffloadMode::kNone)
-    model_options.device_units = plan.config.gpu_units;
+    model_options.device_units = plan.config.virtual_stages > 1
+                                     ? api::chunk_device_units(plan.config, plan.model.layers, 0)
+                                     : plan.config.gpu_units;
   if (plan.config.offload == api::OffloadMode::kWindow) model_options.window = plan.config.window;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   // Pipeline stages (worker/cuda_pipeline.h): this rank's layers.
@@ -731,6 +752,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   for (int c = 1; c < virtual_stages; ++c) {
     CudaGptOptions chunk_options = model_options;
     chunk_options.stage = pipeline_stage(plan, groups.pp->rank(), c);
+    if (plan.config.offload != api::OffloadMode::kNone)  // the chunk's part of its stage's units
+      chunk_options.device_units = api::chunk_device_units(plan.config, L, c);
     chunk_options.embedding = chunk_options.stage.last ? collectives.embedding.get() : nullptr;
     chunks.push_back(std::make_unique<CudaGpt>(device, config, B, T, chunk_options));
   }
@@ -738,8 +761,14 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   for (auto& chunk : chunks) all_chunks.push_back(chunk.get());
   log("training on " + device.name() + " (" + device.product() + "), bf16, recompute " +
       std::string(api::to_string(plan.config.recompute)) + "; AdamW of " +
-      std::to_string(model.device_units() + (after ? after->device_units() : 0)) + " of " +
-      std::to_string(config.layers + 1 + (after ? after->num_layers() + 1 : 0)) +
+      std::to_string(model.device_units() + (after ? after->device_units() : 0) +
+                     [&] {
+                       int64_t more = 0;  // the further chunks'
+                       for (auto& chunk : chunks) more += chunk->device_units();
+                       return more;
+                     }()) +
+      " of " +
+      std::to_string((config.layers + 1) * virtual_stages + (after ? after->num_layers() + 1 : 0)) +
       " offload units on the GPU" +
       (model.distributed_optimizer()
            ? " (masters and moments sharded over " + std::to_string(dp) + " DP ranks)"
@@ -870,8 +899,20 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
 
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t h2d_before = model.h2d_bytes(), d2h_before = model.d2h_bytes();
-    const double cpu_adam_before = model.cpu_optimizer_seconds();
+    // Every chunk's offload traffic (and the second segment's).
+    auto offload_totals = [&] {
+      EngineTotals sum;
+      for (CudaGpt* m : all_chunks) {
+        sum.h2d_bytes += m->h2d_bytes(), sum.d2h_bytes += m->d2h_bytes();
+        sum.cpu_optimizer_seconds += m->cpu_optimizer_seconds();
+      }
+      if (after) {
+        sum.h2d_bytes += after->h2d_bytes(), sum.d2h_bytes += after->d2h_bytes();
+        sum.cpu_optimizer_seconds += after->cpu_optimizer_seconds();
+      }
+      return sum;
+    };
+    const EngineTotals before = offload_totals();
     for (CudaGpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
     // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum (with a cutpoint,
@@ -922,9 +963,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     StepReport r =
         step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
     r.device = device.name();
-    r.cpu_optimizer_seconds = model.cpu_optimizer_seconds() - cpu_adam_before;
-    r.h2d_bytes = model.h2d_bytes() - h2d_before;
-    r.d2h_bytes = model.d2h_bytes() - d2h_before;
+    const EngineTotals now = offload_totals();
+    r.cpu_optimizer_seconds = now.cpu_optimizer_seconds - before.cpu_optimizer_seconds;
+    r.h2d_bytes = now.h2d_bytes - before.h2d_bytes;
+    r.d2h_bytes = now.d2h_bytes - before.d2h_bytes;
     r.comm = comm_totals(groups);
     // The device collectives, beside the groups' own (the loss, the norm)
     if (collectives.dp) r.comm["dp"] += collectives.dp->stats();
@@ -1277,7 +1319,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   // counts the tensors that are not per layer in the gradient norm; the stages between leave
   // their copy alone. With virtual stages, per chunk.
   auto make_engine = [&](Gpt& chunk) {
-    auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), offload_options);
+    OffloadOptions chunk_options = offload_options;
+    if (virtual_stages > 1)  // the chunk's part of its stage's units
+      chunk_options.device_units = api::chunk_device_units(
+          plan.config, L, (chunk.stage().first_layer * pp * virtual_stages / L) / pp);
+    auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), chunk_options);
     const PipelineStage& place = chunk.stage();
     made->set_pipeline(place.first || place.last ? groups.embedding.get() : nullptr, place.first,
                        place.first || place.last);
@@ -1426,10 +1472,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   if (pp > 1) pipeline.emplace(all_chunks, chunk_engine_list, *groups.pp, B, T);
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t h2d_before = engine.h2d_bytes(), d2h_before = engine.d2h_bytes();
-    const double cpu_adam_before = engine.cpu_optimizer_seconds();
-    const double transfer_before = engine.transfer_seconds();
-    const double exposed_transfer_before = engine.exposed_transfer_seconds();
+    const EngineTotals before = engine_totals(all_engines);
     if (options.on_timeline) engine.clear_timeline();
     for (Gpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
@@ -1486,11 +1529,13 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     const double flops = flops_per_micro * accum;
     StepReport r =
         step_report(plan, step, loss, adam.learning_rate, norm, t0, t_opt, t1, flops, peak);
-    r.cpu_optimizer_seconds = engine.cpu_optimizer_seconds() - cpu_adam_before;
-    r.h2d_bytes = engine.h2d_bytes() - h2d_before;
-    r.d2h_bytes = engine.d2h_bytes() - d2h_before;
-    r.transfer_seconds = engine.transfer_seconds() - transfer_before;
-    r.exposed_transfer_seconds = engine.exposed_transfer_seconds() - exposed_transfer_before;
+    // Every engine's (the further chunks', the second segment's) since the step began.
+    const EngineTotals now = engine_totals(all_engines);
+    r.cpu_optimizer_seconds = now.cpu_optimizer_seconds - before.cpu_optimizer_seconds;
+    r.h2d_bytes = now.h2d_bytes - before.h2d_bytes;
+    r.d2h_bytes = now.d2h_bytes - before.d2h_bytes;
+    r.transfer_seconds = now.transfer_seconds - before.transfer_seconds;
+    r.exposed_transfer_seconds = now.exposed_transfer_seconds - before.exposed_transfer_seconds;
     r.comm = comm_totals(groups);
     report_step(r, options, result, log);
 

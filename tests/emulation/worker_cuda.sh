@@ -132,6 +132,12 @@ job vpp2 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualS
 sed -i 's/layers: 2,/layers: 4,/' "$DIR/vpp2.yaml"
 plan vpp2 "$DIR/h200x2.yaml"
 grep -q '"virtualStages": *2' "$DIR/vpp2.json" || fail "vpp2: not planned with 2 virtual stages"
+# ... with offload optimizer (each stage's units — its embeddings' copy, then its chunks' layers —
+# partly on the CPU; resumed too).
+job vpp2-offload 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 2, offload: optimizer, gpuUpdateFraction: 0.4}" 2
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/vpp2-offload.yaml"
+plan vpp2-offload "$DIR/h200x2.yaml"
+grep -q '"offload": *"optimizer"' "$DIR/vpp2-offload.json" || fail "vpp2-offload: no offload planned"
 # Oases' cutpoint: layer 0 at TP 1 (DP 2), layer 1 at TP 2 — the activations all-gathered at
 # the cut, the embeddings summed over both ranks in both layouts: the one-rank run's losses; its
 # checkpoint (layer 1 as TP shards of their own) resumes to the same losses, and one rank
@@ -139,15 +145,17 @@ grep -q '"virtualStages": *2' "$DIR/vpp2.json" || fail "vpp2: not planned with 2
 job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
 plan cut "$DIR/h200x2.yaml"
 grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
-for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 cut; do
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 vpp2-offload cut; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
 grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
   fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
+grep -q "AdamW of 3 of 4 offload units on the GPU" "$DIR/vpp2-offload.log" ||
+  fail "vpp2-offload: the chunks did not offload: $(head -5 "$DIR/vpp2-offload.log")"
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
   fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
-for run in pp2 pp2-offload vpp2; do resume_ranks $run; done
+for run in pp2 pp2-offload vpp2 vpp2-offload; do resume_ranks $run; done
 [[ -f $DIR/ckpt-vpp2/step-00000006/rank-00003.safetensors ]] ||
   fail "vpp2: no shard per virtual stage: $(ls "$DIR/ckpt-vpp2/step-00000006")"
 
@@ -290,7 +298,7 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
-        "vpp2": (losses("accum4"), 2e-2)}
+        "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -302,10 +310,11 @@ for name, (ref, tol) in runs.items():
     ok = worst < tol
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
-               else "pp2" if name == "pp2-offload" else "accum4" if name == "vpp2" else "dp2")
+               else "pp2" if name == "pp2-offload" else "accum4" if name == "vpp2"
+               else "vpp2" if name == "vpp2-offload" else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "vpp2", "cut"):  # resumed at step 3: the same losses
+             "vpp2", "vpp2-offload", "cut"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

@@ -628,7 +628,12 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
             options.tp = collectives.get();
             options.reducer = reducer.get();
             options.distributed_optimizer = sharded;
-            options.device_units = device_units;
+            // A stage's units are its copy of the embeddings', then its chunks' layers chunk
+            // after chunk, the first device_units on the GPU (api::chunk_device_units).
+            options.device_units =
+                device_units <= 0
+                    ? device_units
+                    : 1 + std::clamp<int64_t>(device_units - 1 - k * local.layers, 0, local.layers);
             options.stage.first_layer = place * local.layers;
             options.stage.model_layers = c.layers;
             options.stage.first = place == 0;
@@ -756,9 +761,11 @@ void test_cuda_gpt_pipeline() {
     int v = 1;             // virtual stages
   };
   const std::vector<Case> cases{
-      {2, 1, 1, false, -1},    {4, 1, 1, false, -1},   {2, 2, 1, true, -1},    {2, 1, 2, false, -1},
-      {2, 1, 1, false, 0},     {2, 2, 1, false, 1},    {4, 1, 1, false, 0},    {2, 2, 1, true, 0},
-      {2, 1, 1, false, -1, 2}, {2, 2, 1, true, -1, 2}, {2, 1, 2, false, -1, 2}};
+      {2, 1, 1, false, -1},   {4, 1, 1, false, -1},    {2, 2, 1, true, -1},
+      {2, 1, 2, false, -1},   {2, 1, 1, false, 0},     {2, 2, 1, false, 1},
+      {4, 1, 1, false, 0},    {2, 2, 1, true, 0},      {2, 1, 1, false, -1, 2},
+      {2, 2, 1, true, -1, 2}, {2, 1, 2, false, -1, 2}, {2, 1, 1, false, 0, 2},
+      {2, 2, 1, true, 2, 2}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)

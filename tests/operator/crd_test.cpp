@@ -252,9 +252,10 @@ TEST(TrainingJobCrd, PrinterColumns_AreDesignsAndPointAtSchemaFields) {
   const std::vector<std::string> design = {"Phase", "Nodes", "TP",    "DP",       "Offload",
                                            "Step",  "Loss",  "Tok/s", "Restarts", "Age"};
   EXPECT_EQ(columns, design);
-  // -o wide: the pipeline stages, the sharded optimizer and the cutpoint's second TP degree, and
-  // the measured step time beside the predicted one.
-  EXPECT_EQ(wide, (std::vector<std::string>{"PP", "ZeRO", "Cut TP", "Step s", "Predicted s"}));
+  // -o wide: the pipeline stages and their virtual stages, the sharded optimizer and the
+  // cutpoint's second TP degree, and the measured step time beside the predicted one.
+  EXPECT_EQ(wide,
+            (std::vector<std::string>{"PP", "VPP", "ZeRO", "Cut TP", "Step s", "Predicted s"}));
   EXPECT_EQ(training_job_crd()["spec"]["names"]["shortNames"], Json::array({"tj"}));
   EXPECT_EQ(training_job_crd()["spec"]["names"]["categories"], Json::array({"all"}));
 }

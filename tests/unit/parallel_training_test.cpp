@@ -387,6 +387,37 @@ TEST(ParallelTraining, VirtualStagesEqualOneRank) {
     expect_same_training(plan, kFourLayers);
   }
 }
+// Offload optimizer with virtual stages: a stage's units are its copy of the embeddings', then its
+// chunks' layers chunk after chunk, the first gpuUnits on the device (api::chunk_device_units):
+// with 2 chunks of one layer, gpuUnits 2 keeps the first chunk's layer on the device and the
+// second's on the CPU; the plan's per-layer placement says so and survives its JSON.
+TEST(ParallelTraining, VirtualStagesWithOffloadEqualOneRank) {
+  {
+    const api::Plan planned = plan_for(
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 2, overlap: off, "
+        "offload: optimizer, gpuUpdateFraction: 0.5",
+        kFourLayers);
+    ASSERT_EQ(planned.config.virtual_stages, 2);
+    ASSERT_EQ(planned.config.offload, api::OffloadMode::kOptimizer);
+    // Layers 0 and 1 are their stages' first chunk's, 2 and 3 their second's.
+    EXPECT_EQ(planned.layers[0].update, planned.layers[1].update);
+    EXPECT_EQ(planned.layers[2].update, planned.layers[3].update);
+    const api::Plan read = api::decode_plan(api::to_json(planned));
+    EXPECT_EQ(read.config.gpu_units, planned.config.gpu_units);
+    const RunResult r = expect_same_training(planned, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_GT(r.transfer_bytes.back(), 0);
+  }
+  for (int64_t gpu_units : {0, 1, 2}) {
+    SCOPED_TRACE(gpu_units);
+    api::Plan plan = with_virtual_stages(
+        "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off, offload: optimizer",
+        2);
+    plan.config.gpu_units = gpu_units;
+    plan.config.distributed_optimizer = gpu_units == 1;
+    expect_same_training(plan, kFourLayers);
+  }
+}
 TEST(ParallelTraining, VirtualStageCheckpointsResumeAtAnyLayout) {
   const std::string pipelined =
       "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off";
@@ -402,8 +433,8 @@ TEST(ParallelTraining, VirtualStageCheckpointsResumeAtAnyLayout) {
 TEST(ParallelTraining, PipelineStagesWithOffloadEqualOneRank) {
   {  // half of each stage's units on the CPU, as the planner plans it
     const api::Plan planned = plan_for(
-        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, overlap: off, offload: "
-        "optimizer, gpuUpdateFraction: 0.5",
+        "tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 1, overlap: off, "
+        "offload: optimizer, gpuUpdateFraction: 0.5",
         kFourLayers);
     ASSERT_EQ(planned.config.pp, 2);
     ASSERT_EQ(planned.config.offload, api::OffloadMode::kOptimizer);
