@@ -105,11 +105,16 @@ std::string not_yet_executable(const Plan& plan) {
            " data-parallel ranks with offload window, and the workers run the distributed "
            "optimizer without offload or with offload optimizer only so far (set "
            "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
-  if (c.cut_layer > 0 && c.offload != OffloadMode::kNone)
+  if (c.cut_layer > 0 && c.offload == OffloadMode::kWindow)
     return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
-           " (Oases' cutpoint) with offload " + std::string(to_string(c.offload)) +
-           ", and the workers run cutpoints without offload only so far (set "
-           "spec.parallelism.cutpoint: off, or offload: none)";
+           " (Oases' cutpoint) with offload window, and the workers run cutpoints without "
+           "offload or with offload optimizer only so far (set spec.parallelism.cutpoint: off, or "
+           "offload: optimizer)";
+  if (c.cut_layer > 0 && c.offload == OffloadMode::kOptimizer && c.gpu_units < 1)
+    return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
+           " (Oases' cutpoint) with the embeddings updated on the CPU, and the workers sum a "
+           "cutpoint's embeddings over every rank on the device (set a larger "
+           "spec.parallelism.gpuUpdateFraction, or cutpoint: off)";
   return "";
 }
 

@@ -166,10 +166,15 @@ inline int64_t stage_layer_place(const ParallelConfig& c, int64_t model_layers, 
   const int64_t chunk_layers = model_layers / (c.pp * c.virtual_stages);
   return l / chunk_layers / c.pp * chunk_layers + l % chunk_layers;
 }
+// The device units of a model part that holds a copy of the embeddings' unit and `layers` layers
+// after `before` layers of its stage's (or, with a cutpoint, of the model's) order.
+inline int64_t part_device_units(int64_t gpu_units, int64_t before, int64_t layers) {
+  if (gpu_units <= 0) return 0;
+  return 1 + std::clamp<int64_t>(gpu_units - 1 - before, 0, layers);
+}
 inline int64_t chunk_device_units(const ParallelConfig& c, int64_t model_layers, int64_t chunk) {
   const int64_t chunk_layers = model_layers / (c.pp * c.virtual_stages);
-  if (c.gpu_units <= 0) return 0;
-  return 1 + std::clamp<int64_t>(c.gpu_units - 1 - chunk * chunk_layers, 0, chunk_layers);
+  return part_device_units(c.gpu_units, chunk * chunk_layers, chunk_layers);
 }
 
 // Why no worker of this version can execute `plan` — pipeline stages or the distributed

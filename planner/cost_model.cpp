@@ -278,14 +278,18 @@ std::pair<ParallelConfig, ParallelConfig> cutpoint_configs(const Problem& p,
                                                            const ParallelConfig& c) {
   KT_CHECK(c.cut_layer > 0 && c.cut_layer < p.model.layers && c.cut_tp > 0 && c.pp == 1,
            "a cutpoint inside the model, without stages");
+  // With offload optimizer, the model's first gpuUnits units (the embeddings', then the layers
+  // in order) are on the device: each segment its part (api::part_device_units).
+  const bool offload = c.offload != api::OffloadMode::kNone;
+  const int64_t L = p.model.layers, k = c.cut_layer;
   ParallelConfig first = c;
   first.cut_layer = first.cut_tp = 0;
-  first.gpu_units = c.cut_layer + 1;
+  first.gpu_units = offload ? api::part_device_units(c.gpu_units, 0, k) : k + 1;
   ParallelConfig second = first;
   second.tp = c.cut_tp;
   second.dp = c.nodes * c.procs_per_node / c.cut_tp;
   second.micro_batch = c.micro_batch * c.cut_tp / c.tp;
-  second.gpu_units = p.model.layers - c.cut_layer + 1;
+  second.gpu_units = offload ? api::part_device_units(c.gpu_units, k, L - k) : L - k + 1;
   return {first, second};
 }
 

@@ -87,6 +87,22 @@ struct Searcher {
     return out;
   }
 
+  // `c` with each count of `counts` (ascending, from 1) in turn. Virtual stages never need less
+  // memory than 1F1B (p + (p − 1)/v micro-batches' activations in flight against p, v copies of
+  // the embeddings' unit against one, the rest alike): where `c` does not fit without them, none
+  // of its interleaved variants is evaluated (for the nearest miss, the plain one is).
+  void with_virtual_stages(ParallelConfig c, const std::vector<int64_t>& counts) {
+    for (int64_t v : counts) {
+      c.virtual_stages = v;
+      if (v > 1 && counts.front() == 1) {
+        ParallelConfig plain = c;
+        plain.virtual_stages = 1;
+        if (!evaluate_memory(problem, plain).fits) return;
+      }
+      consider(c);
+    }
+  }
+
   // A micro-batch's timing depends on the model only through its layers (a cutpoint's segments
   // are models of some of them).
   const MicroBatchTiming& timing(const ParallelConfig& c, const Problem* of = nullptr) {
@@ -140,8 +156,9 @@ struct Searcher {
       }
       c.cut_tp = t2;
       // A cutpoint's memory is affine in k (each segment's memory is in its layers: §7 without
-      // offload or stages): when neither end fits, no k between does.
-      if (!space.cut_layer && L > 2) {
+      // offload or stages): when neither end fits, no k between does. (With offload optimizer
+      // the device holds the first gpuUnits units whatever k: not affine.)
+      if (!space.cut_layer && L > 2 && c.offload == OffloadMode::kNone) {
         ParallelConfig ends = c;
         ends.cut_layer = 1;
         const bool first_fits = cutpoint_memory(ends).fits;
@@ -183,7 +200,9 @@ struct Searcher {
     return units;
   }
 
-  void offload_variants(ParallelConfig c) {
+  // `cut_tps`: a cutpoint's second degrees (cutpoints with offload optimizer, where the space has
+  // cutpoints); `plain`: whether the configurations without a cutpoint are wanted too.
+  void offload_variants(ParallelConfig c, const std::vector<int64_t>& cut_tps, bool plain) {
     const int64_t L = problem.model.layers / c.pp;  // a stage's layers
     const bool cpu_auto = problem.cpu_device && space.offload.size() > 1;
     for (OffloadMode mode : space.offload) {
@@ -193,6 +212,7 @@ struct Searcher {
       // are always evaluated, even when the plain configuration fits: skipping them would make
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
+      if (mode == OffloadMode::kWindow && !plain) continue;  // (no cutpoint streams its layers)
       if (mode == OffloadMode::kWindow && c.pp > 1) {  // (the workers stream no stage's layers)
         note(Stage::kOffload, [] {
           return std::string(
@@ -219,12 +239,16 @@ struct Searcher {
           for (bool zero : zeros) {
             if (zero && c.dp == 1 && zero_optional) continue;  // nothing to shard
             c.distributed_optimizer = zero && c.dp > 1;
-            for (int64_t v : virtual_stage_counts(c)) {  // (each chunk its part of the units)
-              c.virtual_stages = v;
-              consider(c);
-            }
-            c.virtual_stages = 1;
+            // (each chunk its part of the units)
+            if (plain) with_virtual_stages(c, virtual_stage_counts(c));
           }
+          // Cutpoints, each segment its part of the units; the embeddings' on the device (the
+          // workers sum them over every rank there), sharded or not.
+          if (space.cutpoints && space.cutpoint_offload && c.pp == 1 && k >= 1)
+            for (bool zero : zeros) {
+              c.distributed_optimizer = zero;
+              cutpoint_variants(c, cut_tps);
+            }
           c.distributed_optimizer = false;
           continue;
         }
@@ -415,11 +439,8 @@ struct Searcher {
                     for (bool zero : space.distributed_optimizer) {
                       if (zero && d == 1 && zero_optional) continue;  // nothing to shard
                       c.distributed_optimizer = zero && d > 1;
-                      for (int64_t v : interleave) {
-                        c.virtual_stages = v;
-                        if (!space.cutpoints_only && !floor_slower) consider(c);
-                      }
-                      c.virtual_stages = 1;
+                      if (!space.cutpoints_only && !floor_slower)
+                        with_virtual_stages(c, interleave);
                     }
                     c.distributed_optimizer = false;
                     // Cutpoints, sharded or not (a cutpoint's two degrees differ, so one of its
@@ -432,8 +453,9 @@ struct Searcher {
                     c.distributed_optimizer = false;
                   }
                   // Offload plans each stage's units alike (a stage keeps its first gpuUnits
-                  // on the device); with a cutpoint it is not planned (yet).
-                  if (!space.cutpoints_only && !floor_slower) offload_variants(c);
+                  // on the device); a cutpoint's segments each their part of the model's.
+                  if (!floor_slower || (space.cutpoints && space.cutpoint_offload))
+                    offload_variants(c, cut_tps, !space.cutpoints_only && !floor_slower);
                 }
               }
             }

@@ -118,7 +118,7 @@ class OffloadEngine final : public Gpt::UnitObserver {
   // A cutpoint's segments (worker/cutpoint.h): the tensors that are not per layer are summed by
   // the caller — over every rank, in both segments' TP layouts at once — after finish_backward;
   // the engine neither sums them over DP nor waits for them, and takes the sums with
-  // unit0_summed(). Without offload only (api::not_yet_executable).
+  // unit0_summed(). With unit 0 on the device only (api::not_yet_executable).
   void reduce_unit0_elsewhere() {
     KT_CHECK(!units_[0].cpu, "unit 0 is summed elsewhere only where it is updated on the device");
     unit0_elsewhere_ = true;

@@ -731,6 +731,10 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     config.layers = cut;
     model_options.stage.last = false;
     model_options.unit0_elsewhere = true;
+    // With offload optimizer, the model's first gpuUnits units (the embeddings', then layers in
+    // order) on the device: each segment its part.
+    if (plan.config.offload != api::OffloadMode::kNone)
+      model_options.device_units = api::part_device_units(plan.config.gpu_units, 0, cut);
   }
   CudaGpt model(device, config, B, T, model_options);
   std::unique_ptr<CudaGpt> after;
@@ -740,6 +744,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     after_options.reducer = collectives.dp2.get();
     after_options.tp = collectives.tp2.get();
     after_options.stage = PipelineStage{cut, L, /*first=*/false, /*last=*/true, /*in_flight=*/1};
+    if (plan.config.offload != api::OffloadMode::kNone)
+      after_options.device_units = api::part_device_units(plan.config.gpu_units, cut, L - cut);
     GptConfig after_config = config;
     after_config.layers = L - cut;
     after = std::make_unique<CudaGpt>(device, after_config, B * plan.config.cut_tp / plan.config.tp,
@@ -1323,6 +1329,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     if (virtual_stages > 1)  // the chunk's part of its stage's units
       chunk_options.device_units = api::chunk_device_units(
           plan.config, L, (chunk.stage().first_layer * pp * virtual_stages / L) / pp);
+    if (cut > 0)  // the first segment's part of the model's units
+      chunk_options.device_units = api::part_device_units(plan.config.gpu_units, 0, cut);
     auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), chunk_options);
     const PipelineStage& place = chunk.stage();
     made->set_pipeline(place.first || place.last ? groups.embedding.get() : nullptr, place.first,
@@ -1352,8 +1360,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
         TensorParallel{groups.tp2->rank(), cut_tp, cut_tp > 1 ? groups.tp2.get() : nullptr},
         sub_batches, plan.config.recompute, precision,
         PipelineStage{cut, L, /*first=*/false, /*last=*/true, /*in_flight=*/1});
-    after_engine =
-        std::make_unique<OffloadEngine>(plan, *after, groups.dp2.get(), offload_options);
+    OffloadOptions after_offload = offload_options;  // the rest of the model's units
+    after_offload.device_units = api::part_device_units(plan.config.gpu_units, cut, L - cut);
+    after_engine = std::make_unique<OffloadEngine>(plan, *after, groups.dp2.get(), after_offload);
     // Unit 0 is summed over the world in both layouts at once (sum_unit0_over_world), counted
     // in the norm by the first segment.
     engine.reduce_unit0_elsewhere();

@@ -145,12 +145,19 @@ grep -q '"offload": *"optimizer"' "$DIR/vpp2-offload.json" || fail "vpp2-offload
 job cut 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
 plan cut "$DIR/h200x2.yaml"
 grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
-for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 vpp2-offload cut; do
+# ... with offload optimizer (the layer after the cut updated by the CPU; resumed too).
+job cut-offload 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: optimizer, gpuUpdateFraction: 0.5}"
+plan cut-offload "$DIR/h200x2.yaml"
+grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: no offload planned"
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 vpp2-offload cut \
+  cut-offload; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
 grep -q "transfers between 2 stages" "$DIR/pp2.log" ||
   fail "pp2: no transfers between the stages: $(head -5 "$DIR/pp2.log")"
+grep -q "AdamW of [123] of 4 offload units on the GPU" "$DIR/cut-offload.log" ||
+  fail "cut-offload: the segments did not offload: $(head -5 "$DIR/cut-offload.log")"
 grep -q "AdamW of 3 of 4 offload units on the GPU" "$DIR/vpp2-offload.log" ||
   fail "vpp2-offload: the chunks did not offload: $(head -5 "$DIR/vpp2-offload.log")"
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
@@ -164,6 +171,7 @@ grep -q "the re-shard over 2 ranks and the embeddings' sum over 2" "$DIR/cut.log
 cp -r "$DIR/ckpt-cut" "$DIR/ckpt-cut-one"
 roll_back "$DIR/ckpt-cut-one"
 resume_ranks cut
+resume_ranks cut-offload
 "$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
   > "$DIR/cut-one.log" 2>&1 || fail "cut checkpoint on one rank: $(tail -3 "$DIR/cut-one.log")"
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
@@ -298,7 +306,8 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
-        "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3)}
+        "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
+        "cut-offload": (losses("cut"), 1e-3)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -311,10 +320,11 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
                else "pp2" if name == "pp2-offload" else "accum4" if name == "vpp2"
-               else "vpp2" if name == "vpp2-offload" else "dp2")
+               else "vpp2" if name == "vpp2-offload" else "cut" if name == "cut-offload"
+               else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "vpp2", "vpp2-offload", "cut"):  # resumed at step 3: the same losses
+             "vpp2", "vpp2-offload", "cut", "cut-offload"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

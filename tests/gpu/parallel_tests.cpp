@@ -853,7 +853,7 @@ struct CutRun {
 std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, int t2, int cut,
                                  bool sharded, int sub_batches, const GptConfig& c, int64_t B1,
                                  int64_t T, int64_t m, const std::vector<Batches>& micro,
-                                 std::string* error) {
+                                 std::string* error, int64_t device_units = -1) {
   const int dp1 = world / t1, dp2 = world / t2, hi = std::max(t1, t2), lo = std::min(t1, t2);
   std::vector<std::unique_ptr<ThreadGroup>> tp1_groups, dp1_groups, tp2_groups, dp2_groups,
       cut_groups;
@@ -895,6 +895,12 @@ std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, 
             o->distributed_optimizer = sharded;
             o->unit0_elsewhere = true;
             o->sub_batches = sub_batches;  // on the TP-2 side (TP 1 runs one lane)
+          }
+          // Offload optimizer: the model's first device_units units (the embeddings', then the
+          // layers in order) on the GPU, each segment its part (api::part_device_units).
+          if (device_units >= 1) {
+            o1.device_units = 1 + std::clamp<int64_t>(device_units - 1, 0, cut);
+            o2.device_units = 1 + std::clamp<int64_t>(device_units - 1 - cut, 0, c.layers - cut);
           }
           GptConfig c1 = c, c2 = c;
           c1.layers = cut;
@@ -966,12 +972,17 @@ void test_cuda_gpt_cutpoint() {
     int world, t1, t2;
     bool sharded;
     int sub_batches;
+    int64_t device_units = -1;  // offload optimizer: the model's first units on the GPU
   };
   const std::vector<Case> cases{// TP 1 on one side
                                 {2, 1, 2, false, 1},
                                 {2, 2, 1, false, 1},
                                 {2, 2, 1, false, 2},
-                                {4, 1, 2, true, 1}};
+                                {4, 1, 2, true, 1},
+                                // offload optimizer: layers 1-3 on the CPU (both segments'),
+                                // and layer 3 only (the second's), sharded
+                                {2, 1, 2, false, 1, 2},
+                                {4, 1, 2, true, 1, 4}};
   for (const Case& k : cases) {
     const int dp1 = k.world / k.t1, dp2 = k.world / k.t2;
     std::vector<Batches> micro(static_cast<size_t>(steps));
@@ -984,10 +995,15 @@ void test_cuda_gpt_cutpoint() {
           "cutpoint TP " + std::to_string(k.t1) + " -> " + std::to_string(k.t2) +
           " at layer 2 of 4, " + std::to_string(k.world) + " ranks" +
           (k.sharded ? " (distributed optimizer)" : "") +
-          (k.sub_batches > 1 ? " (Oases: 2 sub-batches)" : "") + " [" + backend + "]";
+          (k.sub_batches > 1 ? " (Oases: 2 sub-batches)" : "") +
+          (k.device_units >= 0
+               ? " (offload: " + std::to_string(k.device_units) + " units on the GPU)"
+               : "") +
+          " [" + backend + "]";
       std::string error;
-      const auto ranks = run_cutpoint(backend, k.world, k.t1, k.t2, static_cast<int>(cut),
-                                      k.sharded, k.sub_batches, c, B1, T, m, micro, &error);
+      const auto ranks =
+          run_cutpoint(backend, k.world, k.t1, k.t2, static_cast<int>(cut), k.sharded,
+                       k.sub_batches, c, B1, T, m, micro, &error, k.device_units);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;

@@ -490,6 +490,32 @@ api::Plan with_cutpoint(const std::string& parallelism, int64_t layer, int64_t c
   plan.config.cut_tp = cut_tp;
   return plan;
 }
+// A cutpoint with offload optimizer: the model's first gpuUnits units (the embeddings', then the
+// layers in order) on the device, each segment its part (api::part_device_units) — the layers
+// after the cut, or some before it too, updated by the CPU; sharded too.
+TEST(ParallelTraining, CutpointWithOffloadEqualsOneRank) {
+  {
+    const api::Plan planned = plan_for(
+        "tensorParallel: 1, dataParallel: 2, overlap: off, cutpointLayer: 2, "
+        "cutpointTensorParallel: 2, offload: optimizer, gpuUpdateFraction: 0.5",
+        kFourLayers);
+    ASSERT_EQ(planned.config.cut_layer, 2);
+    ASSERT_EQ(planned.config.offload, api::OffloadMode::kOptimizer);
+    ASSERT_GE(planned.config.gpu_units, 1);
+    EXPECT_EQ(api::not_yet_executable(planned), "");
+    const RunResult r = expect_same_training(planned, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_GT(r.transfer_bytes.back(), 0);  // the CPU units went home and back
+  }
+  for (int64_t gpu_units : {1, 2, 4}) {
+    SCOPED_TRACE(gpu_units);
+    api::Plan plan =
+        with_cutpoint("tensorParallel: 2, dataParallel: 1, overlap: off, offload: optimizer", 1, 1);
+    plan.config.gpu_units = gpu_units;
+    plan.config.distributed_optimizer = gpu_units == 2;
+    expect_same_training(plan, kFourLayers);
+  }
+}
 TEST(ParallelTraining, CutpointEqualsOneRank) {
   {  // TP widens at the cut: DP 2 → TP 2 (the two ranks' samples gathered at the cut), as the
      // planner plans it when asked

@@ -553,5 +553,30 @@ TEST(Planner, CutpointsWhereAsked_SplitTheModelBetweenTwoTensorParallelDegrees) 
   }
 }
 
+// Cutpoints with offload optimizer (where the job asks for cutpoints): the model's first gpuUnits
+// units on the GPU, each segment its part — GPT-7B on the Oases testbed (8 × 4 RTX 3090 on PCIe),
+// cut at layer 16 as asked, with offload forced: a plan with both, the embeddings on the GPU
+// (the workers sum a cutpoint's embeddings there), that round-trips and runs.
+TEST(Planner, CutpointsWithOffloadOptimizerWhereAsked) {
+  const api::Plan plan = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpointLayer: 16, offload: optimizer}\n",
+                    512),
+      test::cluster("3090x32-pcie"));
+  EXPECT_EQ(plan.config.cut_layer, 16);
+  EXPECT_EQ(plan.config.offload, api::OffloadMode::kOptimizer);
+  EXPECT_GE(plan.config.gpu_units, 1);
+  EXPECT_LE(plan.config.gpu_units, 32);  // some layers on the CPU
+  EXPECT_EQ(api::not_yet_executable(plan), "");
+  const api::Plan read = api::decode_plan(api::to_json(plan));
+  EXPECT_EQ(read.config.gpu_units, plan.config.gpu_units);
+  EXPECT_EQ(read.config.cut_layer, 16);
+  // The predicted host traffic is the CPU units' of both segments.
+  EXPECT_GT(plan.predicted.pcie_bytes_per_step, 0);
+  // A hand-made plan with the embeddings on the CPU is refused with the field to change.
+  api::Plan cpu_embeddings = plan;
+  cpu_embeddings.config.gpu_units = 0;
+  EXPECT_NE(api::not_yet_executable(cpu_embeddings).find("gpuUpdateFraction"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kt
