@@ -320,11 +320,14 @@ EngineTotals engine_totals(const std::vector<OffloadEngine*>& engines) {
 // One optimizer step's micro-batches on a pipeline stage, in the order of
 // worker/pipeline_order.h: 1F1B (Narayanan et al. SC21; Megatron's
 // forward_backward_pipelining_without_interleaving), or with virtual stages the interleaved
-// schedule, whose model chunks are `chunks` (chunk c: virtual stage c·p + s). Each transfer is
-// posted at its group: a send returns at once, a receive is posted ahead of the op that needs
-// it, so that the transfer runs while this stage computes; a stage waits only for what it has
-// not received yet. Every rank posts its sends and receives of a pair in the order the order's
-// test checks, which is the order Gloo matches them in.
+// schedule, whose model chunks are `chunks` (chunk c: virtual stage c·p + s). Sends are posted
+// at their group (they return at once); receives a group earlier, before the op ahead of the
+// one that needs them, because a Gloo send moves its data only once the matching receive is
+// posted: the transfer then runs while this stage computes, and a stage waits only for what has
+// not arrived. (A receive's buffer is free a group early too: the op between does not read it —
+// a chunk's consecutive ops of one kind use different slots, which the order's in_flight
+// guarantees — and the KT_CHECK below would say otherwise.) Every rank posts its sends, and its
+// receives, in the groups' order, which is the order Gloo matches them in per direction.
 class PipelineSchedule {
  public:
   PipelineSchedule(std::vector<Gpt*> chunks, std::vector<OffloadEngine*> engines, Communicator& pp,
@@ -353,15 +356,17 @@ class PipelineSchedule {
     for (int64_t i = 0; i < m; ++i)
       feeder.take(inputs_[static_cast<size_t>(i)], targets_[static_cast<size_t>(i)]);
     double loss = 0;
+    post(order.groups[0], /*sends=*/false);
     for (size_t j = 0; j < order.ops.size(); ++j) {
-      post(order.groups[j]);
+      post(order.groups[j], /*sends=*/true);
+      post(order.groups[j + 1], /*sends=*/false);  // the next op's receives, ahead
       const PipelineOp& op = order.ops[j];
       if (op.forward)
         loss += forward(op, loss_scale);
       else
         backward(op, m);
     }
-    post(order.groups.back());
+    post(order.groups.back(), /*sends=*/true);
     for (Buffers& b : buffers_)
       for (auto* works : {&b.act_sent, &b.grad_sent, &b.act_received, &b.grad_received})
         for (auto& work : *works) finish(work);
@@ -381,11 +386,11 @@ class PipelineSchedule {
     return static_cast<int>(micro % chunks_[static_cast<size_t>(chunk)]->stage().in_flight);
   }
 
-  // A receive's slot is free when it is posted: the op that last read it ran (the order keeps
-  // a chunk's micro-batches in flight below its in_flight). A send waits, before its slot is
-  // written again, in the op that writes it.
-  void post(const std::vector<PipelineTransfer>& group) {
+  // A group's sends, or its receives. A send waits, before its slot is written again, in the op
+  // that writes it.
+  void post(const std::vector<PipelineTransfer>& group, bool sends) {
     for (const PipelineTransfer& t : group) {
+      if (t.send != sends) continue;
       Buffers& b = buffers_[static_cast<size_t>(t.chunk)];
       const int s = slot(t.chunk, t.micro);
       if (t.send) {

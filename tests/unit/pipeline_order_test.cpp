@@ -7,6 +7,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace kt::worker {
 namespace {
@@ -151,6 +152,40 @@ TEST(PipelineOrder, TransfersMeetTheirPeersInOrderAndNeverWaitInACycle) {
       EXPECT_EQ(at[s], orders[s].groups.size())
           << "stage " << s << " waits forever at group " << at[s];
   }
+}
+
+// The CPU workers post each group's receives a group early (before the op ahead of the one that
+// needs them: worker/trainer.cpp's PipelineSchedule), into the slot micro % in_flight of their
+// chunk: that slot must not still hold a receive whose op has not run.
+TEST(PipelineOrder, ReceivesPostedAGroupEarlyFindTheirSlotFree) {
+  for (const Shape& sh : shapes())
+    for (int s = 0; s < sh.p; ++s) {
+      SCOPED_TRACE(name(sh) + " stage " + std::to_string(s));
+      const PipelineOrder order = pipeline_order(sh.p, s, sh.v, sh.m);
+      // (chunk, slot, activations) → the micro-batch whose receive holds it
+      std::map<std::tuple<int, int, bool>, int64_t> held;
+      auto post_receives = [&](size_t g) {
+        for (const PipelineTransfer& t : order.groups[g]) {
+          if (t.send) continue;
+          const int slot =
+              static_cast<int>(t.micro % order.in_flight[static_cast<size_t>(t.chunk)]);
+          const auto key = std::make_tuple(t.chunk, slot, t.activations);
+          ASSERT_FALSE(held.count(key))
+              << "group " << g << ": chunk " << t.chunk << " slot " << slot << " still holds micro "
+              << held[key] << "'s " << (t.activations ? "activations" : "gradients");
+          held[key] = t.micro;
+        }
+      };
+      post_receives(0);
+      for (size_t j = 0; j < order.ops.size(); ++j) {
+        post_receives(j + 1);
+        const PipelineOp& op = order.ops[j];
+        const int slot =
+            static_cast<int>(op.micro % order.in_flight[static_cast<size_t>(op.chunk)]);
+        held.erase(std::make_tuple(op.chunk, slot, op.forward));  // the op takes its input
+      }
+      EXPECT_TRUE(held.empty());
+    }
 }
 
 TEST(PipelineOrder, RefusesWhatTheScheduleCannotRun) {

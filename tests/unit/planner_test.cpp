@@ -416,6 +416,9 @@ TEST(Planner, VirtualStagesWhereTheyPay) {
   EXPECT_EQ(12 % interleaved.config.virtual_stages, 0);
   EXPECT_EQ(interleaved.config.grad_accum % 8, 0);
   EXPECT_EQ(api::not_yet_executable(interleaved), "");
+  api::Plan windowed = interleaved;  // not with the offload window (the workers refuse it)
+  windowed.config.offload = api::OffloadMode::kWindow;
+  EXPECT_NE(api::not_yet_executable(windowed).find("offload window"), std::string::npos);
   const api::Plan plain = planner::best_plan(
       test::gpt_job(model, forced + ", virtualStages: 1}\n", 1536), test::cluster("h100x1024"));
   EXPECT_EQ(plain.config.virtual_stages, 1);

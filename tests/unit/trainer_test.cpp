@@ -287,17 +287,29 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan cut_zero = cut;
   cut_zero.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(cut_zero));
+  // With offload optimizer too, where the embeddings' unit stays on the device (each segment its
+  // part of the model's units); not with the embeddings on the CPU, nor with the window.
   api::Plan cut_gpu_offload = cut_gpu;
   cut_gpu_offload.config.offload = api::OffloadMode::kOptimizer;
   cut_gpu_offload.config.gpu_units = 1;
-  expect_refusal(cut_gpu_offload, "the workers run cutpoints without offload only so far");
+  expect_runs_on_cuda(cut_gpu_offload);
   api::Plan cut_offload =
       tiny_plan(10, "  parallelism: {offload: optimizer, gpuUpdateFraction: 0.5}\n", 32);
   cut_offload.world = 2;
   cut_offload.config.dp = 2;
+  cut_offload.global_batch *= 2;
   cut_offload.config.cut_layer = 1;
   cut_offload.config.cut_tp = 2;
-  expect_refusal(cut_offload, "the workers run cutpoints without offload only so far");
+  ASSERT_GE(cut_offload.config.gpu_units, 1);
+  EXPECT_NO_THROW(worker::check_executable(cut_offload));
+  api::Plan cut_cpu_embeddings = cut_offload;
+  cut_cpu_embeddings.config.gpu_units = 0;
+  expect_refusal(cut_cpu_embeddings, "sum a cutpoint's embeddings over every rank on the device");
+  api::Plan cut_window = cut_offload;
+  cut_window.config.offload = api::OffloadMode::kWindow;
+  cut_window.config.window = 1;
+  expect_refusal(cut_window,
+                 "the workers run cutpoints without offload or with offload optimizer only so far");
   api::Plan cut_same = cut;
   cut_same.config.cut_tp = 1;
   expect_refusal(cut_same, "cutpoint at layer 1 to TP 1 after TP 1");
