@@ -908,21 +908,19 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     });
   };
 
+  // Every chunk's offload traffic (and the second segment's).
+  std::vector<CudaGpt*> engine_models = all_chunks;
+  if (after) engine_models.push_back(after.get());
+  auto offload_totals = [&] {
+    EngineTotals sum;
+    for (CudaGpt* m : engine_models) {
+      sum.h2d_bytes += m->h2d_bytes(), sum.d2h_bytes += m->d2h_bytes();
+      sum.cpu_optimizer_seconds += m->cpu_optimizer_seconds();
+    }
+    return sum;
+  };
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    // Every chunk's offload traffic (and the second segment's).
-    auto offload_totals = [&] {
-      EngineTotals sum;
-      for (CudaGpt* m : all_chunks) {
-        sum.h2d_bytes += m->h2d_bytes(), sum.d2h_bytes += m->d2h_bytes();
-        sum.cpu_optimizer_seconds += m->cpu_optimizer_seconds();
-      }
-      if (after) {
-        sum.h2d_bytes += after->h2d_bytes(), sum.d2h_bytes += after->d2h_bytes();
-        sum.cpu_optimizer_seconds += after->cpu_optimizer_seconds();
-      }
-      return sum;
-    };
     const EngineTotals before = offload_totals();
     for (CudaGpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
@@ -1329,11 +1327,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   // Pipeline stages: the first and the last sum the tied embedding's gradients; the first
   // counts the tensors that are not per layer in the gradient norm; the stages between leave
   // their copy alone. With virtual stages, per chunk.
-  auto make_engine = [&](Gpt& chunk) {
+  auto make_engine = [&](Gpt& chunk, int chunk_index) {
     OffloadOptions chunk_options = offload_options;
     if (virtual_stages > 1)  // the chunk's part of its stage's units
-      chunk_options.device_units = api::chunk_device_units(
-          plan.config, L, (chunk.stage().first_layer * pp * virtual_stages / L) / pp);
+      chunk_options.device_units = api::chunk_device_units(plan.config, L, chunk_index);
     if (cut > 0)  // the first segment's part of the model's units
       chunk_options.device_units = api::part_device_units(plan.config.gpu_units, 0, cut);
     auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), chunk_options);
@@ -1342,7 +1339,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
                        place.first || place.last);
     return made;
   };
-  const std::unique_ptr<OffloadEngine> first_engine = make_engine(model);
+  const std::unique_ptr<OffloadEngine> first_engine = make_engine(model, 0);
   OffloadEngine& engine = *first_engine;
   // Virtual stages (worker/pipeline_order.h): chunks 1..v−1 of this stage, each a model of its
   // layers with its own engine over the same TP and DP groups.
@@ -1350,7 +1347,7 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   std::vector<std::unique_ptr<OffloadEngine>> chunk_engines;
   for (int c = 1; c < virtual_stages; ++c) {
     chunks.push_back(make_chunk(pipeline_stage(plan, groups.pp->rank(), c)));
-    chunk_engines.push_back(make_engine(*chunks.back()));
+    chunk_engines.push_back(make_engine(*chunks.back(), c));
   }
   std::optional<CutpointReshard> reshard;
   std::unique_ptr<Gpt> after;
@@ -1568,9 +1565,8 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     with_all_parameters([&] {
       std::vector<TensorView> views = stage_views(params, stage.first || stage.last);
       // and the layers after the cut, or of the further chunks (each view names its slice)
-      for (Gpt* other : {after.get()}) {
-        if (!other) continue;
-        const auto more = stage_views(other->parameter_views(), false);
+      if (after) {
+        const auto more = stage_views(after->parameter_views(), false);
         views.insert(views.end(), more.begin(), more.end());
       }
       for (auto& chunk : chunks) {
