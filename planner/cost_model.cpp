@@ -511,7 +511,9 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // The distributed optimizer with offload optimizer keeps each rank's shard of the CPU units'
   // master weights, gradients and moments only (the SynergyScale split per shard).
   const double host_share = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
-  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe + streamed * act_layer;
+  // (A pipeline stage keeps a streamed layer's checkpoint per micro-batch in flight.)
+  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe +
+                     streamed * act_layer * static_cast<double>(std::min(c.pp, c.grad_accum));
   if (cpu_params > 0) host_rank += 2 * lay * bpe;
   pred.host_bytes_per_node = host_rank * c.procs_per_node;
   pred.host_capacity_bytes = kHostUsableFraction * p.host_memory_per_node;
@@ -593,6 +595,16 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     pcie_bytes = c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * kGradBytes +
                                  2 * streamed * act_layer) +
                  slots * lay * bpe;
+    // 1F1B also runs forwards back to back (the warm-up) and backwards (the drain): each such
+    // sweep starts from the wrong end of the stage and fetches its first slots' layers anew
+    // (those the last sweep's end did not leave), before its first streamed layer — on the
+    // first stage, the one with the longest warm-up, min(p − 1, m − 1) times each way.
+    if (c.pp > 1) {
+      const double turns = static_cast<double>(std::min(c.pp - 1, c.grad_accum - 1));
+      const double refetched = static_cast<double>(slots - std::max<int64_t>(0, 2 * slots - streamed));
+      pcie_bytes += 2 * turns * refetched * lay * bpe;
+      micro_batch_seconds += 2 * turns * refetched * load / static_cast<double>(c.grad_accum);
+    }
   }
   // With a pipeline (1F1B), each micro-batch also passes its activations to the next stage and
   // its input gradients to the one before, point to point (b·s·h elements each way per stage

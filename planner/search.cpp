@@ -213,11 +213,14 @@ struct Searcher {
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
       if (mode == OffloadMode::kWindow && !plain) continue;  // (no cutpoint streams its layers)
-      if (mode == OffloadMode::kWindow && c.pp > 1) {  // (the workers stream no stage's layers)
+      // (Each stage streams its own layers; the interleaved schedule's chunks do not, yet.)
+      if (mode == OffloadMode::kWindow && !space.virtual_stages.empty() &&
+          !contains(space.virtual_stages, int64_t{1})) {
         note(Stage::kOffload, [] {
           return std::string(
-              "offload: window with pipeline stages is not planned yet (the workers run stages "
-              "with offload optimizer or none): set offload: optimizer, or pipelineParallel: 1");
+              "offload: window with virtual stages is not planned yet (the workers stream a "
+              "pipeline stage's layers without interleaving): set virtualStages: 1, or offload: "
+              "optimizer");
         });
         continue;
       }

@@ -52,8 +52,6 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   KT_CHECK(stage_.in_flight >= 1 && (staged || stage_.in_flight == 1) &&
                stage_.first_layer + c_.layers <= stage_.model_layers,
            "pipeline stage out of range");
-  KT_CHECK(!staged || options.window == 0,
-           "the CUDA pipeline stages run without offload window (api::not_yet_executable)");
   const int lanes = t_ > 1 && options.sub_batches == 2 ? 2 : 1;
   KT_CHECK(B % lanes == 0, "two sub-batches need an even micro-batch");
   slots_.resize(static_cast<size_t>(stage_.in_flight));
@@ -79,6 +77,7 @@ CudaGpt::CudaGpt(CudaDevice& device, const GptConfig& config, int64_t B, int64_t
   offload.counts_unit0 = stage_.first;
   offload.updates_unit0 = stage_.first || stage_.last;
   offload.unit0_elsewhere = options.unit0_elsewhere;
+  offload.in_flight = stage_.in_flight;
   engine_ = std::make_unique<CudaOffloadEngine>(device_, c_, t_, *ctx_, offload);
   allocate();  // (what was taken goes back with the members if this throws)
 }
@@ -233,6 +232,7 @@ void CudaGpt::use_slot(int slot) {
   KT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "pipeline slot out of range");
   active_slot_ = slot;
   tokens_ = slot_tokens_[static_cast<size_t>(slot)];
+  engine_->use_slot(slot);  // (the streamed layers' checkpoints of this micro-batch)
 }
 
 void CudaGpt::lane_allreduce(Lane& lane, void* data, int64_t count, DeviceDtype type, ReduceOp op,

@@ -76,6 +76,8 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
       unit0_elsewhere_(options.unit0_elsewhere),
       embedding_ready_(std::make_unique<CudaEvent>()),
       memory_(device) {
+  in_flight_ = options.in_flight;
+  KT_CHECK(in_flight_ >= 1, "a model holds at least one micro-batch's activations");
   const int64_t units = c_.layers + 1;
   device_units_ = options.device_units < 0 ? units : std::min(options.device_units, units);
   if (options.window > 0 && device_units_ <= c_.layers) {
@@ -475,6 +477,10 @@ void CudaOffloadEngine::use_layer(int64_t l) {
 // the sum of the earlier micro-batches (copied back from host memory).
 void CudaOffloadEngine::before_backward(int64_t l, bool first_micro_batch) {
   if (!streamed(l)) return;
+  // The sweep's first layers: where a forward came before, still in their slots; where a
+  // backward did (a pipeline stage's drain), loaded now, ahead of their use.
+  if (l == c_.layers - 1)
+    for (int64_t j = 0; j < window_; ++j) load_layer(l - j);
   use_layer(l);
   Slot& slot = slot_of(l);
   CudaStream& compute = device_.stream(StreamRole::kCompute);
@@ -884,7 +890,8 @@ void CudaOffloadEngine::add_checkpoint_lane(int parts, int64_t n) {
     ring.in[k] = std::make_unique<CudaEvent>();
     ring.used[k] = std::make_unique<CudaEvent>();
   }
-  ring.host = memory_.pinned<bf16>(streamed_layers * parts * n, MemoryKind::kActivations);
+  ring.host =
+      memory_.pinned<bf16>(in_flight_ * streamed_layers * parts * n, MemoryKind::kActivations);
 }
 
 bf16* CudaOffloadEngine::checkpoint_buffer(int lane, int64_t l, int part) {
@@ -919,7 +926,7 @@ void CudaOffloadEngine::checkpoint_in(int lane, int64_t l, bool wait) {
   if (!checkpoint_streamed(l)) return;
   Ring& ring = rings_[static_cast<size_t>(lane)];
   const int k = ring_of(l);
-  if (ring.holds[k] != l) {
+  if (ring.holds[k] != checkpoint_key(l)) {
     const bf16* host = ring_host(ring, l);
     CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
     h2d.wait(*ring.out[k]);   // the forward's copy out of the slot has finished
@@ -928,7 +935,7 @@ void CudaOffloadEngine::checkpoint_in(int lane, int64_t l, bool wait) {
       device_.copy(ring.buffers[k][part], host + part * ring.n, bytes<bf16>(ring.n), h2d);
     h2d_bytes_ += bytes<bf16>(ring.parts * ring.n);
     h2d.record(*ring.in[k]);
-    ring.holds[k] = l;
+    ring.holds[k] = checkpoint_key(l);
   }
   if (wait) device_.stream(StreamRole::kCompute).wait(*ring.in[k]);
 }

@@ -128,6 +128,9 @@ struct CudaOffloadOptions {
   // over every rank in both segments' TP layouts at once, after the backward; the engine does not
   // sum them over DP and takes the sums with unit0_summed(). Every unit on the device.
   bool unit0_elsewhere = false;
+  // Pipeline stages: the model's activation slots (micro-batches in flight from a forward to its
+  // backward); the streamed layers' checkpoints are kept per slot in host memory.
+  int in_flight = 1;
 };
 
 class CudaOffloadEngine {
@@ -205,7 +208,11 @@ class CudaOffloadEngine {
   // slot's last copy out is done); out: the forward has read it for the last time (copy out);
   // in: bring it back for the backward (once; `wait`: the compute stream waits for it, else a
   // prefetch); done: the layer's backward has read it.
+  // With pipeline stages each activation slot has its own host copies (use_slot: the model's
+  // active one); the device ring is shared, a slot's checkpoint copied in again where another's
+  // forward took its place.
   void add_checkpoint_lane(int parts, int64_t n);
+  void use_slot(int slot) { active_slot_ = slot; }
   kernels::cuda::bf16* checkpoint_buffer(int lane, int64_t l, int part);
   void checkpoint_before_write(int lane, int64_t l);
   void checkpoint_out(int lane, int64_t l);
@@ -248,7 +255,7 @@ class CudaOffloadEngine {
     std::array<std::array<kernels::cuda::bf16*, 3>, 2> buffers{};
     kernels::cuda::bf16* host = nullptr;
     std::array<std::unique_ptr<CudaEvent>, 2> written, out, in, used;
-    std::array<int64_t, 2> holds{-1, -1};
+    std::array<int64_t, 2> holds{-1, -1};  // (a checkpoint_key)
   };
 
   // The distributed optimizer's shard of a unit: `size` floats per rank (its packed slices
@@ -298,8 +305,12 @@ class CudaOffloadEngine {
   }
   int ring_of(int64_t l) const { return static_cast<int>((l - layout_.resident_layers) % 2); }
   kernels::cuda::bf16* ring_host(const Ring& ring, int64_t l) const {
-    return ring.host + (l - layout_.resident_layers) * ring.parts * ring.n;
+    const int64_t streamed_layers = c_.layers - layout_.resident_layers;
+    return ring.host +
+           (active_slot_ * streamed_layers + l - layout_.resident_layers) * ring.parts * ring.n;
   }
+  // Layer l's checkpoint of the active slot, as a ring buffer's `holds`.
+  int64_t checkpoint_key(int64_t l) const { return active_slot_ * c_.layers + l; }
   void copy_grads_home(Unit& u, const CudaEvent& ready, bool sums,
                        const GradientReducer::Ranges* slot_ranges);
   void load_layer(int64_t l);  // into its slot (after the CPU's update and the slot's last reader)
@@ -336,6 +347,7 @@ class CudaOffloadEngine {
   uint16_t* hparams16_ = nullptr;
   std::vector<Unit> units_;
   std::vector<Ring> rings_;
+  int in_flight_ = 1, active_slot_ = 0;
   // The distributed optimizer: the shards (dmaster_, dm_, dv_ hold the rank's shards of the
   // device units then; with offload optimizer hmaster_, hm_, hv_, hgrads_ and hparams16_ the
   // host units' from shard_host_base_ on: a shard at offset o is at o − shard_host_base_ there),

@@ -78,6 +78,8 @@ class Gpt {
   // the first writes the gradient of its input to `input_grad`. Calls grads_final(0) at the end.
   void backward_micro(int slot, const float* output_grad = nullptr, float* input_grad = nullptr);
   const PipelineStage& stage() const { return stage_; }
+  // The slot whose activations the lanes hold: the last forward_micro's or backward_micro's.
+  int active_slot() const { return active_slot_; }
   // Starts a new accumulation: the small tensors are zeroed now; the matmul weights' gradients
   // are overwritten (not accumulated) by the next backward, which saves a 4·P-byte memset.
   void zero_grad();

@@ -12,6 +12,7 @@
 
 #include "api/error.h"
 #include "api/quantity.h"
+#include "worker/pipeline_order.h"
 
 namespace kt::worker {
 
@@ -95,7 +96,18 @@ int64_t offload_host_bytes(const api::Plan& plan) {
     const int64_t BTC = plan.config.micro_batch * m.seq_len * C;
     // (worker/recompute.h; window offload is refused without recompute)
     const int64_t per_layer = std::max(1, checkpoint_tensors(plan.config.recompute)) * BTC;
-    floats += cpu_layers * per_layer;
+    // One per micro-batch in flight: a pipeline stage's first (of the first stage: the most).
+    int64_t in_flight = 1;
+    if (plan.config.pp > 1 && pipeline_order_refusal(static_cast<int>(plan.config.pp),
+                                                     static_cast<int>(plan.config.virtual_stages),
+                                                     plan.config.grad_accum)
+                                  .empty())
+      for (int n : pipeline_order(static_cast<int>(plan.config.pp), 0,
+                                  static_cast<int>(plan.config.virtual_stages),
+                                  plan.config.grad_accum)
+                       .in_flight)
+        in_flight = std::max<int64_t>(in_flight, n);
+    floats += cpu_layers * per_layer * in_flight;
   }
   return floats * static_cast<int64_t>(sizeof(float));
 }
@@ -143,7 +155,8 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   first_streamed_ = window ? gpu_units : L + 1;
   num_streamed_ = L + 1 - first_streamed_;
   slots_ = window ? std::min<int64_t>(plan.config.window, num_streamed_) : 0;
-  KT_CHECK(!window || slots_ >= 1, "a window needs at least one slot");
+  // (A virtual stage's chunk may have every layer on the device: nothing to stream there.)
+  KT_CHECK(!window || num_streamed_ == 0 || slots_ >= 1, "a window needs at least one slot");
   for (int64_t u = 0; u <= L; ++u) {
     Unit& unit = units_[u];
     unit.slices = model.unit_slices(u);
@@ -187,7 +200,9 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
       int64_t floats = 0;
       for (const auto& [data, count] : model.layer_checkpoint_slices(u - 1)) floats += count;
       KT_CHECK(floats > 0, "window offload streams activation checkpoints: it needs recompute");
-      unit.checkpoint = host_->allocate_floats(floats, MemoryKind::kActivations);
+      unit.checkpoints.resize(static_cast<size_t>(model.stage().in_flight));
+      for (Checkpoint& checkpoint : unit.checkpoints)
+        checkpoint.host = host_->allocate_floats(floats, MemoryKind::kActivations);
     }
   }
   m_ = moments.allocate_floats(model.num_parameters(), MemoryKind::kOptimizer);
@@ -379,6 +394,7 @@ void OffloadEngine::begin_micro_batch(int64_t micro, int64_t micro_batches) {
 
 void OffloadEngine::before_forward(int64_t u) {
   if (zero_) finish_gather(u);
+  if (u == first_streamed_ && units_[u].streamed) begin_sweep(/*forward=*/true);
   wait_landed(u, "forward");
   compute_start_ = Clock::now();
 }
@@ -397,38 +413,57 @@ void OffloadEngine::forward_params_done(int64_t u) {
 void OffloadEngine::forward_activations_done(int64_t u) {
   Unit& unit = units_[u];
   if (!unit.streamed) return;
+  // (the model's active slot: the micro-batch this forward runs)
+  Checkpoint& checkpoint = unit.checkpoints[static_cast<size_t>(model_.active_slot())];
   auto slices = model_.layer_checkpoint_slices(u - 1);
-  d2h_bytes_ += unit.checkpoint.size() * sizeof(float);
-  d2h_.enqueue([this, u, slices] {
+  d2h_bytes_ += checkpoint.host.size() * sizeof(float);
+  d2h_.enqueue([this, u, slices, to = checkpoint.host.data()] {
     const auto t0 = Clock::now();
-    gather(units_[u].checkpoint.data(), slices);
+    gather(to, slices);
     span("d2h", "ckpt L" + std::to_string(u - 1), t0);
   });
-  unit.checkpoint_home = d2h_.record();
-  unit.has_checkpoint_back = false;
+  checkpoint.home = d2h_.record();
+  checkpoint.has_back = false;
 }
 
 void OffloadEngine::copy_checkpoint_back(int64_t u) {
   Unit& unit = units_[u];
-  if (!unit.streamed || unit.has_checkpoint_back) return;
+  if (!unit.streamed) return;
+  Checkpoint& checkpoint = unit.checkpoints[static_cast<size_t>(model_.active_slot())];
+  if (checkpoint.has_back) return;
   auto slices = model_.layer_checkpoint_slices(u - 1);
-  h2d_.wait(unit.checkpoint_home);
-  h2d_bytes_ += unit.checkpoint.size() * sizeof(float);
-  h2d_.enqueue([this, u, slices] {
+  h2d_.wait(checkpoint.home);
+  h2d_bytes_ += checkpoint.host.size() * sizeof(float);
+  h2d_.enqueue([this, u, slices, from = checkpoint.host.data()] {
     const auto t0 = Clock::now();
-    scatter(slices, units_[u].checkpoint.data());
+    scatter(slices, from);
     span("h2d", "ckpt L" + std::to_string(u - 1), t0);
   });
-  unit.checkpoint_back = h2d_.record();
-  unit.has_checkpoint_back = true;
+  checkpoint.back = h2d_.record();
+  checkpoint.has_back = true;
+}
+
+void OffloadEngine::begin_sweep(bool forward) {
+  auto wanted = [&](int64_t i) { return forward ? i < slots_ : i >= num_streamed_ - slots_; };
+  for (int64_t i = 0; i < num_streamed_; ++i) {
+    Unit& unit = units_[streamed_unit(i)];
+    if (wanted(i) || unit.residency == Residency::kEvicted) continue;
+    if (unit.residency == Residency::kFetching) wait_landed(streamed_unit(i), "sweep's start");
+    evict(streamed_unit(i));
+  }
+  for (int64_t i = 0; i < num_streamed_; ++i)
+    if (wanted(i) && units_[streamed_unit(i)].residency == Residency::kEvicted)
+      fetch(streamed_unit(i));
 }
 
 void OffloadEngine::before_backward(int64_t u) {
   if (units_[u].streamed) {
+    if (u + 1 == static_cast<int64_t>(units_.size())) begin_sweep(/*forward=*/false);
     copy_checkpoint_back(u);
     // The next layer down's checkpoint travels while this layer computes.
     if (u - 1 >= first_streamed_) copy_checkpoint_back(u - 1);
-    wait_on_compute(units_[u].checkpoint_back);
+    wait_on_compute(
+        units_[u].checkpoints[static_cast<size_t>(model_.active_slot())].back);
   }
   wait_landed(u, "backward");
   compute_start_ = Clock::now();

@@ -179,6 +179,11 @@ class OffloadEngine final : public Gpt::UnitObserver {
 
  private:
   enum class Residency { kResident, kFetching, kEvicted };
+  struct Checkpoint {
+    DeviceBuffer host;
+    Event home, back;
+    bool has_back = false;
+  };
   struct Unit {
     std::vector<Gpt::Slice> slices;
     int64_t floats = 0;
@@ -186,13 +191,14 @@ class OffloadEngine final : public Gpt::UnitObserver {
     bool streamed = false;  // window: parameters only in host memory between uses
     int64_t stream_index = -1;  // position among streamed layers
     DeviceBuffer master, grads;  // host: fp32 master weights and gradient copy (cpu units)
-    DeviceBuffer checkpoint;     // host: activation checkpoint (streamed layers)
+    // Streamed layers: the activation checkpoint of each micro-batch in flight, by the model's
+    // activation slot (one without pipeline stages; 1F1B keeps several forwards ahead of their
+    // backwards).
+    std::vector<Checkpoint> checkpoints;
     Residency residency = Residency::kResident;
     Event landed;      // parameters on the device
     Event grads_home;  // gradients copied to the host
     Event updated;     // CPU AdamW done
-    Event checkpoint_home, checkpoint_back;
-    bool has_checkpoint_back = false;
   };
 
   void fetch(int64_t unit);   // host→device of a streamed layer's master
@@ -207,6 +213,11 @@ class OffloadEngine final : public Gpt::UnitObserver {
   std::vector<std::shared_ptr<CommWork>> reduce(
       int64_t u, const std::vector<std::pair<float*, int64_t>>& slices);
   void copy_checkpoint_back(int64_t layer);
+  // At the start of a forward (or backward) sweep: its first `slots` streamed layers resident.
+  // The sweeps' own prefetch leaves them so where a backward follows a forward and a forward a
+  // backward; pipeline stages also run forwards (backwards) back to back, where the last sweep
+  // left the wrong end of the stage in the slots.
+  void begin_sweep(bool forward);
   // The distributed optimizer's shard of a unit: [begin, end) of its packed parameters (empty
   // where the padding takes the whole shard), `size` floats per rank, at `offset` in the shard
   // buffers.

@@ -1218,7 +1218,7 @@ void check_executable(const api::Plan& plan) {
     if (plan.config.recompute == api::Recompute::kNone)
       refuse("window offload streams each layer's activation checkpoint, so it needs recompute "
              "full or commAware (recompute none keeps every activation on the device)");
-    if (plan.config.gpu_units < 1 || plan.config.gpu_units > L || plan.config.window < 1)
+    if (plan.config.gpu_units < 1 || plan.config.gpu_units > L / c.pp || plan.config.window < 1)
       refuse("window offload needs the embeddings on the device, at least one streamed layer "
              "and one slot (gpuUnits " + std::to_string(plan.config.gpu_units) + ", window " +
              std::to_string(plan.config.window) + ")");

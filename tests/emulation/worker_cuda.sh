@@ -5,8 +5,9 @@
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
 # the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
-# with offload optimizer, and 2 × 2 virtual stages) and a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one
-# emulated GPU, so they use the host collectives.
+# with offload optimizer or the offload window, and 2 × 2 virtual stages) and a cutpoint (each
+# resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
+# host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
@@ -125,6 +126,13 @@ grep -q '"stages": *2' "$DIR/pp2.json" || fail "pp2: not planned in 2 stages"
 job pp2-offload 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, offload: optimizer, gpuUpdateFraction: 0.1}" 2
 plan pp2-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/pp2-offload.json" || fail "pp2-offload: no offload planned"
+# ... with the offload window: 4 layers in 2 stages, each stage's 2 layers streamed through one
+# slot, their checkpoints kept per micro-batch in flight (1F1B's warm-up runs two forwards back to
+# back): the 4-layer one-rank run's losses; resumed too.
+job pp2-window 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}" 2
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/pp2-window.yaml"
+plan pp2-window "$DIR/h200x2.yaml"
+grep -q '"offload": *"window"' "$DIR/pp2-window.json" || fail "pp2-window: no window planned"
 # Virtual stages: 4 layers in 2 stages × 2 chunks (rank 0 holds layers 0 and 2, rank 1 layers 1
 # and 3), the interleaved schedule over 4 micro-batches: the one-rank run's losses; its
 # checkpoint (a shard per virtual stage) rolled back to step 3 resumes to the same losses.
@@ -149,8 +157,8 @@ grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
 job cut-offload 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: optimizer, gpuUpdateFraction: 0.5}"
 plan cut-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: no offload planned"
-for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload vpp2 vpp2-offload cut \
-  cut-offload; do
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload pp2-window vpp2 \
+  vpp2-offload cut cut-offload; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -162,7 +170,9 @@ grep -q "AdamW of 3 of 4 offload units on the GPU" "$DIR/vpp2-offload.log" ||
   fail "vpp2-offload: the chunks did not offload: $(head -5 "$DIR/vpp2-offload.log")"
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
   fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
-for run in pp2 pp2-offload vpp2 vpp2-offload; do resume_ranks $run; done
+grep -q "the other layers streamed through 1 slot(s)" "$DIR/pp2-window.log" ||
+  fail "pp2-window: the stages did not stream: $(head -5 "$DIR/pp2-window.log")"
+for run in pp2 pp2-offload pp2-window vpp2 vpp2-offload; do resume_ranks $run; done
 [[ -f $DIR/ckpt-vpp2/step-00000006/rank-00003.safetensors ]] ||
   fail "vpp2: no shard per virtual stage: $(ls "$DIR/ckpt-vpp2/step-00000006")"
 
@@ -307,6 +317,7 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
+        "pp2-window": (losses("accum4"), 2e-2),
         "cut-offload": (losses("cut"), 1e-3)}
 failed = False
 for name, (ref, tol) in runs.items():
@@ -319,12 +330,12 @@ for name, (ref, tol) in runs.items():
     ok = worst < tol
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
-               else "pp2" if name == "pp2-offload" else "accum4" if name == "vpp2"
+               else "pp2" if name == "pp2-offload" else "accum4" if name in ("vpp2", "pp2-window")
                else "vpp2" if name == "vpp2-offload" else "cut" if name == "cut-offload"
                else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "vpp2", "vpp2-offload", "cut", "cut-offload"):  # resumed at step 3: the same losses
+             "pp2-window", "vpp2", "vpp2-offload", "cut", "cut-offload"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

@@ -583,7 +583,7 @@ void test_cuda_gpt_distributed_optimizer() {
 std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int tp, bool sharded,
                                 int64_t device_units, const GptConfig& c, int64_t B, int64_t T,
                                 int64_t m, const std::vector<Batches>& micro, std::string* error,
-                                int v = 1) {
+                                int v = 1, int64_t window = 0) {
   const int world = pp * dp * tp;
   std::vector<std::unique_ptr<ThreadGroup>> tp_groups, dp_groups, pp_groups, embedding_groups;
   for (int g = 0; g < pp * dp; ++g) tp_groups.push_back(std::make_unique<ThreadGroup>(tp));
@@ -639,6 +639,9 @@ std::vector<DpRun> run_pipeline(const std::string& backend, int pp, int dp, int 
             options.stage.first = place == 0;
             options.stage.last = place == int64_t{pp} * v - 1;
             options.stage.in_flight = order.in_flight[static_cast<size_t>(k)];
+            // Window offload streams the layers past device_units (it needs recompute).
+            options.window = window;
+            if (window > 0) options.recompute = api::Recompute::kFull;
             options.embedding =
                 options.stage.first || options.stage.last ? embedding.get() : nullptr;
             chunks.push_back(std::make_unique<CudaGpt>(device, local, B, T, options));
@@ -759,13 +762,15 @@ void test_cuda_gpt_pipeline() {
     bool sharded;
     int64_t device_units;  // offload optimizer: a stage's first units on the GPU (-1: all)
     int v = 1;             // virtual stages
+    int64_t window = 0;    // offload window: slots for the layers past device_units
   };
   const std::vector<Case> cases{
       {2, 1, 1, false, -1},   {4, 1, 1, false, -1},    {2, 2, 1, true, -1},
       {2, 1, 2, false, -1},   {2, 1, 1, false, 0},     {2, 2, 1, false, 1},
       {4, 1, 1, false, 0},    {2, 2, 1, true, 0},      {2, 1, 1, false, -1, 2},
       {2, 2, 1, true, -1, 2}, {2, 1, 2, false, -1, 2}, {2, 1, 1, false, 0, 2},
-      {2, 2, 1, true, 2, 2}};
+      {2, 2, 1, true, 2, 2},  {2, 1, 1, false, 1, 1, 1}, {2, 2, 1, false, 1, 1, 1},
+      {2, 1, 2, false, 1, 1, 1}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)
@@ -785,10 +790,11 @@ void test_cuda_gpt_pipeline() {
           (k.device_units >= 0
                ? " (offload: " + std::to_string(k.device_units) + " units on the GPU)"
                : "") +
+          (k.window > 0 ? " (window " + std::to_string(k.window) + ")" : "") +
           " [" + backend + "]";
       std::string error;
       const auto ranks = run_pipeline(backend, k.pp, k.dp, k.tp, k.sharded, k.device_units, c, B, T,
-                                      m, micro, &error, k.v);
+                                      m, micro, &error, k.v, k.window);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;

@@ -155,6 +155,38 @@ TEST(CostModel, WindowOffloadPcieBytesFollowTheFormula) {
   EXPECT_LT(ev.predicted.memory.total(), planner::evaluate(p, plain).predicted.memory.total());
 }
 
+// In pipeline stages each stage streams its own layers; its host memory keeps a checkpoint per
+// micro-batch in flight, and 1F1B's back-to-back forwards and backwards refetch a sweep's first
+// slots.
+TEST(CostModel, WindowOffloadInPipelineStages) {
+  const Problem p = problem_3090();
+  auto c = config(1, 1, 1, Recompute::kFull);
+  c.offload = OffloadMode::kWindow;
+  c.gpu_units = 1;  // a stage's embeddings' copy resident, its layers streamed
+  c.window = 2;
+  const auto& m = p.model;
+  const double lay = planner::layer_unit_params(m, 1);
+  const double act = planner::layer_activation_bytes(m, 1, 1, Recompute::kFull);
+  const auto one = planner::evaluate(p, c);
+  auto staged = c;
+  staged.pp = 2;
+  staged.dp = c.dp / 2;
+  staged.grad_accum = 2 * c.grad_accum;  // the same global batch
+  ASSERT_GE(staged.grad_accum, 3);
+  const auto two = planner::evaluate(p, staged);
+  const double S = static_cast<double>(m.layers / 2), W = 2;
+  const double per_micro = 2 * (S - W) * lay * 2 + S * lay * 4 + 2 * S * act;
+  // One turn each way on the first stage of two (min(p − 1, m − 1)), W layers each.
+  EXPECT_NEAR(two.predicted.pcie_bytes_per_step,
+              staged.grad_accum * per_micro + W * lay * 2 + 2 * 1 * W * lay * 2, 1.0);
+  // Host: half the streamed layers per rank, but their checkpoints twice (2 in flight).
+  const double streamed_one = static_cast<double>(m.layers), streamed_two = S;
+  EXPECT_NEAR(two.predicted.host_bytes_per_node - one.predicted.host_bytes_per_node,
+              c.procs_per_node * ((streamed_two - streamed_one) * lay * (16 + 2) +
+                                  (2 * streamed_two - streamed_one) * act),
+              1e3);
+}
+
 TEST(CostModel, MoreGpuUpdateFractionNeedsMoreDeviceMemory) {
   const Problem p = problem_3090();
   auto c = config(2, 2, 1, Recompute::kFull);

@@ -178,8 +178,8 @@ TEST(Planner, AForcedChoiceThatCannotFitSaysWhy) {
             "stay inside a node)");
 }
 
-// Offload optimizer is planned inside pipeline stages (each stage's units alike); the window is
-// not (the workers stream no stage's layers): a job forcing both is told so, and what to change.
+// Offload optimizer and the window are planned inside pipeline stages (each stage's units alike);
+// the window with virtual stages is not: a job forcing both is told so, and what to change.
 TEST(Planner, PipelineStagesWithForcedOffloadSayWhatToChange) {
   const api::Plan staged = planner::best_plan(
       test::gpt_job("{preset: tiny}", "  parallelism: {pipelineParallel: 2, offload: optimizer}\n"),
@@ -188,13 +188,25 @@ TEST(Planner, PipelineStagesWithForcedOffloadSayWhatToChange) {
   EXPECT_EQ(staged.config.offload, OffloadMode::kOptimizer);
   EXPECT_LE(staged.config.gpu_units, 2);  // of a stage's units: its copy of unit 0, its layer
   EXPECT_EQ(api::not_yet_executable(staged), "");
-  const std::string e = plan_error(
-      test::gpt_job("{preset: tiny}",
-                    "  parallelism: {pipelineParallel: 2, offload: window, recompute: full}\n"),
+  // The window too, each stage streaming its own layers (here 2 of a stage's 2)...
+  const std::string four = "{layers: 4, hidden: 64, heads: 4, ffnHidden: 256, vocab: 256, seqLen: 32}";
+  const api::Plan window = planner::best_plan(
+      test::gpt_job(four, "  parallelism: {pipelineParallel: 2, offload: window, recompute: full}\n"),
       test::cluster("cpu-local"));
-  EXPECT_NE(e.find("offload: window with pipeline stages is not planned yet"), std::string::npos)
+  EXPECT_EQ(window.config.pp, 2);
+  EXPECT_EQ(window.config.offload, OffloadMode::kWindow);
+  EXPECT_EQ(window.config.gpu_units, 1);
+  EXPECT_EQ(window.config.window, 1);
+  EXPECT_EQ(api::not_yet_executable(window), "");
+  // ... but not with virtual stages, which the job is told.
+  const std::string e = plan_error(
+      test::gpt_job(four,
+                    "  parallelism: {pipelineParallel: 2, virtualStages: 2, offload: window, "
+                    "recompute: full}\n"),
+      test::cluster("cpu-local"));
+  EXPECT_NE(e.find("offload: window with virtual stages is not planned yet"), std::string::npos)
       << e;
-  EXPECT_NE(e.find("set offload: optimizer, or pipelineParallel: 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("set virtualStages: 1, or offload: optimizer"), std::string::npos) << e;
 }
 
 // A forced dataParallel that no shape gives names why (a plan's ranks are whole nodes' GPUs) and

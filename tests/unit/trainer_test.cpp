@@ -240,9 +240,9 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
 #endif
     EXPECT_EQ(api::not_yet_executable(plan), "");
   };
-  // Pipeline stages run on CPU and CUDA ranks without offload or with offload optimizer; not
-  // with the window, and only where the stages divide the layers and the ranks make up the
-  // world.
+  // Pipeline stages run on CPU and CUDA ranks without offload, with offload optimizer or with
+  // the window (virtual stages not with the window), and only where the stages divide the layers
+  // and the ranks make up the world.
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
   expect_refusal(staged, "tp × dp × pp = 2 ≠ world 1");
@@ -259,7 +259,19 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan staged_window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   staged_window.config.pp = 2;
   staged_window.world = 2;
-  expect_refusal(staged_window, "pipeline stages with offload window");
+  staged_window.config.gpu_units = 1;  // the stage's copy of the embeddings; its layer streams
+  staged_window.config.window = 1;
+  EXPECT_NO_THROW(worker::check_executable(staged_window));
+  api::Plan staged_gpu_window = staged_window;
+  staged_gpu_window.device = api::DeviceKind::kCuda;
+  staged_gpu_window.precision = api::Precision::kBf16;
+  expect_runs_on_cuda(staged_gpu_window);
+  staged_window.config.gpu_units = 2;  // nothing of the stage's 1 layer left to stream
+  expect_refusal(staged_window, "window offload needs the embeddings on the device, at least one "
+                                "streamed layer and one slot (gpuUnits 2, window 1)");
+  staged_window.config.gpu_units = 1;
+  staged_window.config.virtual_stages = 2;
+  expect_refusal(staged_window, "virtual stages per pipeline stage with offload window");
   api::Plan staged_gpu = staged;
   staged_gpu.device = api::DeviceKind::kCuda;
   staged_gpu.precision = api::Precision::kBf16;
