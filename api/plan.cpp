@@ -90,11 +90,6 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
 
 std::string not_yet_executable(const Plan& plan) {
   const auto& c = plan.config;
-  if (c.virtual_stages > 1 && c.offload == OffloadMode::kWindow)
-    return "it interleaves " + std::to_string(c.virtual_stages) +
-           " virtual stages per pipeline stage with offload window, and the workers run virtual "
-           "stages without offload or with offload optimizer only so far (set "
-           "spec.parallelism.virtualStages: 1, or offload: optimizer)";
   if (c.distributed_optimizer && c.offload == OffloadMode::kWindow)
     return "it shards the optimizer over the " + std::to_string(c.dp) +
            " data-parallel ranks with offload window, and the workers run the distributed "

@@ -6,6 +6,8 @@
 #include "api/error.h"
 #include "api/flops.h"
 #include "api/quantity.h"
+// (header-only: the order of a pipeline stage's sweeps, which decides what the window refetches)
+#include "worker/pipeline_order.h"
 
 namespace kt::planner {
 namespace {
@@ -26,7 +28,6 @@ constexpr double kCpuWorkspaceBytes = 64 * api::kMiB;
 // Host memory left to the OS, the kubelet, data loaders and the page cache.
 constexpr double kHostUsableFraction = 0.85;
 using api::kAdamBytesPerParam;
-
 
 // Fixed costs of offloading that the lanes above do not see: per step, the hand-off between
 // the device stream and the CPU optimizer pool (events, host callbacks, waking the pool); per
@@ -399,6 +400,16 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
 
 namespace {
 
+// The offload window in one model chunk of a stage (the stage itself without virtual stages):
+// its resident and streamed layers, its slots, the micro-batches it keeps in flight (a streamed
+// layer's checkpoint each, in host memory), and its turns — sweeps that follow a sweep of the
+// same direction (1F1B's warm-up forwards, its drain's backwards), each of which first refetches
+// the slots' layers the last sweep's end did not leave (worker/offload.h, begin_sweep).
+struct WindowChunk {
+  int64_t resident = 0, streamed = 0, slots = 0, in_flight = 1, turns = 0;
+  int64_t refetched() const { return slots - std::max<int64_t>(0, 2 * slots - streamed); }
+};
+
 // Where a configuration puts each offload unit: derived once, used by memory and time.
 struct Shape {
   int64_t L;
@@ -406,7 +417,38 @@ struct Shape {
   bool window;
   int64_t gpu_units, gpu_layers, streamed, slots;
   double gpu_params, cpu_params, pcie, b, act_layer;
+  std::vector<WindowChunk> chunks;  // window mode
 };
+
+// The first stage's (the longest warm-up: the most in flight, the most turns) chunks.
+std::vector<WindowChunk> window_chunks(const ParallelConfig& c, int64_t stage_layers,
+                                       int64_t gpu_layers) {
+  const int64_t v = c.virtual_stages, m = c.grad_accum, chunk_layers = stage_layers / v;
+  std::vector<WindowChunk> chunks(static_cast<size_t>(v));
+  for (int64_t k = 0; k < v; ++k) {  // a stage's device units are a prefix, chunk after chunk
+    WindowChunk& w = chunks[static_cast<size_t>(k)];
+    w.resident = std::clamp<int64_t>(gpu_layers - k * chunk_layers, 0, chunk_layers);
+    w.streamed = chunk_layers - w.resident;
+    w.slots = std::min(c.window, w.streamed);
+  }
+  if (c.pp == 1) return chunks;
+  if (v == 1) {  // 1F1B: min(p − 1, m − 1) turns each way; min(p, m) in flight
+    chunks[0].turns = 2 * std::min(c.pp - 1, m - 1);
+    chunks[0].in_flight = std::min(c.pp, m);
+    return chunks;
+  }
+  const worker::PipelineOrder order =
+      worker::pipeline_order(static_cast<int>(c.pp), 0, static_cast<int>(v), m);
+  std::vector<int> last(static_cast<size_t>(v), -1);  // a chunk's last sweep: 1 forward, 0 back
+  for (const worker::PipelineOp& op : order.ops) {
+    int& previous = last[static_cast<size_t>(op.chunk)];
+    if (previous == static_cast<int>(op.forward)) ++chunks[static_cast<size_t>(op.chunk)].turns;
+    previous = static_cast<int>(op.forward);
+  }
+  for (int64_t k = 0; k < v; ++k)
+    chunks[static_cast<size_t>(k)].in_flight = order.in_flight[static_cast<size_t>(k)];
+  return chunks;
+}
 
 Shape shape_of(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
@@ -427,7 +469,11 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
   // Layers [0, gpu_layers) are resident and GPU-updated; in window mode the rest are streamed.
   sh.gpu_layers = std::max<int64_t>(0, sh.gpu_units - 1);
   sh.streamed = sh.window ? sh.L - sh.gpu_layers : 0;
-  sh.slots = sh.window ? std::min(c.window, sh.streamed) : 0;
+  sh.slots = 0;
+  if (sh.window) {
+    sh.chunks = window_chunks(c, sh.L, sh.gpu_layers);
+    for (const WindowChunk& w : sh.chunks) sh.slots += w.slots;  // each chunk's engine its own
+  }
   sh.gpu_params = sh.gpu_units == 0 ? 0 : sh.emb + sh.gpu_layers * sh.lay;
   sh.cpu_params = sh.params_rank - sh.gpu_params;
   sh.pcie = host_link_bandwidth(p, c);
@@ -511,9 +557,10 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // The distributed optimizer with offload optimizer keeps each rank's shard of the CPU units'
   // master weights, gradients and moments only (the SynergyScale split per shard).
   const double host_share = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
+  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe;
   // (A pipeline stage keeps a streamed layer's checkpoint per micro-batch in flight.)
-  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe +
-                     streamed * act_layer * static_cast<double>(std::min(c.pp, c.grad_accum));
+  for (const WindowChunk& w : sh.chunks)
+    host_rank += static_cast<double>(w.streamed * w.in_flight) * act_layer;
   if (cpu_params > 0) host_rank += 2 * lay * bpe;
   pred.host_bytes_per_node = host_rank * c.procs_per_node;
   pred.host_capacity_bytes = kHostUsableFraction * p.host_memory_per_node;
@@ -535,8 +582,6 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   const int64_t L = sh.L;
   const int64_t gpu_units = sh.gpu_units;
   const int64_t gpu_layers = sh.gpu_layers;
-  const int64_t streamed = sh.streamed;
-  const int64_t slots = sh.slots;
   const double bpe = sh.bpe;
   const double emb = sh.emb;
   const double lay = sh.lay;
@@ -552,58 +597,60 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   double micro_batch_seconds = timing.forward + timing.backward;
   double pcie_bytes = 0;
   if (window) {
-    // Streamed layers r..L-1 (r = gpu_layers) pass through `slots` device slots. Forward: the
-    // first `slots` streamed layers are still resident from the previous backward; each later
-    // one is prefetched into the slot freed by the layer `slots` before it. Backward (reverse):
-    // the last `slots` of the forward are resident; earlier ones are fetched again, together
-    // with their activation checkpoint; every streamed layer's gradients leave by D2H before its
-    // slot is reused.
+    // Each chunk (the stage without virtual stages) streams its layers r..n-1 (r resident)
+    // through its slots. Forward: the first `slots` streamed layers are still resident from the
+    // previous backward; each later one is prefetched into the slot freed by the layer `slots`
+    // before it. Backward (reverse): the last `slots` of the forward are resident; earlier ones
+    // are fetched again, together with their activation checkpoint; every streamed layer's
+    // gradients leave by D2H before its slot is reused. A micro-batch runs the chunks in turn.
     const double load = kCopyLatency + lay * bpe / pcie;
     const double grads_down = kCopyLatency + lay * kGradBytes / pcie;  // fp32 gradients
     const double act_load = kCopyLatency + act_layer / pcie;
-    double clock = gpu_layers * fwd_layer;  // resident layers first
-    double h2d_free = 0, d2h_free = 0;
-    std::vector<double> release(streamed, 0.0);
-    for (int64_t j = 0; j < streamed; ++j) {
-      double ready = 0;
-      if (j >= slots) {
-        const double start = std::max(h2d_free, release[j - slots]);
-        h2d_free = start + load;
-        ready = h2d_free;
+    const double v = static_cast<double>(c.virtual_stages);
+    micro_batch_seconds = 0;
+    for (const WindowChunk& w : sh.chunks) {
+      const int64_t n = w.streamed, slots_c = w.slots;
+      double clock = static_cast<double>(w.resident) * fwd_layer;  // resident layers first
+      double h2d_free = 0, d2h_free = 0;
+      std::vector<double> release(static_cast<size_t>(n), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        double ready = 0;
+        if (j >= slots_c) {
+          const double start = std::max(h2d_free, release[static_cast<size_t>(j - slots_c)]);
+          h2d_free = start + load;
+          ready = h2d_free;
+        }
+        clock = std::max(clock, ready) + fwd_layer;
+        release[static_cast<size_t>(j)] = clock;
+        d2h_free = std::max(d2h_free, clock) + act_load;  // activation checkpoint to the host
       }
-      clock = std::max(clock, ready) + fwd_layer;
-      release[j] = clock;
-      d2h_free = std::max(d2h_free, clock) + act_load;  // activation checkpoint to the host
-    }
-    std::vector<double> released_bwd(streamed, 0.0);
-    for (int64_t j = streamed - 1; j >= 0; --j) {
-      const bool resident_from_forward = j >= streamed - slots;
-      double start = h2d_free;
-      if (!resident_from_forward && j + slots < streamed)
-        start = std::max(start, released_bwd[j + slots]);
-      h2d_free = start + (resident_from_forward ? 0 : load) + act_load;
-      clock = std::max(clock, h2d_free) + bwd_layer;
-      d2h_free = std::max(d2h_free, clock) + grads_down;  // gradients to the host
-      released_bwd[j] = d2h_free;
-    }
-    clock += gpu_layers * bwd_layer + (timing.backward - L * bwd_layer);
-    micro_batch_seconds = std::max(clock, timing.forward + timing.backward);
-    // Per micro-batch: S - W layers fetched in the forward and again in the backward, S
-    // layers' gradients down, S activation checkpoints down and up. Per step: the W layers
-    // left in the slots by the last backward are fetched once more after the CPU update.
-    const double reloads = static_cast<double>(streamed - slots);
-    pcie_bytes = c.grad_accum * (2 * reloads * lay * bpe + streamed * lay * kGradBytes +
-                                 2 * streamed * act_layer) +
-                 slots * lay * bpe;
-    // 1F1B also runs forwards back to back (the warm-up) and backwards (the drain): each such
-    // sweep starts from the wrong end of the stage and fetches its first slots' layers anew
-    // (those the last sweep's end did not leave), before its first streamed layer — on the
-    // first stage, the one with the longest warm-up, min(p − 1, m − 1) times each way.
-    if (c.pp > 1) {
-      const double turns = static_cast<double>(std::min(c.pp - 1, c.grad_accum - 1));
-      const double refetched = static_cast<double>(slots - std::max<int64_t>(0, 2 * slots - streamed));
-      pcie_bytes += 2 * turns * refetched * lay * bpe;
-      micro_batch_seconds += 2 * turns * refetched * load / static_cast<double>(c.grad_accum);
+      std::vector<double> released_bwd(static_cast<size_t>(n), 0.0);
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const bool resident_from_forward = j >= n - slots_c;
+        double start = h2d_free;
+        if (!resident_from_forward && j + slots_c < n)
+          start = std::max(start, released_bwd[static_cast<size_t>(j + slots_c)]);
+        h2d_free = start + (resident_from_forward ? 0 : load) + act_load;
+        clock = std::max(clock, h2d_free) + bwd_layer;
+        d2h_free = std::max(d2h_free, clock) + grads_down;  // gradients to the host
+        released_bwd[static_cast<size_t>(j)] = d2h_free;
+      }
+      clock += static_cast<double>(w.resident) * bwd_layer;
+      micro_batch_seconds += std::max(clock, (timing.forward + timing.backward) / v);
+      // Per micro-batch: n − W layers fetched in the forward and again in the backward, n
+      // layers' gradients down, n activation checkpoints down and up. Per step: the W layers
+      // left in the slots by the last backward are fetched once more after the CPU update.
+      const double reloads = static_cast<double>(n - slots_c), nd = static_cast<double>(n);
+      pcie_bytes += static_cast<double>(c.grad_accum) *
+                        (2 * reloads * lay * bpe + nd * lay * kGradBytes + 2 * nd * act_layer) +
+                    static_cast<double>(slots_c) * lay * bpe;
+      // Pipeline stages also run a chunk's sweeps back to back (1F1B's warm-up forwards and
+      // drain backwards; interleaved, a chunk's groups of micro-batches): each such sweep first
+      // fetches its own first slots' layers (those the last sweep's end did not leave), before
+      // its first streamed layer — counted as exposed, spread over the micro-batches.
+      const double refetched = static_cast<double>(w.turns * w.refetched());
+      pcie_bytes += refetched * lay * bpe;
+      micro_batch_seconds += refetched * load / static_cast<double>(c.grad_accum);
     }
   }
   // With a pipeline (1F1B), each micro-batch also passes its activations to the next stage and

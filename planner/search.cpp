@@ -213,115 +213,117 @@ struct Searcher {
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
       if (mode == OffloadMode::kWindow && !plain) continue;  // (no cutpoint streams its layers)
-      // (Each stage streams its own layers; the interleaved schedule's chunks do not, yet.)
-      if (mode == OffloadMode::kWindow && !space.virtual_stages.empty() &&
-          !contains(space.virtual_stages, int64_t{1})) {
-        note(Stage::kOffload, [] {
-          return std::string(
-              "offload: window with virtual stages is not planned yet (the workers stream a "
-              "pipeline stage's layers without interleaving): set virtualStages: 1, or offload: "
-              "optimizer");
-        });
-        continue;
-      }
       c.offload = mode;
-      for (int64_t k : gpu_unit_grid(c.tp, c.pp)) {
-        if (mode == OffloadMode::kOptimizer) {
-          if (k > L) {  // that is no offload
+      // The window inside stages streams each stage's layers, 1F1B; with virtual stages each
+      // chunk its own through its own slots — searched where the job asks for virtual stages
+      // (the interleaved schedule runs a chunk's sweeps back to back, and each such sweep
+      // refetches its first slots: it seldom pays, docs/PLANNER.md §15).
+      const std::vector<int64_t> window_stages =
+          mode == OffloadMode::kWindow && c.pp > 1 && !space.virtual_stages.empty()
+              ? virtual_stage_counts(c)
+              : std::vector<int64_t>{c.virtual_stages};
+      const int64_t entry_stages = c.virtual_stages;
+      for (int64_t v : window_stages) {
+        c.virtual_stages = v;
+        for (int64_t k : gpu_unit_grid(c.tp, c.pp)) {
+          if (mode == OffloadMode::kOptimizer) {
+            if (k > L) {  // that is no offload
+              note(Stage::kOffload, [&] {
+                return "offload: optimizer with gpuUpdateFraction " + fraction() +
+                       " updates every unit on the GPU: that is no offload";
+              });
+              continue;
+            }
+            c.gpu_units = k;
+            c.window = 0;
+            // The distributed optimizer composes with it: each DP rank offloads its shard.
+            const auto& zeros = space.distributed_optimizer;
+            const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
+            for (bool zero : zeros) {
+              if (zero && c.dp == 1 && zero_optional) continue;  // nothing to shard
+              c.distributed_optimizer = zero && c.dp > 1;
+              // (each chunk its part of the units)
+              if (plain) with_virtual_stages(c, virtual_stage_counts(c));
+            }
+            // Cutpoints, each segment its part of the units; the embeddings' on the device (the
+            // workers sum them over every rank there), sharded or not.
+            if (space.cutpoints && space.cutpoint_offload && c.pp == 1 && k >= 1)
+              for (bool zero : zeros) {
+                c.distributed_optimizer = zero;
+                cutpoint_variants(c, cut_tps);
+              }
+            c.distributed_optimizer = false;
+            continue;
+          }
+          // Window: resident embeddings, at least one streamed layer, and recompute: the window
+          // streams each layer's activation checkpoint, and without recompute there is none (the
+          // worker refuses such a plan).
+          if (c.recompute == Recompute::kNone) {
+            if (space.recompute.size() == 1)  // forced: say so (else other recompute modes follow)
+              note(Stage::kOffload, [] {
+                return std::string(
+                    "offload: window needs recompute full or commAware (it streams each layer's "
+                    "activation checkpoint, and without recompute there is none)");
+              });
+            continue;
+          }
+          if (k < 1 || k > L) {
             note(Stage::kOffload, [&] {
-              return "offload: optimizer with gpuUpdateFraction " + fraction() +
-                     " updates every unit on the GPU: that is no offload";
+              return "offload: window keeps the embeddings and streams at least one of the " +
+                     std::to_string(L) + " layers, but gpuUpdateFraction " + fraction() +
+                     " keeps " + std::to_string(k) + " of the " + std::to_string(L + 1) +
+                     " units on the GPU (window mode derives the fraction from the window: leave "
+                     "gpuUpdateFraction out)";
             });
             continue;
           }
           c.gpu_units = k;
-          c.window = 0;
-          // The distributed optimizer composes with it: each DP rank offloads its shard.
-          const auto& zeros = space.distributed_optimizer;
-          const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
-          for (bool zero : zeros) {
-            if (zero && c.dp == 1 && zero_optional) continue;  // nothing to shard
-            c.distributed_optimizer = zero && c.dp > 1;
-            // (each chunk its part of the units)
-            if (plain) with_virtual_stages(c, virtual_stage_counts(c));
-          }
-          // Cutpoints, each segment its part of the units; the embeddings' on the device (the
-          // workers sum them over every rank there), sharded or not.
-          if (space.cutpoints && space.cutpoint_offload && c.pp == 1 && k >= 1)
-            for (bool zero : zeros) {
-              c.distributed_optimizer = zero;
-              cutpoint_variants(c, cut_tps);
+          const int64_t streamed = L - (k - 1);
+          if (space.window) {
+            if (*space.window >= streamed) {
+              note(Stage::kOffload, [&] {
+                return "offloadWindow " + std::to_string(*space.window) + " must be below the " +
+                       std::to_string(streamed) +
+                       " streamed layer(s) (a window that holds them all is optimizer offload)";
+              });
+              continue;
             }
-          c.distributed_optimizer = false;
-          continue;
-        }
-        // Window: resident embeddings, at least one streamed layer, and recompute: the window
-        // streams each layer's activation checkpoint, and without recompute there is none (the
-        // worker refuses such a plan).
-        if (c.recompute == Recompute::kNone) {
-          if (space.recompute.size() == 1)  // forced: say so (else other recompute modes follow)
-            note(Stage::kOffload, [] {
-              return std::string(
-                  "offload: window needs recompute full or commAware (it streams each layer's "
-                  "activation checkpoint, and without recompute there is none)");
-            });
-          continue;
-        }
-        if (k < 1 || k > L) {
-          note(Stage::kOffload, [&] {
-            return "offload: window keeps the embeddings and streams at least one of the " +
-                   std::to_string(L) + " layers, but gpuUpdateFraction " + fraction() + " keeps " +
-                   std::to_string(k) + " of the " + std::to_string(L + 1) +
-                   " units on the GPU (window mode derives the fraction from the window: leave "
-                   "gpuUpdateFraction out)";
-          });
-          continue;
-        }
-        c.gpu_units = k;
-        const int64_t streamed = L - (k - 1);
-        if (space.window) {
-          if (*space.window >= streamed) {
+            c.window = *space.window;
+            consider(c);
+            continue;
+          }
+          // Largest window that fits (memory grows with W; time never does). W = streamed
+          // would keep every layer resident: that is optimizer offload, not a window.
+          if (streamed < 2) {
             note(Stage::kOffload, [&] {
-              return "offloadWindow " + std::to_string(*space.window) +
-                     " must be below the " + std::to_string(streamed) +
-                     " streamed layer(s) (a window that holds them all is optimizer offload)";
+              return "offload: window streams " + std::to_string(streamed) + " of the " +
+                     std::to_string(L) + " layers here" +
+                     (space.gpu_update_fraction ? " (gpuUpdateFraction " + fraction() + ")"
+                                                : std::string()) +
+                     "; a window needs at least 2 streamed layers (window mode derives the "
+                     "fraction from the window: leave gpuUpdateFraction out)";
             });
             continue;
           }
-          c.window = *space.window;
+          int64_t lo = 1, hi = streamed - 1;
+          c.window = 1;
+          if (!evaluate_memory(problem, c).fits) {
+            consider(c);  // for the nearest miss
+            continue;
+          }
+          while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) / 2;
+            c.window = mid;
+            if (evaluate_memory(problem, c).fits)
+              lo = mid;
+            else
+              hi = mid - 1;
+          }
+          c.window = lo;
           consider(c);
-          continue;
         }
-        // Largest window that fits (memory grows with W; time never does). W = streamed
-        // would keep every layer resident: that is optimizer offload, not a window.
-        if (streamed < 2) {
-          note(Stage::kOffload, [&] {
-            return "offload: window streams " + std::to_string(streamed) + " of the " +
-                   std::to_string(L) + " layers here" +
-                   (space.gpu_update_fraction ? " (gpuUpdateFraction " + fraction() + ")"
-                                              : std::string()) +
-                   "; a window needs at least 2 streamed layers (window mode derives the "
-                   "fraction from the window: leave gpuUpdateFraction out)";
-          });
-          continue;
-        }
-        int64_t lo = 1, hi = streamed - 1;
-        c.window = 1;
-        if (!evaluate_memory(problem, c).fits) {
-          consider(c);  // for the nearest miss
-          continue;
-        }
-        while (lo < hi) {
-          const int64_t mid = (lo + hi + 1) / 2;
-          c.window = mid;
-          if (evaluate_memory(problem, c).fits)
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
-        c.window = lo;
-        consider(c);
       }
+      c.virtual_stages = entry_stages;
     }
   }
 
@@ -476,7 +478,7 @@ struct Searcher {
                           int64_t max_nodes, int64_t slots) const {
     const auto& m = problem.model;
     const int64_t wanted = space.dp[0];
-    std::set<int64_t> fitting;      // dataParallel degrees some shape gives
+    std::set<int64_t> fitting;        // dataParallel degrees some shape gives
     std::set<int64_t> tp_for_wanted;  // tensorParallel degrees that give `wanted`
     std::set<int64_t> worlds;
     for (int64_t n : nodes) {
@@ -508,8 +510,9 @@ struct Searcher {
                       " (" + join(worlds, 8) + " here), each divided by its tensorParallel";
     if (!space.tp.empty()) why += " {" + list(space.tp) + "}";
     if (!problem.cpu_device) why += " (resources.gpusPerNode sets the GPUs per node)";
-    if (!tp_for_wanted.empty()) return why + "; tensorParallel " + join(tp_for_wanted, 4) +
-                                       " would give dataParallel " + std::to_string(wanted);
+    if (!tp_for_wanted.empty())
+      return why + "; tensorParallel " + join(tp_for_wanted, 4) + " would give dataParallel " +
+             std::to_string(wanted);
     if (fitting.empty()) return why;
     // The nearest degrees that fit, below and above.
     std::set<int64_t> nearest;

@@ -5,8 +5,8 @@
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
 # the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
-# with offload optimizer or the offload window, and 2 × 2 virtual stages) and a cutpoint (each
-# resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
+# with offload optimizer or the offload window, and 2 × 2 virtual stages, also with either) and
+# a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
 # host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -146,6 +146,12 @@ job vpp2-offload 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, 
 sed -i 's/layers: 2,/layers: 4,/' "$DIR/vpp2-offload.yaml"
 plan vpp2-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/vpp2-offload.json" || fail "vpp2-offload: no offload planned"
+# ... with the offload window (each chunk's layer streamed, its checkpoints per micro-batch in
+# flight; vpp2's losses; resumed too).
+job vpp2-window 6 2 "{tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}" 2
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/vpp2-window.yaml"
+plan vpp2-window "$DIR/h200x2.yaml"
+grep -q '"offload": *"window"' "$DIR/vpp2-window.json" || fail "vpp2-window: no window planned"
 # Oases' cutpoint: layer 0 at TP 1 (DP 2), layer 1 at TP 2 — the activations all-gathered at
 # the cut, the embeddings summed over both ranks in both layouts: the one-rank run's losses; its
 # checkpoint (layer 1 as TP shards of their own) resumes to the same losses, and one rank
@@ -158,7 +164,7 @@ job cut-offload 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutp
 plan cut-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: no offload planned"
 for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload pp2-window vpp2 \
-  vpp2-offload cut cut-offload; do
+  vpp2-offload vpp2-window cut cut-offload; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -172,7 +178,9 @@ grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/pp2-offload.log" ||
   fail "pp2-offload: the stages did not offload: $(head -5 "$DIR/pp2-offload.log")"
 grep -q "the other layers streamed through 1 slot(s)" "$DIR/pp2-window.log" ||
   fail "pp2-window: the stages did not stream: $(head -5 "$DIR/pp2-window.log")"
-for run in pp2 pp2-offload pp2-window vpp2 vpp2-offload; do resume_ranks $run; done
+grep -q "the other layers streamed through 1 slot(s)" "$DIR/vpp2-window.log" ||
+  fail "vpp2-window: the chunks did not stream: $(head -5 "$DIR/vpp2-window.log")"
+for run in pp2 pp2-offload pp2-window vpp2 vpp2-offload vpp2-window; do resume_ranks $run; done
 [[ -f $DIR/ckpt-vpp2/step-00000006/rank-00003.safetensors ]] ||
   fail "vpp2: no shard per virtual stage: $(ls "$DIR/ckpt-vpp2/step-00000006")"
 
@@ -317,7 +325,7 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
-        "pp2-window": (losses("accum4"), 2e-2),
+        "pp2-window": (losses("accum4"), 2e-2), "vpp2-window": (losses("vpp2"), 1e-3),
         "cut-offload": (losses("cut"), 1e-3)}
 failed = False
 for name, (ref, tol) in runs.items():
@@ -331,11 +339,11 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
                else "pp2" if name == "pp2-offload" else "accum4" if name in ("vpp2", "pp2-window")
-               else "vpp2" if name == "vpp2-offload" else "cut" if name == "cut-offload"
+               else "vpp2" if name in ("vpp2-offload", "vpp2-window") else "cut" if name == "cut-offload"
                else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "pp2-window", "vpp2", "vpp2-offload", "cut", "cut-offload"):  # resumed at step 3: the same losses
+             "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

@@ -770,7 +770,7 @@ void test_cuda_gpt_pipeline() {
       {4, 1, 1, false, 0},    {2, 2, 1, true, 0},      {2, 1, 1, false, -1, 2},
       {2, 2, 1, true, -1, 2}, {2, 1, 2, false, -1, 2}, {2, 1, 1, false, 0, 2},
       {2, 2, 1, true, 2, 2},  {2, 1, 1, false, 1, 1, 1}, {2, 2, 1, false, 1, 1, 1},
-      {2, 1, 2, false, 1, 1, 1}};
+      {2, 1, 2, false, 1, 1, 1},  {2, 1, 1, false, 1, 2, 1}};
   for (const Case& k : cases) {
     std::vector<Batches> micro(static_cast<size_t>(steps));
     for (auto& step : micro)

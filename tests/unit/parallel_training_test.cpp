@@ -19,6 +19,7 @@
 #include "thread_comm.h"
 #include "worker/gpt.h"
 #include "worker/offload.h"
+#include "worker/pipeline_order.h"
 #include "worker/trainer.h"
 
 namespace kt {
@@ -692,20 +693,34 @@ int64_t optimizer_bytes(const api::Plan& p) {
   const int64_t cpu_params = (gpu == 0 ? d.embedding() : 0) + std::min(d.L, d.L + 1 - gpu) * d.layer();
   return 2 * 4 * cpu_params;
 }
-// Rank 0's (of the first stage, with pipeline stages: its stage's layers stream).
+// Rank 0's (of the first stage, with pipeline stages: its stage's layers stream, with virtual
+// stages each chunk's through its own slots).
 int64_t window_bytes(const api::Plan& p) {
   const Dims d = dims_of(p);
-  const int64_t pp = p.config.pp;
-  const int64_t S = d.L / pp - (p.config.gpu_units - 1), W = std::min(p.config.window, S);
-  const int64_t G = p.config.grad_accum;
+  const int pp = static_cast<int>(p.config.pp), v = static_cast<int>(p.config.virtual_stages);
+  const int64_t G = p.config.grad_accum, chunk_layers = d.L / pp / v;
   const int64_t act = p.config.micro_batch * d.T * d.C *
                       (p.config.recompute == api::Recompute::kCommAware ? 3 : 1);
-  // 1F1B's back-to-back forwards (the warm-up) and backwards (the drain) each fetch the
-  // sweep's first W layers anew, but for those the last sweep's end left in the slots.
-  const int64_t turns = std::min(pp - 1, G - 1);
-  const int64_t refetched = W - std::max<int64_t>(0, 2 * W - S);
-  return 4 * (G * (2 * (S - W) * d.layer() + S * d.layer() + 2 * S * act) + W * d.layer() +
-              2 * turns * refetched * d.layer());
+  // A chunk's sweep that follows one of the same direction (1F1B's warm-up forwards and drain
+  // backwards; interleaved, its groups of micro-batches) fetches its first W layers anew, but
+  // for those the last sweep's end left in the slots.
+  std::vector<int64_t> turns(static_cast<size_t>(v), 0);
+  std::vector<int> last(static_cast<size_t>(v), -1);
+  for (const worker::PipelineOp& op : worker::pipeline_order(pp, 0, v, G).ops) {
+    const auto k = static_cast<size_t>(op.chunk);
+    turns[k] += last[k] == static_cast<int>(op.forward) ? 1 : 0;
+    last[k] = static_cast<int>(op.forward);
+  }
+  int64_t floats = 0;
+  for (int k = 0; k < v; ++k) {  // the stage's first gpuUnits − 1 layers are resident
+    const int64_t resident =
+        std::clamp<int64_t>(p.config.gpu_units - 1 - k * chunk_layers, 0, chunk_layers);
+    const int64_t S = chunk_layers - resident, W = std::min(p.config.window, S);
+    const int64_t refetched = W - std::max<int64_t>(0, 2 * W - S);
+    floats += G * (2 * (S - W) * d.layer() + S * d.layer() + 2 * S * act) + W * d.layer() +
+              turns[static_cast<size_t>(k)] * refetched * d.layer();
+  }
+  return 4 * floats;
 }
 
 void expect_bytes_per_step(const RunResult& result, int64_t expected, double predicted) {
@@ -821,6 +836,24 @@ TEST(Offload, WindowInPipelineStagesEqualsOneRank) {
     ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
     ASSERT_EQ(plan.config.gpu_units, 1);
     const RunResult r = expect_same_training(plan, kFourLayers);
+    expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
+  }
+  // Virtual stages: 8 layers in 2 stages × 2 chunks of 2, each chunk streaming its layers through
+  // its own slot; the interleaved schedule runs a chunk's forwards (and backwards) in groups of
+  // 2 micro-batches, each group's second sweep refetching. With gpuUnits 3 the first chunk keeps
+  // both its layers on the device and streams nothing, the second streams its two.
+  for (const auto& [fraction, gpu_units] : {std::pair{"0.05", 1}, std::pair{"0.4", 3}}) {
+    SCOPED_TRACE(fraction);
+    const api::Plan plan = plan_for(
+        std::string("tensorParallel: 1, dataParallel: 1, pipelineParallel: 2, virtualStages: 2, "
+                    "overlap: off, recompute: full, offload: window, offloadWindow: 1, "
+                    "gpuUpdateFraction: ") +
+            fraction,
+        kEightLayers);
+    ASSERT_EQ(plan.config.virtual_stages, 2);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
+    ASSERT_EQ(plan.config.gpu_units, gpu_units);
+    const RunResult r = expect_same_training(plan, kEightLayers);
     expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
   }
   {  // four stages: the first keeps 4 micro-batches in flight, the two between stream too

@@ -241,8 +241,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
     EXPECT_EQ(api::not_yet_executable(plan), "");
   };
   // Pipeline stages run on CPU and CUDA ranks without offload, with offload optimizer or with
-  // the window (virtual stages not with the window), and only where the stages divide the layers
-  // and the ranks make up the world.
+  // the window, and only where the stages divide the layers and the ranks make up the world.
   api::Plan staged = tiny_plan(10);
   staged.config.pp = 2;
   expect_refusal(staged, "tp × dp × pp = 2 ≠ world 1");
@@ -269,9 +268,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   staged_window.config.gpu_units = 2;  // nothing of the stage's 1 layer left to stream
   expect_refusal(staged_window, "window offload needs the embeddings on the device, at least one "
                                 "streamed layer and one slot (gpuUnits 2, window 1)");
-  staged_window.config.gpu_units = 1;
-  staged_window.config.virtual_stages = 2;
-  expect_refusal(staged_window, "virtual stages per pipeline stage with offload window");
+
   api::Plan staged_gpu = staged;
   staged_gpu.device = api::DeviceKind::kCuda;
   staged_gpu.precision = api::Precision::kBf16;
