@@ -95,11 +95,6 @@ std::string not_yet_executable(const Plan& plan) {
            " data-parallel ranks with offload window, and the workers run the distributed "
            "optimizer without offload or with offload optimizer only so far (set "
            "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
-  if (c.cut_layer > 0 && c.offload == OffloadMode::kWindow)
-    return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
-           " (Oases' cutpoint) with offload window, and the workers run cutpoints without "
-           "offload or with offload optimizer only so far (set spec.parallelism.cutpoint: off, or "
-           "offload: optimizer)";
   if (c.cut_layer > 0 && c.offload == OffloadMode::kOptimizer && c.gpu_units < 1)
     return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
            " (Oases' cutpoint) with the embeddings updated on the CPU, and the workers sum a "

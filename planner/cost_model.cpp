@@ -291,6 +291,12 @@ std::pair<ParallelConfig, ParallelConfig> cutpoint_configs(const Problem& p,
   second.dp = c.nodes * c.procs_per_node / c.cut_tp;
   second.micro_batch = c.micro_batch * c.cut_tp / c.tp;
   second.gpu_units = offload ? api::part_device_units(c.gpu_units, k, L - k) : L - k + 1;
+  // With the window, a segment whose layers are all on the device streams none: its engine
+  // updates them there (worker/offload.h), as offload optimizer with every unit on the device.
+  for (ParallelConfig* segment : {&first, &second})
+    if (segment->offload == api::OffloadMode::kWindow &&
+        segment->gpu_units > (segment == &first ? k : L - k))
+      segment->offload = api::OffloadMode::kOptimizer;
   return {first, second};
 }
 

@@ -171,9 +171,30 @@ struct Searcher {
       for (int64_t k = 1; k < L; ++k) {
         if (space.cut_layer && k != space.cut_layer) continue;
         c.cut_layer = k;
+        if (c.offload == OffloadMode::kWindow && !space.window)
+          c.window = std::max<int64_t>(1, largest_window(c));
         consider(c);
       }
     }
+  }
+
+  // The largest window that fits `c` (memory grows with W; time never does), below its streamed
+  // layers (W = streamed would keep every layer resident: that is optimizer offload, not a
+  // window); 0 where not even one slot fits.
+  int64_t largest_window(ParallelConfig c) {
+    const int64_t streamed = problem.model.layers / c.pp - (c.gpu_units - 1);
+    c.window = 1;
+    if (!evaluate_memory(problem, c).fits) return 0;
+    int64_t lo = 1, hi = streamed - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      c.window = mid;
+      if (evaluate_memory(problem, c).fits)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
   }
 
   std::string fraction() const {
@@ -212,7 +233,6 @@ struct Searcher {
       // are always evaluated, even when the plain configuration fits: skipping them would make
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
-      if (mode == OffloadMode::kWindow && !plain) continue;  // (no cutpoint streams its layers)
       c.offload = mode;
       // The window inside stages streams each stage's layers, 1F1B; with virtual stages each
       // chunk its own through its own slots — searched where the job asks for virtual stages
@@ -279,6 +299,10 @@ struct Searcher {
           }
           c.gpu_units = k;
           const int64_t streamed = L - (k - 1);
+          // Cutpoints with the window, where the job asks for cutpoints: each segment streams
+          // its part of the layers past the model's first gpuUnits units through slots of its own.
+          const bool cuts =
+              space.cutpoints && space.cutpoint_offload && c.pp == 1 && c.virtual_stages == 1;
           if (space.window) {
             if (*space.window >= streamed) {
               note(Stage::kOffload, [&] {
@@ -289,7 +313,8 @@ struct Searcher {
               continue;
             }
             c.window = *space.window;
-            consider(c);
+            if (plain) consider(c);
+            if (cuts) cutpoint_variants(c, cut_tps);
             continue;
           }
           // Largest window that fits (memory grows with W; time never does). W = streamed
@@ -305,22 +330,11 @@ struct Searcher {
             });
             continue;
           }
-          int64_t lo = 1, hi = streamed - 1;
-          c.window = 1;
-          if (!evaluate_memory(problem, c).fits) {
-            consider(c);  // for the nearest miss
-            continue;
+          if (plain) {
+            c.window = std::max<int64_t>(1, largest_window(c));  // (1: for the nearest miss)
+            consider(c);
           }
-          while (lo < hi) {
-            const int64_t mid = (lo + hi + 1) / 2;
-            c.window = mid;
-            if (evaluate_memory(problem, c).fits)
-              lo = mid;
-            else
-              hi = mid - 1;
-          }
-          c.window = lo;
-          consider(c);
+          if (cuts) cutpoint_variants(c, cut_tps);  // each cut with its own largest window
         }
       }
       c.virtual_stages = entry_stages;

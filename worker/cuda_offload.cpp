@@ -91,9 +91,8 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
   KT_CHECK(
       !zero_ || window_ == 0,
       "the CUDA distributed optimizer runs without the offload window (api::not_yet_executable)");
-  KT_CHECK(!unit0_elsewhere_ || (device_units_ >= 1 && window_ == 0 && !embedding_),
-           "a cutpoint's segments keep the embeddings on the device, without the offload window "
-           "and without stages");
+  KT_CHECK(!unit0_elsewhere_ || (device_units_ >= 1 && !embedding_),
+           "a cutpoint's segments keep the embeddings on the device, without stages");
   allocate();
   if (device_units_ < units) cpu_thread_ = std::thread([this] { run_cpu_tasks(); });
 }

@@ -126,7 +126,7 @@ struct CudaOffloadOptions {
   bool counts_unit0 = true, updates_unit0 = true;
   // A cutpoint's segments (worker/cuda_cutpoint.h): unit 0's gradients are summed by the caller,
   // over every rank in both segments' TP layouts at once, after the backward; the engine does not
-  // sum them over DP and takes the sums with unit0_summed(). Every unit on the device.
+  // sum them over DP and takes the sums with unit0_summed(). Unit 0 on the device.
   bool unit0_elsewhere = false;
   // Pipeline stages: the model's activation slots (micro-batches in flight from a forward to its
   // backward); the streamed layers' checkpoints are kept per slot in host memory.

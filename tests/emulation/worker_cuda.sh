@@ -6,7 +6,7 @@
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
 # the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
 # with offload optimizer or the offload window, and 2 × 2 virtual stages, also with either) and
-# a cutpoint (each resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
+# a cutpoint (also with either; each resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
 # host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
@@ -163,8 +163,12 @@ grep -q '"cutpoint": *{' "$DIR/cut.json" || fail "cut: no cutpoint planned"
 job cut-offload 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: optimizer, gpuUpdateFraction: 0.5}"
 plan cut-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: no offload planned"
+# ... with the offload window (each segment's layer streamed through its own slot; resumed too).
+job cut-window 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
+plan cut-window "$DIR/h200x2.yaml"
+grep -q '"offload": *"window"' "$DIR/cut-window.json" || fail "cut-window: no window planned"
 for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload pp2-window vpp2 \
-  vpp2-offload vpp2-window cut cut-offload; do
+  vpp2-offload vpp2-window cut cut-offload cut-window; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -190,6 +194,9 @@ cp -r "$DIR/ckpt-cut" "$DIR/ckpt-cut-one"
 roll_back "$DIR/ckpt-cut-one"
 resume_ranks cut
 resume_ranks cut-offload
+grep -q "the other layers streamed through 1 slot(s)" "$DIR/cut-window.log" ||
+  fail "cut-window: the segments did not stream: $(head -5 "$DIR/cut-window.log")"
+resume_ranks cut-window
 "$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
   > "$DIR/cut-one.log" 2>&1 || fail "cut checkpoint on one rank: $(tail -3 "$DIR/cut-one.log")"
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
@@ -326,7 +333,7 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
         "pp2-window": (losses("accum4"), 2e-2), "vpp2-window": (losses("vpp2"), 1e-3),
-        "cut-offload": (losses("cut"), 1e-3)}
+        "cut-offload": (losses("cut"), 1e-3), "cut-window": (losses("cut"), 1e-3)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -339,11 +346,12 @@ for name, (ref, tol) in runs.items():
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
                else "pp2" if name == "pp2-offload" else "accum4" if name in ("vpp2", "pp2-window")
-               else "vpp2" if name in ("vpp2-offload", "vpp2-window") else "cut" if name == "cut-offload"
+               else "vpp2" if name in ("vpp2-offload", "vpp2-window") else "cut" if name in ("cut-offload", "cut-window")
                else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
-             "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload"):  # resumed at step 3: the same losses
+             "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload",
+             "cut-window"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

@@ -859,7 +859,8 @@ struct CutRun {
 std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, int t2, int cut,
                                  bool sharded, int sub_batches, const GptConfig& c, int64_t B1,
                                  int64_t T, int64_t m, const std::vector<Batches>& micro,
-                                 std::string* error, int64_t device_units = -1) {
+                                 std::string* error, int64_t device_units = -1,
+                                 int64_t window = 0) {
   const int dp1 = world / t1, dp2 = world / t2, hi = std::max(t1, t2), lo = std::min(t1, t2);
   std::vector<std::unique_ptr<ThreadGroup>> tp1_groups, dp1_groups, tp2_groups, dp2_groups,
       cut_groups;
@@ -901,6 +902,9 @@ std::vector<CutRun> run_cutpoint(const std::string& backend, int world, int t1, 
             o->distributed_optimizer = sharded;
             o->unit0_elsewhere = true;
             o->sub_batches = sub_batches;  // on the TP-2 side (TP 1 runs one lane)
+            // Window offload: each segment streams its layers past its device units.
+            o->window = window;
+            if (window > 0) o->recompute = api::Recompute::kFull;
           }
           // Offload optimizer: the model's first device_units units (the embeddings', then the
           // layers in order) on the GPU, each segment its part (api::part_device_units).
@@ -979,6 +983,7 @@ void test_cuda_gpt_cutpoint() {
     bool sharded;
     int sub_batches;
     int64_t device_units = -1;  // offload optimizer: the model's first units on the GPU
+    int64_t window = 0;         // offload window: slots for each segment's streamed layers
   };
   const std::vector<Case> cases{// TP 1 on one side
                                 {2, 1, 2, false, 1},
@@ -988,7 +993,11 @@ void test_cuda_gpt_cutpoint() {
                                 // offload optimizer: layers 1-3 on the CPU (both segments'),
                                 // and layer 3 only (the second's), sharded
                                 {2, 1, 2, false, 1, 2},
-                                {4, 1, 2, true, 1, 4}};
+                                {4, 1, 2, true, 1, 4},
+                                // the window: every layer streamed (2 per segment), and the
+                                // second segment's only
+                                {2, 1, 2, false, 1, 1, 1},
+                                {2, 2, 1, false, 1, 3, 1}};
   for (const Case& k : cases) {
     const int dp1 = k.world / k.t1, dp2 = k.world / k.t2;
     std::vector<Batches> micro(static_cast<size_t>(steps));
@@ -1005,11 +1014,11 @@ void test_cuda_gpt_cutpoint() {
           (k.device_units >= 0
                ? " (offload: " + std::to_string(k.device_units) + " units on the GPU)"
                : "") +
-          " [" + backend + "]";
+          (k.window > 0 ? " (window " + std::to_string(k.window) + ")" : "") + " [" + backend + "]";
       std::string error;
       const auto ranks =
           run_cutpoint(backend, k.world, k.t1, k.t2, static_cast<int>(cut), k.sharded,
-                       k.sub_batches, c, B1, T, m, micro, &error, k.device_units);
+                       k.sub_batches, c, B1, T, m, micro, &error, k.device_units, k.window);
       if (!error.empty()) {
         check(false, tag + ": " + error);
         continue;

@@ -869,6 +869,54 @@ TEST(Offload, WindowInPipelineStagesEqualsOneRank) {
   }
 }
 
+// The offload window across Oases' cutpoint: each segment streams its part of the layers past the
+// model's first gpuUnits units (api::part_device_units) through W slots of its own — the
+// embeddings' unit on the device, where the cutpoint sums it over every rank. The same training
+// as one rank; rank 0 moves each segment's window bytes (at its own TP degree and micro-batch),
+// as predicted.
+int64_t cut_window_bytes(const api::Plan& p) {
+  const int64_t k = p.config.cut_layer, L = p.model.layers;
+  api::Plan first = p, second = p;
+  first.model.layers = k;
+  first.config.gpu_units = api::part_device_units(p.config.gpu_units, 0, k);
+  second.model.layers = L - k;
+  second.config.tp = p.config.cut_tp;
+  second.config.micro_batch = p.config.micro_batch * p.config.cut_tp / p.config.tp;
+  second.config.gpu_units = api::part_device_units(p.config.gpu_units, k, L - k);
+  return window_bytes(first) + window_bytes(second);
+}
+TEST(Offload, WindowAcrossACutpointEqualsOneRank) {
+  // (On four layers: eight split over TP 2 reassociate past the fp32 tolerance with or without
+  // offload, the cutpoint's too — measured 4.2e-5 absolute on fcprojw either way.)
+  {  // DP 2 → TP 2 at layer 2 of 4; every layer streams, 2 per segment
+    const api::Plan plan = plan_for(
+        "tensorParallel: 1, dataParallel: 2, overlap: off, cutpointLayer: 2, "
+        "cutpointTensorParallel: 2, recompute: full, offload: window, offloadWindow: 1, "
+        "gpuUpdateFraction: 0.05",
+        kFourLayers);
+    ASSERT_EQ(plan.config.cut_layer, 2);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
+    ASSERT_EQ(plan.config.gpu_units, 1);
+    EXPECT_EQ(api::not_yet_executable(plan), "");
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    expect_bytes_per_step(r, cut_window_bytes(plan), plan.predicted.pcie_bytes_per_step);
+  }
+  {  // TP 2 → DP 2 at layer 2 of 4, commAware; the first 3 units resident: only the second
+     // segment streams (the first's engine updates its layers on the device)
+    api::Plan plan = plan_for(
+        "tensorParallel: 2, dataParallel: 1, overlap: off, cutpointLayer: 2, "
+        "cutpointTensorParallel: 1, recompute: commAware, offload: window, offloadWindow: 1, "
+        "gpuUpdateFraction: 0.05",
+        kFourLayers);
+    ASSERT_EQ(plan.config.cut_layer, 2);
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
+    plan.config.gpu_units = 3;
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_EQ(r.transfer_bytes.back(), cut_window_bytes(plan));
+  }
+}
+
 TEST(Offload, RefusesAPlanWhoseOffloadDoesNotFitHostMemory) {
   const api::Plan plan = plan_for(window_offload(1, 1), kFourLayers);
   worker::TrainOptions options;

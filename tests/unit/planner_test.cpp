@@ -588,6 +588,17 @@ TEST(Planner, CutpointsWithOffloadOptimizerWhereAsked) {
   api::Plan cpu_embeddings = plan;
   cpu_embeddings.config.gpu_units = 0;
   EXPECT_NE(api::not_yet_executable(cpu_embeddings).find("gpuUpdateFraction"), std::string::npos);
+  // The window too: each segment streams its part of the layers past the first gpuUnits units,
+  // through slots of its own (more bytes over PCIe than offload optimizer moves).
+  const api::Plan window = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}",
+                    "  parallelism: {cutpointLayer: 16, offload: window, recompute: full}\n", 512),
+      test::cluster("3090x32-pcie"));
+  EXPECT_EQ(window.config.cut_layer, 16);
+  EXPECT_EQ(window.config.offload, api::OffloadMode::kWindow);
+  EXPECT_GE(window.config.window, 1);
+  EXPECT_EQ(api::not_yet_executable(window), "");
+  EXPECT_GT(window.predicted.pcie_bytes_per_step, plan.predicted.pcie_bytes_per_step);
 }
 
 }  // namespace

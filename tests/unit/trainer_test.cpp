@@ -297,7 +297,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   cut_zero.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(cut_zero));
   // With offload optimizer too, where the embeddings' unit stays on the device (each segment its
-  // part of the model's units); not with the embeddings on the CPU, nor with the window.
+  // part of the model's units), and with the window; not with the embeddings on the CPU.
   api::Plan cut_gpu_offload = cut_gpu;
   cut_gpu_offload.config.offload = api::OffloadMode::kOptimizer;
   cut_gpu_offload.config.gpu_units = 1;
@@ -314,11 +314,17 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan cut_cpu_embeddings = cut_offload;
   cut_cpu_embeddings.config.gpu_units = 0;
   expect_refusal(cut_cpu_embeddings, "sum a cutpoint's embeddings over every rank on the device");
-  api::Plan cut_window = cut_offload;
+  api::Plan cut_window = cut_offload;  // each segment streaming its layers past its device units
   cut_window.config.offload = api::OffloadMode::kWindow;
   cut_window.config.window = 1;
-  expect_refusal(cut_window,
-                 "the workers run cutpoints without offload or with offload optimizer only so far");
+  cut_window.config.gpu_units = 1;
+  expect_refusal(cut_window, "window offload streams each layer's activation checkpoint");
+  cut_window.config.recompute = api::Recompute::kFull;
+  EXPECT_NO_THROW(worker::check_executable(cut_window));
+  api::Plan cut_gpu_window = cut_window;
+  cut_gpu_window.device = api::DeviceKind::kCuda;
+  cut_gpu_window.precision = api::Precision::kBf16;
+  expect_runs_on_cuda(cut_gpu_window);
   api::Plan cut_same = cut;
   cut_same.config.cut_tp = 1;
   expect_refusal(cut_same, "cutpoint at layer 1 to TP 1 after TP 1");
