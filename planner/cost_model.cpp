@@ -561,9 +561,13 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // (16 B/param); streamed layers also keep their 16-bit copy and their activation checkpoints;
   // pinned staging for two layers.
   // The distributed optimizer with offload optimizer keeps each rank's shard of the CPU units'
-  // master weights, gradients and moments only (the SynergyScale split per shard).
+  // master weights, gradients and moments only (the SynergyScale split per shard); a streamed
+  // layer keeps its whole master (its slot loads from it) and gradient accumulator, and the
+  // shard of its moments.
   const double host_share = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
-  double host_rank = cpu_params * 16 * host_share + streamed * lay * bpe;
+  const double streamed_params = static_cast<double>(streamed) * lay;
+  double host_rank = (cpu_params - streamed_params) * 16 * host_share +
+                     streamed_params * (8 + 8 * host_share) + streamed * lay * bpe;
   // (A pipeline stage keeps a streamed layer's checkpoint per micro-batch in flight.)
   for (const WindowChunk& w : sh.chunks)
     host_rank += static_cast<double>(w.streamed * w.in_flight) * act_layer;

@@ -178,6 +178,22 @@ struct Searcher {
     }
   }
 
+  // `fn` for each distributed-optimizer setting the space allows with the offload window: on CPU
+  // ranks each DP rank keeps its shard of the streamed layers' moments (worker/offload.h); the
+  // CUDA workers do not run the two together yet. Leaves c unsharded.
+  template <typename Fn>
+  void window_shardings(ParallelConfig& c, Fn&& fn) {
+    const auto& zeros = space.distributed_optimizer;
+    const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
+    for (bool zero : zeros) {
+      if (zero && c.dp == 1 && zero_optional) continue;       // nothing to shard
+      if (zero && c.dp > 1 && !problem.cpu_device) continue;  // (offload_variants says so)
+      c.distributed_optimizer = zero && c.dp > 1;
+      fn();
+    }
+    c.distributed_optimizer = false;
+  }
+
   // The largest window that fits `c` (memory grows with W; time never does), below its streamed
   // layers (W = streamed would keep every layer resident: that is optimizer offload, not a
   // window); 0 where not even one slot fits.
@@ -234,6 +250,16 @@ struct Searcher {
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
       c.offload = mode;
+      if (mode == OffloadMode::kWindow && !problem.cpu_device && c.dp > 1 &&
+          space.distributed_optimizer == std::vector<bool>{true}) {
+        note(Stage::kOffload, [] {
+          return std::string(
+              "offload: window with the distributed optimizer runs on CPU ranks only so far (the "
+              "CUDA workers shard the optimizer without offload or with offload optimizer): set "
+              "offload: optimizer, or distributedOptimizer: off");
+        });
+        continue;
+      }
       // The window inside stages streams each stage's layers, 1F1B; with virtual stages each
       // chunk its own through its own slots — searched where the job asks for virtual stages
       // (the interleaved schedule runs a chunk's sweeps back to back, and each such sweep
@@ -313,7 +339,7 @@ struct Searcher {
               continue;
             }
             c.window = *space.window;
-            if (plain) consider(c);
+            if (plain) window_shardings(c, [&] { consider(c); });
             if (cuts) cutpoint_variants(c, cut_tps);
             continue;
           }
@@ -330,10 +356,11 @@ struct Searcher {
             });
             continue;
           }
-          if (plain) {
-            c.window = std::max<int64_t>(1, largest_window(c));  // (1: for the nearest miss)
-            consider(c);
-          }
+          if (plain)
+            window_shardings(c, [&] {
+              c.window = std::max<int64_t>(1, largest_window(c));  // (1: for the nearest miss)
+              consider(c);
+            });
           if (cuts) cutpoint_variants(c, cut_tps);  // each cut with its own largest window
         }
       }

@@ -165,8 +165,6 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
     unit.streamed = window && u >= first_streamed_;
   }
   zero_ = plan.config.distributed_optimizer && dp_;
-  KT_CHECK(!zero_ || !window,
-           "the distributed optimizer runs without window offload (api::not_yet_executable)");
   Device& device = *model.device();
   // Where the moments live: on the device without offload, in host memory with it.
   Device& moments = mode == api::OffloadMode::kNone ? device : *host_;
@@ -190,8 +188,11 @@ OffloadEngine::OffloadEngine(const api::Plan& plan, Gpt& model, Communicator* dp
   }
   for (int64_t u = 0; u <= L; ++u) {
     Unit& unit = units_[u];
-    if (unit.cpu) {  // with the distributed optimizer, the rank's shard only
-      const int64_t floats = zero_ ? shards_[u].size : unit.floats;
+    // With the distributed optimizer, the rank's shard only — but a streamed layer keeps its
+    // whole master (what its slot is loaded from) and gradient accumulator (every micro-batch's
+    // gradients summed before the reduce-scatter), and updates its shard of the master in place.
+    if (unit.cpu) {
+      const int64_t floats = zero_ && !unit.streamed ? shards_[u].size : unit.floats;
       unit.master = host_->allocate_floats(floats, MemoryKind::kParams);
       unit.grads = host_->allocate_floats(floats, MemoryKind::kGrads);
     }
@@ -226,7 +227,7 @@ void OffloadEngine::start() {
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     Unit& unit = units_[u];
     if (!unit.cpu) continue;
-    if (zero_)  // the master weights of the rank's shard
+    if (zero_ && !unit.streamed)  // the master weights of the rank's shard
       for_each_shard_piece(u, [&](int, int64_t at, int64_t in_shard, int64_t n) {
         std::memcpy(unit.master.data() + in_shard, model_.params() + at, n * sizeof(float));
       });
@@ -292,6 +293,14 @@ void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_d
       kernels::AdamWStep ts = step;
       ts.weight_decay = Gpt::decays(tensor) ? weight_decay : 0.0f;
       const int64_t i = at + in_shard;
+      if (unit.streamed) {
+        // Streamed: the shard of its whole master in place, from the reduce-scattered sums.
+        float* master = unit.master.data() + shards_[u].begin + in_shard;
+        k::adamw_update(master, shard_grads_.data() + i, shard_m_.data() + i, shard_v_.data() + i,
+                        n, ts);
+        std::memcpy(send + in_shard, master, n * sizeof(float));
+        return;
+      }
       if (unit.cpu) {
         // Offloaded: the shard's master weights, gradients and moments in host memory (the
         // SynergyScale split per shard); its new values go to the device by the all-gather.
@@ -305,15 +314,25 @@ void OffloadEngine::update_shards(const kernels::AdamWStep& step, float weight_d
                       shard_v_.data() + i, n, ts);
       std::memcpy(send + in_shard, params + model_at, n * sizeof(float));
     });
-    if (unit.cpu) {
-      cpu_seconds_.fetch_add(seconds_between(t0, Clock::now()));
+    if (unit.cpu) cpu_seconds_.fetch_add(seconds_between(t0, Clock::now()));
+    if (unit.cpu && !unit.streamed)
       h2d_bytes_ += shards_[u].size * static_cast<int64_t>(sizeof(float));
+    std::vector<float>& bucket = dp_buckets_[u];
+    bucket.resize(static_cast<size_t>(shards_[u].size * dp_->size()));
+    if (unit.streamed) {
+      // Every rank's shard into the whole master now (host memory to host memory: the slots
+      // load from it), and into the device where the layer is in a slot.
+      dp_->allgather(send, bucket.data(), static_cast<size_t>(shards_[u].size));
+      std::memcpy(unit.master.data(), bucket.data(), unit.floats * sizeof(float));
+      if (unit.residency != Residency::kEvicted) {  // in its slot: the new values go there too
+        scatter(model_.params(), unit.master.data(), unit.slices);
+        h2d_bytes_ += unit.floats * static_cast<int64_t>(sizeof(float));
+      }
+      continue;
     }
     // Every rank's shard into the unit's bucket, beside the next forward until it reads the unit
     // (before_forward; Megatron's --overlap-param-gather). Units in the order the forward
     // reads them. The forward's refresh rounds the bf16 copy from the gathered values.
-    std::vector<float>& bucket = dp_buckets_[u];
-    bucket.resize(static_cast<size_t>(shards_[u].size * dp_->size()));
     gathers_[u] = dp_->allgather_async(send, bucket.data(), static_cast<size_t>(shards_[u].size));
   }
 }
@@ -628,9 +647,22 @@ void OffloadEngine::finish_backward() {
   d2h_.synchronize();
   exposed_transfer_seconds_ += seconds_between(start, Clock::now());
   if (!dp_) return;
-  if (zero_) return;  // every unit's reduce-scatter was among the reductions
-  for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u)
-    dp_->allreduce(units_[u].grads.data(), static_cast<size_t>(units_[u].floats), ReduceOp::kSum);
+  for (int64_t u = static_cast<int64_t>(units_.size()) - 1; u >= first_streamed_; --u) {
+    Unit& unit = units_[u];
+    if (!zero_) {
+      dp_->allreduce(unit.grads.data(), static_cast<size_t>(unit.floats), ReduceOp::kSum);
+      continue;
+    }
+    // The distributed optimizer: the rank's shard of the sums (the other units' reduce-scatters
+    // were among the reductions), packed and padded as reduce_scatter_unit packs.
+    const Shard& shard = shards_[u];
+    std::vector<float>& bucket = dp_buckets_[u];
+    bucket.assign(static_cast<size_t>(shard.size * dp_->size()), 0.0f);
+    std::memcpy(bucket.data(), unit.grads.data(), unit.floats * sizeof(float));
+    dp_->reduce_scatter_async(bucket.data(), shard_grads_.data() + shard.offset,
+                              static_cast<size_t>(shard.size))
+        ->wait();
+  }
 }
 
 void OffloadEngine::sum_of_squares(double out[2]) const {

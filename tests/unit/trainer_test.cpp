@@ -336,7 +336,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   three.world = 3;
   expect_refusal(three, "3 pipeline stages do not divide the model's 2 layers");
   // The distributed optimizer runs on CPU and CUDA ranks without offload or with offload
-  // optimizer; not with the window.
+  // optimizer; with the window on CPU ranks only.
   api::Plan sharded = tiny_plan(10);
   sharded.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(sharded));
@@ -346,7 +346,13 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   EXPECT_NO_THROW(worker::check_executable(sharded_offload));
   api::Plan sharded_window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   sharded_window.config.distributed_optimizer = true;
-  expect_refusal(sharded_window, "with offload optimizer only so far");
+  EXPECT_NO_THROW(worker::check_executable(sharded_window));
+  api::Plan sharded_gpu_window = sharded_window;
+  sharded_gpu_window.device = api::DeviceKind::kCuda;
+  sharded_gpu_window.precision = api::Precision::kBf16;
+  expect_refusal(sharded_gpu_window,
+                 "the CUDA workers run the distributed optimizer without offload or with offload "
+                 "optimizer only so far");
   api::Plan sharded_gpu = sharded;
   sharded_gpu.device = api::DeviceKind::kCuda;
   sharded_gpu.precision = api::Precision::kBf16;
