@@ -90,12 +90,6 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
 
 std::string not_yet_executable(const Plan& plan) {
   const auto& c = plan.config;
-  if (c.distributed_optimizer && c.offload == OffloadMode::kWindow &&
-      plan.device == DeviceKind::kCuda)
-    return "it shards the optimizer over the " + std::to_string(c.dp) +
-           " data-parallel ranks with offload window on GPUs, and the CUDA workers run the "
-           "distributed optimizer without offload or with offload optimizer only so far (set "
-           "spec.parallelism.distributedOptimizer: off, or offload: optimizer)";
   if (c.cut_layer > 0 && c.offload == OffloadMode::kOptimizer && c.gpu_units < 1)
     return "it changes the tensor-parallel degree at layer " + std::to_string(c.cut_layer) +
            " (Oases' cutpoint) with the embeddings updated on the CPU, and the workers sum a "

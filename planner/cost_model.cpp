@@ -562,12 +562,16 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // pinned staging for two layers.
   // The distributed optimizer with offload optimizer keeps each rank's shard of the CPU units'
   // master weights, gradients and moments only (the SynergyScale split per shard); a streamed
-  // layer keeps its whole master (its slot loads from it) and gradient accumulator, and the
-  // shard of its moments.
+  // layer keeps its whole gradient accumulator and what its slot loads from (a CPU rank its
+  // whole fp32 master, a GPU rank its bf16 copy, counted below) — and the shard of the rest (a
+  // GPU rank's: master, moments, gradients and bf16 values, 18 B).
   const double host_share = c.distributed_optimizer ? 1.0 / static_cast<double>(c.dp) : 1.0;
   const double streamed_params = static_cast<double>(streamed) * lay;
+  const double streamed_bytes = !c.distributed_optimizer ? 16
+                                : p.cpu_device           ? 8 + 8 * host_share
+                                                         : 4 + 18 * host_share;
   double host_rank = (cpu_params - streamed_params) * 16 * host_share +
-                     streamed_params * (8 + 8 * host_share) + streamed * lay * bpe;
+                     streamed_params * streamed_bytes + streamed * lay * bpe;
   // (A pipeline stage keeps a streamed layer's checkpoint per micro-batch in flight.)
   for (const WindowChunk& w : sh.chunks)
     host_rank += static_cast<double>(w.streamed * w.in_flight) * act_layer;

@@ -178,16 +178,17 @@ struct Searcher {
     }
   }
 
-  // `fn` for each distributed-optimizer setting the space allows with the offload window: on CPU
-  // ranks each DP rank keeps its shard of the streamed layers' moments (worker/offload.h); the
-  // CUDA workers do not run the two together yet. Leaves c unsharded.
+  // `fn` with the offload window unsharded, or sharded where the job asks for the distributed
+  // optimizer (each DP rank keeps the shard of the streamed layers' moments — on GPU ranks of
+  // their fp32 master weights too: worker/offload.h, worker/cuda_offload.h). Not both: the
+  // sharded window's variants in the widened search took GPT-3 175B's planning from 88 to 98 ms
+  // (docs/PERFORMANCE.md). Leaves c unsharded.
   template <typename Fn>
   void window_shardings(ParallelConfig& c, Fn&& fn) {
     const auto& zeros = space.distributed_optimizer;
     const bool zero_optional = std::find(zeros.begin(), zeros.end(), false) != zeros.end();
     for (bool zero : zeros) {
-      if (zero && c.dp == 1 && zero_optional) continue;       // nothing to shard
-      if (zero && c.dp > 1 && !problem.cpu_device) continue;  // (offload_variants says so)
+      if (zero && zero_optional) continue;  // (asked for: the space holds only `on`)
       c.distributed_optimizer = zero && c.dp > 1;
       fn();
     }
@@ -221,11 +222,13 @@ struct Searcher {
   }
 
   // The gpuUnits a fraction grid gives, of a stage's units (its copy of the embeddings', then
-  // its L/pp layers; the whole model without stages).
-  std::vector<int64_t> gpu_unit_grid(int64_t tp, int64_t pp) const {
+  // its L/pp layers; the whole model without stages). Kept per (tp, pp): every configuration of
+  // those degrees asks again, for each offload mode (GPT-3 175B's planning spent 28 % here).
+  const std::vector<int64_t>& gpu_unit_grid(int64_t tp, int64_t pp) {
+    std::vector<int64_t>& units = unit_grids[{tp, pp}];
+    if (!units.empty()) return units;
     api::ModelDims m = problem.model;
     m.layers /= pp;
-    std::vector<int64_t> units;
     if (space.gpu_update_fraction) {
       units.push_back(gpu_units_for_fraction(m, tp, *space.gpu_update_fraction));
       return units;
@@ -236,6 +239,7 @@ struct Searcher {
     }
     return units;
   }
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> unit_grids;
 
   // `cut_tps`: a cutpoint's second degrees (cutpoints with offload optimizer, where the space has
   // cutpoints); `plain`: whether the configurations without a cutpoint are wanted too.
@@ -250,16 +254,6 @@ struct Searcher {
       // the choice depend on feasibility, and more memory could then predict a slower plan.
       if (cpu_auto) continue;
       c.offload = mode;
-      if (mode == OffloadMode::kWindow && !problem.cpu_device && c.dp > 1 &&
-          space.distributed_optimizer == std::vector<bool>{true}) {
-        note(Stage::kOffload, [] {
-          return std::string(
-              "offload: window with the distributed optimizer runs on CPU ranks only so far (the "
-              "CUDA workers shard the optimizer without offload or with offload optimizer): set "
-              "offload: optimizer, or distributedOptimizer: off");
-        });
-        continue;
-      }
       // The window inside stages streams each stage's layers, 1F1B; with virtual stages each
       // chunk its own through its own slots — searched where the job asks for virtual stages
       // (the interleaved schedule runs a chunk's sweeps back to back, and each such sweep
@@ -598,7 +592,7 @@ std::string kind_of(const ParallelConfig& c) {
 
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
                     const SearchSpace& space) {
-  Searcher s{problem, space, {}, {}, {}};
+  Searcher s{problem, space, {}, {}, {}, {}};
   s.run(max_nodes, slots_per_node);
   return std::move(s.result);
 }

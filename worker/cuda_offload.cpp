@@ -88,9 +88,6 @@ CudaOffloadEngine::CudaOffloadEngine(CudaDevice& device, const GptConfig& config
   }
   layout_ = cuda_param_layout(c_, tp, window_ > 0 ? device_units_ - 1 : c_.layers);
   zero_ = options.distributed_optimizer && reducer_ && reducer_->size() > 1;
-  KT_CHECK(
-      !zero_ || window_ == 0,
-      "the CUDA distributed optimizer runs without the offload window (api::not_yet_executable)");
   KT_CHECK(!unit0_elsewhere_ || (device_units_ >= 1 && !embedding_),
            "a cutpoint's segments keep the embeddings on the device, without stages");
   allocate();
@@ -168,9 +165,12 @@ void CudaOffloadEngine::allocate() {
     Unit& unit = units_[static_cast<size_t>(u)];
     unit.on_device = false;
     for (const ParamSlice& s : gpt_unit_slices(sizes, L, u)) {
-      if (zero_) break;  // it keeps its shard only (allocate_shards)
-      unit.host_slices.push_back({s.tensor, s.offset, host_packed_, s.count});
-      host_packed_ += s.count;
+      // Sharded, it keeps its shard only (allocate_shards), and a streamed layer its whole copy
+      // and accumulator beside it.
+      if (zero_ && !unit_streamed(u)) break;
+      int64_t& packed = zero_ ? stream_packed_ : host_packed_;
+      unit.host_slices.push_back({s.tensor, s.offset, packed, s.count});
+      packed += s.count;
     }
     unit.grads_copied = std::make_unique<CudaEvent>();
     unit.weights_copied = std::make_unique<CudaEvent>();
@@ -181,6 +181,10 @@ void CudaOffloadEngine::allocate() {
     hv_ = memory_.pinned<float>(host_packed_, MemoryKind::kOptimizer);
     hgrads_ = memory_.pinned<float>(host_packed_, MemoryKind::kGrads);
     hparams16_ = memory_.pinned<uint16_t>(host_packed_, MemoryKind::kParams);
+  }
+  if (stream_packed_ > 0) {
+    hstream16_ = memory_.pinned<uint16_t>(stream_packed_, MemoryKind::kParams);
+    hstream_grads_ = memory_.pinned<float>(stream_packed_, MemoryKind::kGrads);
   }
 }
 
@@ -281,6 +285,10 @@ void CudaOffloadEngine::set_parameters(const float* host) {
     for (int i = 0; i < kNumParamTensors; ++i)
       KT_CUDA_CHECK(cudaMemcpy(params16_ + layout_.doffsets[i], rounded.data() + layout_.offsets[i],
                                bytes<bf16>(layout_.dsizes[i]), cudaMemcpyHostToDevice));
+    for (const Unit& u : units_)  // (the streamed layers' whole copies)
+      for (const HostSlice& sl : u.host_slices)
+        std::memcpy(hstream16_ + sl.packed, rounded.data() + sl.offset, bytes<uint16_t>(sl.count));
+    for (Slot& slot : slots_) slot.layer = -1;
     return;
   }
   if (dmaster_) upload_packed(dmaster_, device_slices_, host);
@@ -347,8 +355,8 @@ void CudaOffloadEngine::get_gradients(float* host) {
                              bytes<float>(layout_.dsizes[i]), cudaMemcpyDeviceToHost));
   for (int64_t l = layout_.resident_layers; l < c_.layers; ++l)
     for (const HostSlice& sl : units_[static_cast<size_t>(l + 1)].host_slices) {
-      host_reads("get_gradients", hgrads_ + sl.packed, bytes<float>(sl.count));
-      std::memcpy(host + sl.offset, hgrads_ + sl.packed, bytes<float>(sl.count));
+      host_reads("get_gradients", stream_grads() + sl.packed, bytes<float>(sl.count));
+      std::memcpy(host + sl.offset, stream_grads() + sl.packed, bytes<float>(sl.count));
     }
 }
 
@@ -425,19 +433,24 @@ void CudaOffloadEngine::begin_step() {
 }
 
 void CudaOffloadEngine::before_forward(int64_t unit) {
-  if (unit == 1)  // the window's first layers, ahead of the first layer's forward
+  if (unit == 1) {  // the window's first layers, ahead of the first layer's forward
+    // The distributed optimizer: every streamed layer's new weights all-gathered into its host
+    // copy first (the slots load from it, ahead of the layers' forwards).
+    for (int64_t l = layout_.resident_layers; zero_ && window_ > 0 && l < c_.layers; ++l)
+      if (units_[static_cast<size_t>(l + 1)].gather_due) gather_host_shard(l + 1);
     for (int64_t j = 0; j < window_; ++j) load_layer(layout_.resident_layers + j);
+  }
   Unit& u = units_[static_cast<size_t>(unit)];
+  if (unit_streamed(unit)) {  // its weights come into a slot instead
+    use_layer(unit - 1);
+    return;
+  }
   if (zero_) {  // its weights, all-gathered after the last update (a CPU unit's now)
     if (u.gather_due) gather_host_shard(unit);
     device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
     return;
   }
   if (u.on_device) return;
-  if (unit_streamed(unit)) {  // its weights come into a slot instead
-    use_layer(unit - 1);
-    return;
-  }
   wait_cpu_update(u);
   device_.stream(StreamRole::kCompute).wait(*u.weights_copied);
 }
@@ -453,12 +466,13 @@ void CudaOffloadEngine::load_layer(int64_t l) {
   Slot& slot = slot_of(l);
   if (slot.layer == l) return;  // still there
   const Unit& u = units_[static_cast<size_t>(l + 1)];
-  wait_cpu_update(u);  // hparams16_ holds the updated weights
+  wait_cpu_update(u);  // its host copy holds the updated weights
   CudaStream& h2d = device_.stream(StreamRole::kHostToDevice);
   h2d.wait(*slot.weights_free);  // the slot's previous layer is done with its weights
+  if (zero_) h2d.wait(*u.weights_copied);  // the all-gather's unpack into the host copy
   for (const HostSlice& sl : u.host_slices) {
     KT_CUDA_CHECK(cudaMemcpyAsync(slot.weights + layout_.slot_offsets[sl.tensor],
-                                  hparams16_ + sl.packed, bytes<bf16>(sl.count),
+                                  stream16() + sl.packed, bytes<bf16>(sl.count),
                                   cudaMemcpyHostToDevice, h2d.handle()));
     h2d_bytes_ += bytes<bf16>(sl.count);
   }
@@ -493,7 +507,7 @@ void CudaOffloadEngine::before_backward(int64_t l, bool first_micro_batch) {
   compute.wait(*u.grads_copied);
   for (const HostSlice& sl : u.host_slices) {
     KT_CUDA_CHECK(cudaMemcpyAsync(slot.grads + layout_.slot_offsets[sl.tensor],
-                                  hgrads_ + sl.packed, bytes<float>(sl.count),
+                                  stream_grads() + sl.packed, bytes<float>(sl.count),
                                   cudaMemcpyHostToDevice, compute.handle()));
     h2d_bytes_ += bytes<float>(sl.count);
   }
@@ -528,11 +542,17 @@ void CudaOffloadEngine::grads_final(int64_t unit, bool last_micro_batch) {
                                static_cast<size_t>(sl.count));
   }
   if (reducer_ && last_micro_batch && zero_) {
+    // (a streamed layer's from its slot, which holds the sum of every micro-batch's)
     const CudaEvent& scattered = reduce_scatter(unit);
     if (!u.on_device) copy_shard_home(unit, scattered);  // beside the backward, as it lands
-  } else if (reducer_ && last_micro_batch)
+    if (in_slot)
+      device_.stream(StreamRole::kDataParallelComm).record(*slot_of(unit - 1).grads_free);
+  } else if (reducer_ && last_micro_batch) {
     reducer_->reduce(in_slot ? slot_ranges : u.grad_ranges, *u.grads_final);
-  if (!u.on_device && !zero_) {  // (with the shards: the shard's, above)
+  }
+  // The host units' gradients home (with the shards: the shard's, above — but a streamed layer's
+  // sum so far after each micro-batch before the last, as without them).
+  if (!u.on_device && (!zero_ || (in_slot && !last_micro_batch))) {
     copy_grads_home(u, *u.grads_final, last_micro_batch, in_slot ? &slot_ranges : nullptr);
     if (in_slot) device_.stream(StreamRole::kDeviceToHost).record(*slot_of(unit - 1).grads_free);
   }
@@ -552,8 +572,9 @@ void CudaOffloadEngine::copy_grads_home(Unit& u, const CudaEvent& ready, bool su
     const HostSlice& sl = u.host_slices[k];
     const float* from = slot_ranges ? (*slot_ranges)[k].first
                                     : grads_ + layout_.device_offset(sl.tensor, sl.offset);
-    KT_CUDA_CHECK(cudaMemcpyAsync(hgrads_ + sl.packed, from, bytes<float>(sl.count),
-                                  cudaMemcpyDeviceToHost, d2h.handle()));
+    float* to = (slot_ranges ? stream_grads() : hgrads_) + sl.packed;
+    KT_CUDA_CHECK(
+        cudaMemcpyAsync(to, from, bytes<float>(sl.count), cudaMemcpyDeviceToHost, d2h.handle()));
     d2h_bytes_ += bytes<float>(sl.count);
   }
   d2h.record(*u.grads_copied);
@@ -568,10 +589,12 @@ const CudaEvent& CudaOffloadEngine::reduce_scatter(int64_t unit) {
   CudaStream& dp = device_.stream(StreamRole::kDataParallelComm);
   dp.wait(*units_[static_cast<size_t>(unit)].grads_final);
   dp.wait(*bucket.done);
+  const bool in_slot = unit_streamed(unit);  // (its gradients in its window slot)
   int64_t packed = 0;
   for (const ParamSlice& s : shard.slices) {
-    device_.copy(bucket.data + packed, grads_ + layout_.device_offset(s.tensor, s.offset),
-                 bytes<float>(s.count), dp);
+    const float* from = in_slot ? slot_of(unit - 1).grads + layout_.slot_offsets[s.tensor]
+                                : grads_ + layout_.device_offset(s.tensor, s.offset);
+    device_.copy(bucket.data + packed, from, bytes<float>(s.count), dp);
     packed += s.count;
   }
   dp.record(*bucket.ready);
@@ -628,6 +651,7 @@ void CudaOffloadEngine::join_reductions(CudaStream& stream) {
 }
 
 void CudaOffloadEngine::add_host_sums_of_squares(double* sharded, double* replicated) {
+  if (zero_) return;  // every unit's shard is summed on the device (add_shard_sums_of_squares)
   for (int64_t l = layout_.resident_layers; l < c_.layers && window_ > 0; ++l) {
     const Unit& u = units_[static_cast<size_t>(l + 1)];
     u.grads_copied->synchronize();
@@ -779,11 +803,18 @@ void CudaOffloadEngine::gather_host_shard(int64_t unit) {
   reducer_->all_gather(mine, bucket.data, static_cast<size_t>(shard.size), DeviceDtype::kBfloat16,
                        *bucket.ready, *bucket.done);
   dp.wait(*bucket.done);
-  int64_t packed = 0;
-  for (const ParamSlice& s : shard.slices) {
-    device_.copy(params16_ + layout_.device_offset(s.tensor, s.offset), bucket.data + packed,
-                 bytes<bf16>(s.count), dp);
-    packed += s.count;
+  if (unit_streamed(unit)) {  // into its whole host copy, which its slot loads (d2h)
+    int64_t floats = 0;
+    for (const HostSlice& sl : u.host_slices) floats += sl.count;
+    device_.copy(hstream16_ + u.host_slices.front().packed, bucket.data, bytes<bf16>(floats), dp);
+    d2h_bytes_ += bytes<bf16>(floats);
+  } else {
+    int64_t packed = 0;
+    for (const ParamSlice& s : shard.slices) {
+      device_.copy(params16_ + layout_.device_offset(s.tensor, s.offset), bucket.data + packed,
+                   bytes<bf16>(s.count), dp);
+      packed += s.count;
+    }
   }
   dp.record(*bucket.free);
   dp.record(*u.weights_copied);

@@ -345,6 +345,14 @@ class CudaOffloadEngine {
   int64_t host_packed_ = 0;
   float *hmaster_ = nullptr, *hm_ = nullptr, *hv_ = nullptr, *hgrads_ = nullptr;
   uint16_t* hparams16_ = nullptr;
+  // With the distributed optimizer those hold the host units' shards; a streamed layer also keeps
+  // its whole bf16 copy (what its slot loads, the all-gather's unpack) and gradient accumulator,
+  // packed by its host_slices here.
+  uint16_t* hstream16_ = nullptr;
+  float* hstream_grads_ = nullptr;
+  int64_t stream_packed_ = 0;
+  uint16_t* stream16() const { return zero_ ? hstream16_ : hparams16_; }
+  float* stream_grads() const { return zero_ ? hstream_grads_ : hgrads_; }
   std::vector<Unit> units_;
   std::vector<Ring> rings_;
   int in_flight_ = 1, active_slot_ = 0;

@@ -4,10 +4,10 @@
 # each checked against the CPU worker (fp32) on the same job. The runs cover one rank, offload
 # optimizer, window offload with recompute (each resumed from a checkpoint, continuing the same
 # losses), gradient accumulation (alone, with the window, with DP), and 2 DP ranks (also with
-# the distributed optimizer, also with offload optimizer), 2 TP ranks, 2 pipeline stages (also
-# with offload optimizer or the offload window, and 2 × 2 virtual stages, also with either) and
-# a cutpoint (also with either; each resumed) through `kubetrain-worker launch`. The ranks share one emulated GPU, so they use the
-# host collectives.
+# the distributed optimizer, also with offload optimizer or the window), 2 TP ranks, 2 pipeline
+# stages (also with offload optimizer or the offload window, and 2 × 2 virtual stages, also with
+# either) and a cutpoint (also with either; each resumed) through `kubetrain-worker launch`. The
+# ranks share one emulated GPU, so they use the host collectives.
 # Usage: worker_cuda.sh KUBETRAIN KUBETRAIN_WORKER KUBETRAIN_WORKER_EMULATED [EMULATED_LIBNCCL]
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
@@ -106,6 +106,13 @@ grep -q '"distributedOptimizer": *true' "$DIR/dp2-zero.json" || fail "dp2-zero: 
 job dp2-zero-offload 6 2 "{tensorParallel: 1, dataParallel: 2, distributedOptimizer: on, offload: optimizer, gpuUpdateFraction: 0.5}"
 plan dp2-zero-offload "$DIR/h200x2.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/dp2-zero-offload.json" || fail "dp2-zero-offload: no offload"
+# ... with the offload window (every layer streamed; each rank keeps a streamed layer's whole bf16
+# copy and gradient accumulator, updates its shard on the CPU and all-gathers it), 2 micro-batches
+# a step (resumed too).
+job dp2-zero-window 6 2 "{tensorParallel: 1, dataParallel: 2, distributedOptimizer: on, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}" 2
+plan dp2-zero-window "$DIR/h200x2.yaml"
+grep -q '"offload": *"window"' "$DIR/dp2-zero-window.json" && grep -q '"distributedOptimizer": *true' "$DIR/dp2-zero-window.json" ||
+  fail "dp2-zero-window: not planned sharded with the window"
 launch_ranks() {  # launch_ranks RUN [LOG]: the plan's 2 ranks
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 300 "$WORKER" launch \
     --plan "$DIR/$1.json" --checkpoint-dir "$DIR/ckpt-$1" > "$DIR/${2:-$1}.log" 2>&1 ||
@@ -167,7 +174,7 @@ grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: 
 job cut-window 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
 plan cut-window "$DIR/h200x2.yaml"
 grep -q '"offload": *"window"' "$DIR/cut-window.json" || fail "cut-window: no window planned"
-for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload pp2 pp2-offload pp2-window vpp2 \
+for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload dp2-zero-window pp2 pp2-offload pp2-window vpp2 \
   vpp2-offload vpp2-window cut cut-offload cut-window; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
@@ -202,7 +209,7 @@ resume_ranks cut-window
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
   fail "one rank did not reshard the cut checkpoint: $(head -3 "$DIR/cut-one.log")"
 
-for run in dp2-zero dp2-zero-offload; do
+for run in dp2-zero dp2-zero-offload dp2-zero-window; do
   grep -q "masters and moments sharded over 2 DP ranks" "$DIR/$run.log" ||
     fail "$run: the optimizer was not sharded: $(head -5 "$DIR/$run.log")"
   resume_ranks $run
@@ -330,6 +337,7 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "dp2": (cuda, 2e-2), "tp2": (cuda, 2e-2), "accum": (cuda, 2e-2),
         "window-accum": (accum, 1e-3), "dp2-accum": (cuda, 2e-2),
         "dp2-zero": (losses("dp2"), 1e-3), "dp2-zero-offload": (losses("dp2"), 1e-3),
+        "dp2-zero-window": (losses("dp2-accum"), 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
         "pp2-window": (losses("accum4"), 2e-2), "vpp2-window": (losses("vpp2"), 1e-3),
@@ -345,11 +353,13 @@ for name, (ref, tol) in runs.items():
     ok = worst < tol
     failed |= not ok
     against = ("cpu" if ref is cpu else "accum" if ref is accum else "cuda" if ref is cuda
+               else "dp2-accum" if name == "dp2-zero-window"
                else "pp2" if name == "pp2-offload" else "accum4" if name in ("vpp2", "pp2-window")
                else "vpp2" if name in ("vpp2-offload", "vpp2-window") else "cut" if name in ("cut-offload", "cut-window")
                else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
-for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "pp2", "pp2-offload",
+for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "dp2-zero-window",
+             "pp2", "pp2-offload",
              "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload",
              "cut-window"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")

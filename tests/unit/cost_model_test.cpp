@@ -187,6 +187,27 @@ TEST(CostModel, WindowOffloadInPipelineStages) {
               1e3);
 }
 
+// With the distributed optimizer a GPU rank keeps a streamed layer's fp32 gradient accumulator and
+// bf16 copy whole in host memory, and 1/d of its master, moments, gradient shard and bf16 shard
+// (18 B): 4 + 18/d + 2 bytes per parameter instead of 16 + 2.
+TEST(CostModel, WindowOffloadWithTheDistributedOptimizer) {
+  const Problem p = problem_3090();
+  auto c = config(1, 1, 1, Recompute::kFull);
+  c.offload = OffloadMode::kWindow;
+  c.gpu_units = 1;
+  c.window = 2;
+  ASSERT_EQ(c.dp, 4);
+  const auto plain = planner::evaluate(p, c);
+  c.distributed_optimizer = true;
+  const auto sharded = planner::evaluate(p, c);
+  const double streamed =
+      static_cast<double>(p.model.layers) * planner::layer_unit_params(p.model, 1);
+  EXPECT_NEAR(plain.predicted.host_bytes_per_node - sharded.predicted.host_bytes_per_node,
+              c.procs_per_node * streamed * (16 - (4 + 18.0 / 4)), 1e3);
+  // The same bytes over PCIe: the window moves whole layers either way.
+  EXPECT_DOUBLE_EQ(sharded.predicted.pcie_bytes_per_step, plain.predicted.pcie_bytes_per_step);
+}
+
 TEST(CostModel, MoreGpuUpdateFractionNeedsMoreDeviceMemory) {
   const Problem p = problem_3090();
   auto c = config(2, 2, 1, Recompute::kFull);

@@ -209,24 +209,26 @@ TEST(Planner, PipelineStagesWithForcedOffloadSayWhatToChange) {
   EXPECT_EQ(api::not_yet_executable(interleaved), "");
 }
 
-// The distributed optimizer with the offload window is planned for CPU ranks, which run it; a GPU
-// job that forces both is told that the CUDA workers do not, and what to change.
-TEST(Planner, DistributedOptimizerWithTheWindowOnCpuRanksOnly) {
+// The distributed optimizer with the offload window, where a job asks for both: on CPU ranks and
+// on GPUs (CostModel.WindowOffloadWithTheDistributedOptimizer has its host memory).
+TEST(Planner, DistributedOptimizerWithTheWindow) {
   const std::string four =
       "{layers: 4, hidden: 64, heads: 4, ffnHidden: 256, vocab: 256, seqLen: 32}";
   const std::string asked =
-      "  parallelism: {dataParallel: 2, offload: window, recompute: full, distributedOptimizer: "
-      "on}\n";
-  const api::Plan cpu = planner::best_plan(test::gpt_job(four, asked), test::cluster("cpu-local"));
+      "  parallelism: {dataParallel: 2, offload: window, recompute: full, distributedOptimizer: ";
+  const api::Plan cpu =
+      planner::best_plan(test::gpt_job(four, asked + "on}\n"), test::cluster("cpu-local"));
   EXPECT_TRUE(cpu.config.distributed_optimizer);
   EXPECT_EQ(cpu.config.offload, OffloadMode::kWindow);
   EXPECT_EQ(api::not_yet_executable(cpu), "");
-  const std::string e =
-      plan_error(test::gpt_job("{preset: gpt-7b}", asked, 512), test::cluster("3090x32-pcie"));
-  EXPECT_NE(e.find("offload: window with the distributed optimizer runs on CPU ranks only so far"),
-            std::string::npos)
-      << e;
-  EXPECT_NE(e.find("set offload: optimizer, or distributedOptimizer: off"), std::string::npos) << e;
+  const std::string gpu_asked =
+      "  parallelism: {offload: window, recompute: full, "
+      "gpuUpdateFraction: 0.5, offloadWindow: 2, distributedOptimizer: ";
+  const api::Plan gpu = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}", gpu_asked + "on}\n", 512), test::cluster("3090x32-pcie"));
+  EXPECT_TRUE(gpu.config.distributed_optimizer);
+  EXPECT_EQ(gpu.config.offload, OffloadMode::kWindow);
+  EXPECT_EQ(api::not_yet_executable(gpu), "");
 }
 
 // A forced dataParallel that no shape gives names why (a plan's ranks are whole nodes' GPUs) and
