@@ -181,8 +181,8 @@ struct Searcher {
   // `fn` with the offload window unsharded, or sharded where the job asks for the distributed
   // optimizer (each DP rank keeps the shard of the streamed layers' moments — on GPU ranks of
   // their fp32 master weights too: worker/offload.h, worker/cuda_offload.h). Not both: the
-  // sharded window's variants in the widened search took GPT-3 175B's planning from 88 to 98 ms
-  // (docs/PERFORMANCE.md). Leaves c unsharded.
+  // sharded window's variants in the widened search took GPT-3 175B's planning from medians of
+  // 86–91 to 91–99 ms on a noisy machine (docs/PERFORMANCE.md). Leaves c unsharded.
   template <typename Fn>
   void window_shardings(ParallelConfig& c, Fn&& fn) {
     const auto& zeros = space.distributed_optimizer;

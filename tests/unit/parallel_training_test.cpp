@@ -956,6 +956,15 @@ TEST(Offload, WindowWithDistributedOptimizerEqualsOneRank) {
     const RunResult r = expect_same_training(plan, kFourLayers);
     expect_bytes_per_step(r, window_bytes(plan), plan.predicted.pcie_bytes_per_step);
   }
+  {  // in bf16: the shards' new values reach the slots' bf16 copies
+    const api::Plan plan = plan_for(
+        "tensorParallel: 1, dataParallel: 2, overlap: off, recompute: full, offload: window, "
+        "offloadWindow: 2, gpuUpdateFraction: 0.05, distributedOptimizer: on",
+        kFourLayers, "bf16");
+    ASSERT_TRUE(plan.config.distributed_optimizer);
+    ASSERT_EQ(plan.precision, api::Precision::kBf16);
+    expect_same_training(plan, kFourLayers);
+  }
   {  // across a cutpoint (DP 2 → TP 2 at layer 2: only the first segment is sharded over DP 2)
     api::Plan plan = with_cutpoint(
         "tensorParallel: 1, dataParallel: 2, overlap: off, recompute: full, offload: window, "
