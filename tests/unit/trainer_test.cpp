@@ -233,6 +233,12 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
+  // The same plan for CUDA ranks (bf16, as the CUDA workers run).
+  auto on_cuda = [](api::Plan plan) {
+    plan.device = api::DeviceKind::kCuda;
+    plan.precision = api::Precision::kBf16;
+    return plan;
+  };
   // A GPU plan the CUDA workers run (the worker built without CUDA refuses it for that alone).
   auto expect_runs_on_cuda = [](const api::Plan& plan) {
 #ifdef KUBETRAIN_WITH_CUDA
@@ -261,24 +267,18 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   staged_window.config.gpu_units = 1;  // the stage's copy of the embeddings; its layer streams
   staged_window.config.window = 1;
   EXPECT_NO_THROW(worker::check_executable(staged_window));
-  api::Plan staged_gpu_window = staged_window;
-  staged_gpu_window.device = api::DeviceKind::kCuda;
-  staged_gpu_window.precision = api::Precision::kBf16;
+  api::Plan staged_gpu_window = on_cuda(staged_window);
   expect_runs_on_cuda(staged_gpu_window);
   staged_window.config.gpu_units = 2;  // nothing of the stage's 1 layer left to stream
   expect_refusal(staged_window, "window offload needs the embeddings on the device, at least one "
                                 "streamed layer and one slot (gpuUnits 2, window 1)");
 
-  api::Plan staged_gpu = staged;
-  staged_gpu.device = api::DeviceKind::kCuda;
-  staged_gpu.precision = api::Precision::kBf16;
+  api::Plan staged_gpu = on_cuda(staged);
 #ifdef KUBETRAIN_WITH_CUDA
   EXPECT_NO_THROW(worker::check_executable(staged_gpu));
 #endif
-  api::Plan staged_gpu_offload = staged_offload;
+  api::Plan staged_gpu_offload = on_cuda(staged_offload);
   staged_gpu_offload.config.gpu_units = 2;
-  staged_gpu_offload.device = api::DeviceKind::kCuda;
-  staged_gpu_offload.precision = api::Precision::kBf16;
   expect_runs_on_cuda(staged_gpu_offload);
   // A cutpoint runs on CPU and CUDA ranks without stages or offload (with or without the
   // distributed optimizer), where its TP degree nests with the plan's and splits the micro-batch.
@@ -289,9 +289,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   cut.config.cut_layer = 1;
   cut.config.cut_tp = 2;
   EXPECT_NO_THROW(worker::check_executable(cut));
-  api::Plan cut_gpu = cut;
-  cut_gpu.device = api::DeviceKind::kCuda;
-  cut_gpu.precision = api::Precision::kBf16;
+  api::Plan cut_gpu = on_cuda(cut);
   expect_runs_on_cuda(cut_gpu);
   api::Plan cut_zero = cut;
   cut_zero.config.distributed_optimizer = true;
@@ -321,9 +319,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   expect_refusal(cut_window, "window offload streams each layer's activation checkpoint");
   cut_window.config.recompute = api::Recompute::kFull;
   EXPECT_NO_THROW(worker::check_executable(cut_window));
-  api::Plan cut_gpu_window = cut_window;
-  cut_gpu_window.device = api::DeviceKind::kCuda;
-  cut_gpu_window.precision = api::Precision::kBf16;
+  api::Plan cut_gpu_window = on_cuda(cut_window);
   expect_runs_on_cuda(cut_gpu_window);
   api::Plan cut_same = cut;
   cut_same.config.cut_tp = 1;
@@ -347,19 +343,13 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
   api::Plan sharded_window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   sharded_window.config.distributed_optimizer = true;
   EXPECT_NO_THROW(worker::check_executable(sharded_window));
-  api::Plan sharded_gpu_window = sharded_window;
-  sharded_gpu_window.device = api::DeviceKind::kCuda;
-  sharded_gpu_window.precision = api::Precision::kBf16;
+  api::Plan sharded_gpu_window = on_cuda(sharded_window);
   expect_runs_on_cuda(sharded_gpu_window);
-  api::Plan sharded_gpu = sharded;
-  sharded_gpu.device = api::DeviceKind::kCuda;
-  sharded_gpu.precision = api::Precision::kBf16;
+  api::Plan sharded_gpu = on_cuda(sharded);
 #ifdef KUBETRAIN_WITH_CUDA
   EXPECT_NO_THROW(worker::check_executable(sharded_gpu));
 #endif
-  api::Plan sharded_gpu_offload = sharded_offload;
-  sharded_gpu_offload.device = api::DeviceKind::kCuda;
-  sharded_gpu_offload.precision = api::Precision::kBf16;
+  api::Plan sharded_gpu_offload = on_cuda(sharded_offload);
   expect_runs_on_cuda(sharded_gpu_offload);
   api::Plan window = tiny_plan(10, "  parallelism: {offload: window, recompute: full}\n");
   window.config.recompute = api::Recompute::kNone;
@@ -370,9 +360,7 @@ TEST(Trainer, RefusesPlansItCannotExecute) {
 
   // device: cuda — one GPU per rank (DP, TP with or without the overlap), bf16, any recompute,
   // every offload mode.
-  api::Plan gpu = tiny_plan(10);
-  gpu.device = api::DeviceKind::kCuda;
-  gpu.precision = api::Precision::kBf16;
+  api::Plan gpu = on_cuda(tiny_plan(10));
 #ifdef KUBETRAIN_WITH_CUDA
   EXPECT_NO_THROW(worker::check_executable(gpu));
   api::Plan fp32 = gpu;
