@@ -26,6 +26,9 @@
 // into a gather bucket, which is all-gathered and unpacked into every rank's bf16 parameters on
 // the data-parallel stream, unit by unit, the next forward waiting for each unit's. The fp32
 // gradients stay whole on every rank (accumulated over micro-batches, as Megatron's buffer).
+// With offload the host units keep their shards in host memory (their CPU updates them; the next
+// forward all-gathers the new bf16 shards); a streamed layer's slot sums are reduce-scattered in
+// the last micro-batch, and its gathered shards go into its whole host copy, which its slot loads.
 //
 // The model (worker/cuda_gpt.h) holds the activations and the math: it reads a layer's weights
 // and gradients through layer_weight / layer_grad and tells the engine where the schedule is
@@ -116,8 +119,9 @@ struct CudaOffloadOptions {
   api::Recompute recompute = api::Recompute::kNone;
   int cpu_threads = 1;                // OpenMP threads of the CPU optimizer
   GradientReducer* reducer = nullptr;  // data parallelism (nullptr: one rank)
-  // The distributed optimizer (ZeRO-1) over the reducer's group, when it has more than one rank;
-  // every unit on the device (no offload).
+  // The distributed optimizer (ZeRO-1) over the reducer's group, when it has more than one rank
+  // (with any offload: a host unit keeps its shard; a streamed layer also its whole bf16 copy and
+  // gradient accumulator).
   bool distributed_optimizer = false;
   // Pipeline stages: the first and the last stage's group, over which they sum unit 0's
   // gradients after the DP sum (null: none); whether the norm counts unit 0 (the first stage's

@@ -16,12 +16,14 @@
 // bucket by bucket behind the backward of the layers below, before their copy home, the norm and
 // AdamW read them; the streamed layers' host copies are all-reduced after the backward.
 // The distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer; plan
-// distributedOptimizer over DP > 1, without offload): each unit's parameters, packed in its
-// slices' order and padded to a multiple of the DP size d, fall into d equal shards; rank r keeps
-// the AdamW moments of shard r only. After the backward each unit's gradients are
+// distributedOptimizer over DP > 1, with any offload: docs/WORKER.md): each unit's parameters,
+// packed in its slices' order and padded to a multiple of the DP size d, fall into d equal shards;
+// rank r keeps the AdamW moments of shard r only. After the backward each unit's gradients are
 // reduce-scattered (rank r gets shard r's sums), the gradient norm is summed over the shards, every
 // rank updates its shard, and the updated shards are all-gathered into every rank's parameters
-// beside the next forward, each unit waited for before the forward reads it.
+// beside the next forward, each unit waited for before the forward reads it. A streamed layer
+// (window) keeps its whole master and gradient accumulator, reduce-scatters its host sums after
+// the backward, and all-gathers its updated shard into every rank's master in the update.
 // Checkpoints see the full moments: they are all-gathered for the save (a transient full copy),
 // and a restore's full moments are cut to the shard by start().
 // Four lanes with events between them: compute (the caller's thread), host→device, device→host
