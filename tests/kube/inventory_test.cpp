@@ -13,6 +13,7 @@
 #include "operator/kube/objects.h"
 #include "operator/local/store.h"
 #include "tests/support/eventually.h"
+#include "tests/support/random.h"
 
 namespace kt::controller {
 namespace {
@@ -149,7 +150,7 @@ TEST(InventoryTracker, EqualsTheListedInventoryThroughRandomPodAndNodeChanges) {
     put_node(store, gpu_node("node-" + std::to_string(i), i % 4 == 3 ? 0 : 8));
   cluster.start();
 
-  const unsigned seed = std::random_device{}();
+  const unsigned seed = test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   const auto uniform = [&](int lo, int hi) {

@@ -4,10 +4,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 namespace kt::test {
+
+// A seed for a test on fresh random inputs: a new one each run, or KT_TEST_SEED's value to replay
+// a failure (the tests print the seed they used when they fail).
+inline uint32_t fresh_seed() {
+  if (const char* fixed = std::getenv("KT_TEST_SEED"))
+    return static_cast<uint32_t>(std::strtoul(fixed, nullptr, 10));
+  return std::random_device{}();
+}
 
 // n draws from N(0, scale²).
 inline std::vector<float> random_normal(std::mt19937& rng, size_t n, float scale = 1.0f) {

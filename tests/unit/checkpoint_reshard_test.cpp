@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -17,6 +17,7 @@
 #include "api/error.h"
 #include "api/yaml_json.h"
 #include "tests/support/barrier.h"
+#include "tests/support/random.h"
 #include "worker/checkpoint.h"
 #include "worker/gpt_layout.h"
 
@@ -91,7 +92,7 @@ struct Rank {
 class CheckpointReshardTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    seed_ = std::random_device{}();
+    seed_ = test::fresh_seed();
     root_ = ::testing::TempDir() + "kt-reshard-" + std::to_string(::getpid()) + "-" +
             std::to_string(seed_);
     std::filesystem::remove_all(root_);

@@ -26,6 +26,7 @@
 
 #include "api/error.h"
 #include "tests/support/barrier.h"
+#include "tests/support/random.h"
 #include "worker/llmc_file.h"
 #include "worker/safetensors.h"
 
@@ -158,9 +159,7 @@ CheckpointMeta make_meta(int64_t step, std::mt19937& rng) {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* fixed = std::getenv("KT_TEST_SEED");
-    seed_ =
-        fixed ? static_cast<uint32_t>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
+    seed_ = test::fresh_seed();
     rng_.seed(seed_);
     std::string pattern = ::testing::TempDir() + "kt_checkpoint_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "api/error.h"
+#include "tests/support/random.h"
 #include "worker/rendezvous.h"
 
 namespace kt {
@@ -137,9 +138,7 @@ std::vector<float> rank_data(uint32_t seed, int rank, size_t count) {
   return data;
 }
 
-uint32_t fresh_seed() {
-  return std::random_device{}();
-}
+using test::fresh_seed;
 
 void require_near(const std::vector<float>& got, const std::vector<double>& want, double tolerance,
                   const std::string& what) {

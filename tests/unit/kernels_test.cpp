@@ -26,7 +26,7 @@ using D = std::vector<double>;
 
 class Kernels : public ::testing::Test {
  protected:
-  Kernels() : seed_(std::random_device{}()), rng_(seed_) {}
+  Kernels() : seed_(test::fresh_seed()), rng_(seed_) {}
   void SetUp() override { RecordProperty("seed", std::to_string(seed_)); }
 
   F random(size_t n, float scale = 1.0f) { return test::random_normal(rng_, n, scale); }
