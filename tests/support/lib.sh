@@ -2,10 +2,14 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/../support/lib.sh"
 
 # fail MESSAGE...: prints "FAIL: MESSAGE", then whatever the test's own `fail_context` function
-# shows (its logs), and exits 1.
+# shows (its logs), then the message again (a CI log that keeps only the head and the tail of a
+# long output still says what failed), and exits 1.
 fail() {
   echo "FAIL: $*"
-  if declare -F fail_context > /dev/null; then fail_context; fi
+  if declare -F fail_context > /dev/null; then
+    fail_context
+    echo "FAIL (above): $*"
+  fi
   exit 1
 }
 
@@ -23,10 +27,22 @@ except Exception as e: sys.exit(1)' "$1"
 
 # wait_for SECONDS COMMAND...: runs COMMAND (its output discarded) every 0.5 s until it succeeds;
 # status 1 when SECONDS pass first.
+# A wait that takes more than half its time is reported on stderr (what a loaded machine made
+# slow, before it makes a test fail).
 wait_for() {
-  local deadline=$((SECONDS + $1))
+  local budget=$1 start=$SECONDS
+  local deadline=$((SECONDS + budget))
   shift
-  until "$@" > /dev/null 2>&1; do (( SECONDS < deadline )) || return 1; sleep 0.5; done
+  until "$@" > /dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then
+      echo "wait_for: gave up after ${budget} s: $*" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+  if (( (SECONDS - start) * 2 > budget )); then
+    echo "wait_for: slow, $((SECONDS - start)) s of ${budget} s: $*" >&2
+  fi
 }
 
 # announced_port LOG: the port of the "metrics on http://127.0.0.1:PORT/metrics" line that
