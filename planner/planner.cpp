@@ -598,8 +598,8 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
     const std::string refused = api::not_yet_executable(plan);
     plan.explanation.push_back(
         (widened_for.empty()
-             ? std::string("No plan without pipeline stages or a distributed optimizer fits "
-                           "these nodes: ")
+             ? std::string("No plan without pipeline stages, a distributed optimizer or a "
+                           "cutpoint fits these nodes: ")
              : "The " + widened_for +
                    " baseline beat every plan without pipeline stages or a distributed "
                    "optimizer, so they were searched too: ") +
@@ -637,6 +637,9 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
         " sequences per micro-batch after the cut); the activations re-shard at the cut and the "
         "tied embedding's gradients are summed over all " +
         std::to_string(plan.world) + " ranks in both layouts" +
+        (c.distributed_optimizer
+             ? "; each segment shards its optimizer state over its data-parallel ranks (ZeRO-1)"
+             : "") +
         (widened ? " (no plan without pipeline stages, a distributed optimizer or a cutpoint fits)"
                  : "") +
         ".");

@@ -411,7 +411,10 @@ TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimi
   EXPECT_LE(plan.predicted.memory.total(), plan.predicted.device_capacity_bytes);
   bool said = false, runs = false;
   for (const auto& line : plan.explanation) {
-    said |= line.find("pipeline stages") != std::string::npos;
+    // (the widened space: stages, the distributed optimizer and cutpoints)
+    said |= line.find(
+                "No plan without pipeline stages, a distributed optimizer or a cutpoint "
+                "fits these nodes: 8 stages") == 0;
     runs |= line.find("refuse") != std::string::npos;
   }
   EXPECT_TRUE(said);
@@ -568,6 +571,21 @@ TEST(Planner, CutpointsWhereAsked_SplitTheModelBetweenTwoTensorParallelDegrees) 
       inv);
   EXPECT_EQ(forced.config.cut_layer, 8);
   EXPECT_EQ(forced.config.cut_tp, 8);
+  // Sharded, the cutpoint's explanation says so.
+  const api::Plan sharded = planner::best_plan(
+      test::gpt_job("{preset: gpt-7b}",
+                    "  parallelism: {cutpointLayer: 8, cutpointTensorParallel: 8, "
+                    "distributedOptimizer: on}\n",
+                    512),
+      inv);
+  EXPECT_TRUE(sharded.config.distributed_optimizer);
+  bool says_sharded = false;
+  for (const auto& line : sharded.explanation)
+    says_sharded |= line.rfind("Oases' cutpoint: ", 0) == 0 &&
+                    line.find(
+                        "each segment shards its optimizer state over its data-parallel "
+                        "ranks (ZeRO-1).") != std::string::npos;
+  EXPECT_TRUE(says_sharded);
   const auto errors =
       api::validate(test::gpt_job("{preset: gpt-7b}", "  parallelism: {cutpointLayer: 32}\n", 512));
   ASSERT_EQ(errors.size(), 1u);
