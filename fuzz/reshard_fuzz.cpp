@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "fuzz/fuzz_check.h"
@@ -65,11 +67,21 @@ struct Layout {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string root = [] {
-    char pattern[] = "/tmp/kt-reshard-fuzz-XXXXXX";
-    if (!::mkdtemp(pattern)) std::abort();
-    return std::string(pattern);
-  }();
+  // One scratch checkpoint directory per fuzzing process, removed when it exits.
+  struct Scratch {
+    std::string path;
+    Scratch() {
+      char pattern[] = "/tmp/kt-reshard-fuzz-XXXXXX";
+      if (!::mkdtemp(pattern)) std::abort();
+      path = pattern;
+    }
+    ~Scratch() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Scratch scratch;
+  const std::string& root = scratch.path;
   std::string header(kt::fuzz::as_text(data, size));
   // The data block: as long as the largest end offset the header names (else none).
   uint64_t block = 0;
