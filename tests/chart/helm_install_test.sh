@@ -24,7 +24,14 @@ cleanup() {
 trap cleanup EXIT
 fail_context() {
   echo "--- server log (tail)"; tail -20 "$OUT/serve.log"
-  echo "--- operator logs (tail)"; tail -20 "$OUT"/work/pods/kubetrain-system_*/log 2>/dev/null || true
+  echo "--- pods, TrainingJobs, the Lease"
+  kubectl --request-timeout=10s get pods,trainingjobs,leases -A -o wide 2>&1 | tail -30 || true
+  echo "--- pod directories"; ls "$OUT/work/pods" 2>&1 | tail -30
+  echo "--- operator logs (tail)"
+  local f
+  for f in "$OUT"/work/pods/kubetrain-system_*/log; do
+    [[ -f $f ]] && { echo "== $f"; tail -15 "$f"; }
+  done
 }
 
 "$KT" local serve --kubeconfig-out "$OUT/kubeconfig" --workdir "$OUT/work" > "$OUT/serve.log" 2>&1 &
@@ -114,7 +121,7 @@ each_rule_is_needed() {  # each_rule_is_needed clusterrole|role NAME [-n NS]
     python3 -c "$strip_meta"'; print(json.dumps(r))' "$OUT/role.json" > "$OUT/with.json"
     K replace -f "$OUT/with.json" > /dev/null
     restart_operator
-    wait_for 180 gone "rule-$kind-$i" || fail "with the rule back, job rule-$kind-$i did not finish"
+    wait_for 300 gone "rule-$kind-$i" || fail "with the rule back, job rule-$kind-$i did not finish (phase $(K get tj "rule-$kind-$i" -o jsonpath='{.status.phase}' 2>&1))"
   done
 }
 each_rule_is_needed clusterrole kt-kubetrain

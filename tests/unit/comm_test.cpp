@@ -347,6 +347,7 @@ TEST_P(AllReduce, SumAndMaxMatchIndependentlyComputedValues) {
   const int world = GetParam();
   const int port = free_port();
   const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   const std::vector<size_t> sizes{0, 1, 7, 1000, 1 << 20};
   const auto results = run_ranks(world, [&](int rank, std::string&) {
     auto groups = worker::connect_process_groups(config_for(rank, world, port), 1, world);
@@ -379,6 +380,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AllReduce, ::testing::Values(2, 3, 4));
 TEST(GlooCommunicator, AllgatherReduceScatterBroadcastAndBarrier) {
   const int world = 3, port = free_port();
   const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   const auto results = run_ranks(world, [&](int rank, std::string&) {
     auto groups = worker::connect_process_groups(config_for(rank, world, port), 1, world);
     Communicator& comm = *groups.world;
@@ -458,6 +460,7 @@ TEST(ProcessGroups, TpTimesDpGroupsHaveTheRightMembers) {
 TEST(GlooCommunicator, AsyncAllReducesCompleteInIssueOrderWhateverTheWaitOrder) {
   const int world = 2, port = free_port();
   const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
   const auto results = run_ranks(world, [&](int rank, std::string&) {
     auto groups = worker::connect_process_groups(config_for(rank, world, port), 2, 1);
     const int n = 6;
