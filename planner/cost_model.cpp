@@ -229,7 +229,8 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
   // One pipeline stage's layers (all of them without a pipeline). The stage timed is the last,
   // which also runs the LM head: the slowest, so the one the 1F1B schedule waits for.
   const int64_t stage_layers = m.layers / c.pp;
-  std::vector<Op> ops;
+  thread_local std::vector<Op> ops;  // (kept: the search times thousands of micro-batches)
+  ops.clear();
   ops.reserve(6 * stage_layers + 2);
   ops.push_back({0, ar});  // vocab-parallel embedding: all-reduce of the looked-up rows
   for (int64_t l = 0; l < stage_layers; ++l) {
@@ -309,12 +310,82 @@ CutpointSegments cutpoint_segments(const Problem& p, const ParallelConfig& c) {
   return s;
 }
 
+std::vector<int64_t> cutpoint_memory_breaks(const Problem& p, const ParallelConfig& c) {
+  // Each segment's memory is affine in its layers, its device units and its window's slots
+  // (evaluate_memory). Its device units are a prefix of the model's (cutpoint_configs): the first
+  // segment holds all of its own up to k = u − 1 (with the window, as optimizer offload from
+  // there down), the second those past k until then; the slots, min(W, streamed), saturate
+  // at k = u + W − 1 in the first and at k = L − W in the second.
+  const int64_t L = p.model.layers, u = c.gpu_units;
+  std::vector<int64_t> breaks{1, L - 1};
+  if (c.offload != api::OffloadMode::kNone)
+    for (int64_t k : {u - 1, u, u + c.window - 1, L - c.window})
+      if (k >= 1 && k < L) breaks.push_back(k);
+  std::sort(breaks.begin(), breaks.end());
+  breaks.erase(std::unique(breaks.begin(), breaks.end()), breaks.end());
+  return breaks;
+}
+
+CutpointJoints cutpoint_joints(const Problem& p, const ParallelConfig& c) {
+  const auto& m = p.model;
+  const auto& hw = p.hw;
+  const auto [c1, c2] = cutpoint_configs(p, c);
+  const double bpe = bytes_per_element(p.precision);
+  const double sh = static_cast<double>(m.seq_len) * m.hidden;
+  const double b1 = static_cast<double>(c1.micro_batch), b2 = static_cast<double>(c2.micro_batch);
+  const double accum = static_cast<double>(c.grad_accum);
+  CutpointJoints j;
+  j.lm_head = accum * 3 * logits_forward_flops(m, b1, c1.tp) /
+              rank_flops_per_second(p, c1);  // the first runs none
+  j.emb_allreduce =                          // nor the second its embedding's TP all-reduce
+      c2.tp > 1 ? accum *
+                      allreduce_seconds(b2 * sh * bpe, c2.tp, hw.intra_allreduce_busbw,
+                                        hw.allreduce_latency) *
+                      hw.tp_comm_scale
+                : 0.0;
+  // Each segment's DP sum of the embeddings' unit, replaced by one sum over the world of the
+  // unsharded tensors (both layouts at once).
+  auto unit0_dp = [&](const ParallelConfig& x) {
+    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * kGradBytes, x.dp,
+                                        dp_bus_bandwidth(p, x), hw.allreduce_latency) *
+                          hw.dp_comm_scale
+                    : 0.0;
+  };
+  const double unit0 = static_cast<double>(m.padded_vocab()) * m.hidden + sh + 2.0 * m.hidden;
+  const double world_busbw =
+      c.nodes > 1 ? std::min(hw.intra_allreduce_busbw,
+                             hw.inter_node_bandwidth / static_cast<double>(c.procs_per_node))
+                  : hw.intra_allreduce_busbw;
+  j.world_sum = allreduce_seconds(unit0 * kGradBytes, c.nodes * c.procs_per_node, world_busbw,
+                                  hw.allreduce_latency) *
+                hw.dp_comm_scale;
+  // The re-shard: an all-gather (half a ring all-reduce) of the wider side's activations over
+  // the cut group, inside a node, once per micro-batch (forward or backward).
+  const int64_t group = std::max(c1.tp, c2.tp) / std::min(c1.tp, c2.tp);
+  j.reshard = accum *
+              allreduce_seconds(std::max(b1, b2) * sh * bpe, group, hw.intra_allreduce_busbw,
+                                hw.allreduce_latency) /
+              2;
+  j.dp_saved = unit0_dp(c1) + unit0_dp(c2);
+  return j;
+}
+
+double cutpoint_step_floor(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& first,
+                           const MicroBatchTiming& second) {
+  // Each segment's step (evaluate) ends no earlier than its micro-batches' forwards and
+  // backwards (the window's streaming only delays them; the DP sums, the optimizer and the
+  // copies only add), plus offload's fixed cost; the DRAM roofline only stretches it.
+  const double accum = static_cast<double>(c.grad_accum);
+  const double overhead = c.offload == api::OffloadMode::kNone ? 0.0 : kOffloadStepOverhead;
+  return accum * (first.forward + first.backward + second.forward + second.backward) +
+         2 * overhead + cutpoint_joints(p, c).delta();
+}
+
 Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evaluation& first,
                          const Evaluation& second) {
   const auto& m = p.model;
   const auto& hw = p.hw;
   const auto [c1, c2] = cutpoint_configs(p, c);
-  const double bpe = bytes_per_element(p.precision);
   const double sh = static_cast<double>(m.seq_len) * m.hidden;
   const double b1 = static_cast<double>(c1.micro_batch), b2 = static_cast<double>(c2.micro_batch);
   const double world = static_cast<double>(c.nodes * c.procs_per_node);
@@ -345,38 +416,9 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
   }
 
   // ---- time: the two segments' steps, less what neither runs, plus the joints ----
-  const double accum = static_cast<double>(c.grad_accum);
-  const double lm_head = accum * 3 * logits_forward_flops(m, b1, c1.tp) /
-                         rank_flops_per_second(p, c1);  // the first runs none
-  const double emb_allreduce =  // nor the second its embedding's TP all-reduce
-      c2.tp > 1 ? accum *
-                      allreduce_seconds(b2 * sh * bpe, c2.tp, hw.intra_allreduce_busbw,
-                                        hw.allreduce_latency) *
-                      hw.tp_comm_scale
-                : 0.0;
-  // Each segment's DP sum of the embeddings' unit, replaced by one sum over the world of the
-  // unsharded tensors (both layouts at once).
-  auto unit0_dp = [&](const ParallelConfig& x) {
-    return x.dp > 1 ? allreduce_seconds(embedding_unit_params(m, x.tp) * kGradBytes, x.dp,
-                                        dp_bus_bandwidth(p, x), hw.allreduce_latency) *
-                          hw.dp_comm_scale
-                    : 0.0;
-  };
-  const double world_busbw =
-      c.nodes > 1 ? std::min(hw.intra_allreduce_busbw,
-                             hw.inter_node_bandwidth / static_cast<double>(c.procs_per_node))
-                  : hw.intra_allreduce_busbw;
-  const double world_sum = allreduce_seconds(unit0 * kGradBytes, c.nodes * c.procs_per_node,
-                                             world_busbw, hw.allreduce_latency) *
-                           hw.dp_comm_scale;
-  // The re-shard: an all-gather (half a ring all-reduce) of the wider side's activations over
-  // the cut group, inside a node, once per micro-batch (forward or backward).
-  const int64_t group = std::max(c1.tp, c2.tp) / std::min(c1.tp, c2.tp);
-  const double reshard = accum *
-                         allreduce_seconds(std::max(b1, b2) * sh * bpe, group,
-                                           hw.intra_allreduce_busbw, hw.allreduce_latency) /
-                         2;
-  const double dp_saved = unit0_dp(c1) + unit0_dp(c2);
+  const CutpointJoints j = cutpoint_joints(p, c);
+  const double lm_head = j.lm_head, emb_allreduce = j.emb_allreduce, dp_saved = j.dp_saved,
+               world_sum = j.world_sum, reshard = j.reshard;
   auto& pred = ev.predicted;
   pred.step_seconds = first.predicted.step_seconds + second.predicted.step_seconds - lm_head -
                       emb_allreduce - dp_saved + world_sum + reshard;

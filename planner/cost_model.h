@@ -108,6 +108,24 @@ std::pair<ParallelConfig, ParallelConfig> cutpoint_configs(const Problem& p,
 Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evaluation& first,
                          const Evaluation& second);
 
+// What the join adds to its segments' steps (join_cutpoint): the first segment's LM head and the
+// second's embedding TP all-reduce, which neither runs, and the segments' DP sums of the
+// embeddings' unit, all taken away; the world sum of that unit and the re-shard, added.
+struct CutpointJoints {
+  double lm_head = 0, emb_allreduce = 0, dp_saved = 0, world_sum = 0, reshard = 0;
+  double delta() const { return world_sum + reshard - lm_head - emb_allreduce - dp_saved; }
+};
+CutpointJoints cutpoint_joints(const Problem& p, const ParallelConfig& c);
+// The cut layers (ascending, 1 and L − 1 among them) between two consecutive of which cutpoint
+// plan `c`'s memory — device and host — is affine in its cut layer, at c's gpuUnits and window
+// (the search judges a span of cuts from its ends).
+std::vector<int64_t> cutpoint_memory_breaks(const Problem& p, const ParallelConfig& c);
+// A lower bound on cutpoint plan `c`'s step whose segments' micro-batches time `first` and
+// `second` (time_micro_batch of cutpoint_configs): it does not depend on gpuUnits, the window
+// or the optimizer's sharding, so the search prunes every such variant of a cut at once.
+double cutpoint_step_floor(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& first,
+                           const MicroBatchTiming& second);
+
 // Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
 double rank_flops_per_second(const Problem& p, const ParallelConfig& c);
 // Host<->device bandwidth one rank gets per direction: its PCIe link, or its share of the node's

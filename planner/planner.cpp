@@ -206,7 +206,6 @@ SearchSpace space_from_hints(const api::TrainingJob& job) {
   // A forced cutpoint layer or degree asks for plans with a cutpoint only.
   s.cutpoints_only = p.cutpoint_layer.has_value() || p.cutpoint_tensor_parallel.has_value();
   s.cutpoints = s.cutpoints_only || p.cutpoint.value_or(false);
-  s.cutpoint_offload = s.cutpoints;
   s.cut_layer = p.cutpoint_layer.value_or(0);
   s.cut_tp = p.cutpoint_tensor_parallel.value_or(0);
   if (r.gpus_per_node) s.procs_per_node = {*r.gpus_per_node};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -53,14 +54,19 @@ struct Searcher {
     ++result.evaluated;
     Evaluation memory = c.cut_layer > 0 ? cutpoint_memory(c) : evaluate_memory(problem, c);
     if (!memory.fits) {
-      const double miss = std::max(memory.device_ratio, memory.host_ratio);
-      const auto& nm = result.nearest_miss;
-      if (!nm || miss < std::max(nm->eval.device_ratio, nm->eval.host_ratio))
-        result.nearest_miss = Candidate{c, memory};
+      note_miss(c, memory);
       return;
     }
     Candidate cand{c, c.cut_layer > 0 ? evaluate_cutpoint(c) : evaluate(problem, c, timing(c))};
     if (!result.best || better(cand, *result.best)) result.best = cand;
+  }
+
+  // The configuration that came nearest to fitting, for when none does.
+  void note_miss(const ParallelConfig& c, const Evaluation& memory) {
+    const double miss = std::max(memory.device_ratio, memory.host_ratio);
+    const auto& nm = result.nearest_miss;
+    if (!nm || miss < std::max(nm->eval.device_ratio, nm->eval.host_ratio))
+      result.nearest_miss = Candidate{c, memory};
   }
 
   // The virtual stage counts to try for `c` (its stages, micro-batches), ascending: 1, and with
@@ -138,11 +144,71 @@ struct Searcher {
                          evaluate_memory(segment(problem.model.layers - c.cut_layer), second));
   }
 
-  // The cutpoints of an unsharded, offload-free plan without stages: every layer k in [1, L)
-  // and every other TP degree t₂ of `tps` that nests with c.tp, where the global batch splits
-  // over DP world/t₂ and the micro-batch over the TP groups after the cut.
-  void cutpoint_variants(ParallelConfig c, const std::vector<int64_t>& tps) {
+  // Whether no plan of cut `c` can beat the best so far, whatever its gpuUnits, window or
+  // optimizer sharding (cutpoint_step_floor; strictly slower, so not even a tie).
+  bool cut_floor_slower(const ParallelConfig& c) {
+    if (!result.best) return false;
+    const auto [first, second] = cutpoint_configs(problem, c);
+    const double floor =
+        cutpoint_step_floor(problem, c, timing(first, &segment(c.cut_layer)),
+                            timing(second, &segment(problem.model.layers - c.cut_layer)));
+    return floor > result.best->eval.predicted.step_seconds * (1 + 1e-9);
+  }
+
+  // A cut's device and host memory (as ratios to their capacities) at every cut layer, at its
+  // gpuUnits and window, from the memory at its breaks alone: affine between two of them
+  // (cutpoint_memory_breaks). The breaks count for the nearest miss.
+  struct MemoryLine {
+    std::vector<int64_t> breaks;
+    std::vector<double> device, host;
+    // Whether the cut at layer k provably overflows the device (or the host): by more than the
+    // interpolation's rounding.
+    bool over(int64_t k, bool on_host) const {
+      const std::vector<double>& r = on_host ? host : device;
+      const size_t i = static_cast<size_t>(std::upper_bound(breaks.begin(), breaks.end(), k) -
+                                           breaks.begin());  // breaks[i-1] ≤ k
+      double ratio = r[i - 1];
+      if (breaks[i - 1] != k) {
+        const double w =
+            static_cast<double>(k - breaks[i - 1]) / static_cast<double>(breaks[i] - breaks[i - 1]);
+        ratio += w * (r[i] - r[i - 1]);
+      }
+      return ratio > 1 + 1e-9;
+    }
+  };
+  MemoryLine memory_line(ParallelConfig c) {
+    MemoryLine line;
+    line.breaks = cutpoint_memory_breaks(problem, c);
+    for (int64_t k : line.breaks) {
+      c.cut_layer = k;
+      const Evaluation memory = cutpoint_memory(c);
+      line.device.push_back(memory.device_ratio);
+      line.host.push_back(memory.host_ratio);
+      if (!memory.fits) note_miss(c, memory);
+    }
+    return line;
+  }
+
+  // The cutpoints of a plan without stages: every layer k in [1, L) and every other TP degree t₂
+  // of `tps` that nests with c.tp, where the global batch splits over DP world/t₂ and the
+  // micro-batch over the TP groups after the cut; with offload, at each of `units` (the
+  // gpuUnits to try, ascending; c.gpu_units alone without offload). Still exhaustive, pruned
+  // only where provably nothing is lost (docs/PLANNER.md §16, tested against the unpruned
+  // search): memory is affine in k between a few breaks (MemoryLine), and more units on the
+  // device never need less device memory nor more host memory (a unit moved to the device keeps
+  // its weights and gradients there as before and adds its optimizer state; with the window a
+  // resident layer replaces a streamed one and at most a slot), so each cut can fit only within
+  // one run of gpuUnits, found by bisection on the lines; a cut whose step floor is slower than
+  // the best plan is dropped at every gpuUnits. The window's memory is least with one slot and
+  // its host memory does not depend on the slots: the lines take the fewest, and the plan then
+  // the most that fit.
+  void cutpoint_variants(ParallelConfig c, const std::vector<int64_t>& tps,
+                         const std::vector<int64_t>& units) {
     const int64_t L = problem.model.layers, world = c.nodes * c.procs_per_node;
+    const bool offload = c.offload != OffloadMode::kNone;
+    const bool window = c.offload == OffloadMode::kWindow;
+    const bool memory = !problem.ignore_memory && space.prune_cutpoints;
+    const std::vector<int64_t> tried = offload ? units : std::vector<int64_t>{c.gpu_units};
     for (int64_t t2 : tps) {
       if (t2 == c.tp || (space.cut_tp && t2 != space.cut_tp)) continue;
       if (std::max(t2, c.tp) % std::min(t2, c.tp) || world % t2) continue;
@@ -155,27 +221,50 @@ struct Searcher {
         continue;
       }
       c.cut_tp = t2;
-      // A cutpoint's memory is affine in k (each segment's memory is in its layers: §7 without
-      // offload or stages): when neither end fits, no k between does. (With offload optimizer
-      // the device holds the first gpuUnits units whatever k: not affine.)
-      if (!space.cut_layer && L > 2 && c.offload == OffloadMode::kNone) {
-        ParallelConfig ends = c;
-        ends.cut_layer = 1;
-        const bool first_fits = cutpoint_memory(ends).fits;
-        ends.cut_layer = L - 1;
-        if (!first_fits && !cutpoint_memory(ends).fits) {
-          consider(ends);  // for the nearest miss
-          continue;
+      std::vector<int64_t> cuts;
+      for (int64_t k = 1; k < L; ++k)
+        if (!space.cut_layer || k == space.cut_layer) cuts.push_back(k);
+      // Each gpuUnits' memory line, where a cut asks (the window's with the fewest slots).
+      std::vector<std::optional<MemoryLine>> lines(tried.size());
+      const auto over = [&](size_t i, int64_t k, bool on_host) {
+        if (!lines[i]) {
+          ParallelConfig x = c;
+          x.gpu_units = tried[i];
+          if (window) x.window = space.window ? *space.window : 1;
+          lines[i] = memory_line(x);
+        }
+        return lines[i]->over(k, on_host);
+      };
+      for (int64_t k : cuts) {
+        c.cut_layer = k;
+        // The run of gpuUnits [lo, hi) where both memories may hold the cut.
+        size_t lo = 0, hi = tried.size();
+        if (memory) {
+          hi = bisect(0, hi, [&](size_t i) { return over(i, k, false); });
+          lo = bisect(0, hi, [&](size_t i) { return !over(i, k, true); });
+        }
+        if (lo < hi && space.prune_cutpoints && cut_floor_slower(c)) continue;
+        for (size_t i = lo; i < hi; ++i) {
+          c.gpu_units = tried[i];
+          if (window && !space.window) c.window = std::max<int64_t>(1, largest_window(c));
+          consider(c);
         }
       }
-      for (int64_t k = 1; k < L; ++k) {
-        if (space.cut_layer && k != space.cut_layer) continue;
-        c.cut_layer = k;
-        if (c.offload == OffloadMode::kWindow && !space.window)
-          c.window = std::max<int64_t>(1, largest_window(c));
-        consider(c);
-      }
     }
+  }
+
+  // The first i in [lo, hi) where `pred` holds, `pred` false before it and true from it on
+  // (hi where it never does).
+  template <typename Pred>
+  static size_t bisect(size_t lo, size_t hi, Pred&& pred) {
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (pred(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
   }
 
   // `fn` with the offload window unsharded, or sharded where the job asks for the distributed
@@ -265,6 +354,7 @@ struct Searcher {
       const int64_t entry_stages = c.virtual_stages;
       for (int64_t v : window_stages) {
         c.virtual_stages = v;
+        std::vector<int64_t> cut_units;  // the gpuUnits a cutpoint may take, ascending
         for (int64_t k : gpu_unit_grid(c.tp, c.pp)) {
           if (mode == OffloadMode::kOptimizer) {
             if (k > L) {  // that is no offload
@@ -286,12 +376,8 @@ struct Searcher {
               if (plain) with_virtual_stages(c, virtual_stage_counts(c));
             }
             // Cutpoints, each segment its part of the units; the embeddings' on the device (the
-            // workers sum them over every rank there), sharded or not.
-            if (space.cutpoints && space.cutpoint_offload && c.pp == 1 && k >= 1)
-              for (bool zero : zeros) {
-                c.distributed_optimizer = zero;
-                cutpoint_variants(c, cut_tps);
-              }
+            // workers sum them over every rank there).
+            if (space.cutpoints && c.pp == 1 && k >= 1) cut_units.push_back(k);
             c.distributed_optimizer = false;
             continue;
           }
@@ -319,10 +405,9 @@ struct Searcher {
           }
           c.gpu_units = k;
           const int64_t streamed = L - (k - 1);
-          // Cutpoints with the window, where the job asks for cutpoints: each segment streams
-          // its part of the layers past the model's first gpuUnits units through slots of its own.
-          const bool cuts =
-              space.cutpoints && space.cutpoint_offload && c.pp == 1 && c.virtual_stages == 1;
+          // Cutpoints with the window: each segment streams its part of the layers past the
+          // model's first gpuUnits units through slots of its own.
+          const bool cuts = space.cutpoints && c.pp == 1 && c.virtual_stages == 1;
           if (space.window) {
             if (*space.window >= streamed) {
               note(Stage::kOffload, [&] {
@@ -334,7 +419,7 @@ struct Searcher {
             }
             c.window = *space.window;
             if (plain) window_shardings(c, [&] { consider(c); });
-            if (cuts) cutpoint_variants(c, cut_tps);
+            if (cuts) cut_units.push_back(k);
             continue;
           }
           // Largest window that fits (memory grows with W; time never does). W = streamed
@@ -355,8 +440,16 @@ struct Searcher {
               c.window = std::max<int64_t>(1, largest_window(c));  // (1: for the nearest miss)
               consider(c);
             });
-          if (cuts) cutpoint_variants(c, cut_tps);  // each cut with its own largest window
+          if (cuts) cut_units.push_back(k);  // each cut with its own largest window
         }
+        // The cutpoints of every gpuUnits at once (so that what one rules out spares the rest),
+        // with offload optimizer sharded or not, the window unsharded.
+        for (bool zero : mode == OffloadMode::kOptimizer ? space.distributed_optimizer
+                                                         : std::vector<bool>{false}) {
+          c.distributed_optimizer = zero;
+          if (!cut_units.empty()) cutpoint_variants(c, cut_tps, cut_units);
+        }
+        c.distributed_optimizer = false;
       }
       c.virtual_stages = entry_stages;
     }
@@ -488,13 +581,13 @@ struct Searcher {
                     if (space.cutpoints && pp == 1)
                       for (bool zero : space.distributed_optimizer) {
                         c.distributed_optimizer = zero;
-                        cutpoint_variants(c, cut_tps);
+                        cutpoint_variants(c, cut_tps, {c.gpu_units});
                       }
                     c.distributed_optimizer = false;
                   }
                   // Offload plans each stage's units alike (a stage keeps its first gpuUnits
                   // on the device); a cutpoint's segments each their part of the model's.
-                  if (!floor_slower || (space.cutpoints && space.cutpoint_offload))
+                  if (!floor_slower || space.cutpoints)
                     offload_variants(c, cut_tps, !space.cutpoints_only && !floor_slower);
                 }
               }

@@ -31,15 +31,14 @@ struct SearchSpace {
   // Oases' cutpoints (the layers from cut_layer on at TP cut_tp): none by default (widened like
   // pipelines where nothing else fits; planner.cpp); with `cutpoints`, every layer and every TP
   // degree that nests with the plan's — or the forced cut_layer / cut_tp (0: any), and then
-  // only plans with a cutpoint. Planned without stages, offload or a distributed optimizer (what
-  // the workers run).
+  // only plans with a cutpoint. Planned without stages (what the workers run), with or without
+  // offload and the distributed optimizer.
   bool cutpoints = false;
   bool cutpoints_only = false;
-  // Cutpoints with offload optimizer too (each segment its part of the units): where the job asks
-  // for cutpoints only — the widened space's cutpoints stay offload-free, since every gpuUnits
-  // times every cut layer is ~20× the evaluations (GPT-3 175B on 1,024 H100s: 69 → 813 ms).
-  bool cutpoint_offload = false;
   int64_t cut_layer = 0, cut_tp = 0;
+  // Prune cutpoints only where provably nothing is lost (search.cpp); false: evaluate every one
+  // (tests compare the two).
+  bool prune_cutpoints = true;
   std::vector<int64_t> sub_batches{1, 2};
   std::vector<Recompute> recompute{Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
   std::vector<api::OffloadMode> offload{api::OffloadMode::kNone, api::OffloadMode::kOptimizer,

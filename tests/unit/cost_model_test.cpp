@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "api/hardware.h"
 #include "api/quantity.h"
+#include "planner/search.h"
+#include "tests/support/random.h"
 
 namespace kt {
 namespace {
@@ -535,6 +539,189 @@ TEST(CostModel, ACutpointCostsItsTwoSegmentsJoined) {
       planner::layer_unit_params(p.model, 1) - planner::layer_unit_params(p.model, 2);
   EXPECT_NEAR(mb.params - ma.params, moved * 2, 1.0);  // 16-bit weights
   EXPECT_NEAR(mb.grads - ma.grads, moved * 4, 1.0);    // fp32 gradients
+}
+
+// A cutpoint plan of problem_3090 drawn at random: two nesting TP degrees, recompute, overlap,
+// offload (none, optimizer, window: gpuUnits and slots), sharded or not, and a cut layer.
+ParallelConfig random_cutpoint(std::mt19937& rng, const Problem& p) {
+  const std::pair<int64_t, int64_t> degrees[] = {{1, 2}, {2, 1}, {1, 4}, {4, 1}, {2, 4}, {4, 2}};
+  const auto [t1, t2] = degrees[std::uniform_int_distribution<size_t>(0, 5)(rng)];
+  const auto draw = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const Recompute rc[] = {Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
+  const int64_t b2 = 4 * t2 / t1;
+  ParallelConfig c = config(t1, 4, b2 % 2 == 0 ? draw(1, 2) : 1, rc[draw(0, 2)]);
+  c.cut_tp = t2;
+  c.cut_layer = draw(1, p.model.layers - 1);
+  c.distributed_optimizer = draw(0, 1) == 1;
+  switch (draw(0, 2)) {
+    case 0:
+      c.offload = OffloadMode::kNone;
+      c.gpu_units = p.model.layers + 1;
+      break;
+    case 1:
+      c.offload = OffloadMode::kOptimizer;
+      c.gpu_units = draw(1, p.model.layers);
+      break;
+    default:
+      c.offload = OffloadMode::kWindow;
+      c.gpu_units = draw(1, p.model.layers - 1);
+      c.window = draw(1, 3);
+  }
+  return c;
+}
+
+std::string describe(const ParallelConfig& c) {
+  return "tp " + std::to_string(c.tp) + "→" + std::to_string(c.cut_tp) + " at layer " +
+         std::to_string(c.cut_layer) + ", offload " + std::string(api::to_string(c.offload)) +
+         " gpuUnits " + std::to_string(c.gpu_units) + " window " + std::to_string(c.window) +
+         (c.distributed_optimizer ? " zero1" : "") + ", " +
+         std::string(api::to_string(c.recompute)) + ", sub-batches " +
+         std::to_string(c.sub_batches);
+}
+
+// What the search's pruning of cutpoints rests on (search.cpp): between two consecutive
+// breaks a cut's device and host memory are affine in the cut layer, and more units on the
+// device never need less device memory nor more host memory.
+TEST(CostModel, CutpointMemoryIsAffineBetweenItsBreaks_AndMonotoneInGpuUnits) {
+  const uint32_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (KT_TEST_SEED replays it)");
+  std::mt19937 rng(seed);
+  const Problem p = problem_3090();
+  const int64_t L = p.model.layers;
+  int64_t spans = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    ParallelConfig c = random_cutpoint(rng, p);
+    SCOPED_TRACE(describe(c));
+    const auto at = [&](int64_t k) {
+      ParallelConfig x = c;
+      x.cut_layer = k;
+      const auto e = planner::evaluate_memory(p, x).predicted;
+      return std::pair{e.memory.total(), e.host_bytes_per_node};
+    };
+    const std::vector<int64_t> breaks = planner::cutpoint_memory_breaks(p, c);
+    ASSERT_EQ(breaks.front(), 1);
+    ASSERT_EQ(breaks.back(), L - 1);
+    for (size_t i = 0; i + 1 < breaks.size(); ++i) {
+      const int64_t a = breaks[i], b = breaks[i + 1];
+      ASSERT_LT(a, b);
+      const auto [device_a, host_a] = at(a);
+      const auto [device_b, host_b] = at(b);
+      for (int64_t k = a + 1; k < b; ++k) {
+        SCOPED_TRACE("k " + std::to_string(k) + " between breaks " + std::to_string(a) + " and " +
+                     std::to_string(b));
+        const double w = static_cast<double>(k - a) / static_cast<double>(b - a);
+        const auto [device, host] = at(k);
+        EXPECT_NEAR(device, device_a + w * (device_b - device_a), 1e-9 * device);
+        EXPECT_NEAR(host, host_a + w * (host_b - host_a), 1e-9 * std::max(host, 1.0));
+        ++spans;
+      }
+    }
+    // gpuUnits up by one at a time, over all the offload mode allows at this cut.
+    if (c.offload == OffloadMode::kNone) continue;
+    const int64_t top = c.offload == OffloadMode::kWindow ? L - 1 : L;
+    double device_before = 0, host_before = 0;
+    for (int64_t u = 1; u <= top; ++u) {
+      c.gpu_units = u;
+      const auto e = planner::evaluate_memory(p, c).predicted;
+      SCOPED_TRACE("gpuUnits " + std::to_string(u));
+      if (u > 1) {
+        EXPECT_GE(e.memory.total(), device_before * (1 - 1e-12));
+        EXPECT_LE(e.host_bytes_per_node, host_before * (1 + 1e-12));
+      }
+      device_before = e.memory.total();
+      host_before = e.host_bytes_per_node;
+    }
+  }
+  EXPECT_GT(spans, 200);  // (the draws reach inside spans)
+}
+
+// The search drops whole cuts by cutpoint_step_floor: it must never exceed the step the full
+// evaluation predicts, for any offload, gpuUnits, window or sharding.
+TEST(CostModel, CutpointStepFloorNeverExceedsTheStep) {
+  const uint32_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (KT_TEST_SEED replays it)");
+  std::mt19937 rng(seed);
+  const Problem p = problem_3090();
+  double tightest = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const ParallelConfig c = random_cutpoint(rng, p);
+    SCOPED_TRACE(describe(c));
+    const planner::CutpointSegments s = planner::cutpoint_segments(p, c);
+    const double floor =
+        planner::cutpoint_step_floor(p, c, planner::time_micro_batch(s.first, s.first_config),
+                                     planner::time_micro_batch(s.second, s.second_config));
+    const double step = planner::evaluate(p, c).predicted.step_seconds;
+    EXPECT_GT(floor, 0);
+    EXPECT_LE(floor, step * (1 + 1e-12));
+    tightest = std::max(tightest, floor / step);
+  }
+  EXPECT_GT(tightest, 0.9);  // a floor that prunes: some plans are mostly their micro-batches
+}
+
+// The pruned search finds exactly the plan the exhaustive one does: the best cutpoint plan (only
+// cutpoints in the space, so that the pruning decides), with each offload mode, where device
+// memory binds, where host memory does, and where none does; and the best plan of all.
+TEST(Search, CutpointPruningLosesNothing) {
+  struct Case {
+    const char* name;
+    api::ModelDims model;
+    double device_gib, host_gib;
+    bool ignore_memory;
+  };
+  const Case cases[] = {
+      {"1.2B, 24 GiB GPUs", {24, 2048, 16, 8192, 50257, 1024}, 24, 256, false},
+      {"1.2B, 6 GiB GPUs", {24, 2048, 16, 8192, 50257, 1024}, 6, 256, false},
+      {"5B, 24 GiB GPUs, 160 GiB host", {24, 4096, 32, 16384, 50257, 1024}, 24, 160, false},
+      {"5B, 24 GiB GPUs, 1 TiB host", {24, 4096, 32, 16384, 50257, 1024}, 24, 1024, false},
+      {"5B, memory ignored", {24, 4096, 32, 16384, 50257, 1024}, 24, 96, true},
+  };
+  const std::vector<api::OffloadMode> modes[] = {
+      {OffloadMode::kNone},
+      {OffloadMode::kOptimizer},
+      {OffloadMode::kWindow},
+      {OffloadMode::kNone, OffloadMode::kOptimizer, OffloadMode::kWindow}};
+  int64_t compared = 0, pruned_fewer = 0;
+  for (const Case& k : cases) {
+    Problem p = problem_3090();
+    p.model = k.model;
+    p.memory_budget = k.device_gib * api::kGiB;
+    p.host_memory_per_node = k.host_gib * api::kGiB;
+    p.ignore_memory = k.ignore_memory;
+    for (bool only : {true, false})
+      for (const auto& offload : modes) {
+        SCOPED_TRACE(std::string(k.name) + (only ? ", cutpoints only" : ", every plan") +
+                     ", offload modes " + std::to_string(offload.size()) + " from " +
+                     std::string(api::to_string(offload.front())));
+        planner::SearchSpace space;
+        space.cutpoints = true;
+        space.cutpoints_only = only;
+        space.offload = offload;
+        space.distributed_optimizer = {false, true};
+        const planner::SearchResult pruned = planner::search(p, 1, 4, space);
+        space.prune_cutpoints = false;
+        const planner::SearchResult every = planner::search(p, 1, 4, space);
+        ASSERT_EQ(pruned.best.has_value(), every.best.has_value());
+        EXPECT_EQ(pruned.nearest_miss.has_value(), every.nearest_miss.has_value());
+        EXPECT_LE(pruned.evaluated, every.evaluated);
+        if (!every.best) continue;
+        const ParallelConfig& a = pruned.best->config;
+        const ParallelConfig& b = every.best->config;
+        SCOPED_TRACE("exhaustive: " + describe(b) + "; pruned: " + describe(a));
+        EXPECT_DOUBLE_EQ(pruned.best->eval.predicted.step_seconds,
+                         every.best->eval.predicted.step_seconds);
+        EXPECT_EQ(
+            std::tie(a.tp, a.dp, a.micro_batch, a.cut_layer, a.cut_tp, a.gpu_units, a.window),
+            std::tie(b.tp, b.dp, b.micro_batch, b.cut_layer, b.cut_tp, b.gpu_units, b.window));
+        EXPECT_EQ(a.offload, b.offload);
+        EXPECT_EQ(a.distributed_optimizer, b.distributed_optimizer);
+        ++compared;
+        pruned_fewer += pruned.evaluated < every.evaluated / 2;
+      }
+  }
+  EXPECT_GE(compared, 30);      // most spaces have a plan
+  EXPECT_GE(pruned_fewer, 10);  // and the pruning prunes
 }
 
 }  // namespace
