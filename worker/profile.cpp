@@ -94,12 +94,20 @@ double run_gemms(int64_t BT, const std::vector<Gemm>& gemms, std::vector<GemmBuf
 }
 
 // Median seconds of one micro-batch (forward and backward) of the model in `precision`, with
-// `recompute`.
+// `recompute`. Every model measured starts from the same weights, `weights`: the first call
+// draws GPT-2's initialisation into it (one thread, seconds for GPT-2 124M), the others copy it.
 double micro_batch_seconds(const api::ModelDims& m, int64_t B, int64_t T, int reps,
-                           api::Precision precision,
+                           std::vector<float>& weights, api::Precision precision,
                            api::Recompute recompute = api::Recompute::kNone) {
   Gpt model(GptConfig::from(m), B, T, Device::cpu(), {}, 1, recompute, precision);
-  model.init_weights(1);
+  const size_t n = static_cast<size_t>(model.num_parameters());
+  if (weights.empty()) {
+    model.init_weights(1);
+    weights.assign(model.params(), model.params() + n);
+  } else {
+    KT_CHECK(weights.size() == n, "the profile's models differ in size");
+    std::copy(weights.begin(), weights.end(), model.params());
+  }
   std::vector<int32_t> tokens(static_cast<size_t>(B * T + 1));
   std::mt19937 rng(3);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(m.vocab));
@@ -433,8 +441,9 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
 
   // 2. One micro-batch of the model itself.
   const double micro_flops = profiling::micro_batch_flops(shapes);
+  std::vector<float> weights;  // every micro-batch model's (micro_batch_seconds)
   {
-    const double step_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
+    const double step_s = micro_batch_seconds(m, B, T, reps, weights, api::Precision::kFp32);
     const double step_rate = micro_flops / step_s;
     hw.achieved_fraction = std::clamp(step_rate / gemm_rate, 0.01, 1.0);
     record["microBatchSeconds"] = step_s;
@@ -443,8 +452,8 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
     // What full recompute adds, bracketed by a second plain measurement.
     const double full_s =
-        micro_batch_seconds(m, B, T, reps, api::Precision::kFp32, api::Recompute::kFull);
-    const double again_s = micro_batch_seconds(m, B, T, reps, api::Precision::kFp32);
+        micro_batch_seconds(m, B, T, reps, weights, api::Precision::kFp32, api::Recompute::kFull);
+    const double again_s = micro_batch_seconds(m, B, T, reps, weights, api::Precision::kFp32);
     record["microBatchSecondsAfterwards"] = again_s;
     hw.recompute_rate_ratio =
         profiling::recompute_rate_ratio(m, B, T, micro_flops, step_s, full_s, again_s);
@@ -470,7 +479,7 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     record["bf16GemmFlopsPerSecond"] = gemm16_rate;
     say("model GEMMs in bf16 (" + isa + "), all threads", gemm16_rate / 1e9,
         "GFLOP/s");
-    const double step16_s = micro_batch_seconds(m, B, T, reps, api::Precision::kBf16);
+    const double step16_s = micro_batch_seconds(m, B, T, reps, weights, api::Precision::kBf16);
     const double step16_rate = micro_flops / step16_s;
     hw.achieved_fraction_bf16 = std::clamp(step16_rate / gemm16_rate, 0.01, 1.0);
     record["bf16MicroBatchSeconds"] = step16_s;
@@ -480,6 +489,8 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     std::fprintf(stderr, "profile: bf16: this CPU has neither AMX-BF16 nor AVX512-BF16 (planned "
                  "in fp32)\n");
   }
+
+  std::vector<float>().swap(weights);
 
   // 3. Memory: a triad over all threads; memcpy on one.
   {
