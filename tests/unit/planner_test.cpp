@@ -641,5 +641,45 @@ TEST(Planner, CutpointsWithOffloadOptimizerWhereAsked) {
   EXPECT_GT(window.predicted.pcie_bytes_per_step, plan.predicted.pcie_bytes_per_step);
 }
 
+// Whatever the search chooses — cutpoints with every offload mode, stages and the distributed
+// optimizer among its choices wherever the first tier finds nothing — a worker of this version
+// can execute: jobs from 350 M to 13 B parameters on five example clusters, with cutpoints left to
+// the planner, asked for, or forced with each offload mode.
+TEST(Planner, EveryPlanChosenIsExecutable) {
+  const char* models[] = {"{preset: gpt2-350m}", "{preset: gpt2-1.5b}", "{preset: gpt-7b}", kGpt5b,
+                          "{layers: 40, hidden: 5120, heads: 40, vocab: 50257, seqLen: 2048}"};
+  const char* clusters[] = {"h200-single", "v100-32gb-single", "3090x32-pcie", "3090x32-nvlink",
+                            "h100x32"};
+  int64_t planned = 0, cut = 0, cut_offload = 0, widened = 0;
+  for (const char* model : models)
+    for (const char* cluster : clusters)
+      for (const char* parallelism :
+           {"", "  parallelism: {cutpoint: on}\n", "  parallelism: {cutpointLayer: 6}\n",
+            "  parallelism: {cutpointLayer: 6, offload: optimizer}\n",
+            "  parallelism: {cutpointLayer: 6, offload: optimizer, distributedOptimizer: on}\n",
+            "  parallelism: {cutpointLayer: 6, offload: window, recompute: full}\n"})
+        for (int batch : {64, 512}) {
+          SCOPED_TRACE(std::string(model) + " on " + cluster + " " + parallelism + " batch " +
+                       std::to_string(batch));
+          api::Plan plan;
+          try {
+            plan = planner::best_plan(test::gpt_job(model, parallelism, batch),
+                                      test::cluster(cluster));
+          } catch (const Error&) {
+            continue;  // nothing fits: said elsewhere
+          }
+          ++planned;
+          cut += plan.config.cut_layer > 0;
+          cut_offload += plan.config.cut_layer > 0 && plan.config.offload != OffloadMode::kNone;
+          widened += plan.config.pp > 1 || plan.config.distributed_optimizer;
+          EXPECT_EQ(api::not_yet_executable(plan), "");
+          EXPECT_NO_THROW(api::decode_plan(api::to_json(plan)));  // valid as written
+        }
+  EXPECT_GE(planned, 150);     // (188 when written)
+  EXPECT_GE(cut, 70);          // cutpoints among them (89),
+  EXPECT_GE(cut_offload, 60);  // with offload (76),
+  EXPECT_GE(widened, 25);      // and the widened tier's plans (34)
+}
+
 }  // namespace
 }  // namespace kt
