@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <random>
+
 #include "api/error.h"
 #include "api/quantity.h"
 #include "test_util.h"
+#include "tests/support/random.h"
 
 namespace kt {
 namespace {
@@ -679,6 +683,86 @@ TEST(Planner, EveryPlanChosenIsExecutable) {
   EXPECT_GE(cut, 70);          // cutpoints among them (89),
   EXPECT_GE(cut_offload, 60);  // with offload (76),
   EXPECT_GE(widened, 25);      // and the widened tier's plans (34)
+}
+
+// Fresh random jobs — model shapes, batches and any mix of the parallelism hints (degrees,
+// stages, virtual stages, cutpoints forced or asked, offload modes, windows, fractions, the
+// distributed optimizer, recompute, overlap) — on the example clusters: each is refused by
+// validate(), or planned, or refused by the planner with kt::Error; never an internal error (a
+// KT_CHECK aborts the process: the operator's). A plan made is executable and decodes.
+TEST(Planner, RandomJobsArePlannedOrRefusedNeverCrash) {
+  const uint32_t seed = test::fresh_seed();
+  std::fprintf(stderr,
+               "Planner.RandomJobsArePlannedOrRefusedNeverCrash: seed %u "
+               "(KT_TEST_SEED replays it)\n",
+               seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const auto pick = [&](auto... values) {
+    const std::vector<std::common_type_t<decltype(values)...>> v{values...};
+    return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
+  };
+  const auto maybe = [&] { return std::uniform_int_distribution<int>(0, 2)(rng) == 0; };
+  const char* clusters[] = {"h200-single", "v100-32gb-single", "3090x32-pcie", "h100x32",
+                            "cpu-local"};
+  std::vector<api::Inventory> inventories;
+  for (const char* c : clusters) inventories.push_back(test::cluster(c));
+  int planned = 0, refused = 0, invalid = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int64_t heads = pick(2, 4, 8, 16), layers = pick(2, 3, 4, 6, 8, 12, 24);
+    const int64_t hidden = heads * pick(16, 32, 64, 128);
+    std::string model =
+        "{layers: " + std::to_string(layers) + ", hidden: " + std::to_string(hidden) +
+        ", heads: " + std::to_string(heads) + ", vocab: " + std::to_string(pick(257, 5000, 50257)) +
+        ", seqLen: " + std::to_string(pick(32, 128, 1024)) + "}";
+    std::string hints;
+    const auto hint = [&](const std::string& field, const std::string& value) {
+      hints += (hints.empty() ? "" : ", ") + field + ": " + value;
+    };
+    if (maybe()) hint("tensorParallel", std::to_string(pick(1, 2, 4, 8)));
+    if (maybe()) hint("dataParallel", std::to_string(pick(1, 2, 4, 16)));
+    if (maybe()) hint("pipelineParallel", std::to_string(pick(1, 2, 3, 4)));
+    if (maybe()) hint("virtualStages", std::to_string(pick(1, 2, 3)));
+    if (maybe()) hint("distributedOptimizer", pick("on", "off"));
+    if (maybe()) hint("cutpoint", pick("on", "off"));
+    if (maybe())
+      hint("cutpointLayer", std::to_string(std::uniform_int_distribution<int64_t>(
+                                1, std::max<int64_t>(1, layers - 1))(rng)));
+    if (maybe()) hint("cutpointTensorParallel", std::to_string(pick(1, 2, 4, 8)));
+    if (maybe()) hint("overlap", pick("on", "off"));
+    if (maybe()) hint("recompute", pick("none", "commAware", "full"));
+    if (maybe()) hint("offload", pick("none", "optimizer", "window"));
+    if (maybe()) hint("offloadWindow", std::to_string(pick(1, 2, 3)));
+    if (maybe()) hint("gpuUpdateFraction", pick("0", "0.25", "0.5", "1"));
+    const int batch = pick(4, 16, 64, 512);
+    const std::string extra = hints.empty() ? "" : "  parallelism: {" + hints + "}\n";
+    const size_t cluster = std::uniform_int_distribution<size_t>(0, inventories.size() - 1)(rng);
+    SCOPED_TRACE(model + " " + extra + "batch " + std::to_string(batch) + " on " +
+                 clusters[cluster]);
+    api::TrainingJob job;
+    try {
+      job = test::gpt_job(model, extra, batch);
+    } catch (const Error&) {
+      ++invalid;
+      continue;
+    }
+    if (!api::validate(job).empty()) {
+      ++invalid;
+      continue;
+    }
+    try {
+      const api::Plan plan = planner::best_plan(job, inventories[cluster]);
+      ++planned;
+      EXPECT_EQ(api::not_yet_executable(plan), "");
+      EXPECT_NO_THROW(api::decode_plan(api::to_json(plan)));
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_FALSE(std::string(e.what()).empty());
+    }
+  }
+  EXPECT_GE(planned, 15);  // the draws reach plans,
+  EXPECT_GE(refused, 5);   // the planner's refusals
+  EXPECT_GE(invalid, 5);   // and validate()'s
 }
 
 }  // namespace
