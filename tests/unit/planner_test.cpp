@@ -687,9 +687,10 @@ TEST(Planner, EveryPlanChosenIsExecutable) {
 
 // Fresh random jobs — model shapes, batches and any mix of the parallelism hints (degrees,
 // stages, virtual stages, cutpoints forced or asked, offload modes, windows, fractions, the
-// distributed optimizer, recompute, overlap) — on the example clusters: each is refused by
-// validate(), or planned, or refused by the planner with kt::Error; never an internal error (a
-// KT_CHECK aborts the process: the operator's). A plan made is executable and decodes.
+// distributed optimizer, recompute, overlap) — on the example clusters and on clusters of random
+// GPU nodes: each is refused by validate(), or planned, or refused by the planner with kt::Error;
+// never an internal error (a KT_CHECK aborts the process: the operator's). A plan made is
+// executable and decodes.
 TEST(Planner, RandomJobsArePlannedOrRefusedNeverCrash) {
   const uint32_t seed = test::fresh_seed();
   std::fprintf(stderr,
@@ -736,9 +737,20 @@ TEST(Planner, RandomJobsArePlannedOrRefusedNeverCrash) {
     if (maybe()) hint("gpuUpdateFraction", pick("0", "0.25", "0.5", "1"));
     const int batch = pick(4, 16, 64, 512);
     const std::string extra = hints.empty() ? "" : "  parallelism: {" + hints + "}\n";
-    const size_t cluster = std::uniform_int_distribution<size_t>(0, inventories.size() - 1)(rng);
-    SCOPED_TRACE(model + " " + extra + "batch " + std::to_string(batch) + " on " +
-                 clusters[cluster]);
+    // An example cluster, or one of random nodes: any GPU kind, count, memory and host memory.
+    const size_t cluster = std::uniform_int_distribution<size_t>(0, inventories.size())(rng);
+    std::string nodes = cluster < inventories.size() ? clusters[cluster] : "";
+    if (nodes.empty())
+      nodes =
+          "kind: Inventory\nnodes:\n- name: n\n  replicas: " + std::to_string(pick(1, 2, 3, 8)) +
+          "\n  gpu: {product: " +
+          pick("H200", "H100-SXM", "A100-PCIe-40GB", "L4", "RTX-3090", "T4") +
+          ", count: " + std::to_string(pick(1, 2, 3, 4, 8)) +
+          "}\n  cpu: {cores: " + std::to_string(pick(4, 32)) +
+          "}\n  memory: " + pick("16Gi", "128Gi", "1Ti") + "\n";
+    const api::Inventory inventory =
+        cluster < inventories.size() ? inventories[cluster] : test::inventory_from_yaml(nodes);
+    SCOPED_TRACE(model + " " + extra + "batch " + std::to_string(batch) + " on " + nodes);
     api::TrainingJob job;
     try {
       job = test::gpt_job(model, extra, batch);
@@ -751,7 +763,7 @@ TEST(Planner, RandomJobsArePlannedOrRefusedNeverCrash) {
       continue;
     }
     try {
-      const api::Plan plan = planner::best_plan(job, inventories[cluster]);
+      const api::Plan plan = planner::best_plan(job, inventory);
       ++planned;
       EXPECT_EQ(api::not_yet_executable(plan), "");
       EXPECT_NO_THROW(api::decode_plan(api::to_json(plan)));
