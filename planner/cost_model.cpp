@@ -417,20 +417,18 @@ Evaluation join_cutpoint(const Problem& p, const ParallelConfig& c, const Evalua
 
   // ---- time: the two segments' steps, less what neither runs, plus the joints ----
   const CutpointJoints j = cutpoint_joints(p, c);
-  const double lm_head = j.lm_head, emb_allreduce = j.emb_allreduce, dp_saved = j.dp_saved,
-               world_sum = j.world_sum, reshard = j.reshard;
   auto& pred = ev.predicted;
-  pred.step_seconds = first.predicted.step_seconds + second.predicted.step_seconds - lm_head -
-                      emb_allreduce - dp_saved + world_sum + reshard;
+  pred.step_seconds = first.predicted.step_seconds + second.predicted.step_seconds - j.lm_head -
+                      j.emb_allreduce - j.dp_saved + j.world_sum + j.reshard;
   auto& t = pred.time;
   const auto& t1 = first.predicted.time;
   const auto& t2 = second.predicted.time;
-  t.compute = t1.compute + t2.compute - lm_head;
-  t.tp_comm_total = t1.tp_comm_total + t2.tp_comm_total - emb_allreduce;
-  t.tp_comm_exposed = std::max(0.0, t1.tp_comm_exposed + t2.tp_comm_exposed - emb_allreduce);
-  t.dp_comm_total = t1.dp_comm_total + t2.dp_comm_total - dp_saved + world_sum + reshard;
+  t.compute = t1.compute + t2.compute - j.lm_head;
+  t.tp_comm_total = t1.tp_comm_total + t2.tp_comm_total - j.emb_allreduce;
+  t.tp_comm_exposed = std::max(0.0, t1.tp_comm_exposed + t2.tp_comm_exposed - j.emb_allreduce);
+  t.dp_comm_total = t1.dp_comm_total + t2.dp_comm_total - j.dp_saved + j.world_sum + j.reshard;
   t.dp_comm_exposed =
-      std::max(0.0, t1.dp_comm_exposed + t2.dp_comm_exposed - dp_saved + world_sum + reshard);
+      std::max(0.0, t1.dp_comm_exposed + t2.dp_comm_exposed - j.dp_saved + j.world_sum + j.reshard);
   t.transfer_total = t1.transfer_total + t2.transfer_total;
   t.transfer_exposed = t1.transfer_exposed + t2.transfer_exposed;
   t.optimizer_gpu = t1.optimizer_gpu + t2.optimizer_gpu;

@@ -221,9 +221,6 @@ struct Searcher {
         continue;
       }
       c.cut_tp = t2;
-      std::vector<int64_t> cuts;
-      for (int64_t k = 1; k < L; ++k)
-        if (!space.cut_layer || k == space.cut_layer) cuts.push_back(k);
       // Each gpuUnits' memory line, where a cut asks (the window's with the fewest slots).
       std::vector<std::optional<MemoryLine>> lines(tried.size());
       const auto over = [&](size_t i, int64_t k, bool on_host) {
@@ -235,7 +232,8 @@ struct Searcher {
         }
         return lines[i]->over(k, on_host);
       };
-      for (int64_t k : cuts) {
+      for (int64_t k = 1; k < L; ++k) {
+        if (space.cut_layer && k != space.cut_layer) continue;
         c.cut_layer = k;
         // The run of gpuUnits [lo, hi) where both memories may hold the cut.
         size_t lo = 0, hi = tried.size();

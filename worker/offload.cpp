@@ -62,7 +62,8 @@ int64_t device_units(const api::Plan& plan, const Gpt& model) {
                                                         : plan.config.gpu_units;
 }
 
-// MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
+}  // namespace
+
 int64_t available_host_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -72,8 +73,6 @@ int64_t available_host_bytes() {
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
 }
-
-}  // namespace
 
 int64_t offload_host_bytes(const api::Plan& plan) {
   // Per rank: master + gradient copy of every CPU-updated unit, and the activation checkpoints of

@@ -62,6 +62,8 @@ int64_t offload_host_bytes(const api::Plan& plan);
 // Throws kt::Error before anything is allocated when the ranks of this node would need more
 // host memory than `available_bytes` (MemAvailable when 0).
 void check_host_memory(const api::Plan& plan, int64_t available_bytes = 0);
+// MemAvailable from /proc/meminfo, in bytes (0 when unreadable).
+int64_t available_host_bytes();
 
 // AdamW of one offload unit where its parameters are (moments m and v in llm.c's layout), with
 // Gpt::decays' per-tensor weight decay; a bf16 model's bf16 weight copy is written in the same

@@ -27,6 +27,7 @@
 #include "kernels/ops.h"
 #include "worker/comm.h"
 #include "worker/gpt.h"
+#include "worker/offload.h"
 
 namespace kt::worker {
 namespace {
@@ -125,12 +126,6 @@ class TimedModel {
   Gpt model_;
   std::vector<int32_t> tokens_;
 };
-
-// Bytes of memory free now (not counting the page cache: a lower bound on what may be used).
-double free_memory_bytes() {
-  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) *
-         static_cast<double>(sysconf(_SC_PAGESIZE));
-}
 
 double device_bytes_in_use() {
   double total = 0;
@@ -476,9 +471,9 @@ api::MeasuredProfile measure_profile(const ProfileOptions& options) {
     say("micro-batch (fwd + bwd, the model's FLOPs)", step_rate / 1e9, "GFLOP/s");
     say("  = achieved fraction of the GEMM rate", hw.achieved_fraction, "");
     // What full recompute adds, bracketed by a second plain measurement — of the same model
-    // where two fit in free memory with room to spare (building one takes seconds), else of a new
-    // one.
-    if (2 * plain_bytes > free_memory_bytes()) plain.reset();
+    // where two fit in available memory with room to spare (building one takes seconds), else of a
+    // new one.
+    if (2 * plain_bytes > static_cast<double>(available_host_bytes())) plain.reset();
     const double full_s =
         TimedModel(m, B, T, weights, api::Precision::kFp32, api::Recompute::kFull).seconds(reps);
     const double again_s = plain
