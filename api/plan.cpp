@@ -65,6 +65,7 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
   pipeline.integer("layersPerStage");
   c.virtual_stages = pipeline.integer("virtualStages").value_or(1);
   pipeline.integer("layersPerVirtualStage");
+  pipeline.raw("stageTensorParallel");  // what the cutpoint gives each stage (written below)
   if (c.virtual_stages < 1 || c.virtual_stages > ModelLimits::kLayers)
     throw FieldError(pipeline.path_of("virtualStages"), std::to_string(c.virtual_stages) +
                                                             " must be between 1 and " +
@@ -88,6 +89,16 @@ ParallelConfig decode_config(ObjectReader& r, int64_t& global_batch) {
 
 }  // namespace
 
+Plan after_cut_layout(const Plan& plan) {
+  Plan after = plan;
+  auto& c = after.config;
+  c.dp = c.tp * c.dp / c.cut_tp;
+  c.micro_batch = c.micro_batch * c.cut_tp / c.tp;
+  c.tp = c.cut_tp;
+  c.cut_layer = 0, c.cut_tp = 0;
+  return after;
+}
+
 std::string not_yet_executable(const Plan& plan) {
   const auto& c = plan.config;
   if (c.cut_layer > 0 && c.offload == OffloadMode::kOptimizer && c.gpu_units < 1)
@@ -95,6 +106,11 @@ std::string not_yet_executable(const Plan& plan) {
            " (Oases' cutpoint) with the embeddings updated on the CPU, and the workers sum a "
            "cutpoint's embeddings over every rank on the device (set a larger "
            "spec.parallelism.gpuUpdateFraction, or cutpoint: off)";
+  if (c.cut_layer > 0 && c.pp > 1 && plan.device == DeviceKind::kCuda)
+    return "its pipeline stages run at two tensor-parallel degrees (a cutpoint at layer " +
+           std::to_string(c.cut_layer) +
+           ", between stages), which the CUDA workers do not run yet (set "
+           "spec.parallelism.cutpoint: off, or no pipelineParallel with it)";
   return "";
 }
 
@@ -241,9 +257,16 @@ static Json executed_part(const Plan& plan) {
     out["pipeline"]["virtualStages"] = c.virtual_stages;
     out["pipeline"]["layersPerVirtualStage"] = m.layers / (c.pp * c.virtual_stages);
   }
+  if (c.pp > 1 && c.cut_layer > 0) {  // per-stage TP: each stage's degree, for people to read
+    Json degrees = Json::array();
+    for (int64_t s = 0; s < c.pp; ++s)
+      degrees.push_back(s < cut_stage(c, m.layers) ? c.tp : c.cut_tp);
+    out["pipeline"]["stageTensorParallel"] = degrees;
+  }
   if (c.distributed_optimizer) out["distributedOptimizer"] = true;
   if (c.cut_layer > 0)
-    out["cutpoint"] = {{"layer", c.cut_layer}, {"tp", c.cut_tp}, {"dp", plan.world / c.cut_tp}};
+    out["cutpoint"] = {
+        {"layer", c.cut_layer}, {"tp", c.cut_tp}, {"dp", plan.world / c.pp / c.cut_tp}};
   return out;
 }
 
@@ -279,27 +302,34 @@ Json to_json(const Plan& plan) {
   return out;
 }
 
-// A cutpoint's layer inside the model, its TP degree dividing the world, and the two TP groups
-// nested (the smaller divides the larger), so that the activations re-shard between whole
-// groups; the micro-batch splits evenly where the TP group narrows.
+// A cutpoint's layer inside the model, its TP degree dividing the ranks that run it (the world,
+// or with pipeline stages a stage's tp·dp), and the two TP groups nested (the smaller divides
+// the larger), so that the activations re-shard between whole groups; the micro-batch splits
+// evenly where the TP group narrows. With pipeline stages the cut is at a stage boundary: the
+// stages from there on run at the second TP degree (per-stage TP).
 static void check_cutpoint(const Plan& plan) {
   const auto& c = plan.config;
   if (c.cut_layer >= plan.model.layers)
     throw FieldError("plan.cutpoint.layer", std::to_string(c.cut_layer) +
                                                 " must be inside the model's " +
                                                 std::to_string(plan.model.layers) + " layers");
-  if (c.pp > 1)
-    throw FieldError("plan.cutpoint", "a cutpoint with " + std::to_string(c.pp) +
-                                          " pipeline stages: the cutpoint splits one stage only");
+  const int64_t stage_layers = plan.model.layers / c.pp;
+  if (c.pp > 1 && c.cut_layer % stage_layers)
+    throw FieldError("plan.cutpoint.layer",
+                     std::to_string(c.cut_layer) + " is inside a pipeline stage: with " +
+                         std::to_string(c.pp) + " stages of " + std::to_string(stage_layers) +
+                         " layers the cut is at a stage boundary (a multiple of " +
+                         std::to_string(stage_layers) + ")");
   const int64_t lo = std::min(c.tp, c.cut_tp), hi = std::max(c.tp, c.cut_tp);
   if (c.cut_tp == c.tp)
     throw FieldError("plan.cutpoint.tp", std::to_string(c.cut_tp) +
                                              " is the TP degree before the cut (tp) already");
-  if (plan.world % c.cut_tp || hi % lo)
+  const int64_t ranks = plan.world / c.pp;
+  if (ranks % c.cut_tp || hi % lo)
     throw FieldError("plan.cutpoint.tp",
-                     std::to_string(c.cut_tp) + " must divide the world (" +
-                         std::to_string(plan.world) + ") and divide or be a multiple of tp " +
-                         std::to_string(c.tp));
+                     std::to_string(c.cut_tp) + " must divide the " +
+                         (c.pp > 1 ? "ranks of a stage (" : "world (") + std::to_string(ranks) +
+                         ") and divide or be a multiple of tp " + std::to_string(c.tp));
   if (c.cut_tp < c.tp && c.micro_batch % (c.tp / c.cut_tp))
     throw FieldError("plan.cutpoint.tp",
                      "the micro-batch (" + std::to_string(c.micro_batch) +

@@ -44,6 +44,9 @@ struct ParallelConfig {
   // are re-sharded at the cut (all-gathered over the ranks whose samples the wider TP group
   // joins, or sliced where the TP group narrows). micro_batch is the layers before the cut's;
   // after it each rank computes micro_batch · cut_tp / tp sequences. cut_layer 0: one TP degree.
+  // With pipeline stages the cut is at a stage boundary (per-stage TP): the stages from
+  // cut_stage() on run at cut_tp (DP tp·dp/cut_tp) on their own tp·dp ranks; the first of them
+  // re-shards the activations it receives, the last the targets (docs/WORKER.md).
   int64_t cut_layer = 0;
   int64_t cut_tp = 0;
   int64_t micro_batch = 1;     // sequences per micro-batch per DP rank
@@ -176,6 +179,17 @@ inline int64_t chunk_device_units(const ParallelConfig& c, int64_t model_layers,
   const int64_t chunk_layers = model_layers / (c.pp * c.virtual_stages);
   return part_device_units(c.gpu_units, chunk * chunk_layers, chunk_layers);
 }
+
+// Per-stage TP (a cutpoint with pipeline stages): the first stage at cut_tp; 0 without stages
+// or without a cutpoint (a cutpoint without stages runs both TP degrees on every rank).
+inline int64_t cut_stage(const ParallelConfig& c, int64_t model_layers) {
+  if (c.cut_layer <= 0 || c.pp <= 1) return 0;
+  return c.cut_layer / (model_layers / c.pp);
+}
+
+// Per-stage TP: the plan as the stages from cut_stage() on run it — their TP degree, DP degree
+// and micro-batch, without a cutpoint — for what one of their ranks holds.
+Plan after_cut_layout(const Plan& plan);
 
 // Why no worker of this version can execute `plan` — pipeline stages or the distributed
 // optimizer, which the planner plans where nothing else fits (docs/PLANNER.md §15) — naming the

@@ -139,29 +139,37 @@ struct RendezvousConfig {
 // embedding group (the first and the last stage's rank at w, which sum the tied wte's gradient),
 // null on the other stages and without stages. tp · dp · pp must equal world_size.
 //
-// With a cutpoint (api::ParallelConfig::cut_layer; no stages), the layers after the cut have
-// groups of their own over the same ranks: tp2 (consecutive runs of cut_tp ranks), dp2 (the
-// ranks with the same rank % cut_tp), and the cut group, over which the activations re-shard:
-// with n = min(tp, cut_tp) and m = max(tp, cut_tp), the ranks of one run of m with the same
-// rank % n (group rank (rank % m) / n), whose samples the wider TP group joins. Null without one.
+// With a cutpoint (api::ParallelConfig::cut_layer) without stages, the layers after the cut
+// have groups of their own over the same ranks: tp2 (consecutive runs of cut_tp ranks), dp2
+// (the ranks with the same rank % cut_tp), and the cut group, over which the activations
+// re-shard: with n = min(tp, cut_tp) and m = max(tp, cut_tp), the ranks of one run of m with the
+// same rank % n (group rank (rank % m) / n), whose samples the wider TP group joins. Null
+// without one. With stages (per-stage TP: the stages from cut_stage on run at cut_tp), those
+// stages' TP and DP groups are of their own degree (place w: TP rank w % cut_tp of DP rank
+// ⌊w/cut_tp⌋), the first of them and the last have the cut group (of the stage's places, as
+// above), and the embedding group is every rank of the first and the last stage (the two hold
+// the tied embeddings in different TP layouts: worker/cutpoint.h sums them as logical tensors).
 struct ProcessGroups {
   std::unique_ptr<Communicator> world, tp, dp, pp, embedding;
   std::unique_ptr<Communicator> tp2, dp2, cut;
 };
-// The cutpoint's groups of `rank` as (group key, rank in the group, size): tp2, dp2, cut. Keys
-// name the group among the job's (equal keys: the same group).
+// Where `rank` sits in each group of the layout above: the group's name, its key among the
+// job's groups (equal keys: the same group), the rank in it and its size (0: no such group).
 struct GroupPlace {
-  std::string key;
-  int rank = 0, size = 1;
+  std::string name, key;
+  int rank = 0, size = 0;
 };
-struct CutpointPlaces {
-  GroupPlace tp2, dp2, cut;
+struct RankPlaces {
+  GroupPlace world, tp, dp, pp, embedding, tp2, dp2, cut;
 };
-CutpointPlaces cutpoint_places(int rank, int world, int tp, int cut_tp);
+// cut_tp 0: no cutpoint; cut_stage: with stages and a cutpoint, the first stage at cut_tp.
+RankPlaces rank_places(int rank, int world, int tp, int dp, int pp = 1, int cut_tp = 0,
+                       int cut_stage = 0);
 // Connects to the others (rank 0 also hosts the store). Throws kt::Error with a clear message
 // on a timeout (naming MASTER_ADDR:MASTER_PORT and the missing ranks), a port in use, or a
-// world-size mismatch between ranks. cut_tp > 0: also the cutpoint's groups.
+// world-size mismatch between ranks. cut_tp > 0: also the cutpoint's groups (cut_stage: with
+// stages, the first stage at cut_tp).
 ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp = 1,
-                                     int cut_tp = 0);
+                                     int cut_tp = 0, int cut_stage = 0);
 
 }  // namespace kt::worker

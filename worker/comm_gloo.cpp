@@ -457,7 +457,7 @@ std::shared_ptr<gloo::Context> connect_group(const std::string& name, int rank, 
 
 // Everything after the store exists: the world-size check, then one Gloo context per group.
 ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int pp, int cut_tp,
-                             const std::shared_ptr<Rendezvous>& shared) {
+                             int cut_stage, const std::shared_ptr<Rendezvous>& shared) {
   const int world = config.world_size;
   ProcessGroups groups;
   const std::string& job = config.job_id;
@@ -513,44 +513,30 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int
     throw Error("cannot open a Gloo TCP device on '" + attr.hostname + "': " + e.what());
   }
 
-  // The layout of comm.h's ProcessGroups: TP fastest, then DP, then stages.
-  const int per_stage = tp * dp, stage = config.rank / per_stage, place = config.rank % per_stage;
-  gloo::rendezvous::PrefixStore world_store("world", job_store);
-  gloo::rendezvous::PrefixStore tp_store("tp/" + std::to_string(config.rank / tp), job_store);
-  gloo::rendezvous::PrefixStore dp_store(
-      "dp/" + std::to_string(stage) + "/" + std::to_string(place % tp), job_store);
-  gloo::rendezvous::PrefixStore pp_store("pp/" + std::to_string(place), job_store);
-  gloo::rendezvous::PrefixStore embedding_store("embedding/" + std::to_string(place), job_store);
-  auto world_context =
-      connect_group("world", config.rank, world, world_store, shared->device, config.timeout);
-  std::shared_ptr<gloo::Context> tp_context, dp_context, pp_context, embedding_context;
-  // The cutpoint's groups (comm.h), each under its key's prefix.
-  std::shared_ptr<gloo::Context> cut_contexts[3];
-  const char* cut_names[3] = {"tp2", "dp2", "cut"};
-  if (cut_tp > 0) {
-    const CutpointPlaces places = cutpoint_places(config.rank, world, tp, cut_tp);
-    const GroupPlace* each[3] = {&places.tp2, &places.dp2, &places.cut};
-    for (int i = 0; i < 3; ++i) {
-      if (each[i]->size == 1) continue;
-      gloo::rendezvous::PrefixStore store(each[i]->key, job_store);
-      cut_contexts[i] = connect_group(cut_names[i], each[i]->rank, each[i]->size, store,
-                                      shared->device, config.timeout);
-    }
-  }
-  if (tp > 1)
-    tp_context = connect_group("tp", place % tp, tp, tp_store, shared->device, config.timeout);
-  if (dp > 1)
-    dp_context = connect_group("dp", place / tp, dp, dp_store, shared->device, config.timeout);
-  if (pp > 1) {
-    pp_context = connect_group("pp", stage, pp, pp_store, shared->device, config.timeout);
-    if (stage == 0 || stage == pp - 1)
-      embedding_context = connect_group("embedding", stage == 0 ? 0 : 1, 2, embedding_store,
-                                        shared->device, config.timeout);
+  // One Gloo context per group of comm.h's layout, each under its key's prefix (in one fixed
+  // order on every rank: each connect waits for the group's other members).
+  const RankPlaces places = rank_places(config.rank, world, tp, dp, pp, cut_tp, cut_stage);
+  const std::pair<const GroupPlace*, std::unique_ptr<Communicator>*> each[] = {
+      {&places.world, &groups.world},
+      {&places.tp, &groups.tp},
+      {&places.dp, &groups.dp},
+      {&places.pp, &groups.pp},
+      {&places.embedding, &groups.embedding},
+      {&places.tp2, &groups.tp2},
+      {&places.dp2, &groups.dp2},
+      {&places.cut, &groups.cut}};
+  std::shared_ptr<gloo::Context> contexts[std::size(each)];
+  for (size_t i = 0; i < std::size(each); ++i) {
+    const GroupPlace& place = *each[i].first;
+    if (place.size < 2) continue;
+    gloo::rendezvous::PrefixStore group_store(place.key, job_store);
+    contexts[i] = connect_group(place.name, place.rank, place.size, group_store, shared->device,
+                                config.timeout);
   }
   // Nobody leaves before everybody is connected: after this no rank reads the store again, so
   // rank 0 may exit (taking the server down) without stranding a slower rank.
   try {
-    gloo::BarrierOptions options(world_context);
+    gloo::BarrierOptions options(contexts[0]);  // the world's
     options.setTag(0xFFFFFFFFu);
     gloo::barrier(options);
   } catch (const std::exception& e) {
@@ -558,41 +544,67 @@ ProcessGroups connect_groups(const RendezvousConfig& config, int tp, int dp, int
         describe_failure("world", "barrier after the rendezvous", e.what(), config.timeout));
   }
 
-  groups.world = std::make_unique<GlooCommunicator>("world", world_context, config.timeout, shared);
-  groups.tp = tp_context ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-                               "tp", tp_context, config.timeout, shared))
-                         : make_single_rank_communicator("tp");
-  groups.dp = dp_context ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-                               "dp", dp_context, config.timeout, shared))
-                         : make_single_rank_communicator("dp");
-  groups.pp = pp_context ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-                               "pp", pp_context, config.timeout, shared))
-                         : make_single_rank_communicator("pp");
-  if (embedding_context)
-    groups.embedding =
-        std::make_unique<GlooCommunicator>("embedding", embedding_context, config.timeout, shared);
-  if (cut_tp > 0) {
-    std::unique_ptr<Communicator>* slots[3] = {&groups.tp2, &groups.dp2, &groups.cut};
-    for (int i = 0; i < 3; ++i)
-      *slots[i] = cut_contexts[i] ? std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-                                        cut_names[i], cut_contexts[i], config.timeout, shared))
-                                  : make_single_rank_communicator(cut_names[i]);
+  for (size_t i = 0; i < std::size(each); ++i) {
+    const GroupPlace& place = *each[i].first;
+    if (contexts[i])
+      *each[i].second =
+          std::make_unique<GlooCommunicator>(place.name, contexts[i], config.timeout, shared);
+    else if (place.size == 1)
+      *each[i].second = make_single_rank_communicator(place.name);
   }
   return groups;
 }
 
 }  // namespace
 
-CutpointPlaces cutpoint_places(int rank, int world, int tp, int cut_tp) {
-  KT_CHECK(tp >= 1 && cut_tp >= 1 && world % tp == 0 && world % cut_tp == 0 &&
-               std::max(tp, cut_tp) % std::min(tp, cut_tp) == 0,
-           "a cutpoint's TP degrees must divide the world and nest");
-  const int lo = std::min(tp, cut_tp), hi = std::max(tp, cut_tp);
-  CutpointPlaces p;
-  p.tp2 = {"tp2/" + std::to_string(rank / cut_tp), rank % cut_tp, cut_tp};
-  p.dp2 = {"dp2/" + std::to_string(rank % cut_tp), rank / cut_tp, world / cut_tp};
-  p.cut = {"cut/" + std::to_string(rank / hi) + "/" + std::to_string(rank % lo), (rank % hi) / lo,
-           hi / lo};
+RankPlaces rank_places(int rank, int world, int tp, int dp, int pp, int cut_tp, int cut_stage) {
+  KT_CHECK(
+      tp >= 1 && dp >= 1 && pp >= 1 && int64_t{tp} * dp * pp == world && rank >= 0 && rank < world,
+      "tp × dp × pp is the world, and the rank is in it");
+  const int per_stage = tp * dp, stage = rank / per_stage, place = rank % per_stage;
+  const bool stage_cut = cut_tp > 0 && pp > 1;
+  KT_CHECK(!stage_cut || (cut_stage >= 1 && cut_stage < pp),
+           "per-stage TP: the stages at cut_tp are some after the first");
+  const int lo = std::min(tp, std::max(cut_tp, 1)), hi = std::max(tp, cut_tp);
+  KT_CHECK(cut_tp == 0 || (per_stage % cut_tp == 0 && hi % lo == 0),
+           "a cutpoint's TP degrees must divide the ranks that run them and nest");
+  const std::string at = std::to_string(stage);
+  auto key = [](std::initializer_list<int> parts) {
+    std::string out;
+    for (int part : parts) out += "/" + std::to_string(part);
+    return out;
+  };
+  // The stage's own TP degree: the cut's where its stages run at cut_tp.
+  const int t = stage_cut && stage >= cut_stage ? cut_tp : tp, d = per_stage / t;
+  RankPlaces p;
+  p.world = {"world", "world", rank, world};
+  p.tp = {"tp", "tp" + key({stage, place / t}), place % t, t};
+  p.dp = {"dp", "dp" + key({stage, place % t}), place / t, d};
+  if (pp > 1) {
+    p.pp = {"pp", "pp" + key({place}), stage, pp};
+    // The tied embeddings' sum: the first and the last stage's rank at the place, or with
+    // per-stage TP (two layouts of the unit) every rank of both stages.
+    if (stage == 0 || stage == pp - 1)
+      p.embedding =
+          stage_cut ? GroupPlace{"embedding", "embedding", stage == 0 ? place : per_stage + place,
+                                 2 * per_stage}
+                    : GroupPlace{"embedding", "embedding" + key({place}), stage == 0 ? 0 : 1, 2};
+  } else {
+    p.pp = {"pp", "pp", 0, 1};
+  }
+  if (cut_tp == 0) return p;
+  // The cut group: the ranks of one run of hi with the same place % lo, whose samples the wider
+  // TP group joins — every rank with a cutpoint without stages; with per-stage TP, on the first
+  // stage after the cut (the activations) and the last (the targets).
+  const GroupPlace cut = {"cut", "cut" + key({stage, place / hi, place % lo}), (place % hi) / lo,
+                          hi / lo};
+  if (!stage_cut) {
+    p.tp2 = {"tp2", "tp2" + key({rank / cut_tp}), rank % cut_tp, cut_tp};
+    p.dp2 = {"dp2", "dp2" + key({rank % cut_tp}), rank / cut_tp, world / cut_tp};
+    p.cut = cut;
+  } else if (stage == cut_stage || stage == pp - 1) {
+    p.cut = cut;
+  }
   return p;
 }
 
@@ -632,7 +644,7 @@ RendezvousConfig RendezvousConfig::from_env() {
 }
 
 ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int dp, int pp,
-                                     int cut_tp) {
+                                     int cut_tp, int cut_stage) {
   const int world = config.world_size;
   if (tp < 1 || dp < 1 || pp < 1 || int64_t{tp} * dp * pp != world) {
     throw Error("tp " + std::to_string(tp) + " × dp " + std::to_string(dp) + " × pp " +
@@ -654,10 +666,14 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
         *slot = make_single_rank_communicator(name);
     return groups;
   }
-  if (cut_tp > 0 && (pp > 1 || world % cut_tp || std::max(tp, cut_tp) % std::min(tp, cut_tp)))
-    throw Error("a cutpoint at TP " + std::to_string(cut_tp) + " after TP " + std::to_string(tp) +
-                " needs one pipeline stage and TP degrees that divide WORLD_SIZE=" +
-                std::to_string(world) + " and each other");
+  const int per_stage = world / pp;
+  if (cut_tp > 0 && (per_stage % cut_tp || std::max(tp, cut_tp) % std::min(tp, cut_tp) ||
+                     (pp > 1 && (cut_stage < 1 || cut_stage >= pp))))
+    throw Error(
+        "a cutpoint at TP " + std::to_string(cut_tp) + " after TP " + std::to_string(tp) +
+        " needs TP degrees that divide the " + std::to_string(per_stage) +
+        " ranks that run them and each other" +
+        (pp > 1 ? ", and a first stage after it among stages 1.." + std::to_string(pp - 1) : ""));
   // A peer that dies mid-send must give us an error, not kill this process (TOOLCHAIN.md §4.3).
   std::signal(SIGPIPE, SIG_IGN);
 
@@ -666,7 +682,7 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
     shared->server = std::make_unique<TcpStoreServer>(config.master_port);
   }
   try {
-    return connect_groups(config, tp, dp, pp, cut_tp, shared);
+    return connect_groups(config, tp, dp, pp, cut_tp, cut_stage, shared);
   } catch (const Error&) {
     // Rank 0 hosts the store: keep it up a moment so that the others read the reason (an abort
     // message, or their own timeout) instead of "lost the store".

@@ -101,11 +101,10 @@ int64_t slice_start(const TensorView& v, int64_t row) {
 
 }  // namespace
 
-void sum_unit0_over_world(Gpt& before, Gpt& after, Communicator& world,
-                          std::vector<float>& buffer) {
-  const Unit0Layout layout = unit0_layout(before);
+void sum_unit0(const std::vector<Gpt*>& models, Communicator& group, std::vector<float>& buffer) {
+  const Unit0Layout layout = unit0_layout(*models.front());
   buffer.assign(static_cast<size_t>(layout.floats), 0.0f);
-  for (Gpt* model : {&before, &after}) {
+  for (Gpt* model : models) {
     const auto views = model->gradient_views();
     for (size_t k = 0; k < layout.tensors.size(); ++k) {
       const int i = layout.tensors[k];
@@ -116,8 +115,8 @@ void sum_unit0_over_world(Gpt& before, Gpt& after, Communicator& world,
       for (int64_t j = 0; j < v.numel(); ++j) to[j] += v.data[j];
     }
   }
-  world.allreduce(buffer.data(), buffer.size());
-  for (Gpt* model : {&before, &after}) {
+  group.allreduce(buffer.data(), buffer.size());
+  for (Gpt* model : models) {
     const auto views = model->gradient_views();
     for (size_t k = 0; k < layout.tensors.size(); ++k) {
       const TensorView& v = views[static_cast<size_t>(layout.tensors[k])];

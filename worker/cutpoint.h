@@ -33,6 +33,7 @@ class CutpointReshard {
   // the micro-batch before the cut, C the channels.
   CutpointReshard(Communicator& cut, int64_t tp, int64_t cut_tp, int64_t B1, int64_t T,
                   int64_t C);
+  int64_t batch_before() const { return B1_; }
   int64_t batch_after() const { return B2_; }
   // One micro-batch of B₁ sequences through both segments: the first's forward, the cut, the
   // second's forward and backward, the cut back, the first's backward. Parameter gradients
@@ -57,10 +58,10 @@ class CutpointReshard {
   std::vector<float> out1_, in2_, grad_in2_, grad_out1_;
 };
 
-// Sums the gradients of the tensors that are not per layer (wte, wpe, lnfw, lnfb) of both
-// segments over `world` (see above) and writes the sums back into both. `buffer`: scratch of the
-// logical tensors' size, kept between steps.
-void sum_unit0_over_world(Gpt& before, Gpt& after, Communicator& world,
-                          std::vector<float>& buffer);
+// Sums the gradients of the tensors that are not per layer (wte, wpe, lnfw, lnfb) of `models`
+// (a cutpoint's two segments; with per-stage TP, the first or the last stage's model) over
+// `group` (the world; the embedding group of both stages' ranks) as above, and writes the sums
+// back into each. `buffer`: scratch of the logical tensors' size, kept between steps.
+void sum_unit0(const std::vector<Gpt*>& models, Communicator& group, std::vector<float>& buffer);
 
 }  // namespace kt::worker

@@ -118,10 +118,10 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
 
   kt::worker::ProcessGroups groups;
   if (plan.world > 1)
-    groups = kt::worker::connect_process_groups(rendezvous, static_cast<int>(plan.config.tp),
-                                                static_cast<int>(plan.config.dp),
-                                                static_cast<int>(plan.config.pp),
-                                                static_cast<int>(plan.config.cut_tp));
+    groups = kt::worker::connect_process_groups(
+        rendezvous, static_cast<int>(plan.config.tp), static_cast<int>(plan.config.dp),
+        static_cast<int>(plan.config.pp), static_cast<int>(plan.config.cut_tp),
+        static_cast<int>(kt::api::cut_stage(plan.config, plan.model.layers)));
   kt::worker::TrainOptions options;
   options.groups = plan.world > 1 ? &groups : nullptr;
   if (rendezvous.rank != 0) log_every = 0;  // one progress line per step, from rank 0

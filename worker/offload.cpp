@@ -115,7 +115,9 @@ void check_host_memory(const api::Plan& plan, int64_t available_bytes) {
   if (plan.config.offload == api::OffloadMode::kNone) return;
   if (available_bytes <= 0) available_bytes = available_host_bytes();
   if (available_bytes <= 0) return;  // cannot tell: let the allocation decide
-  const int64_t per_rank = offload_host_bytes(plan);
+  int64_t per_rank = offload_host_bytes(plan);
+  if (plan.config.pp > 1 && plan.config.cut_layer > 0)  // per-stage TP: the larger layout's
+    per_rank = std::max(per_rank, offload_host_bytes(api::after_cut_layout(plan)));
   // On the CPU backend the "device" memory is host memory as well.
   const double device = plan.device == api::DeviceKind::kCpu ? plan.predicted.memory.total() : 0;
   const double needed =

@@ -252,14 +252,18 @@ ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
   }
   ProcessGroups& groups = options.groups ? *options.groups : single;
   if (!groups.pp) groups.pp = make_single_rank_communicator("pp");
-  KT_CHECK(groups.tp->size() == plan.config.tp && groups.dp->size() == plan.config.dp &&
+  // (Per-stage TP: the stages after the cut have TP and DP groups of their degree.)
+  const bool after_cut = groups.pp->rank() >= api::cut_stage(plan.config, plan.model.layers) &&
+                         plan.config.pp > 1 && plan.config.cut_layer > 0;
+  KT_CHECK(groups.tp->size() == (after_cut ? plan.config.cut_tp : plan.config.tp) &&
+               groups.tp->size() * groups.dp->size() == plan.config.tp * plan.config.dp &&
                groups.pp->size() == plan.config.pp,
            "process groups do not match the plan");
-  KT_CHECK(plan.config.cut_layer == 0 ||
-               (groups.tp2 && groups.dp2 && groups.cut &&
-                groups.tp2->size() == plan.config.cut_tp &&
-                groups.dp2->size() * plan.config.cut_tp == plan.world),
-           "a cutpoint needs its process groups (tp2, dp2, cut)");
+  KT_CHECK(
+      plan.config.cut_layer == 0 || plan.config.pp > 1 ||
+          (groups.tp2 && groups.dp2 && groups.cut && groups.tp2->size() == plan.config.cut_tp &&
+           groups.dp2->size() * plan.config.cut_tp == plan.world),
+      "a cutpoint needs its process groups (tp2, dp2, cut)");
   KT_CHECK(plan.config.pp == 1 ||
                (groups.pp->rank() > 0 && groups.pp->rank() + 1 < plan.config.pp) ||
                groups.embedding,
@@ -328,21 +332,41 @@ EngineTotals engine_totals(const std::vector<OffloadEngine*>& engines) {
 // a chunk's consecutive ops of one kind use different slots, which the order's in_flight
 // guarantees — and the KT_CHECK below would say otherwise.) Every rank posts its sends, and its
 // receives, in the groups' order, which is the order Gloo matches them in per direction.
+//
+// Per-stage TP (a cutpoint between stages, api::cut_stage): the first stage after the cut
+// receives the activations of the stage before in its layout (B₁ sequences) and re-shards them
+// to its own (B₂) before its forward, and its input gradient back after its backward
+// (`cut_activations`, worker/cutpoint.h); the last stage re-shards each micro-batch's tokens
+// (`cut_tokens`), whose targets its loss needs. Both null elsewhere.
 class PipelineSchedule {
  public:
   PipelineSchedule(std::vector<Gpt*> chunks, std::vector<OffloadEngine*> engines, Communicator& pp,
-                   int64_t B, int64_t T)
-      : chunks_(std::move(chunks)), engines_(std::move(engines)), pp_(pp) {
-    const size_t n = static_cast<size_t>(B * T * chunks_[0]->config().channels);
+                   int64_t B, int64_t T, CutpointReshard* cut_activations = nullptr,
+                   CutpointReshard* cut_tokens = nullptr)
+      : chunks_(std::move(chunks)),
+        engines_(std::move(engines)),
+        pp_(pp),
+        cut_activations_(cut_activations),
+        cut_tokens_(cut_tokens) {
+    const int64_t C = chunks_[0]->config().channels;
+    // What goes to the next stage, and what comes from the one before (B₁ sequences at the cut).
+    floats_out_ = static_cast<size_t>(B * T * C);
+    floats_in_ = cut_activations_ ? static_cast<size_t>(cut_activations_->batch_before() * T * C)
+                                  : floats_out_;
     for (Gpt* chunk : chunks_) {
       Buffers& b = buffers_.emplace_back();
       const int slots = chunk->stage().in_flight;
-      for (auto* buffers : {&b.act_in, &b.act_out, &b.grad_in, &b.grad_out})
-        buffers->assign(slots, std::vector<float>(n));
+      for (auto* buffers : {&b.act_in, &b.grad_out})
+        buffers->assign(slots, std::vector<float>(floats_in_));
+      for (auto* buffers : {&b.act_out, &b.grad_in})
+        buffers->assign(slots, std::vector<float>(floats_out_));
       for (auto* works : {&b.act_sent, &b.grad_sent, &b.act_received, &b.grad_received})
         works->resize(slots);
     }
-    floats_ = n;
+    if (cut_activations_) {  // the model copies its input in its forward: one buffer serves
+      resharded_input_.resize(floats_out_);
+      resharded_grad_.resize(floats_out_);
+    }
   }
 
   // Returns the step's loss on the last stage (0 elsewhere); every send has completed.
@@ -353,8 +377,20 @@ class PipelineSchedule {
     // them; every stage takes them, so that the data cursor stays the same everywhere).
     inputs_.resize(static_cast<size_t>(m));
     targets_.resize(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i)
-      feeder.take(inputs_[static_cast<size_t>(i)], targets_[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < m; ++i) {
+      auto& inputs = inputs_[static_cast<size_t>(i)];
+      auto& targets = targets_[static_cast<size_t>(i)];
+      feeder.take(inputs, targets);
+      if (cut_tokens_) {  // into the last stage's layout
+        const size_t n = static_cast<size_t>(cut_tokens_->batch_after()) * inputs.size() /
+                         static_cast<size_t>(cut_tokens_->batch_before());
+        std::vector<int32_t> inputs_after(n), targets_after(n);
+        cut_tokens_->tokens(inputs.data(), targets.data(), inputs_after.data(),
+                            targets_after.data());
+        inputs = std::move(inputs_after);
+        targets = std::move(targets_after);
+      }
+    }
     double loss = 0;
     post(order.groups[0], /*sends=*/false);
     for (size_t j = 0; j < order.ops.size(); ++j) {
@@ -396,12 +432,12 @@ class PipelineSchedule {
       if (t.send) {
         auto& data = t.activations ? b.act_out[s] : b.grad_out[s];
         (t.activations ? b.act_sent : b.grad_sent)[s] =
-            pp_.send_async(data.data(), floats_, t.peer);
+            pp_.send_async(data.data(), t.activations ? floats_out_ : floats_in_, t.peer);
       } else {
         auto& data = t.activations ? b.act_in[s] : b.grad_in[s];
         auto& work = (t.activations ? b.act_received : b.grad_received)[s];
         KT_CHECK(!work, "a pipeline receive into a slot still in use");
-        work = pp_.recv_async(data.data(), floats_, t.peer);
+        work = pp_.recv_async(data.data(), t.activations ? floats_in_ : floats_out_, t.peer);
       }
     }
   }
@@ -414,8 +450,12 @@ class PipelineSchedule {
     finish(b.act_received[s]);
     finish(b.act_sent[s]);  // the slot's previous output has left
     const auto i = static_cast<size_t>(op.micro);
-    return model.forward_micro(s, inputs_[i].data(), targets_[i].data(), loss_scale,
-                               stage.first ? nullptr : b.act_in[s].data(),
+    const float* input = stage.first ? nullptr : b.act_in[s].data();
+    if (cut_activations_) {
+      cut_activations_->activations(input, resharded_input_.data());
+      input = resharded_input_.data();
+    }
+    return model.forward_micro(s, inputs_[i].data(), targets_[i].data(), loss_scale, input,
                                stage.last ? nullptr : b.act_out[s].data());
   }
 
@@ -428,14 +468,19 @@ class PipelineSchedule {
     engines_[static_cast<size_t>(op.chunk)]->begin_micro_batch(op.micro, m);
     finish(b.grad_received[s]);
     finish(b.grad_sent[s]);
+    float* input_grad = stage.first ? nullptr : b.grad_out[s].data();
     model.backward_micro(s, stage.last ? nullptr : b.grad_in[s].data(),
-                         stage.first ? nullptr : b.grad_out[s].data());
+                         cut_activations_ ? resharded_grad_.data() : input_grad);
+    if (cut_activations_) cut_activations_->gradients(resharded_grad_.data(), input_grad);
   }
 
   std::vector<Gpt*> chunks_;
   std::vector<OffloadEngine*> engines_;
   Communicator& pp_;
-  size_t floats_ = 0;
+  CutpointReshard* cut_activations_;
+  CutpointReshard* cut_tokens_;
+  size_t floats_in_ = 0, floats_out_ = 0;
+  std::vector<float> resharded_input_, resharded_grad_;
   std::vector<Buffers> buffers_;
   std::vector<std::vector<int32_t>> inputs_, targets_;
 };
@@ -450,8 +495,16 @@ ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
   sharding.shard_count =
       static_cast<int>(plan.config.tp * plan.config.pp * plan.config.virtual_stages);
   sharding.writes = groups.dp->rank() == 0;
-  if (plan.config.cut_layer > 0)  // after the TP ranks before the cut, those after it
-    sharding.shard_count = static_cast<int>(plan.config.tp + plan.config.cut_tp);
+  if (plan.config.cut_layer > 0 && plan.config.pp == 1)  // after the TP ranks before the cut,
+    sharding.shard_count = static_cast<int>(plan.config.tp + plan.config.cut_tp);  // those after
+  if (plan.config.cut_layer > 0 && plan.config.pp > 1) {  // per-stage TP: each stage its degree's
+    const int first = static_cast<int>(api::cut_stage(plan.config, plan.model.layers));
+    const int stage = groups.pp->rank(), tp = static_cast<int>(plan.config.tp),
+              cut_tp = static_cast<int>(plan.config.cut_tp);
+    sharding.shard_index =
+        (stage < first ? stage * tp : first * tp + (stage - first) * cut_tp) + groups.tp->rank();
+    sharding.shard_count = first * tp + (static_cast<int>(plan.config.pp) - first) * cut_tp;
+  }
   sharding.leader = groups.world->rank() == 0;
   if (plan.world > 1) {
     sharding.barrier = [&groups] { groups.world->barrier(); };
@@ -1059,6 +1112,18 @@ struct RankFootprint {
   double bytes = 0;
   std::string sizes;
 };
+RankFootprint rank_footprint(const api::Plan& plan);
+
+// The larger of the two layouts' footprints with per-stage TP.
+RankFootprint largest_rank_footprint(const api::Plan& plan) {
+  RankFootprint footprint = rank_footprint(plan);
+  if (plan.config.pp > 1 && plan.config.cut_layer > 0) {
+    RankFootprint after = rank_footprint(api::after_cut_layout(plan));
+    if (after.bytes > footprint.bytes) footprint = after;
+  }
+  return footprint;
+}
+
 RankFootprint rank_footprint(const api::Plan& plan) {
   const auto& m = plan.model;
   const auto& c = plan.config;
@@ -1157,7 +1222,7 @@ void check_plan_values(const api::Plan& plan) {
       if (t > 0 && n % t != 0)
         throw FieldError(path, std::to_string(t) + " does not divide the model's " + name + " " +
                                    std::to_string(n));
-  const RankFootprint footprint = rank_footprint(plan);
+  const RankFootprint footprint = largest_rank_footprint(plan);
   if (!(footprint.bytes < 0x1p62))
     throw FieldError("plan.model", footprint.sizes + " need " + api::format_bytes(footprint.bytes) +
                                        " per rank: beyond what any machine addresses");
@@ -1179,17 +1244,20 @@ void check_executable(const api::Plan& plan) {
            std::to_string(plan.config.grad_accum) + " ≠ global " +
            std::to_string(plan.global_batch));
   const int64_t L = plan.model.layers;
-  if (c.cut_layer > 0) {  // Oases' cutpoint (worker/cutpoint.h)
+  if (c.cut_layer > 0) {  // Oases' cutpoint (worker/cutpoint.h), or per-stage TP with stages
     const int64_t lo = std::min(c.tp, c.cut_tp), hi = std::max(c.tp, c.cut_tp);
-    if (c.pp != 1 || c.cut_layer >= L || c.cut_tp < 1 || c.cut_tp == c.tp || hi % lo ||
-        plan.world % c.cut_tp || plan.model.heads % c.cut_tp ||
+    const int64_t ranks = plan.world / c.pp;  // that run both TP degrees: a stage's
+    if (c.cut_layer >= L || (c.pp > 1 && c.cut_layer % (L / c.pp)) || c.cut_tp < 1 ||
+        c.cut_tp == c.tp || hi % lo || ranks % c.cut_tp || plan.model.heads % c.cut_tp ||
         (c.cut_tp < c.tp && c.micro_batch % (c.tp / c.cut_tp)))
       refuse("cutpoint at layer " + std::to_string(c.cut_layer) + " to TP " +
              std::to_string(c.cut_tp) + " after TP " + std::to_string(c.tp) +
-             ": it needs one pipeline stage, a layer inside the model's " + std::to_string(L) +
-             ", a TP degree other than tp that nests with it and divides the world (" +
-             std::to_string(plan.world) + ") and the heads (" +
-             std::to_string(plan.model.heads) + "), and a micro-batch that splits");
+             ": it needs a layer inside the model's " + std::to_string(L) +
+             (c.pp > 1 ? " at a boundary of its " + std::to_string(c.pp) + " stages" : "") +
+             ", a TP degree other than tp that nests with it and divides the " +
+             std::to_string(ranks) + " ranks " + (c.pp > 1 ? "of a stage" : "of the world") +
+             " and the heads (" + std::to_string(plan.model.heads) +
+             "), and a micro-batch that splits");
     // (check_plan_values bounded the micro-batch and the degrees: no overflow here)
     const int64_t after_batch = c.micro_batch * c.cut_tp / c.tp;
     if (c.sub_batches == 2 && after_batch % 2 != 0)
@@ -1243,7 +1311,7 @@ void check_executable(const api::Plan& plan) {
            "), which has neither AMX-BF16 nor AVX512-BF16 (/proc/cpuinfo flags amx_bf16, "
            "avx512_bf16, as far as ONEDNN_MAX_CPU_ISA allows); set spec.training.precision: fp32");
   // The CPU device's memory is this machine's (an allocation beyond it would be an OOM kill).
-  const RankFootprint footprint = rank_footprint(plan);
+  const RankFootprint footprint = largest_rank_footprint(plan);
   const double physical = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                           static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   const double needed = footprint.bytes * static_cast<double>(plan.config.procs_per_node);
@@ -1296,14 +1364,22 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int tp = static_cast<int>(plan.config.tp), dp = static_cast<int>(plan.config.dp);
   ProcessGroups single;
   ProcessGroups& groups = groups_of(plan, options, single);
-  const int dp_rank = groups.dp->rank();
   const int pp = static_cast<int>(plan.config.pp);
+  // Per-stage TP (a cutpoint between stages, api::cut_stage): the stages from the cut on run at
+  // its TP degree, with their DP degree and micro-batch (B·cut_tp/tp sequences). Every stage
+  // reads the data in the first layout, so the data cursor is the same everywhere.
+  const bool stage_cut = pp > 1 && plan.config.cut_layer > 0;
+  const int64_t first_after_cut = api::cut_stage(plan.config, plan.model.layers);
+  const bool after_cut = stage_cut && groups.pp->rank() >= first_after_cut;
+  const int stage_tp = groups.tp->size(), stage_dp = groups.dp->size();
+  const int64_t stage_B = B * stage_tp / tp;
+  const int dp_rank = stage_cut ? groups.world->rank() % (tp * dp) / tp : groups.dp->rank();
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
   const api::Precision precision = cpu_precision(plan, log);
-  // Oases' cutpoint (worker/cutpoint.h): layers [0, cut) here, the rest in `after` (its own TP
-  // and DP groups), built as the two stages of a pipeline on this rank.
-  const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
+  // Oases' cutpoint (worker/cutpoint.h) without stages: layers [0, cut) here, the rest in
+  // `after` (its own TP and DP groups), built as the two stages of a pipeline on this rank.
+  const int64_t cut = stage_cut ? 0 : plan.config.cut_layer, L = plan.model.layers;
   PipelineStage stage = pipeline_stage(plan, groups.pp->rank());
   GptConfig config = GptConfig::from(plan.model);
   const int virtual_stages = static_cast<int>(plan.config.virtual_stages);
@@ -1315,9 +1391,9 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   const int sub_batches = static_cast<int>(plan.config.sub_batches);
   auto make_chunk = [&](const PipelineStage& place) {
     return std::make_unique<Gpt>(
-        config, B, T, device,
-        TensorParallel{groups.tp->rank(), tp, tp > 1 ? groups.tp.get() : nullptr}, sub_batches,
-        plan.config.recompute, precision, place);
+        config, stage_B, T, device,
+        TensorParallel{groups.tp->rank(), stage_tp, stage_tp > 1 ? groups.tp.get() : nullptr},
+        sub_batches, plan.config.recompute, precision, place);
   };
   const std::unique_ptr<Gpt> first_chunk = make_chunk(stage);
   Gpt& model = *first_chunk;
@@ -1335,8 +1411,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
       chunk_options.device_units = api::part_device_units(plan.config.gpu_units, 0, cut);
     auto made = std::make_unique<OffloadEngine>(plan, chunk, groups.dp.get(), chunk_options);
     const PipelineStage& place = chunk.stage();
-    made->set_pipeline(place.first || place.last ? groups.embedding.get() : nullptr, place.first,
-                       place.first || place.last);
+    // Per-stage TP: the first and the last stage hold the unit in different TP layouts, summed
+    // as logical tensors over the embedding group of both stages' ranks after the backward.
+    const bool unit0 = place.first || place.last;
+    made->set_pipeline(unit0 && !stage_cut ? groups.embedding.get() : nullptr, place.first, unit0);
+    if (stage_cut && unit0) made->reduce_unit0_elsewhere();
     return made;
   };
   const std::unique_ptr<OffloadEngine> first_engine = make_engine(model, 0);
@@ -1365,12 +1444,22 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     OffloadOptions after_offload = offload_options;  // the rest of the model's units
     after_offload.device_units = api::part_device_units(plan.config.gpu_units, cut, L - cut);
     after_engine = std::make_unique<OffloadEngine>(plan, *after, groups.dp2.get(), after_offload);
-    // Unit 0 is summed over the world in both layouts at once (sum_unit0_over_world), counted
+    // Unit 0 is summed over the world in both layouts at once (sum_unit0), counted
     // in the norm by the first segment.
     engine.reduce_unit0_elsewhere();
     after_engine->reduce_unit0_elsewhere();
     after_engine->set_pipeline(nullptr, false, true);
   }
+  // Per-stage TP: the re-shard of the first stage after the cut (its input activations), and of
+  // the last stage (each micro-batch's tokens) — one where they are the same stage.
+  std::optional<CutpointReshard> stage_reshard, last_stage_reshard;
+  if (after_cut && (groups.pp->rank() == first_after_cut || stage.last)) {
+    stage_reshard.emplace(*groups.cut, tp, stage_tp, B, T, plan.model.hidden);
+    KT_CHECK(stage_reshard->batch_after() == stage_B, "the re-shard gives the stage's batch");
+  }
+  CutpointReshard* cut_activations =
+      stage_reshard && groups.pp->rank() == first_after_cut ? &*stage_reshard : nullptr;
+  CutpointReshard* cut_tokens = stage_reshard && stage.last ? &*stage_reshard : nullptr;
   const auto params = model.parameter_views();
   const CheckpointTensors ckpt_tensors{params, engine.adam_m_views(), engine.adam_v_views()};
   // The second segment's tensors: its layers, and to load, also its copy of unit 0 (in its TP
@@ -1478,9 +1567,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     all_chunks.push_back(chunks[c].get());
     chunk_engine_list.push_back(chunk_engines[c].get());
   }
-  std::vector<float> unit0_sums;  // sum_unit0_over_world's buffer
+  std::vector<float> unit0_sums;  // sum_unit0's buffer
   std::optional<PipelineSchedule> pipeline;
-  if (pp > 1) pipeline.emplace(all_chunks, chunk_engine_list, *groups.pp, B, T);
+  if (pp > 1)
+    pipeline.emplace(all_chunks, chunk_engine_list, *groups.pp, stage_B, T, cut_activations,
+                     cut_tokens);
   for (int64_t step = start_step; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const EngineTotals before = engine_totals(all_engines);
@@ -1488,8 +1579,10 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     for (Gpt* chunk : all_chunks) chunk->zero_grad();
     if (after) after->zero_grad();
     double loss = 0;
-    if (pipeline) {  // the last stage has the loss
-      float last_loss = static_cast<float>(pipeline->step(feeder, accum, 1.0f / (accum * dp)));
+    if (pipeline) {  // the last stage has the loss: its mean over its DP group, for every stage
+      double stage_loss = pipeline->step(feeder, accum, 1.0f / (accum * stage_dp));
+      if (groups.pp->rank() == pp - 1) stage_loss = dp_mean_loss(stage_loss, *groups.dp);
+      float last_loss = static_cast<float>(stage_loss);
       groups.pp->broadcast(&last_loss, 1, pp - 1);
       loss = last_loss;
     }
@@ -1514,11 +1607,15 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
     for (auto it = chunk_engine_list.rbegin(); it != chunk_engine_list.rend(); ++it)
       (*it)->finish_backward();
     if (after) {
-      sum_unit0_over_world(model, *after, *groups.world, unit0_sums);
+      sum_unit0({&model, after.get()}, *groups.world, unit0_sums);
       engine.unit0_summed();
       after_engine->unit0_summed();
     }
-    loss = dp_mean_loss(loss, after ? *groups.dp2 : *groups.dp);
+    if (stage_cut && (stage.first || stage.last)) {  // both stages' layouts, over both stages
+      sum_unit0({&model}, *groups.embedding, unit0_sums);
+      engine.unit0_summed();
+    }
+    if (!pipeline) loss = dp_mean_loss(loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2], after_sums[2];
     engine.sum_of_squares(sums);

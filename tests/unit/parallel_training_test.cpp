@@ -65,43 +65,31 @@ RunResult run(const api::Plan& plan, const std::string& checkpoint_dir = "", int
   RunResult out;
   out.params.resize(world);
   out.values.resize(world);
-  // worker/comm.h's layout: TP fastest, then DP, then stages.
-  std::vector<std::unique_ptr<test::ThreadGroup>> tp_groups, dp_groups, pp_groups, emb_groups;
-  for (int i = 0; i < dp * pp; ++i) tp_groups.push_back(std::make_unique<test::ThreadGroup>(tp));
-  for (int i = 0; i < tp * pp; ++i) dp_groups.push_back(std::make_unique<test::ThreadGroup>(dp));
-  for (int i = 0; i < per_stage; ++i) {
-    pp_groups.push_back(std::make_unique<test::ThreadGroup>(pp));
-    emb_groups.push_back(std::make_unique<test::ThreadGroup>(2));
-  }
-  test::ThreadGroup world_group(world);
-  // A cutpoint's groups, by key (worker::cutpoint_places).
+  // worker/comm.h's layout (worker::rank_places): a thread group per key.
   const int cut_tp = static_cast<int>(plan.config.cut_tp);
-  std::map<std::string, std::unique_ptr<test::ThreadGroup>> cut_groups;
-  if (plan.config.cut_layer > 0)
-    for (int r = 0; r < world; ++r) {
-      const auto places = worker::cutpoint_places(r, world, tp, cut_tp);
-      for (const auto* place : {&places.tp2, &places.dp2, &places.cut})
-        if (!cut_groups.count(place->key))
-          cut_groups[place->key] = std::make_unique<test::ThreadGroup>(place->size);
-    }
+  const int cut_stage = static_cast<int>(api::cut_stage(plan.config, plan.model.layers));
+  auto places_of = [&](int r) {
+    const auto p = worker::rank_places(r, world, tp, dp, pp, cut_tp, cut_stage);
+    return std::vector<worker::GroupPlace>{p.world,     p.tp,  p.dp,  p.pp,
+                                           p.embedding, p.tp2, p.dp2, p.cut};
+  };
+  std::map<std::string, std::unique_ptr<test::ThreadGroup>> thread_groups;
+  for (int r = 0; r < world; ++r)
+    for (const worker::GroupPlace& place : places_of(r))
+      if (place.size > 0 && !thread_groups.count(place.key))
+        thread_groups[place.key] = std::make_unique<test::ThreadGroup>(place.size);
   std::vector<worker::TrainResult> results(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       worker::ProcessGroups groups;
-      groups.world = world_group.member(r, "world");
-      const int stage = r / per_stage, place = r % per_stage;
-      groups.tp = tp_groups[r / tp]->member(place % tp, "tp");
-      groups.dp = dp_groups[stage * tp + place % tp]->member(place / tp, "dp");
-      groups.pp = pp_groups[place]->member(stage, "pp");
-      if (pp > 1 && (stage == 0 || stage == pp - 1))
-        groups.embedding = emb_groups[place]->member(stage == 0 ? 0 : 1, "embedding");
-      if (plan.config.cut_layer > 0) {
-        const auto places = worker::cutpoint_places(r, world, tp, cut_tp);
-        groups.tp2 = cut_groups.at(places.tp2.key)->member(places.tp2.rank, "tp2");
-        groups.dp2 = cut_groups.at(places.dp2.key)->member(places.dp2.rank, "dp2");
-        groups.cut = cut_groups.at(places.cut.key)->member(places.cut.rank, "cut");
-      }
+      std::unique_ptr<worker::Communicator>* slots[] = {
+          &groups.world,     &groups.tp,  &groups.dp,  &groups.pp,
+          &groups.embedding, &groups.tp2, &groups.dp2, &groups.cut};
+      const auto places = places_of(r);
+      for (size_t i = 0; i < places.size(); ++i)
+        if (places[i].size > 0)
+          *slots[i] = thread_groups.at(places[i].key)->member(places[i].rank, places[i].name);
       worker::TrainOptions options;
       options.log_every = 0;
       options.groups = world > 1 ? &groups : nullptr;
@@ -586,6 +574,75 @@ TEST(ParallelTraining, CutpointCheckpointsResumeAtAnyLayout) {
   expect_resharded_resume(plan_for("tensorParallel: 2, dataParallel: 1, overlap: off",
                                    kFourLayers),
                           with_cutpoint("tensorParallel: 2, dataParallel: 1, overlap: off", 1, 1));
+}
+// Per-stage TP: a cutpoint between pipeline stages — the stages from the cut on run at another
+// TP degree (so another DP degree and micro-batch) on their own ranks; the first of them
+// re-shards the activations it receives, the last the targets, and the first and the last stage
+// sum the tied embedding across their two TP layouts — train as one rank does.
+api::Plan with_stage_cut(const std::string& parallelism, int64_t layer, int64_t cut_tp,
+                         int cores = 4) {
+  api::Plan plan = with_cutpoint(parallelism, layer, cut_tp, kFourLayers, cores);
+  plan.config.virtual_stages = 1;  // (the planner may interleave two stages' four layers)
+  EXPECT_EQ(plan.config.pp, stages_in(parallelism));
+  EXPECT_EQ(api::cut_stage(plan.config, plan.model.layers) * plan.model.layers / plan.config.pp,
+            layer);
+  return plan;
+}
+TEST(ParallelTraining, PerStageTensorParallelEqualsOneRank) {
+  {  // TP widens between the stages: stage 0 at TP 1 × DP 2, stage 1 at TP 2
+    SCOPED_TRACE("pp 2: tp 1 x dp 2, then tp 2");
+    expect_same_training(
+        with_stage_cut("tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off", 2,
+                       2),
+        kFourLayers);
+  }
+  {  // TP narrows: stage 0 at TP 2, stage 1 at TP 1 × DP 2 (each rank half the samples)
+    SCOPED_TRACE("pp 2: tp 2, then tp 1 x dp 2");
+    expect_same_training(
+        with_stage_cut("tensorParallel: 2, dataParallel: 1, pipelineParallel: 2, overlap: off", 2,
+                       1),
+        kFourLayers);
+  }
+  {  // Four stages, the cut after the first: the two between at TP 1 hold no embeddings, and
+     // the last stage re-shards the targets apart from the first after the cut
+    SCOPED_TRACE("pp 4: tp 2, then tp 1 x dp 2 from stage 1");
+    expect_same_training(
+        with_stage_cut("tensorParallel: 2, dataParallel: 1, pipelineParallel: 4, overlap: off", 1,
+                       1, 8),
+        kFourLayers);
+  }
+  {  // With the distributed optimizer (each stage shards over its own DP group) and recompute
+    SCOPED_TRACE("pp 2 sharded: tp 1 x dp 2, then tp 2, recompute full");
+    api::Plan plan = with_stage_cut(
+        "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off, recompute: full", 2,
+        2);
+    plan.config.distributed_optimizer = true;
+    expect_same_training(plan, kFourLayers);
+  }
+  {  // With offload optimizer: each stage's first gpuUnits units on the device, the rest on the
+     // CPU (the embeddings' unit stays on the device: it is summed across the stages there)
+    SCOPED_TRACE("pp 2 offload: tp 2, then tp 1 x dp 2");
+    api::Plan plan = with_stage_cut(
+        "tensorParallel: 2, dataParallel: 1, pipelineParallel: 2, overlap: off, offload: optimizer",
+        2, 1);
+    plan.config.gpu_units = 2;
+    ASSERT_EQ(api::not_yet_executable(plan), "");
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_GT(r.transfer_bytes.back(), 0);
+  }
+}
+// Its checkpoints hold each stage's layers in that stage's TP layout: they resume at any layout,
+// and any checkpoint resumes with per-stage TP.
+TEST(ParallelTraining, PerStageTensorParallelCheckpointsResumeAtAnyLayout) {
+  expect_resharded_resume(
+      with_stage_cut("tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off", 2, 2),
+      plan_for("tensorParallel: 2, dataParallel: 1, overlap: off", kFourLayers));
+  expect_resharded_resume(
+      plan_for("tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off",
+               kFourLayers),
+      with_stage_cut("tensorParallel: 2, dataParallel: 1, pipelineParallel: 2, overlap: off", 2,
+                     1));
 }
 TEST(ParallelTraining, DistributedOptimizerEqualsOneRank) {
   const api::Plan dp2 =
