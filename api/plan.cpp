@@ -99,6 +99,18 @@ Plan after_cut_layout(const Plan& plan) {
   return after;
 }
 
+std::string describe_cut(const Plan& plan) {
+  const auto& c = plan.config;
+  if (c.cut_layer <= 0) return "";
+  const int64_t L = plan.model.layers;
+  return " for layers 0-" + std::to_string(c.cut_layer - 1) + ", TP " + std::to_string(c.cut_tp) +
+         " × DP " + std::to_string(plan.world / c.pp / c.cut_tp) + " for layers " +
+         std::to_string(c.cut_layer) + "-" + std::to_string(L - 1) +
+         (c.pp > 1 ? " (per-stage TP: stages " + std::to_string(cut_stage(c, L)) + "-" +
+                         std::to_string(c.pp - 1) + ")"
+                   : std::string(" (Oases' cutpoint)"));
+}
+
 std::string not_yet_executable(const Plan& plan) {
   const auto& c = plan.config;
   if (c.cut_layer > 0 && c.offload == OffloadMode::kOptimizer && c.gpu_units < 1)

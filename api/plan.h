@@ -191,6 +191,11 @@ inline int64_t cut_stage(const ParallelConfig& c, int64_t model_layers) {
 // and micro-batch, without a cutpoint — for what one of their ranks holds.
 Plan after_cut_layout(const Plan& plan);
 
+// " for layers 0-(k−1), TP t₂ × DP d₂ for layers k-(L−1) (Oases' cutpoint)" (or, with stages,
+// "(per-stage TP: stages s-(p−1))") for the lines that show a plan's parallelism; "" without a
+// cutpoint.
+std::string describe_cut(const Plan& plan);
+
 // Why no worker of this version can execute `plan` — pipeline stages or the distributed
 // optimizer, which the planner plans where nothing else fits (docs/PLANNER.md §15) — naming the
 // spec field to change; empty when the workers run it. The worker refuses such a plan with it,

@@ -445,10 +445,22 @@ std::vector<FieldError> validate(const TrainingJob& job) {
   if (p.cutpoint && !*p.cutpoint && (p.cutpoint_layer || p.cutpoint_tensor_parallel))
     errors.emplace_back("spec.parallelism.cutpoint",
                         "is off, but cutpointLayer or cutpointTensorParallel asks for one");
-  if (p.cutpoint_layer && p.pipeline_parallel && *p.pipeline_parallel > 1)
+  // With stages the cut is between two of them (per-stage TP), of one chunk each.
+  if (dims && p.cutpoint_layer && *p.cutpoint_layer > 0 && p.pipeline_parallel &&
+      *p.pipeline_parallel > 1 && dims->layers % *p.pipeline_parallel == 0 &&
+      *p.cutpoint_layer % (dims->layers / *p.pipeline_parallel) != 0)
     errors.emplace_back("spec.parallelism.cutpointLayer",
-                        "a cutpoint with pipelineParallel " + std::to_string(*p.pipeline_parallel) +
-                            ": cutpoints are planned without pipeline stages");
+                        std::to_string(*p.cutpoint_layer) + " is inside a pipeline stage: with " +
+                            std::to_string(*p.pipeline_parallel) + " stages of " +
+                            std::to_string(dims->layers / *p.pipeline_parallel) +
+                            " layers the cut is at a stage boundary (a multiple of " +
+                            std::to_string(dims->layers / *p.pipeline_parallel) + ")");
+  if ((p.cutpoint_layer || p.cutpoint_tensor_parallel || (p.cutpoint && *p.cutpoint)) &&
+      p.virtual_stages && *p.virtual_stages > 1)
+    errors.emplace_back("spec.parallelism.virtualStages",
+                        std::to_string(*p.virtual_stages) +
+                            " virtual stages with a cutpoint: a cut between stages needs one "
+                            "chunk of layers per stage");
   if (dims && p.pipeline_parallel && *p.pipeline_parallel > 0 &&
       dims->layers % *p.pipeline_parallel != 0)
     errors.emplace_back("spec.parallelism.pipelineParallel",

@@ -73,10 +73,7 @@ std::string format_plan_table(const api::Plan& plan, const std::string& cluster)
   else if (c.pp > 1)
     out << " × PP " << c.pp << " (" << m.layers / c.pp << " layers per stage, 1F1B)";
   out << " × DP " << c.dp;
-  if (c.cut_layer > 0)
-    out << " for layers 0-" << c.cut_layer - 1 << ", TP " << c.cut_tp << " × DP "
-        << plan.world / c.cut_tp << " for layers " << c.cut_layer << "-" << m.layers - 1
-        << " (Oases' cutpoint)";
+  out << api::describe_cut(plan);
   if (c.distributed_optimizer) out << ", distributed optimizer (ZeRO-1)";
   out << ", overlap " << (c.sub_batches == 2 ? "on (2 sub-batches)" : "off") << ", recompute "
       << api::to_string(c.recompute) << "\n";

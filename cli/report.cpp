@@ -999,7 +999,8 @@ std::string header_table(const View& v, const ReportOptions& options) {
                             : "") +
                " × DP " + std::to_string(plan.dp) +
                (plan.cut_layer > 0 ? ", TP " + std::to_string(plan.cut_tp) + " from layer " +
-                                         std::to_string(plan.cut_layer) + " (Oases' cutpoint)"
+                                         std::to_string(plan.cut_layer) +
+                                         (plan.pp > 1 ? " (per-stage TP)" : " (Oases' cutpoint)")
                                    : "") +
                (plan.distributed_optimizer ? ", distributed optimizer (ZeRO-1)" : ""));
   t += row("recompute", plan.recompute);

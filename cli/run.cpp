@@ -170,14 +170,7 @@ void print_plan(const Object& plan_json, const std::string& node) {
                        : " (1F1B)"))
                      .c_str()
                : "",
-      static_cast<long long>(c.dp),
-      c.cut_layer > 0
-          ? (" for layers 0-" + std::to_string(c.cut_layer - 1) + ", TP " +
-             std::to_string(c.cut_tp) + " × DP " + std::to_string(plan.world / c.cut_tp) +
-             " for layers " + std::to_string(c.cut_layer) + "-" +
-             std::to_string(plan.model.layers - 1) + " (Oases' cutpoint)")
-                .c_str()
-          : "",
+      static_cast<long long>(c.dp), api::describe_cut(plan).c_str(),
       c.distributed_optimizer ? " (distributed optimizer, ZeRO-1)" : "",
       static_cast<long long>(c.micro_batch), static_cast<long long>(c.grad_accum),
       c.sub_batches == 2 ? "on" : "off", std::string(api::to_string(c.recompute)).c_str(),

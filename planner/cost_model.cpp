@@ -268,6 +268,11 @@ MicroBatchTiming time_micro_batch(const Problem& p, const ParallelConfig& c) {
 }
 
 Evaluation evaluate(const Problem& p, const ParallelConfig& c) {
+  if (c.cut_layer > 0 && c.pp > 1) {
+    const StageCutParts s = stage_cut_parts(p, c);
+    return join_stage_cut(p, c, evaluate(s.before, s.before_config),
+                          evaluate(s.after, s.after_config));
+  }
   if (c.cut_layer > 0) {
     const CutpointSegments s = cutpoint_segments(p, c);
     return join_cutpoint(p, c, evaluate(s.first, s.first_config),
@@ -531,8 +536,128 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
 
 }  // namespace
 
+StageCutParts stage_cut_parts(const Problem& p, const ParallelConfig& c) {
+  const int64_t L = p.model.layers;
+  KT_CHECK(c.pp > 1 && c.cut_layer > 0 && c.cut_layer < L && c.cut_layer % (L / c.pp) == 0 &&
+               c.cut_tp > 0 && c.virtual_stages == 1,
+           "per-stage TP: a cut at a stage boundary, one chunk per stage");
+  StageCutParts s;
+  s.cut_stage = api::cut_stage(c, L);
+  s.before = s.after = p;
+  s.before_config = c;
+  s.before_config.cut_layer = s.before_config.cut_tp = 0;
+  s.after.model.layers = L - c.cut_layer;
+  ParallelConfig& a = s.after_config;
+  a = s.before_config;
+  a.tp = c.cut_tp;
+  a.dp = c.tp * c.dp / c.cut_tp;
+  a.micro_batch = c.micro_batch * c.cut_tp / c.tp;
+  a.pp = c.pp - s.cut_stage;
+  if (c.offload == api::OffloadMode::kNone) a.gpu_units = L / c.pp + 1;
+  return s;
+}
+
+Evaluation join_stage_cut(const Problem& p, const ParallelConfig& c, const Evaluation& before,
+                          const Evaluation& after) {
+  const auto& m = p.model;
+  const auto& hw = p.hw;
+  const StageCutParts parts = stage_cut_parts(p, c);
+  const double sh = static_cast<double>(m.seq_len) * m.hidden;
+  const double b1 = static_cast<double>(c.micro_batch),
+               b2 = static_cast<double>(parts.after_config.micro_batch);
+  // Memory: each part's first stage is the fullest of its stages. Both end stages keep the
+  // logical embeddings' unit (fp32) for their sum; stage s the received activations and their
+  // re-sharded copy, with their gradients (fp32).
+  const double unit0 = static_cast<double>(m.padded_vocab()) * m.hidden + sh + 2.0 * m.hidden;
+  Evaluation a = before, b = after;
+  a.predicted.memory.grads += unit0 * 4;
+  b.predicted.memory.grads += unit0 * 4;
+  b.predicted.memory.activations += 2 * (b1 + b2) * sh * 4;
+  for (Evaluation* e : {&a, &b}) {
+    e->device_ratio = e->predicted.memory.total() / e->predicted.device_capacity_bytes;
+    const double host_needed = e->predicted.host_bytes_per_node +
+                               (p.cpu_device ? e->predicted.memory.total() * c.procs_per_node : 0);
+    e->host_ratio = host_needed / e->predicted.host_capacity_bytes;
+  }
+  Evaluation ev = a.device_ratio >= b.device_ratio ? a : b;
+  ev.host_ratio = std::max(a.host_ratio, b.host_ratio);
+  ev.predicted.host_bytes_per_node =
+      std::max(a.predicted.host_bytes_per_node, b.predicted.host_bytes_per_node);
+  ev.fits =
+      p.ignore_memory || (a.device_ratio <= 1.0 && b.device_ratio <= 1.0 && ev.host_ratio <= 1.0);
+  if (before.predicted.step_seconds <= 0 || after.predicted.step_seconds <= 0) {
+    ev.predicted.step_seconds = ev.predicted.tokens_per_second = ev.predicted.mfu = 0;
+    ev.predicted.time = {};
+    return ev;
+  }
+
+  // ---- time: 1F1B over stages of two timings ----
+  // A stage's micro-batch slot: its forward and backward (with their transfers where the sends
+  // block, as in evaluate). Stage s also re-shards each micro-batch: an all-gather of the wider
+  // side's activations over its cut group, inside a node (cutpoint_joints' re-shard).
+  const int64_t s = parts.cut_stage, pp = c.pp,
+                group = std::max(c.tp, c.cut_tp) / std::min(c.tp, c.cut_tp);
+  const double reshard = allreduce_seconds(std::max(b1, b2) * sh * bytes_per_element(p.precision),
+                                           group, hw.intra_allreduce_busbw, hw.allreduce_latency) /
+                         2;
+  const double m_ = static_cast<double>(c.grad_accum);
+  const double slot_a = before.micro_batch_seconds + (p.cpu_device ? 0 : before.p2p_seconds);
+  const double slot_b = after.micro_batch_seconds + (p.cpu_device ? 0 : after.p2p_seconds);
+  const double slot_s = slot_b + reshard;
+  // Each micro-batch passes every stage once; the slowest stage sets the pace in between
+  // (uniform stages: (m + p − 1) slots, evaluate's).
+  double forward_backward = (m_ - 1) * std::max(slot_a, slot_s) + static_cast<double>(s) * slot_a +
+                            slot_s + static_cast<double>(pp - s - 1) * slot_b;
+  if (p.cpu_device)  // the CPU workers' sends return at once: the fill and drain hops only
+    forward_backward += static_cast<double>(s) * before.p2p_seconds +
+                        static_cast<double>(pp - 1 - s) * after.p2p_seconds;
+  // After it, each part's tail (DP sums, optimizer, offload) as in its own pipeline, less its
+  // end stages' pair sum of the embeddings, replaced by one sum of the logical unit over both
+  // end stages' ranks (a ring across nodes where the stages are on different nodes).
+  auto tail = [](const Evaluation& e) {
+    return std::max(0.0, e.predicted.step_seconds - e.forward_backward - e.embedding_pair_seconds);
+  };
+  const double ranks = 2.0 * static_cast<double>(c.tp * c.dp);
+  const double busbw =
+      c.nodes > 1 ? std::min(hw.intra_allreduce_busbw,
+                             hw.inter_node_bandwidth / static_cast<double>(c.procs_per_node))
+                  : hw.intra_allreduce_busbw;
+  const double embedding_sum = allreduce_seconds(unit0 * kGradBytes, static_cast<int64_t>(ranks),
+                                                 busbw, hw.allreduce_latency) *
+                               hw.dp_comm_scale;
+  auto& pred = ev.predicted;
+  pred.step_seconds = forward_backward + std::max(tail(before), tail(after)) + embedding_sum;
+  ev.forward_backward = forward_backward;
+  // The phases: those of the part whose own step is longer, with the joints added.
+  pred.time = (before.predicted.step_seconds >= after.predicted.step_seconds ? before : after)
+                  .predicted.time;
+  pred.time.tp_comm_total += m_ * reshard;
+  pred.time.tp_comm_exposed += m_ * reshard;
+  pred.time.dp_comm_total += embedding_sum;
+  pred.time.dp_comm_exposed += embedding_sum;
+  pred.pcie_bytes_per_step =
+      std::max(before.predicted.pcie_bytes_per_step, after.predicted.pcie_bytes_per_step);
+  // The same world and tokens as the part at c.tp: MFU in proportion.
+  pred.tokens_per_second =
+      before.predicted.tokens_per_second * before.predicted.step_seconds / pred.step_seconds;
+  pred.mfu = before.predicted.mfu * before.predicted.step_seconds / pred.step_seconds;
+  return ev;
+}
+
+double stage_cut_step_floor(const ParallelConfig& c, int64_t cut_stage,
+                            const MicroBatchTiming& before, const MicroBatchTiming& after) {
+  const double a = before.forward + before.backward, b = after.forward + after.backward;
+  return (static_cast<double>(c.grad_accum) - 1) * std::max(a, b) +
+         static_cast<double>(cut_stage) * a + static_cast<double>(c.pp - cut_stage) * b;
+}
+
 Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
+  if (c.cut_layer > 0 && c.pp > 1) {
+    const StageCutParts s = stage_cut_parts(p, c);
+    return join_stage_cut(p, c, evaluate_memory(s.before, s.before_config),
+                          evaluate_memory(s.after, s.after_config));
+  }
   if (c.cut_layer > 0) {
     const CutpointSegments s = cutpoint_segments(p, c);
     return join_cutpoint(p, c, evaluate_memory(s.first, s.first_config),
@@ -726,6 +851,8 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
             : hw.intra_allreduce_busbw;
     p2p_seconds = 2 * (hw.allreduce_latency + bytes / bandwidth);
   }
+  ev.micro_batch_seconds = micro_batch_seconds;
+  ev.p2p_seconds = p2p_seconds;
   const double v_stages = static_cast<double>(c.virtual_stages);
   const double chunk_slots =
       static_cast<double>(c.grad_accum) * v_stages + static_cast<double>(c.pp - 1);
@@ -800,6 +927,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
       t = std::max(t, dp_free) + seconds;
       dp_free = t;
       dp_total += seconds;
+      ev.embedding_pair_seconds = seconds;
     }
     final_time[i] = t;
     if (units[i].on_gpu) gpu_ready = std::max(gpu_ready, t);
@@ -874,6 +1002,7 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
     dram_stretch = std::max(0.0, bytes / dram - step);
   }
   pred.step_seconds = step + dram_stretch;
+  ev.forward_backward = forward_backward;
 
   auto& time = pred.time;
   time.compute = c.grad_accum * timing.compute;

@@ -69,6 +69,12 @@ struct Evaluation {
   bool fits = false;        // device and host memory
   double device_ratio = 0;  // needed / capacity per rank
   double host_ratio = 0;    // needed / capacity per node
+  // Of the step (evaluate, not evaluate_memory), for joining pipelines of two TP degrees: the
+  // micro-batches' forward and backward as scheduled (bubble and transfers included), one
+  // micro-batch's, one stage-to-stage transfer's, and the first and last stages' sum of the tied
+  // embeddings' gradients.
+  double forward_backward = 0, micro_batch_seconds = 0, p2p_seconds = 0;
+  double embedding_pair_seconds = 0;
 };
 
 // The timing of one micro-batch's forward+backward under the TP schedule (with or without the
@@ -125,6 +131,27 @@ std::vector<int64_t> cutpoint_memory_breaks(const Problem& p, const ParallelConf
 // or the optimizer's sharding, so the search prunes every such variant of a cut at once.
 double cutpoint_step_floor(const Problem& p, const ParallelConfig& c, const MicroBatchTiming& first,
                            const MicroBatchTiming& second);
+
+// Per-stage TP (c.cut_layer > 0 with c.pp > 1; docs/PLANNER.md §17): the stages before the cut
+// at c.tp × c.dp, the stages from cut_stage s on at c.cut_tp (DP tp·dp/cut_tp, micro-batch
+// b·cut_tp/tp), each stage on its own tp·dp ranks. Evaluated as two uniform pipelines — the
+// whole model at c.tp (whose first stage, with the most micro-batches in flight, bounds the
+// memory of the stages before the cut, and whose stage timing theirs) and the model of the
+// stages after the cut as a pipeline of pp − s stages at c.cut_tp (whose first stage is stage
+// s) — and joined: 1F1B with two stage timings, the re-shard at stage s, and the tied
+// embeddings summed over both end stages' ranks as logical tensors.
+struct StageCutParts {
+  Problem before, after;
+  ParallelConfig before_config, after_config;
+  int64_t cut_stage = 0;
+};
+StageCutParts stage_cut_parts(const Problem& p, const ParallelConfig& c);
+Evaluation join_stage_cut(const Problem& p, const ParallelConfig& c, const Evaluation& before,
+                          const Evaluation& after);
+// A lower bound on the step of stage-cut plan `c` from its parts' micro-batch timings
+// (time_micro_batch of stage_cut_parts): the 1F1B schedule of its two stage timings alone.
+double stage_cut_step_floor(const ParallelConfig& c, int64_t cut_stage,
+                            const MicroBatchTiming& before, const MicroBatchTiming& after);
 
 // Per-rank compute rate η·peak for the problem's precision and config (CPU ranks share cores).
 double rank_flops_per_second(const Problem& p, const ParallelConfig& c);

@@ -625,7 +625,30 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
                    " workers run it (docs/WORKER.md)."
              : ". The workers of this version refuse such a plan: " + refused + "."));
   }
-  if (c.cut_layer > 0) {
+  if (c.cut_layer > 0 && c.pp > 1) {  // per-stage TP
+    const int64_t s = api::cut_stage(c, model.layers), d2 = c.tp * c.dp / c.cut_tp;
+    const std::string refused = api::not_yet_executable(plan);
+    plan.explanation.push_back(
+        "Per-stage TP, " + std::to_string(c.pp) + " stages of " +
+        std::to_string(model.layers / c.pp) + " layers (1F1B, bubble " +
+        api::fmt("%.1f", 100.0 * (c.pp - 1) / c.grad_accum) + " %): stages 0-" +
+        std::to_string(s - 1) + " (layers 0-" + std::to_string(c.cut_layer - 1) + ") at TP " +
+        std::to_string(c.tp) + " × DP " + std::to_string(c.dp) + ", stages " + std::to_string(s) +
+        "-" + std::to_string(c.pp - 1) + " (layers " + std::to_string(c.cut_layer) + "-" +
+        std::to_string(model.layers - 1) + ") at TP " + std::to_string(c.cut_tp) + " × DP " +
+        std::to_string(d2) + " (" + std::to_string(c.micro_batch * c.cut_tp / c.tp) +
+        " sequences per micro-batch); stage " + std::to_string(s) +
+        " re-shards the activations it receives, and the first and the last stage sum the tied "
+        "embedding's gradients over their " +
+        std::to_string(2 * c.tp * c.dp) + " ranks in both layouts" +
+        (c.distributed_optimizer
+             ? "; each stage shards its optimizer state over its data-parallel ranks (ZeRO-1)"
+             : "") +
+        (widened ? " (no plan without pipeline stages, a distributed optimizer or a cutpoint fits)"
+                 : "") +
+        (refused.empty() ? std::string(".")
+                         : ". The workers of this version refuse it: " + refused + "."));
+  } else if (c.cut_layer > 0) {
     const int64_t d2 = plan.world / c.cut_tp;
     plan.explanation.push_back(
         "Oases' cutpoint: layers 0-" + std::to_string(c.cut_layer - 1) + " at TP " +

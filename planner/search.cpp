@@ -52,12 +52,17 @@ struct Searcher {
   void consider(const ParallelConfig& c) {
     if (!space.exclude_kind.empty() && kind_of(c) == space.exclude_kind) return;
     ++result.evaluated;
-    Evaluation memory = c.cut_layer > 0 ? cutpoint_memory(c) : evaluate_memory(problem, c);
+    const bool stage_cut = c.cut_layer > 0 && c.pp > 1;
+    Evaluation memory = stage_cut         ? stage_cut_memory(c)
+                        : c.cut_layer > 0 ? cutpoint_memory(c)
+                                          : evaluate_memory(problem, c);
     if (!memory.fits) {
       note_miss(c, memory);
       return;
     }
-    Candidate cand{c, c.cut_layer > 0 ? evaluate_cutpoint(c) : evaluate(problem, c, timing(c))};
+    Candidate cand{c, stage_cut         ? evaluate_stage_cut(c)
+                      : c.cut_layer > 0 ? evaluate_cutpoint(c)
+                                        : evaluate(problem, c, timing(c))};
     if (!result.best || better(cand, *result.best)) result.best = cand;
   }
 
@@ -138,6 +143,54 @@ struct Searcher {
     return join_cutpoint(problem, c, evaluate(p1, first, timing(first, &p1)),
                          evaluate(p2, second, timing(second, &p2)));
   }
+  // Per-stage TP (stage_cut_parts): the parts' problems are the segments' (the whole model, the
+  // stages after the cut's layers).
+  Evaluation evaluate_stage_cut(const ParallelConfig& c) {
+    const StageCutParts parts = stage_cut_parts(problem, c);
+    const Problem& after = segment(parts.after.model.layers);
+    return join_stage_cut(problem, c,
+                          evaluate(problem, parts.before_config, timing(parts.before_config)),
+                          evaluate(after, parts.after_config, timing(parts.after_config, &after)));
+  }
+  Evaluation stage_cut_memory(const ParallelConfig& c) {
+    const StageCutParts parts = stage_cut_parts(problem, c);
+    return join_stage_cut(problem, c, evaluate_memory(problem, parts.before_config),
+                          evaluate_memory(segment(parts.after.model.layers), parts.after_config));
+  }
+
+  // Per-stage TP in pipeline `c` (one chunk per stage, no offload): the stages from s on at
+  // another TP degree t₂ that nests with c's, divides a stage's ranks and splits the
+  // micro-batch — every boundary s and every such t₂ (or the forced ones). Pruned without loss
+  // (docs/PLANNER.md §17): the stages before the cut hold what c's do (its first stage bounds
+  // them), so where c does not fit no cut of it does; and a cut whose 1F1B floor
+  // (stage_cut_step_floor) is slower than the best plan is not evaluated.
+  void stage_cut_variants(ParallelConfig c, const std::vector<int64_t>& tps) {
+    c.virtual_stages = 1;
+    const int64_t L = problem.model.layers, stage_layers = L / c.pp, ranks = c.tp * c.dp;
+    if (space.cut_layer && (space.cut_layer % stage_layers || space.cut_layer >= L)) return;
+    if (!problem.ignore_memory && space.prune_cutpoints && !evaluate_memory(problem, c).fits)
+      return;
+    for (int64_t t2 : tps) {
+      if (t2 == c.tp || (space.cut_tp && t2 != space.cut_tp)) continue;
+      if (ranks % t2 || std::max(t2, c.tp) % std::min(t2, c.tp)) continue;
+      if (t2 < c.tp && c.micro_batch % (c.tp / t2)) continue;
+      if (c.sub_batches == 2 && (c.micro_batch * t2 / c.tp) % 2) continue;
+      c.cut_tp = t2;
+      for (int64_t s = 1; s < c.pp; ++s) {
+        c.cut_layer = s * stage_layers;
+        if (space.cut_layer && c.cut_layer != space.cut_layer) continue;
+        if (result.best && space.prune_cutpoints) {
+          const StageCutParts parts = stage_cut_parts(problem, c);
+          const Problem& after = segment(parts.after.model.layers);
+          const double floor = stage_cut_step_floor(c, s, timing(parts.before_config),
+                                                    timing(parts.after_config, &after));
+          if (floor > result.best->eval.predicted.step_seconds * (1 + 1e-9)) continue;
+        }
+        consider(c);
+      }
+    }
+  }
+
   Evaluation cutpoint_memory(const ParallelConfig& c) {
     const auto [first, second] = cutpoint_configs(problem, c);
     return join_cutpoint(problem, c, evaluate_memory(segment(c.cut_layer), first),
@@ -580,6 +633,12 @@ struct Searcher {
                       for (bool zero : space.distributed_optimizer) {
                         c.distributed_optimizer = zero;
                         cutpoint_variants(c, cut_tps, {c.gpu_units});
+                      }
+                    // Per-stage TP, where the workers run it (CPU ranks; space.stage_cuts).
+                    if (space.cutpoints && pp > 1 && (problem.cpu_device || space.stage_cuts))
+                      for (bool zero : space.distributed_optimizer) {
+                        c.distributed_optimizer = zero;
+                        stage_cut_variants(c, cut_tps);
                       }
                     c.distributed_optimizer = false;
                   }

@@ -58,6 +58,45 @@ done
 # Cutpoint -> one rank, and one rank -> cutpoint, from step 30.
 expect_resumes_across_layouts "$WORKER" "$DIR" "$DIR/job.json" "$DIR/one.json" "$one_final"
 
+# Per-stage TP over four processes: two pipeline stages, layer 0 at TP 1 × DP 2 and layer 1 at
+# TP 2 (stage 1 all-gathers the activations it receives and the targets; the tied embedding
+# summed over both stages' ranks in both layouts): the one-rank run's final loss; its step-30
+# checkpoint (stage 0's shard, stage 1's two) resumes as one rank, and one rank's with it.
+mkdir -p "$DIR/st"
+cat > "$DIR/st/four.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: Inventory
+metadata: {name: four-cores}
+nodes:
+  - name: localhost
+    cpu: {cores: 4}
+    memory: 24Gi
+YAML
+sed 's/cutpointLayer: 1/pipelineParallel: 2, cutpointLayer: 1/; s/tiny-cut/tiny-stage-tp/' \
+  "$DIR/job.yaml" > "$DIR/st/job.yaml"
+"$KT" plan "$DIR/st/job.yaml" --cluster "$DIR/st/four.yaml" -o json > "$DIR/st/job.json" ||
+  fail "planning per-stage TP"
+python3 -c "
+import json, sys
+p = json.load(open('$DIR/st/job.json'))
+sys.exit(not (p['pipeline']['stageTensorParallel'] == [1, 2] and p['cutpoint']['dp'] == 1 and p['world'] == 4))" ||
+  fail "the plan is not 2 stages at TP 1 and TP 2: $(head -c 600 "$DIR/st/job.json")"
+"$KT" plan "$DIR/st/job.yaml" --cluster "$DIR/st/four.yaml" > "$DIR/st/table" ||
+  fail "planning per-stage TP as a table"
+grep -q 'TP 2 × DP 1 for layers 1-1 (per-stage TP: stages 1-1)' "$DIR/st/table" ||
+  fail "the table does not show the stages' TP: $(grep parallelism "$DIR/st/table")"
+"$WORKER" train --plan "$DIR/one.json" --log-every 0 --checkpoint-dir "$DIR/st/one-ckpt" \
+  > "$DIR/st/one.log" 2>&1 || fail "the one-rank run failed"
+MASTER_PORT=$(free_port) "$WORKER" launch --plan "$DIR/st/job.json" --checkpoint-dir "$DIR/st/ckpt" \
+  > "$DIR/st/log" 2>&1 || fail "the per-stage TP launch failed: $(tail -5 "$DIR/st/log")"
+[[ $(final_loss "$DIR/st/log") == "$one_final" ]] ||
+  fail "final losses differ: one rank '$one_final', per-stage TP '$(final_loss "$DIR/st/log")'"
+for shard in 0 1 2; do
+  [[ -f $DIR/st/ckpt/step-00000030/rank-0000$shard.safetensors ]] ||
+    fail "no shard $shard (1 of stage 0, 2 of stage 1): $(ls "$DIR/st/ckpt/step-00000030")"
+done
+expect_resumes_across_layouts "$WORKER" "$DIR/st" "$DIR/st/job.json" "$DIR/one.json" "$one_final"
+
 # The cutpoint's groups in the merged /metrics.
 sed 's/steps: 60/steps: 100000/' "$DIR/job.yaml" > "$DIR/long.yaml"
 "$KT" plan "$DIR/long.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/long.json"
@@ -81,4 +120,4 @@ promtool check metrics < "$DIR/metrics" || fail "promtool rejected the merged /m
 kill $PID
 wait $PID 2>/dev/null
 PID=
-echo "launch cut ok: final loss $one_final for 1 rank, the cutpoint and both resumes"
+echo "launch cut ok: final loss $one_final for 1 rank, the cutpoint, per-stage TP and their resumes"
