@@ -724,5 +724,125 @@ TEST(Search, CutpointPruningLosesNothing) {
   EXPECT_GE(pruned_fewer, 10);  // and the pruning prunes
 }
 
+// Per-stage TP (a cut between pipeline stages): random stage cuts on 2 nodes × 4 GPUs — the
+// step is never below the 1F1B floor the search prunes with, the pipeline's forward and
+// backward lies between the all-fast and the all-slow stage timing's, and the memory is the
+// fuller part's.
+ParallelConfig random_stage_cut(std::mt19937& rng, const Problem& p) {
+  const auto draw = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const std::pair<int64_t, int64_t> degrees[] = {{1, 2}, {2, 1}, {1, 4}, {4, 1}, {2, 4}, {4, 2}};
+  const auto [t1, t2] = degrees[static_cast<size_t>(draw(0, 5))];
+  const Recompute rc[] = {Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
+  ParallelConfig c;
+  c.nodes = 2;
+  c.procs_per_node = 4;
+  c.pp = draw(0, 1) ? 2 : 4;  // of 8 ranks: stages of 4 or 2
+  if (c.pp == 4 && (t1 == 4 || t2 == 4)) c.pp = 2;
+  c.tp = t1;
+  c.dp = 8 / c.pp / t1;
+  c.micro_batch = 4;
+  c.grad_accum = p.global_batch / c.dp / c.micro_batch;
+  c.sub_batches = (4 * t2 / t1) % 2 == 0 && draw(0, 1) ? 2 : 1;
+  c.recompute = rc[draw(0, 2)];
+  c.distributed_optimizer = draw(0, 1) == 1;
+  c.gpu_units = p.model.layers / c.pp + 1;
+  c.cut_tp = t2;
+  c.cut_layer = draw(1, c.pp - 1) * (p.model.layers / c.pp);
+  return c;
+}
+TEST(CostModel, PerStageTensorParallelJoinsTwoPipelines) {
+  const uint32_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (KT_TEST_SEED replays it)");
+  std::mt19937 rng(seed);
+  Problem p = problem_3090();
+  p.ignore_memory = true;
+  for (int trial = 0; trial < 200; ++trial) {
+    const ParallelConfig c = random_stage_cut(rng, p);
+    SCOPED_TRACE(describe(c) + ", pp " + std::to_string(c.pp));
+    const planner::StageCutParts parts = planner::stage_cut_parts(p, c);
+    ASSERT_EQ(parts.cut_stage * (p.model.layers / c.pp), c.cut_layer);
+    EXPECT_EQ(parts.after_config.tp * parts.after_config.dp, c.tp * c.dp);
+    EXPECT_EQ(parts.after_config.pp, c.pp - parts.cut_stage);
+    const planner::Evaluation a = planner::evaluate(parts.before, parts.before_config);
+    const planner::Evaluation b = planner::evaluate(parts.after, parts.after_config);
+    const planner::Evaluation joined = planner::evaluate(p, c);
+    const double floor = planner::stage_cut_step_floor(
+        c, parts.cut_stage, planner::time_micro_batch(parts.before, parts.before_config),
+        planner::time_micro_batch(parts.after, parts.after_config));
+    EXPECT_GT(floor, 0);
+    EXPECT_LE(floor, joined.predicted.step_seconds * (1 + 1e-12));
+    // Every stage at the faster part's slot, or every stage at the slower one's (plus the
+    // re-shard, at most one all-gather per micro-batch's slot).
+    const double m = static_cast<double>(c.grad_accum), slots = m + static_cast<double>(c.pp) - 1;
+    const double slot_a = a.forward_backward / (m + static_cast<double>(c.pp) - 1);
+    const double slot_b = b.forward_backward / (m + static_cast<double>(parts.after_config.pp) - 1);
+    EXPECT_GE(joined.forward_backward, slots * std::min(slot_a, slot_b) * (1 - 1e-9));
+    EXPECT_LE(joined.forward_backward,
+              slots * std::max(slot_a, slot_b) + m * joined.predicted.time.tp_comm_total);
+    EXPECT_GE(joined.predicted.memory.total(),
+              std::max(a.predicted.memory.total(), b.predicted.memory.total()));
+    EXPECT_GT(joined.predicted.tokens_per_second, 0);
+  }
+}
+
+// The search with per-stage TP pruned (memory, the 1F1B floor) chooses exactly the plan it
+// chooses evaluating every stage cut: stage cuts only, and every plan, where memory binds and
+// where it does not.
+TEST(Search, StageCutPruningLosesNothing) {
+  struct Case {
+    const char* name;
+    api::ModelDims model;
+    double device_gib;
+    bool ignore_memory;
+  };
+  const Case cases[] = {
+      {"1.2B, 24 GiB GPUs", {24, 2048, 16, 8192, 50257, 1024}, 24, false},
+      {"1.2B, 8 GiB GPUs", {24, 2048, 16, 8192, 50257, 1024}, 8, false},
+      {"5B, 24 GiB GPUs", {24, 4096, 32, 16384, 50257, 1024}, 24, false},
+      {"5B, memory ignored", {24, 4096, 32, 16384, 50257, 1024}, 24, true},
+  };
+  int64_t compared = 0, stage_cuts = 0, pruned_fewer = 0;
+  for (const Case& k : cases) {
+    Problem p = problem_3090();
+    p.model = k.model;
+    p.memory_budget = k.device_gib * api::kGiB;
+    p.ignore_memory = k.ignore_memory;
+    for (bool only : {true, false}) {
+      SCOPED_TRACE(std::string(k.name) + (only ? ", cutpoints only" : ", every plan"));
+      planner::SearchSpace space;
+      space.pp = {2, 4};
+      space.cutpoints = true;
+      space.cutpoints_only = only;
+      space.stage_cuts = true;
+      space.offload = {OffloadMode::kNone};
+      space.distributed_optimizer = {false, true};
+      const planner::SearchResult pruned = planner::search(p, 2, 4, space);
+      space.prune_cutpoints = false;
+      const planner::SearchResult every = planner::search(p, 2, 4, space);
+      ASSERT_EQ(pruned.best.has_value(), every.best.has_value());
+      EXPECT_LE(pruned.evaluated, every.evaluated);
+      if (!every.best) continue;
+      const ParallelConfig& a = pruned.best->config;
+      const ParallelConfig& b = every.best->config;
+      SCOPED_TRACE("exhaustive: " + describe(b) + " pp " + std::to_string(b.pp) +
+                   "; pruned: " + describe(a) + " pp " + std::to_string(a.pp));
+      EXPECT_DOUBLE_EQ(pruned.best->eval.predicted.step_seconds,
+                       every.best->eval.predicted.step_seconds);
+      EXPECT_EQ(std::tie(a.tp, a.dp, a.pp, a.micro_batch, a.cut_layer, a.cut_tp, a.sub_batches),
+                std::tie(b.tp, b.dp, b.pp, b.micro_batch, b.cut_layer, b.cut_tp, b.sub_batches));
+      EXPECT_EQ(a.recompute, b.recompute);
+      EXPECT_EQ(a.distributed_optimizer, b.distributed_optimizer);
+      ++compared;
+      stage_cuts += b.cut_layer > 0 && b.pp > 1;
+      pruned_fewer += pruned.evaluated < every.evaluated;
+    }
+  }
+  EXPECT_GE(compared, 6);
+  EXPECT_GE(stage_cuts, 3);    // the cutpoints-only searches choose a cut between stages
+  EXPECT_GE(pruned_fewer, 3);  // and the pruning prunes
+}
+
 }  // namespace
 }  // namespace kt
