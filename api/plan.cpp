@@ -118,11 +118,6 @@ std::string not_yet_executable(const Plan& plan) {
            " (Oases' cutpoint) with the embeddings updated on the CPU, and the workers sum a "
            "cutpoint's embeddings over every rank on the device (set a larger "
            "spec.parallelism.gpuUpdateFraction, or cutpoint: off)";
-  if (c.cut_layer > 0 && c.pp > 1 && plan.device == DeviceKind::kCuda)
-    return "its pipeline stages run at two tensor-parallel degrees (a cutpoint at layer " +
-           std::to_string(c.cut_layer) +
-           ", between stages), which the CUDA workers do not run yet (set "
-           "spec.parallelism.cutpoint: off, or no pipelineParallel with it)";
   return "";
 }
 

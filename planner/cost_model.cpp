@@ -536,24 +536,29 @@ Shape shape_of(const Problem& p, const ParallelConfig& c) {
 
 }  // namespace
 
-StageCutParts stage_cut_parts(const Problem& p, const ParallelConfig& c) {
+std::pair<ParallelConfig, ParallelConfig> stage_cut_configs(const Problem& p,
+                                                            const ParallelConfig& c) {
   const int64_t L = p.model.layers;
   KT_CHECK(c.pp > 1 && c.cut_layer > 0 && c.cut_layer < L && c.cut_layer % (L / c.pp) == 0 &&
                c.cut_tp > 0 && c.virtual_stages == 1,
            "per-stage TP: a cut at a stage boundary, one chunk per stage");
+  ParallelConfig before = c;
+  before.cut_layer = before.cut_tp = 0;
+  ParallelConfig after = before;
+  after.tp = c.cut_tp;
+  after.dp = c.tp * c.dp / c.cut_tp;
+  after.micro_batch = c.micro_batch * c.cut_tp / c.tp;
+  after.pp = c.pp - api::cut_stage(c, L);
+  if (c.offload == api::OffloadMode::kNone) after.gpu_units = L / c.pp + 1;
+  return {before, after};
+}
+
+StageCutParts stage_cut_parts(const Problem& p, const ParallelConfig& c) {
   StageCutParts s;
-  s.cut_stage = api::cut_stage(c, L);
+  std::tie(s.before_config, s.after_config) = stage_cut_configs(p, c);
+  s.cut_stage = api::cut_stage(c, p.model.layers);
   s.before = s.after = p;
-  s.before_config = c;
-  s.before_config.cut_layer = s.before_config.cut_tp = 0;
-  s.after.model.layers = L - c.cut_layer;
-  ParallelConfig& a = s.after_config;
-  a = s.before_config;
-  a.tp = c.cut_tp;
-  a.dp = c.tp * c.dp / c.cut_tp;
-  a.micro_batch = c.micro_batch * c.cut_tp / c.tp;
-  a.pp = c.pp - s.cut_stage;
-  if (c.offload == api::OffloadMode::kNone) a.gpu_units = L / c.pp + 1;
+  s.after.model.layers = p.model.layers - c.cut_layer;
   return s;
 }
 
@@ -561,10 +566,9 @@ Evaluation join_stage_cut(const Problem& p, const ParallelConfig& c, const Evalu
                           const Evaluation& after) {
   const auto& m = p.model;
   const auto& hw = p.hw;
-  const StageCutParts parts = stage_cut_parts(p, c);
   const double sh = static_cast<double>(m.seq_len) * m.hidden;
   const double b1 = static_cast<double>(c.micro_batch),
-               b2 = static_cast<double>(parts.after_config.micro_batch);
+               b2 = static_cast<double>(c.micro_batch * c.cut_tp / c.tp);
   // Memory: each part's first stage is the fullest of its stages. Both end stages keep the
   // logical embeddings' unit (fp32) for their sum; stage s the received activations and their
   // re-sharded copy, with their gradients (fp32).
@@ -595,7 +599,7 @@ Evaluation join_stage_cut(const Problem& p, const ParallelConfig& c, const Evalu
   // A stage's micro-batch slot: its forward and backward (with their transfers where the sends
   // block, as in evaluate). Stage s also re-shards each micro-batch: an all-gather of the wider
   // side's activations over its cut group, inside a node (cutpoint_joints' re-shard).
-  const int64_t s = parts.cut_stage, pp = c.pp,
+  const int64_t s = api::cut_stage(c, m.layers), pp = c.pp,
                 group = std::max(c.tp, c.cut_tp) / std::min(c.tp, c.cut_tp);
   const double reshard = allreduce_seconds(std::max(b1, b2) * sh * bytes_per_element(p.precision),
                                            group, hw.intra_allreduce_busbw, hw.allreduce_latency) /

@@ -146,6 +146,12 @@ struct StageCutParts {
   int64_t cut_stage = 0;
 };
 StageCutParts stage_cut_parts(const Problem& p, const ParallelConfig& c);
+// The same configurations alone (the search keeps the parts' problems): before, after.
+std::pair<ParallelConfig, ParallelConfig> stage_cut_configs(const Problem& p,
+                                                            const ParallelConfig& c);
+// The same configurations alone (the search keeps the parts' problems): before, after.
+std::pair<ParallelConfig, ParallelConfig> stage_cut_configs(const Problem& p,
+                                                            const ParallelConfig& c);
 Evaluation join_stage_cut(const Problem& p, const ParallelConfig& c, const Evaluation& before,
                           const Evaluation& after);
 // A lower bound on the step of stage-cut plan `c` from its parts' micro-batch timings

@@ -114,12 +114,14 @@ struct Searcher {
     }
   }
 
-  // A micro-batch's timing depends on the model only through its layers (a cutpoint's segments
-  // are models of some of them).
+  // A micro-batch's timing depends on the model only through the layers of the stage it times
+  // (time_micro_batch: a cutpoint's segments, and the stages after a cut between stages, are
+  // models of some of the layers).
   const MicroBatchTiming& timing(const ParallelConfig& c, const Problem* of = nullptr) {
     const Problem& p = of ? *of : problem;
-    const auto key = std::make_tuple(c.tp, c.micro_batch, c.sub_batches,
-                                     static_cast<int>(c.recompute), c.pp, p.model.layers);
+    const auto key =
+        std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute),
+                        p.model.layers / c.pp, int64_t{0});
     auto it = timings.find(key);
     if (it == timings.end()) it = timings.emplace(key, time_micro_batch(p, c)).first;
     return it->second;
@@ -143,19 +145,27 @@ struct Searcher {
     return join_cutpoint(problem, c, evaluate(p1, first, timing(first, &p1)),
                          evaluate(p2, second, timing(second, &p2)));
   }
-  // Per-stage TP (stage_cut_parts): the parts' problems are the segments' (the whole model, the
-  // stages after the cut's layers).
+  // Per-stage TP (stage_cut_parts): the parts' problems are the whole model's and the stages
+  // after the cut's (a segment).
   Evaluation evaluate_stage_cut(const ParallelConfig& c) {
-    const StageCutParts parts = stage_cut_parts(problem, c);
-    const Problem& after = segment(parts.after.model.layers);
-    return join_stage_cut(problem, c,
-                          evaluate(problem, parts.before_config, timing(parts.before_config)),
-                          evaluate(after, parts.after_config, timing(parts.after_config, &after)));
+    const auto [first, second] = stage_cut_configs(problem, c);
+    const Problem& after = segment(problem.model.layers - c.cut_layer);
+    // The stages before the cut are the same for every cut of one pipeline: evaluated once.
+    if (!(before_evaluated && before_config == first)) {
+      before_config = first;
+      before_evaluation = evaluate(problem, before_config, timing(before_config));
+      before_evaluated = true;
+    }
+    return join_stage_cut(problem, c, before_evaluation,
+                          evaluate(after, second, timing(second, &after)));
   }
+  ParallelConfig before_config;
+  Evaluation before_evaluation;
+  bool before_evaluated = false;
   Evaluation stage_cut_memory(const ParallelConfig& c) {
-    const StageCutParts parts = stage_cut_parts(problem, c);
-    return join_stage_cut(problem, c, evaluate_memory(problem, parts.before_config),
-                          evaluate_memory(segment(parts.after.model.layers), parts.after_config));
+    const auto [first, second] = stage_cut_configs(problem, c);
+    return join_stage_cut(problem, c, evaluate_memory(problem, first),
+                          evaluate_memory(segment(problem.model.layers - c.cut_layer), second));
   }
 
   // Per-stage TP in pipeline `c` (one chunk per stage, no offload): the stages from s on at
@@ -176,16 +186,19 @@ struct Searcher {
       if (t2 < c.tp && c.micro_batch % (c.tp / t2)) continue;
       if (c.sub_batches == 2 && (c.micro_batch * t2 / c.tp) % 2) continue;
       c.cut_tp = t2;
+      // Both parts' stages hold L/pp layers: their micro-batch timings are the same at every
+      // boundary (the after part's taken at the last: a model of one stage).
+      c.cut_layer = L - stage_layers;
+      const auto [first, second] = stage_cut_configs(problem, c);
+      const MicroBatchTiming& before_timing = timing(first);
+      const MicroBatchTiming& after_timing = timing(second, &segment(stage_layers));
       for (int64_t s = 1; s < c.pp; ++s) {
         c.cut_layer = s * stage_layers;
         if (space.cut_layer && c.cut_layer != space.cut_layer) continue;
-        if (result.best && space.prune_cutpoints) {
-          const StageCutParts parts = stage_cut_parts(problem, c);
-          const Problem& after = segment(parts.after.model.layers);
-          const double floor = stage_cut_step_floor(c, s, timing(parts.before_config),
-                                                    timing(parts.after_config, &after));
-          if (floor > result.best->eval.predicted.step_seconds * (1 + 1e-9)) continue;
-        }
+        if (result.best && space.prune_cutpoints &&
+            stage_cut_step_floor(c, s, before_timing, after_timing) >
+                result.best->eval.predicted.step_seconds * (1 + 1e-9))
+          continue;
         consider(c);
       }
     }
@@ -634,8 +647,8 @@ struct Searcher {
                         c.distributed_optimizer = zero;
                         cutpoint_variants(c, cut_tps, {c.gpu_units});
                       }
-                    // Per-stage TP, where the workers run it (CPU ranks; space.stage_cuts).
-                    if (space.cutpoints && pp > 1 && (problem.cpu_device || space.stage_cuts))
+                    // Per-stage TP (a cut between stages).
+                    if (space.cutpoints && pp > 1 && space.stage_cuts)
                       for (bool zero : space.distributed_optimizer) {
                         c.distributed_optimizer = zero;
                         stage_cut_variants(c, cut_tps);
@@ -742,7 +755,7 @@ std::string kind_of(const ParallelConfig& c) {
 
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
                     const SearchSpace& space) {
-  Searcher s{problem, space, {}, {}, {}, {}};
+  Searcher s{problem, space, {}, {}, {}, {}, {}, false, {}};
   s.run(max_nodes, slots_per_node);
   return std::move(s.result);
 }

@@ -39,10 +39,9 @@ struct SearchSpace {
   // Prune cutpoints only where provably nothing is lost (search.cpp); false: evaluate every one
   // (tests compare the two).
   bool prune_cutpoints = true;
-  // Per-stage TP (a cutpoint between pipeline stages): searched with the cutpoints, on CPU ranks
-  // (what the workers run: the CUDA workers refuse it yet, api::not_yet_executable); true: on
-  // GPUs too (tests).
-  bool stage_cuts = false;
+  // Per-stage TP (a cutpoint between pipeline stages): searched with the cutpoints; false: only
+  // cuts without stages (tests compare).
+  bool stage_cuts = true;
   std::vector<int64_t> sub_batches{1, 2};
   std::vector<Recompute> recompute{Recompute::kNone, Recompute::kCommAware, Recompute::kFull};
   std::vector<api::OffloadMode> offload{api::OffloadMode::kNone, api::OffloadMode::kOptimizer,

@@ -219,17 +219,20 @@ class NcclGroup : public Communicator,
     check_nccl(nccl().group_start(), "ncclGroupStart");
     ncclResult_t status = ncclSuccess;
     const char* failed = "ncclSend";
+    size_t elements = 0;
     for (const PointToPointOp& op : ops) {
       if (status != ncclSuccess) break;
       failed = op.send ? "ncclSend" : "ncclRecv";
-      status = op.send ? nccl().send(op.send, count, ncclBfloat16, op.peer, comm_, stream.handle())
-                       : nccl().recv(op.recv, count, ncclBfloat16, op.peer, comm_, stream.handle());
+      const size_t n = op.count ? op.count : count;
+      elements += n;
+      status = op.send ? nccl().send(op.send, n, ncclBfloat16, op.peer, comm_, stream.handle())
+                       : nccl().recv(op.recv, n, ncclBfloat16, op.peer, comm_, stream.handle());
     }
     const ncclResult_t ended = nccl().group_end();
     check_nccl(status, failed);
     check_nccl(ended, "ncclGroupEnd");
     stream.record(done);
-    count_op(count * 2 * ops.size(), false);
+    count_op(elements * 2, false);
   }
 
   CommStats stats() const override {

@@ -70,16 +70,19 @@ void CudaCutpoint::micro_step(const int32_t* inputs, const int32_t* targets, flo
 }
 
 void CudaCutpoint::sum_unit0() {
-  CudaStream& compute = device_.stream(StreamRole::kCompute);
-  const int64_t n = before_.unit0_floats();
-  KT_CUDA_CHECK(cudaMemsetAsync(unit0_, 0, bytes<float>(n), compute.handle()));
-  before_.add_unit0_gradients(unit0_);
-  after_.add_unit0_gradients(unit0_);
-  compute.record(*ready_);
-  world_.reduce({{unit0_, static_cast<size_t>(n)}}, *ready_);
-  world_.join(compute);
-  before_.take_unit0_gradients(unit0_);
-  after_.take_unit0_gradients(unit0_);
+  sum_unit0_on_device({&before_, &after_}, device_, world_, unit0_, *ready_);
+}
+
+void sum_unit0_on_device(const std::vector<CudaGpt*>& models, CudaDevice& device,
+                         GradientReducer& group, float* logical, CudaEvent& ready) {
+  CudaStream& compute = device.stream(StreamRole::kCompute);
+  const int64_t n = models.front()->unit0_floats();
+  KT_CUDA_CHECK(cudaMemsetAsync(logical, 0, bytes<float>(n), compute.handle()));
+  for (CudaGpt* model : models) model->add_unit0_gradients(logical);
+  compute.record(ready);
+  group.reduce({{logical, static_cast<size_t>(n)}}, ready);
+  group.join(compute);
+  for (CudaGpt* model : models) model->take_unit0_gradients(logical);
 }
 
 }  // namespace kt::worker

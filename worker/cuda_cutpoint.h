@@ -25,6 +25,13 @@
 
 namespace kt::worker {
 
+// Unit 0's gradients of `models` (a cutpoint's segments; with per-stage TP, the first or the
+// last stage's model) summed as logical tensors over `group` (the world; both end stages'
+// ranks), written back into each: `logical` (unit0_floats() on the device) is scratch, `ready`
+// an event of the caller's. On the compute stream.
+void sum_unit0_on_device(const std::vector<CudaGpt*>& models, CudaDevice& device,
+                         GradientReducer& group, float* logical, CudaEvent& ready);
+
 class CudaCutpoint {
  public:
   // `before` and `after`: the segments (after's micro-batch B₂); `cut_comm`: the rank's cut

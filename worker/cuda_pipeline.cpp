@@ -9,13 +9,17 @@ namespace kt::worker {
 using kernels::cuda::bf16;
 
 CudaPipeline::CudaPipeline(std::vector<CudaGpt*> chunks, CudaDevice& device, StreamPointToPoint& pp,
-                           CudaStream& comm)
+                           CudaStream& comm, CudaStageCut cut)
     : chunks_(std::move(chunks)),
       device_(device),
       pp_(pp),
       comm_(comm),
+      cut_(cut),
       count_(static_cast<size_t>(chunks_.at(0)->batch() * chunks_[0]->seq_len() *
                                  chunks_[0]->channels())),
+      count_in_(cut.activations ? static_cast<size_t>(cut.batch_before * chunks_[0]->seq_len() *
+                                                      chunks_[0]->channels())
+                                : count_),
       memory_(device),
       ready_(std::make_unique<CudaEvent>()),
       done_(std::make_unique<CudaEvent>()) {
@@ -28,13 +32,26 @@ CudaPipeline::CudaPipeline(std::vector<CudaGpt*> chunks, CudaDevice& device, Str
              "the pipeline group does not match the model chunks' stages");
     Buffers& b = buffers_.emplace_back();
     if (!stage.first) {
-      b.act_in = memory_.device<bf16>(n, MemoryKind::kActivations);
-      b.grad_out = memory_.device<bf16>(n, MemoryKind::kActivations);
+      b.act_in = memory_.device<bf16>(static_cast<int64_t>(count_in_), MemoryKind::kActivations);
+      b.grad_out = memory_.device<bf16>(static_cast<int64_t>(count_in_), MemoryKind::kActivations);
     }
     if (!stage.last) {
       b.act_out = memory_.device<bf16>(n, MemoryKind::kActivations);
       b.grad_in = memory_.device<bf16>(n, MemoryKind::kActivations);
     }
+  }
+  if (cut_.activations) {
+    KT_CHECK(v == 1 && !chunks_[0]->stage().first &&
+                 (cut_.widens ? count_ == count_in_ * cut_.activations->size()
+                              : count_in_ == count_ * cut_.activations->size()),
+             "the re-shard between stages joins or splits the batch over the cut group");
+    resharded_ = memory_.device<bf16>(n, MemoryKind::kActivations);
+    resharded_grad_ = memory_.device<bf16>(n, MemoryKind::kActivations);
+  }
+  if (cut_.tokens) {
+    const int64_t T = chunks_[0]->seq_len(), B2 = chunks_[0]->batch();
+    const int64_t B1 = cut_.widens ? B2 / cut_.tokens->size() : B2 * cut_.tokens->size();
+    tokens_.emplace(*cut_.tokens, cut_.widens, B1 * T, B2 * T);
   }
 }
 
@@ -45,10 +62,13 @@ void CudaPipeline::exchange(const std::vector<PipelineTransfer>& group) {
   std::vector<PointToPointOp> ops;
   for (const PipelineTransfer& t : group) {
     const Buffers& b = buffers_[static_cast<size_t>(t.chunk)];
+    // Activations to the next stage and gradients from it: count_; from and to the one before:
+    // count_in_.
+    const size_t count = t.activations == t.send ? count_ : count_in_;
     if (t.send)
-      ops.push_back({t.activations ? b.act_out : b.grad_out, nullptr, t.peer});
+      ops.push_back({t.activations ? b.act_out : b.grad_out, nullptr, t.peer, count});
     else
-      ops.push_back({nullptr, t.activations ? b.act_in : b.grad_in, t.peer});
+      ops.push_back({nullptr, t.activations ? b.act_in : b.grad_in, t.peer, count});
   }
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   compute.record(*ready_);
@@ -63,8 +83,27 @@ void CudaPipeline::step(int64_t m, float loss_scale, const Take& take) {
   // them to the device in their forward.
   inputs_.resize(static_cast<size_t>(m));
   targets_.resize(static_cast<size_t>(m));
-  for (int64_t i = 0; i < m; ++i)
-    take(inputs_[static_cast<size_t>(i)], targets_[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < m; ++i) {
+    auto& inputs = inputs_[static_cast<size_t>(i)];
+    auto& targets = targets_[static_cast<size_t>(i)];
+    take(inputs, targets);
+    if (tokens_) {  // into the last stage's layout
+      const size_t n = static_cast<size_t>(chunks_[0]->batch() * chunks_[0]->seq_len());
+      std::vector<int32_t> inputs_after(n), targets_after(n);
+      tokens_->reshard(inputs.data(), targets.data(), inputs_after.data(), targets_after.data());
+      inputs = std::move(inputs_after);
+      targets = std::move(targets_after);
+    }
+  }
+  CudaStream& compute = device_.stream(StreamRole::kCompute);
+  // All-gathers `count` bf16 of `from` into `to` over the cut group, after the compute stream's
+  // work so far; the compute stream then waits for it.
+  auto all_gather = [&](const bf16* from, bf16* to, size_t count) {
+    compute.record(*ready_);
+    cut_.activations->all_gather(from, to, count, DeviceDtype::kBfloat16, *ready_, *done_);
+    compute.wait(*done_);
+  };
+  const int64_t r = cut_.activations ? cut_.activations->rank() : 0;
   for (size_t j = 0; j < order.ops.size(); ++j) {
     exchange(order.groups[j]);
     const PipelineOp& op = order.ops[j];
@@ -73,8 +112,22 @@ void CudaPipeline::step(int64_t m, float loss_scale, const Take& take) {
     const int slot = static_cast<int>(op.micro % model.stage().in_flight);
     if (op.forward) {
       const auto i = static_cast<size_t>(op.micro);
-      model.forward_micro(slot, inputs_[i].data(), targets_[i].data(), loss_scale, b.act_in,
+      const bf16* input = b.act_in;
+      if (cut_.activations && cut_.widens) {
+        all_gather(b.act_in, resharded_, count_in_);
+        input = resharded_;
+      } else if (cut_.activations) {
+        input = b.act_in + static_cast<size_t>(r) * count_;
+      }
+      model.forward_micro(slot, inputs_[i].data(), targets_[i].data(), loss_scale, input,
                           b.act_out);
+    } else if (cut_.activations) {
+      model.backward_micro(slot, op.micro == m - 1, b.grad_in, resharded_grad_);
+      if (cut_.widens)  // this rank's block of the gathered batch goes back
+        device_.copy(b.grad_out, resharded_grad_ + static_cast<size_t>(r) * count_in_,
+                     count_in_ * sizeof(bf16), compute);
+      else
+        all_gather(resharded_grad_, b.grad_out, count_);
     } else {
       model.backward_micro(slot, op.micro == m - 1, b.grad_in, b.grad_out);
     }

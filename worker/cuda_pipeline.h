@@ -13,19 +13,33 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "worker/cuda_gpt.h"
+#include "worker/cutpoint_tokens.h"
 #include "worker/pipeline_order.h"
 
 namespace kt::worker {
+
+// Per-stage TP (a cutpoint between stages, api::cut_stage; worker/cuda_cutpoint.h's re-shard):
+// the first stage after the cut receives the stage before's activations in its layout (B₁
+// sequences) and re-shards them on the device over its cut group before its forward — an
+// all-gather where TP widens, its block where it narrows — and its input gradient back after
+// its backward; the last stage re-shards each micro-batch's tokens on the host.
+struct CudaStageCut {
+  GradientReducer* activations = nullptr;  // the first stage after the cut: its cut group's
+  int64_t batch_before = 0;                // B₁ (there)
+  Communicator* tokens = nullptr;          // the last stage: its cut group (host)
+  bool widens = false;                     // TP after the cut > before
+};
 
 class CudaPipeline {
  public:
   // `pp`: the PP group (group rank = stage); its exchanges run on `comm` (the stream the rank's
   // other NCCL operations use, so that no two communicators' operations run at once).
   CudaPipeline(std::vector<CudaGpt*> chunks, CudaDevice& device, StreamPointToPoint& pp,
-               CudaStream& comm);
+               CudaStream& comm, CudaStageCut cut = {});
   ~CudaPipeline();
   CudaPipeline(const CudaPipeline&) = delete;
   CudaPipeline& operator=(const CudaPipeline&) = delete;
@@ -50,7 +64,12 @@ class CudaPipeline {
   CudaDevice& device_;
   StreamPointToPoint& pp_;
   CudaStream& comm_;
-  size_t count_;  // B·T·C
+  CudaStageCut cut_;
+  size_t count_;                              // B·T·C: to the next stage
+  size_t count_in_;                           // from the one before (B₁·T·C at the cut)
+  kernels::cuda::bf16* resharded_ = nullptr;  // at the cut: the input's and its gradient's
+  kernels::cuda::bf16* resharded_grad_ = nullptr;
+  std::optional<CutpointTokens> tokens_;
   CudaAllocations memory_;
   std::vector<Buffers> buffers_;
   std::unique_ptr<CudaEvent> ready_, done_;

@@ -152,9 +152,15 @@ class HostPointToPoint : public StreamPointToPoint {
 
   void exchange_group(const std::vector<PointToPointOp>& ops, size_t count, const CudaEvent& ready,
                       CudaEvent& done, CudaStream& stream) override {
-    KT_CHECK(count % 2 == 0, "pipeline transfers carry bf16 in pairs (an even count)");
     const auto t0 = std::chrono::steady_clock::now();
-    const size_t bytes = count * 2;
+    size_t bytes = 0, total = 0;  // the largest op's, and all of them
+    for (const PointToPointOp& op : ops) {
+      const size_t n = op.count ? op.count : count;
+      KT_CHECK(n % 2 == 0, "pipeline transfers carry bf16 in pairs (an even count)");
+      bytes = std::max(bytes, n * 2);
+      total += n * 2;
+    }
+    auto bytes_of = [&](const PointToPointOp& op) { return (op.count ? op.count : count) * 2; };
     stream.wait(ready);
     if (bytes > capacity_ || staging_.size() < ops.size()) {
       stream.synchronize();
@@ -169,30 +175,31 @@ class HostPointToPoint : public StreamPointToPoint {
     std::vector<std::shared_ptr<CommWork>> works(ops.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       if (!ops[i].send) continue;
-      device_.copy(staging_[i], ops[i].send, bytes, stream);
+      device_.copy(staging_[i], ops[i].send, bytes_of(ops[i]), stream);
     }
     stream.synchronize();
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].send) {
-        host_reads("pipeline send", staging_[i], bytes);
-        works[i] =
-            group_.send_async(static_cast<const float*>(staging_[i]), count / 2, ops[i].peer);
+        host_reads("pipeline send", staging_[i], bytes_of(ops[i]));
+        works[i] = group_.send_async(static_cast<const float*>(staging_[i]), bytes_of(ops[i]) / 4,
+                                     ops[i].peer);
       } else {
-        works[i] = group_.recv_async(static_cast<float*>(staging_[i]), count / 2, ops[i].peer);
+        works[i] =
+            group_.recv_async(static_cast<float*>(staging_[i]), bytes_of(ops[i]) / 4, ops[i].peer);
       }
     }
     for (size_t i = 0; i < ops.size(); ++i) {
       works[i]->wait();
       if (ops[i].send) continue;
-      host_writes("pipeline receive", staging_[i], bytes);
-      device_.copy(ops[i].recv, staging_[i], bytes, stream);
+      host_writes("pipeline receive", staging_[i], bytes_of(ops[i]));
+      device_.copy(ops[i].recv, staging_[i], bytes_of(ops[i]), stream);
     }
     stream.synchronize();  // the staging is reused by the next exchange
     stream.record(done);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++stats_.collectives;
-    stats_.bytes += static_cast<int64_t>(bytes * ops.size());
+    stats_.bytes += static_cast<int64_t>(total);
     stats_.seconds += seconds;
     stats_.exposed_seconds += seconds;
   }

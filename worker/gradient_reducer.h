@@ -87,6 +87,7 @@ struct PointToPointOp {
   const void* send = nullptr;  // or
   void* recv = nullptr;
   int peer = 0;
+  size_t count = 0;  // bf16 elements; 0: the group's (per-stage TP: each side of the cut its own)
 };
 class StreamPointToPoint {
  public:

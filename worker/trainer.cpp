@@ -687,13 +687,19 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
   world.allreduce(&missing, 1, ReduceOp::kMax);
   if (missing > 0 && no_nccl.empty()) no_nccl = "another rank cannot load libnccl";
   const ReducerChoice choice = choose_reducer(mode, keys, no_nccl);
+  // A cutpoint without stages has tp2 and dp2 beside its cut group; with stages (per-stage TP)
+  // the first stage after the cut and the last have the cut group alone.
   const bool dp = groups.dp->size() > 1, tp = groups.tp->size() > 1,
-             pp = groups.pp && groups.pp->size() > 1, cut = groups.cut != nullptr;
+             pp = groups.pp && groups.pp->size() > 1, cut = groups.tp2 != nullptr;
   const bool dp2 = cut && groups.dp2->size() > 1, tp2 = cut && groups.tp2->size() > 1;
+  const bool stage_cut = groups.cut && !cut;
   std::vector<std::string> parts;
   if (dp) parts.push_back("DP gradient sums over " + std::to_string(groups.dp->size()) + " ranks");
   if (tp) parts.push_back("TP all-reduces over " + std::to_string(groups.tp->size()) + " ranks");
   if (pp) parts.push_back("transfers between " + std::to_string(groups.pp->size()) + " stages");
+  if (stage_cut)
+    parts.push_back("the re-shard over " + std::to_string(groups.cut->size()) +
+                    " ranks between stages of two TP degrees");
   if (cut)
     parts.push_back("after the cutpoint TP " + std::to_string(groups.tp2->size()) + " × DP " +
                     std::to_string(groups.dp2->size()) + ", the re-shard over " +
@@ -708,7 +714,7 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
     // go on the TP communication stream, in issue order: two communicators' operations must not
     // run concurrently (comm_nccl.h).
     CudaStream* serial =
-        tp || pp || cut ? &device.stream(StreamRole::kTensorParallelComm) : nullptr;
+        tp || pp || cut || stage_cut ? &device.stream(StreamRole::kTensorParallelComm) : nullptr;
     if (dp) out.dp = make_nccl_gradient_reducer(*groups.dp, device.ordinal(), serial);
     if (tp) out.tp = make_nccl_stream_collectives(*groups.tp, device.ordinal());
     if (pp) out.pp = make_nccl_point_to_point(*groups.pp, device.ordinal());
@@ -716,10 +722,9 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
       out.embedding = make_nccl_gradient_reducer(*groups.embedding, device.ordinal(), serial);
     if (dp2) out.dp2 = make_nccl_gradient_reducer(*groups.dp2, device.ordinal(), serial);
     if (tp2) out.tp2 = make_nccl_stream_collectives(*groups.tp2, device.ordinal());
-    if (cut) {
+    if (cut || stage_cut)
       out.cut = make_nccl_gradient_reducer(*groups.cut, device.ordinal(), serial);
-      out.world = make_nccl_gradient_reducer(world, device.ordinal(), serial);
-    }
+    if (cut) out.world = make_nccl_gradient_reducer(world, device.ordinal(), serial);
     return out;
   }
 #endif
@@ -730,10 +735,8 @@ CudaCollectives make_cuda_collectives(ProcessGroups& groups, CudaDevice& device,
   if (pp && groups.embedding) out.embedding = make_host_gradient_reducer(*groups.embedding, device);
   if (dp2) out.dp2 = make_host_gradient_reducer(*groups.dp2, device);
   if (tp2) out.tp2 = make_host_stream_collectives(*groups.tp2, device);
-  if (cut) {
-    out.cut = make_host_gradient_reducer(*groups.cut, device);
-    out.world = make_host_gradient_reducer(world, device);
-  }
+  if (cut || stage_cut) out.cut = make_host_gradient_reducer(*groups.cut, device);
+  if (cut) out.world = make_host_gradient_reducer(world, device);
   return out;
 }
 
@@ -751,6 +754,16 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const int dp = static_cast<int>(plan.config.dp);
   ProcessGroups single;
   ProcessGroups& groups = groups_of(plan, options, single);
+  // Per-stage TP (train_cpu's): the stages from the cut on at its TP degree, DP degree and
+  // micro-batch; the data read in the first layout everywhere.
+  const int pp = static_cast<int>(plan.config.pp);
+  const bool stage_cut = pp > 1 && plan.config.cut_layer > 0;
+  const int64_t first_after_cut = api::cut_stage(plan.config, plan.model.layers);
+  const int stage_tp = groups.tp->size(), stage_dp = groups.dp->size();
+  const int64_t stage_B = B * stage_tp / plan.config.tp;
+  const int data_rank = stage_cut ? groups.world->rank() % static_cast<int>(plan.config.tp * dp) /
+                                        static_cast<int>(plan.config.tp)
+                                  : groups.dp->rank();
   check_host_memory(plan, options.host_memory_bytes);
   CudaDevice device(local_device_ordinal());
   // The kernels are built for sm_80 and sm_90 (bf16 tensor cores, cp.async): Ampere and newer.
@@ -774,17 +787,18 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   if (plan.config.offload == api::OffloadMode::kWindow) model_options.window = plan.config.window;
   model_options.cpu_threads = static_cast<int>(std::max<int64_t>(1, plan.cpu_threads));
   // Pipeline stages (worker/cuda_pipeline.h): this rank's layers.
-  const int pp = static_cast<int>(plan.config.pp);
   model_options.stage = pipeline_stage(plan, groups.pp->rank());
-  // The tied embeddings' sum: the first and the last (virtual) stage's.
-  model_options.embedding =
-      model_options.stage.first || model_options.stage.last ? collectives.embedding.get() : nullptr;
+  // The tied embeddings' sum: the first and the last (virtual) stage's — with per-stage TP as
+  // logical tensors over both stages' ranks after the backward (sum_unit0_on_device).
+  const bool holds_unit0 = model_options.stage.first || model_options.stage.last;
+  model_options.embedding = holds_unit0 && !stage_cut ? collectives.embedding.get() : nullptr;
+  model_options.unit0_elsewhere = stage_cut && holds_unit0;
   GptConfig config = GptConfig::from(plan.model);
   const int virtual_stages = static_cast<int>(plan.config.virtual_stages);
   config.layers /= pp * virtual_stages;
-  // Oases' cutpoint (worker/cuda_cutpoint.h): layers [0, cut) here, the rest in `after` (its own
-  // TP and DP collectives), built as the two stages of a pipeline on this rank.
-  const int64_t cut = plan.config.cut_layer, L = plan.model.layers;
+  // Oases' cutpoint (worker/cuda_cutpoint.h) without stages: layers [0, cut) here, the rest in
+  // `after` (its own TP and DP collectives), built as the two stages of a pipeline on this rank.
+  const int64_t cut = stage_cut ? 0 : plan.config.cut_layer, L = plan.model.layers;
   if (cut > 0) {
     config.layers = cut;
     model_options.stage.last = false;
@@ -794,7 +808,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     if (plan.config.offload != api::OffloadMode::kNone)
       model_options.device_units = api::part_device_units(plan.config.gpu_units, 0, cut);
   }
-  CudaGpt model(device, config, B, T, model_options);
+  CudaGpt model(device, config, stage_B, T, model_options);
   std::unique_ptr<CudaGpt> after;
   std::optional<CudaCutpoint> cutpoint;
   if (cut > 0) {
@@ -846,7 +860,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   // Host copies for checkpoints and initialisation (llm.c layout).
   const int64_t P = model.num_parameters();
   std::vector<float> host_params(P), host_m(P), host_v(P);
-  const int64_t tp = plan.config.tp, tp_rank = groups.tp->rank();
+  const int64_t tp = stage_tp, tp_rank = groups.tp->rank();
   const PipelineStage& stage = model.stage();
   GptConfig whole = config;
   whole.layers = plan.model.layers;
@@ -883,7 +897,7 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     };
     more_tensors.push_back({chunk_views(h.params), chunk_views(h.m), chunk_views(h.v)});
   }
-  std::unique_ptr<DataSource> data = make_data(plan, groups.dp->rank(), dp);
+  std::unique_ptr<DataSource> data = make_data(plan, data_rank, dp);
   const auto checkpoint_lock = lock_checkpoint_dir(options, groups, log);
   const Restored restored = restore_or_init(
       plan, options, ckpt_tensors, *data, log,
@@ -920,9 +934,24 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   BatchFeeder feeder(*data, B, T);
   std::vector<int32_t> inputs, targets;
   std::optional<CudaPipeline> pipeline;
+  CudaStageCut stage_cut_place;  // per-stage TP: this stage's re-shards
+  if (stage_cut) {
+    stage_cut_place.widens = plan.config.cut_tp > plan.config.tp;
+    if (groups.pp->rank() == first_after_cut) {
+      stage_cut_place.activations = collectives.cut.get();
+      stage_cut_place.batch_before = B;
+    }
+    if (groups.pp->rank() == pp - 1) stage_cut_place.tokens = groups.cut.get();
+  }
   if (pp > 1)
     pipeline.emplace(all_chunks, device, *collectives.pp,
-                     device.stream(StreamRole::kTensorParallelComm));
+                     device.stream(StreamRole::kTensorParallelComm), stage_cut_place);
+  // Per-stage TP: the first and the last stage's unit 0 summed over both (logical tensors).
+  CudaAllocations unit0_memory(device);
+  float* unit0_sums = stage_cut && holds_unit0
+                          ? unit0_memory.device<float>(model.unit0_floats(), MemoryKind::kWorkspace)
+                          : nullptr;
+  CudaEvent unit0_ready;
   const api::HardwareProfile* profile = api::find_profile(plan.hardware);
   const double peak = plan.peak_flops > 0 ? plan.peak_flops
                                           : profile ? profile->peak_bf16_flops : 0.0;
@@ -979,7 +1008,8 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
     if (after) after->zero_grad();
     // The mean over the global batch: 1/accum here, 1/dp by the reducer's sum (with a cutpoint,
     // the DP degree after it, where the loss is).
-    const float loss_scale = 1.0f / static_cast<float>(accum * (after ? groups.dp2->size() : dp));
+    const float loss_scale =
+        1.0f / static_cast<float>(accum * (after ? groups.dp2->size() : stage_dp));
     if (pipeline)
       pipeline->step(accum, loss_scale, [&](std::vector<int32_t>& in, std::vector<int32_t>& out) {
         feeder.take(in, out);
@@ -992,13 +1022,18 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
         model.train_micro_step(inputs.data(), targets.data(), loss_scale, micro == accum - 1);
     }
     if (cutpoint) cutpoint->sum_unit0();
+    if (unit0_sums)
+      sum_unit0_on_device({&model}, device, *collectives.embedding, unit0_sums, unit0_ready);
     double stage_loss = after ? after->mean_loss() : all_chunks.back()->mean_loss();
-    if (pipeline) {  // the last stage's
+    double loss = 0;
+    if (pipeline) {  // the last stage's mean over its DP group, for every stage
+      if (groups.pp->rank() == pp - 1) stage_loss = dp_mean_loss(stage_loss, *groups.dp);
       float last_loss = static_cast<float>(stage_loss);
       groups.pp->broadcast(&last_loss, 1, pp - 1);
-      stage_loss = last_loss;
+      loss = last_loss;
+    } else {
+      loss = dp_mean_loss(stage_loss, after ? *groups.dp2 : *groups.dp);
     }
-    const double loss = dp_mean_loss(stage_loss, after ? *groups.dp2 : *groups.dp);
     const auto t_opt = std::chrono::steady_clock::now();
     double sums[2], after_sums[2];
     sums[0] = sums[1] = 0;

@@ -174,8 +174,26 @@ grep -q '"offload": *"optimizer"' "$DIR/cut-offload.json" || fail "cut-offload: 
 job cut-window 6 2 "{tensorParallel: 1, dataParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
 plan cut-window "$DIR/h200x2.yaml"
 grep -q '"offload": *"window"' "$DIR/cut-window.json" || fail "cut-window: no window planned"
+# Per-stage TP: 2 stages on 4 ranks, layer 0 at TP 1 × DP 2 and layer 1 at TP 2 — stage 1
+# all-gathers the activations it receives on the device (and the targets on the host), the first
+# and the last stage sum the embeddings over their 4 ranks in both layouts: the one-rank run's
+# losses; its checkpoint (stage 0's shard, stage 1's two) resumes to the same losses.
+cat > "$DIR/h200x4.yaml" <<'YAML'
+apiVersion: kubetrain.dev/v1alpha1
+kind: Inventory
+metadata: {name: h200x4}
+nodes:
+  - {name: h200, gpu: {product: NVIDIA-H200, count: 4}, cpu: {cores: 16}, memory: 128Gi}
+YAML
+job stage-tp 6 4 "{tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2}"
+plan stage-tp "$DIR/h200x4.yaml"
+python3 -c "
+import json, sys
+p = json.load(open('$DIR/stage-tp.json'))
+sys.exit(not (p['pipeline']['stageTensorParallel'] == [1, 2] and p['world'] == 4))" ||
+  fail "stage-tp: not planned as 2 stages at TP 1 and TP 2"
 for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload dp2-zero-window pp2 pp2-offload pp2-window vpp2 \
-  vpp2-offload vpp2-window cut cut-offload cut-window; do
+  vpp2-offload vpp2-window cut cut-offload cut-window stage-tp; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -204,6 +222,11 @@ resume_ranks cut-offload
 grep -q "the other layers streamed through 1 slot(s)" "$DIR/cut-window.log" ||
   fail "cut-window: the segments did not stream: $(head -5 "$DIR/cut-window.log")"
 resume_ranks cut-window
+grep -q "the re-shard over 2 ranks between stages of two TP degrees" "$DIR/stage-tp.log" ||
+  fail "stage-tp: no re-shard between the stages: $(head -5 "$DIR/stage-tp.log")"
+resume_ranks stage-tp
+[[ -f $DIR/ckpt-stage-tp/step-00000006/rank-00002.safetensors ]] ||
+  fail "stage-tp: no shard per stage and TP rank: $(ls "$DIR/ckpt-stage-tp/step-00000006")"
 "$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
   > "$DIR/cut-one.log" 2>&1 || fail "cut checkpoint on one rank: $(tail -3 "$DIR/cut-one.log")"
 grep -q "resumed from step 3.*tensors resharded" "$DIR/cut-one.log" ||
@@ -341,7 +364,8 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "pp2": (accum, 2e-2), "pp2-offload": (losses("pp2"), 1e-3), "cut": (cuda, 2e-2),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
         "pp2-window": (losses("accum4"), 2e-2), "vpp2-window": (losses("vpp2"), 1e-3),
-        "cut-offload": (losses("cut"), 1e-3), "cut-window": (losses("cut"), 1e-3)}
+        "cut-offload": (losses("cut"), 1e-3), "cut-window": (losses("cut"), 1e-3),
+        "stage-tp": (cuda, 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -361,7 +385,7 @@ for name, (ref, tol) in runs.items():
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "dp2-zero-window",
              "pp2", "pp2-offload",
              "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload",
-             "cut-window"):  # resumed at step 3: the same losses
+             "cut-window", "stage-tp"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "
