@@ -168,7 +168,8 @@ struct Searcher {
                           evaluate_memory(segment(problem.model.layers - c.cut_layer), second));
   }
 
-  // Per-stage TP in pipeline `c` (one chunk per stage, no offload): the stages from s on at
+  // Per-stage TP in pipeline `c` (one chunk per stage; no offload or offload optimizer, each
+  // stage its first gpuUnits units on the device): the stages from s on at
   // another TP degree t₂ that nests with c's, divides a stage's ranks and splits the
   // micro-batch — every boundary s and every such t₂ (or the forced ones). Pruned without loss
   // (docs/PLANNER.md §17): the stages before the cut hold what c's do (its first stage bounds
@@ -442,6 +443,13 @@ struct Searcher {
             // Cutpoints, each segment its part of the units; the embeddings' on the device (the
             // workers sum them over every rank there).
             if (space.cutpoints && c.pp == 1 && k >= 1) cut_units.push_back(k);
+            // Per-stage TP, each stage its first k units on the device (the embeddings' among
+            // them: the end stages sum them there).
+            if (space.cutpoints && space.stage_cuts && c.pp > 1 && k >= 1)
+              for (bool zero : zeros) {
+                c.distributed_optimizer = zero;
+                stage_cut_variants(c, cut_tps);
+              }
             c.distributed_optimizer = false;
             continue;
           }

@@ -788,8 +788,8 @@ TEST(CostModel, PerStageTensorParallelJoinsTwoPipelines) {
 }
 
 // The search with per-stage TP pruned (memory, the 1F1B floor) chooses exactly the plan it
-// chooses evaluating every stage cut: stage cuts only, and every plan, where memory binds and
-// where it does not.
+// chooses evaluating every stage cut: stage cuts only, and every plan, without offload or with
+// offload optimizer, where memory binds and where it does not.
 TEST(Search, StageCutPruningLosesNothing) {
   struct Case {
     const char* name;
@@ -803,7 +803,7 @@ TEST(Search, StageCutPruningLosesNothing) {
       {"5B, 24 GiB GPUs", {24, 4096, 32, 16384, 50257, 1024}, 24, false},
       {"5B, memory ignored", {24, 4096, 32, 16384, 50257, 1024}, 24, true},
   };
-  int64_t compared = 0, stage_cuts = 0, pruned_fewer = 0;
+  int64_t compared = 0, stage_cuts = 0, stage_cut_offload = 0, pruned_fewer = 0;
   for (const Case& k : cases) {
     Problem p = problem_3090();
     p.model = k.model;
@@ -816,7 +816,7 @@ TEST(Search, StageCutPruningLosesNothing) {
       space.cutpoints = true;
       space.cutpoints_only = only;
       space.stage_cuts = true;
-      space.offload = {OffloadMode::kNone};
+      space.offload = {OffloadMode::kNone, OffloadMode::kOptimizer};
       space.distributed_optimizer = {false, true};
       const planner::SearchResult pruned = planner::search(p, 2, 4, space);
       space.prune_cutpoints = false;
@@ -834,13 +834,16 @@ TEST(Search, StageCutPruningLosesNothing) {
                 std::tie(b.tp, b.dp, b.pp, b.micro_batch, b.cut_layer, b.cut_tp, b.sub_batches));
       EXPECT_EQ(a.recompute, b.recompute);
       EXPECT_EQ(a.distributed_optimizer, b.distributed_optimizer);
+      EXPECT_EQ(std::tie(a.offload, a.gpu_units), std::tie(b.offload, b.gpu_units));
       ++compared;
       stage_cuts += b.cut_layer > 0 && b.pp > 1;
+      stage_cut_offload += b.cut_layer > 0 && b.pp > 1 && b.offload != OffloadMode::kNone;
       pruned_fewer += pruned.evaluated < every.evaluated;
     }
   }
   EXPECT_GE(compared, 6);
   EXPECT_GE(stage_cuts, 3);    // the cutpoints-only searches choose a cut between stages
+  EXPECT_GE(stage_cut_offload, 1);  // some of them with offload optimizer
   EXPECT_GE(pruned_fewer, 3);  // and the pruning prunes
 }
 
