@@ -150,14 +150,17 @@ struct Searcher {
   Evaluation evaluate_stage_cut(const ParallelConfig& c) {
     const auto [first, second] = stage_cut_configs(problem, c);
     const Problem& after = segment(problem.model.layers - c.cut_layer);
-    // The stages before the cut are the same for every cut of one pipeline: evaluated once.
+    return join_stage_cut(problem, c, before_part(first),
+                          evaluate(after, second, timing(second, &after)));
+  }
+  // The stages before the cut are the same for every cut of one pipeline: evaluated once.
+  const Evaluation& before_part(const ParallelConfig& first) {
     if (!(before_evaluated && before_config == first)) {
       before_config = first;
       before_evaluation = evaluate(problem, before_config, timing(before_config));
       before_evaluated = true;
     }
-    return join_stage_cut(problem, c, before_evaluation,
-                          evaluate(after, second, timing(second, &after)));
+    return before_evaluation;
   }
   ParallelConfig before_config;
   Evaluation before_evaluation;
@@ -177,33 +180,83 @@ struct Searcher {
   // (stage_cut_step_floor) is slower than the best plan is not evaluated.
   void stage_cut_variants(ParallelConfig c, const std::vector<int64_t>& tps) {
     c.virtual_stages = 1;
-    const int64_t L = problem.model.layers, stage_layers = L / c.pp, ranks = c.tp * c.dp;
+    const int64_t L = problem.model.layers, stage_layers = L / c.pp;
     if (space.cut_layer && (space.cut_layer % stage_layers || space.cut_layer >= L)) return;
-    if (!problem.ignore_memory && space.prune_cutpoints && !evaluate_memory(problem, c).fits)
-      return;
+    const bool prune = space.prune_cutpoints;
+    const double best = result.best ? result.best->eval.predicted.step_seconds * (1 + 1e-9) : 0.0;
+    int fits = -1;            // whether c fits (its first stage bounds the stages before any cut)
+    double before_tail = -1;  // the stages before the cut's own tail
+    for (const StageCutDegree& k : stage_cut_degrees(c, tps)) {
+      c.cut_tp = k.t2;
+      // The floor is linear in the boundary: at its least at the first or the last.
+      if (result.best && prune && k.least_floor > best) continue;
+      if (fits < 0) {
+        c.cut_tp = 0;
+        fits = problem.ignore_memory || !prune || evaluate_memory(problem, c).fits;
+        c.cut_tp = k.t2;
+      }
+      if (!fits) return;
+      for (int64_t s = 1; s < c.pp; ++s) {
+        c.cut_layer = s * stage_layers;
+        if (space.cut_layer && c.cut_layer != space.cut_layer) continue;
+        if (result.best && prune) {
+          const double floor = stage_cut_step_floor(c, s, *k.before, *k.after);
+          if (floor > best) continue;
+          // ... plus the tail of the stages before the cut (join_stage_cut), which the
+          // pipeline without the cut has.
+          if (before_tail < 0) {
+            ParallelConfig first = c;
+            first.cut_layer = first.cut_tp = 0;
+            const Evaluation& before = before_part(first);
+            before_tail = std::max(0.0, before.predicted.step_seconds - before.forward_backward -
+                                            before.embedding_pair_seconds);
+          }
+          if (floor + before_tail > best) continue;
+        }
+        consider(c);
+      }
+      c.cut_layer = 0;
+    }
+  }
+  // The second TP degrees a pipeline of c's shape may take after a cut, with both parts'
+  // micro-batch timings (each part's stages hold L/pp layers: the same at every boundary) and
+  // the least 1F1B floor over the boundaries. Kept for the shape: the offload variants ask again
+  // for every gpuUnits and optimizer sharding.
+  struct StageCutDegree {
+    int64_t t2 = 0;
+    const MicroBatchTiming *before = nullptr, *after = nullptr;
+    double least_floor = 0;
+  };
+  const std::vector<StageCutDegree>& stage_cut_degrees(const ParallelConfig& c,
+                                                       const std::vector<int64_t>& tps) {
+    const auto shape = std::make_tuple(c.tp, c.dp, c.pp, c.micro_batch, c.grad_accum, c.sub_batches,
+                                       static_cast<int>(c.recompute));
+    if (degrees_shape == shape) return degrees;
+    degrees_shape = shape;
+    degrees.clear();
+    const int64_t L = problem.model.layers, stage_layers = L / c.pp, ranks = c.tp * c.dp;
     for (int64_t t2 : tps) {
       if (t2 == c.tp || (space.cut_tp && t2 != space.cut_tp)) continue;
       if (ranks % t2 || std::max(t2, c.tp) % std::min(t2, c.tp)) continue;
       if (t2 < c.tp && c.micro_batch % (c.tp / t2)) continue;
       if (c.sub_batches == 2 && (c.micro_batch * t2 / c.tp) % 2) continue;
-      c.cut_tp = t2;
-      // Both parts' stages hold L/pp layers: their micro-batch timings are the same at every
-      // boundary (the after part's taken at the last: a model of one stage).
-      c.cut_layer = L - stage_layers;
-      const auto [first, second] = stage_cut_configs(problem, c);
-      const MicroBatchTiming& before_timing = timing(first);
-      const MicroBatchTiming& after_timing = timing(second, &segment(stage_layers));
-      for (int64_t s = 1; s < c.pp; ++s) {
-        c.cut_layer = s * stage_layers;
-        if (space.cut_layer && c.cut_layer != space.cut_layer) continue;
-        if (result.best && space.prune_cutpoints &&
-            stage_cut_step_floor(c, s, before_timing, after_timing) >
-                result.best->eval.predicted.step_seconds * (1 + 1e-9))
-          continue;
-        consider(c);
-      }
+      ParallelConfig at_last = c;
+      at_last.virtual_stages = 1;
+      at_last.cut_tp = t2;
+      at_last.cut_layer = L - stage_layers;
+      const auto [first, second] = stage_cut_configs(problem, at_last);
+      StageCutDegree k;
+      k.t2 = t2;
+      k.before = &timing(first);
+      k.after = &timing(second, &segment(stage_layers));
+      k.least_floor = std::min(stage_cut_step_floor(at_last, 1, *k.before, *k.after),
+                               stage_cut_step_floor(at_last, c.pp - 1, *k.before, *k.after));
+      degrees.push_back(k);
     }
+    return degrees;
   }
+  std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int> degrees_shape{};
+  std::vector<StageCutDegree> degrees;
 
   Evaluation cutpoint_memory(const ParallelConfig& c) {
     const auto [first, second] = cutpoint_configs(problem, c);
@@ -763,7 +816,7 @@ std::string kind_of(const ParallelConfig& c) {
 
 SearchResult search(const Problem& problem, int64_t max_nodes, int64_t slots_per_node,
                     const SearchSpace& space) {
-  Searcher s{problem, space, {}, {}, {}, {}, {}, false, {}};
+  Searcher s{problem, space, {}, {}, {}, {}, {}, false, {}, {}, {}};
   s.run(max_nodes, slots_per_node);
   return std::move(s.result);
 }
