@@ -31,8 +31,9 @@ struct SearchSpace {
   // Oases' cutpoints (the layers from cut_layer on at TP cut_tp): none by default (widened like
   // pipelines where nothing else fits; planner.cpp); with `cutpoints`, every layer and every TP
   // degree that nests with the plan's — or the forced cut_layer / cut_tp (0: any), and then
-  // only plans with a cutpoint. Planned without stages (what the workers run), with or without
-  // offload and the distributed optimizer.
+  // only plans with a cutpoint. Without stages with or without offload and the distributed
+  // optimizer; with stages at a stage boundary (per-stage TP), without offload or with offload
+  // optimizer.
   bool cutpoints = false;
   bool cutpoints_only = false;
   int64_t cut_layer = 0, cut_tp = 0;
