@@ -171,8 +171,8 @@ struct Searcher {
                           evaluate_memory(segment(problem.model.layers - c.cut_layer), second));
   }
 
-  // Per-stage TP in pipeline `c` (one chunk per stage; no offload or offload optimizer, each
-  // stage its first gpuUnits units on the device): the stages from s on at
+  // Per-stage TP in pipeline `c` (one chunk per stage; any offload mode, each stage its first
+  // gpuUnits units on the device, with the window each cut its largest): the stages from s on at
   // another TP degree t₂ that nests with c's, divides a stage's ranks and splits the
   // micro-batch — every boundary s and every such t₂ (or the forced ones). Pruned without loss
   // (docs/PLANNER.md §17): the stages before the cut hold what c's do (its first stage bounds
@@ -196,6 +196,7 @@ struct Searcher {
         c.cut_tp = k.t2;
       }
       if (!fits) return;
+      const bool window = c.offload == OffloadMode::kWindow;
       for (int64_t s = 1; s < c.pp; ++s) {
         c.cut_layer = s * stage_layers;
         if (space.cut_layer && c.cut_layer != space.cut_layer) continue;
@@ -204,6 +205,7 @@ struct Searcher {
           if (floor > best) continue;
           // ... plus the tail of the stages before the cut (join_stage_cut), which the
           // pipeline without the cut has.
+          if (before_tail < 0 && window) before_tail = 0;  // (its tail may shrink with more slots)
           if (before_tail < 0) {
             ParallelConfig first = c;
             first.cut_layer = first.cut_tp = 0;
@@ -212,6 +214,12 @@ struct Searcher {
                                             before.embedding_pair_seconds);
           }
           if (floor + before_tail > best) continue;
+        }
+        if (window && !space.window) {  // the largest window that fits this cut (time never grows)
+          c.window = std::max<int64_t>(1, largest_window(c));
+          consider(c);
+          c.window = 1;
+          continue;
         }
         consider(c);
       }
@@ -533,6 +541,16 @@ struct Searcher {
           // Cutpoints with the window: each segment streams its part of the layers past the
           // model's first gpuUnits units through slots of its own.
           const bool cuts = space.cutpoints && c.pp == 1 && c.virtual_stages == 1;
+          // Per-stage TP with the window: each stage streams its layers past its first gpuUnits
+          // units, each cut with its own largest window (from one slot, the leanest, for the
+          // memory bound) or the forced one.
+          auto stage_cuts = [&] {
+            if (space.cutpoints && space.stage_cuts && c.pp > 1 && c.virtual_stages == 1)
+              window_shardings(c, [&] {
+                c.window = space.window ? *space.window : 1;
+                stage_cut_variants(c, cut_tps);
+              });
+          };
           if (space.window) {
             if (*space.window >= streamed) {
               note(Stage::kOffload, [&] {
@@ -545,6 +563,7 @@ struct Searcher {
             c.window = *space.window;
             if (plain) window_shardings(c, [&] { consider(c); });
             if (cuts) cut_units.push_back(k);
+            stage_cuts();
             continue;
           }
           // Largest window that fits (memory grows with W; time never does). W = streamed
@@ -566,6 +585,7 @@ struct Searcher {
               consider(c);
             });
           if (cuts) cut_units.push_back(k);  // each cut with its own largest window
+          stage_cuts();
         }
         // The cutpoints of every gpuUnits at once (so that what one rules out spares the rest),
         // with offload optimizer sharded or not, the window unsharded.

@@ -32,8 +32,7 @@ struct SearchSpace {
   // pipelines where nothing else fits; planner.cpp); with `cutpoints`, every layer and every TP
   // degree that nests with the plan's — or the forced cut_layer / cut_tp (0: any), and then
   // only plans with a cutpoint. Without stages with or without offload and the distributed
-  // optimizer; with stages at a stage boundary (per-stage TP), without offload or with offload
-  // optimizer.
+  // optimizer; with stages at a stage boundary (per-stage TP), likewise.
   bool cutpoints = false;
   bool cutpoints_only = false;
   int64_t cut_layer = 0, cut_tp = 0;

@@ -196,8 +196,13 @@ sys.exit(not (p['pipeline']['stageTensorParallel'] == [1, 2] and p['world'] == 4
 job stage-tp-offload 6 4 "{tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, cutpointLayer: 1, cutpointTensorParallel: 2, offload: optimizer, gpuUpdateFraction: 0.1}"
 plan stage-tp-offload "$DIR/h200x4.yaml"
 grep -q '"offload": *"optimizer"' "$DIR/stage-tp-offload.json" || fail "stage-tp-offload: no offload planned"
+# ... with the offload window: 4 layers, each stage streaming its 2 through one slot (resumed too).
+job stage-tp-window 6 4 "{tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, cutpointLayer: 2, cutpointTensorParallel: 2, offload: window, offloadWindow: 1, recompute: full, gpuUpdateFraction: 0.1}"
+sed -i 's/layers: 2,/layers: 4,/' "$DIR/stage-tp-window.yaml"
+plan stage-tp-window "$DIR/h200x4.yaml"
+grep -q '"offload": *"window"' "$DIR/stage-tp-window.json" || fail "stage-tp-window: no window planned"
 for run in dp2 tp2 dp2-accum dp2-zero dp2-zero-offload dp2-zero-window pp2 pp2-offload pp2-window vpp2 \
-  vpp2-offload vpp2-window cut cut-offload cut-window stage-tp stage-tp-offload; do
+  vpp2-offload vpp2-window cut cut-offload cut-window stage-tp stage-tp-offload stage-tp-window; do
   launch_ranks $run
   grep -q "through the host" "$DIR/$run.log" || fail "$run: no collectives chosen: $(head -5 "$DIR/$run.log")"
 done
@@ -232,6 +237,9 @@ resume_ranks stage-tp
 grep -q "AdamW of 1 of 2 offload units on the GPU" "$DIR/stage-tp-offload.log" ||
   fail "stage-tp-offload: the stages did not offload: $(head -5 "$DIR/stage-tp-offload.log")"
 resume_ranks stage-tp-offload
+grep -q "the other layers streamed through 1 slot(s)" "$DIR/stage-tp-window.log" ||
+  fail "stage-tp-window: the stages did not stream: $(head -5 "$DIR/stage-tp-window.log")"
+resume_ranks stage-tp-window
 [[ -f $DIR/ckpt-stage-tp/step-00000006/rank-00002.safetensors ]] ||
   fail "stage-tp: no shard per stage and TP rank: $(ls "$DIR/ckpt-stage-tp/step-00000006")"
 "$WORKER" train --plan "$DIR/cuda.json" --checkpoint-dir "$DIR/ckpt-cut-one" --log-every 1 \
@@ -372,7 +380,8 @@ runs = {"cuda": (cpu, 2e-2), "offload": (cuda, 1e-3), "window": (cuda, 1e-3),
         "vpp2": (losses("accum4"), 2e-2), "vpp2-offload": (losses("vpp2"), 1e-3),
         "pp2-window": (losses("accum4"), 2e-2), "vpp2-window": (losses("vpp2"), 1e-3),
         "cut-offload": (losses("cut"), 1e-3), "cut-window": (losses("cut"), 1e-3),
-        "stage-tp": (cuda, 2e-2), "stage-tp-offload": (losses("stage-tp"), 1e-3)}
+        "stage-tp": (cuda, 2e-2), "stage-tp-offload": (losses("stage-tp"), 1e-3),
+        "stage-tp-window": (losses("accum4"), 2e-2)}
 failed = False
 for name, (ref, tol) in runs.items():
     got = losses(name)
@@ -388,12 +397,14 @@ for name, (ref, tol) in runs.items():
                else "pp2" if name == "pp2-offload" else "accum4" if name in ("vpp2", "pp2-window")
                else "vpp2" if name in ("vpp2-offload", "vpp2-window") else "cut" if name in ("cut-offload", "cut-window")
                else "stage-tp" if name == "stage-tp-offload"
+               else "accum4" if name == "stage-tp-window"
                else "dp2")
     print(f"{'ok  ' if ok else 'FAIL'} {name:16s} vs {against:5s} worst rel loss diff {worst:.1e} (tol {tol:.0e})")
 for name in ("cuda", "offload", "window", "dp2-zero", "dp2-zero-offload", "dp2-zero-window",
              "pp2", "pp2-offload",
              "pp2-window", "vpp2", "vpp2-offload", "vpp2-window", "cut", "cut-offload",
-             "cut-window", "stage-tp", "stage-tp-offload"):  # resumed at step 3: the same losses
+             "cut-window", "stage-tp", "stage-tp-offload",
+             "stage-tp-window"):  # resumed at step 3: the same losses
     whole, resumed = losses(name), losses(f"{name}-resumed")
     same = sorted(resumed) == [4, 5, 6] and all(resumed[s] == whole[s] for s in resumed)
     print(f"{'ok  ' if same else 'FAIL'} {name:16s} resumed from step 3: steps 4-6 "

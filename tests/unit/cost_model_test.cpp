@@ -816,7 +816,7 @@ TEST(Search, StageCutPruningLosesNothing) {
       space.cutpoints = true;
       space.cutpoints_only = only;
       space.stage_cuts = true;
-      space.offload = {OffloadMode::kNone, OffloadMode::kOptimizer};
+      space.offload = {OffloadMode::kNone, OffloadMode::kOptimizer, OffloadMode::kWindow};
       space.distributed_optimizer = {false, true};
       const planner::SearchResult pruned = planner::search(p, 2, 4, space);
       space.prune_cutpoints = false;

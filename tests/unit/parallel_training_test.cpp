@@ -631,6 +631,19 @@ TEST(ParallelTraining, PerStageTensorParallelEqualsOneRank) {
     ASSERT_FALSE(r.transfer_bytes.empty());
     EXPECT_GT(r.transfer_bytes.back(), 0);
   }
+  {  // With the offload window: each stage streams its two layers through one slot
+    SCOPED_TRACE("pp 2 window: tp 1 x dp 2, then tp 2");
+    api::Plan plan = with_stage_cut(
+        "tensorParallel: 1, dataParallel: 2, pipelineParallel: 2, overlap: off, offload: window, "
+        "recompute: full",
+        2, 2);
+    plan.config.gpu_units = 1;
+    plan.config.window = 1;
+    ASSERT_EQ(plan.config.offload, api::OffloadMode::kWindow);
+    const RunResult r = expect_same_training(plan, kFourLayers);
+    ASSERT_FALSE(r.transfer_bytes.empty());
+    EXPECT_GT(r.transfer_bytes.back(), 0);
+  }
 }
 // Its checkpoints hold each stage's layers in that stage's TP layout: they resume at any layout,
 // and any checkpoint resumes with per-stage TP.
