@@ -116,12 +116,13 @@ struct Searcher {
 
   // A micro-batch's timing depends on the model only through the layers of the stage it times
   // (time_micro_batch: a cutpoint's segments, and the stages after a cut between stages, are
-  // models of some of the layers).
+  // models of some of the layers) — and on CPU ranks through the rank's share of the node's cores
+  // (rank_flops_per_second), so there also through the ranks per node.
   const MicroBatchTiming& timing(const ParallelConfig& c, const Problem* of = nullptr) {
     const Problem& p = of ? *of : problem;
     const auto key =
         std::make_tuple(c.tp, c.micro_batch, c.sub_batches, static_cast<int>(c.recompute),
-                        p.model.layers / c.pp, int64_t{0});
+                        p.model.layers / c.pp, p.cpu_device ? c.procs_per_node : int64_t{0});
     auto it = timings.find(key);
     if (it == timings.end()) it = timings.emplace(key, time_micro_batch(p, c)).first;
     return it->second;

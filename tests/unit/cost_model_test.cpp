@@ -724,6 +724,26 @@ TEST(Search, CutpointPruningLosesNothing) {
   EXPECT_GE(pruned_fewer, 10);  // and the pruning prunes
 }
 
+// The search's prediction of the plan it chooses is the cost model's for that plan: its cached
+// micro-batch timings are those of the plan's own shape (on CPU nodes, where a rank's rate is
+// its share of the cores, also of its ranks per node; the compute lower bound keeps the shapes
+// of this test from meeting a stale timing, so it checks the invariant, not that key).
+TEST(Search, ChosenPlansPredictionIsTheCostModels) {
+  Problem cpu = problem_cpu(api::find_model_preset("tiny")->dims);
+  cpu.cpu_cores_per_node = 8;
+  const Problem gpu = problem_3090();
+  for (const Problem* p : std::initializer_list<const Problem*>{&cpu, &gpu})
+    for (int64_t max_nodes : {1, 2}) {
+      SCOPED_TRACE(std::string(p->cpu_device ? "cpu" : "gpu") + ", nodes " +
+                   std::to_string(max_nodes));
+      const planner::SearchResult r = planner::search(
+          *p, max_nodes, p->cpu_device ? p->cpu_cores_per_node : 4, planner::SearchSpace{});
+      ASSERT_TRUE(r.best.has_value());
+      EXPECT_DOUBLE_EQ(r.best->eval.predicted.step_seconds,
+                       planner::evaluate(*p, r.best->config).predicted.step_seconds);
+    }
+}
+
 // Per-stage TP (a cut between pipeline stages): random stage cuts on 2 nodes × 4 GPUs — the
 // step is never below the 1F1B floor the search prunes with, the pipeline's forward and
 // backward lies between the all-fast and the all-slow stage timing's, and the memory is the
