@@ -87,13 +87,7 @@ void CudaPipeline::step(int64_t m, float loss_scale, const Take& take) {
     auto& inputs = inputs_[static_cast<size_t>(i)];
     auto& targets = targets_[static_cast<size_t>(i)];
     take(inputs, targets);
-    if (tokens_) {  // into the last stage's layout
-      const size_t n = static_cast<size_t>(chunks_[0]->batch() * chunks_[0]->seq_len());
-      std::vector<int32_t> inputs_after(n), targets_after(n);
-      tokens_->reshard(inputs.data(), targets.data(), inputs_after.data(), targets_after.data());
-      inputs = std::move(inputs_after);
-      targets = std::move(targets_after);
-    }
+    if (tokens_) tokens_->reshard(inputs, targets);  // into the last stage's layout
   }
   CudaStream& compute = device_.stream(StreamRole::kCompute);
   // All-gathers `count` bf16 of `from` into `to` over the cut group, after the compute stream's

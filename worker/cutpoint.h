@@ -46,6 +46,10 @@ class CutpointReshard {
   void activations(const float* before, float* after);
   void tokens(const int32_t* inputs, const int32_t* targets, int32_t* inputs_after,
               int32_t* targets_after);
+  // A micro-batch's tokens replaced by those after the cut.
+  void tokens(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    tokens_.reshard(inputs, targets);
+  }
   // The second segment's input gradient (B₂·T·C) → the first's output gradient (B₁·T·C).
   void gradients(const float* after, float* before);
 

@@ -20,6 +20,13 @@ class CutpointTokens {
   CutpointTokens(Communicator& cut, bool widens, int64_t n1, int64_t n2)
       : cut_(cut), widens_(widens), n1_(n1), n2_(n2) {}
 
+  // A micro-batch's inputs and targets replaced by those after the cut.
+  void reshard(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    std::vector<int32_t> inputs_after(static_cast<size_t>(n2_)), targets_after(inputs_after.size());
+    reshard(inputs.data(), targets.data(), inputs_after.data(), targets_after.data());
+    inputs = std::move(inputs_after);
+    targets = std::move(targets_after);
+  }
   // B₁·T inputs and targets → B₂·T of each.
   void reshard(const int32_t* inputs, const int32_t* targets, int32_t* inputs_after,
                int32_t* targets_after) {

@@ -271,6 +271,29 @@ ProcessGroups& groups_of(const api::Plan& plan, const TrainOptions& options,
   return groups;
 }
 
+// Per-stage TP (a cutpoint between stages, api::cut_stage): the stages from the cut on run at
+// its TP degree, with their DP degree and micro-batch (B·cut_tp/tp sequences); every stage reads
+// the data in the first layout (DP rank place / tp of dp), so the data cursor is the same
+// everywhere. Without a stage cut: the plan's.
+struct StageLayout {
+  bool stage_cut = false;
+  int64_t first_after_cut = 0;
+  int tp = 1, dp = 1;  // the rank's stage's
+  int64_t micro_batch = 1;
+  int data_rank = 0;
+};
+StageLayout stage_layout(const api::Plan& plan, ProcessGroups& groups) {
+  const auto& c = plan.config;
+  StageLayout s;
+  s.stage_cut = c.pp > 1 && c.cut_layer > 0;
+  s.first_after_cut = api::cut_stage(c, plan.model.layers);
+  s.tp = groups.tp->size(), s.dp = groups.dp->size();
+  s.micro_batch = c.micro_batch * s.tp / c.tp;
+  s.data_rank = s.stage_cut ? static_cast<int>(groups.world->rank() % (c.tp * c.dp) / c.tp)
+                            : groups.dp->rank();
+  return s;
+}
+
 // Rank `stage`'s part of the plan's pipeline (docs/WORKER.md, "Pipeline stages"): layers
 // [s·L/pp, (s+1)·L/pp), or with v virtual stages chunk c's [(c·pp + s)·L/(pp·v), …), and the
 // micro-batches the schedule keeps in flight there (worker/pipeline_order.h).
@@ -381,15 +404,7 @@ class PipelineSchedule {
       auto& inputs = inputs_[static_cast<size_t>(i)];
       auto& targets = targets_[static_cast<size_t>(i)];
       feeder.take(inputs, targets);
-      if (cut_tokens_) {  // into the last stage's layout
-        const size_t n = static_cast<size_t>(cut_tokens_->batch_after()) * inputs.size() /
-                         static_cast<size_t>(cut_tokens_->batch_before());
-        std::vector<int32_t> inputs_after(n), targets_after(n);
-        cut_tokens_->tokens(inputs.data(), targets.data(), inputs_after.data(),
-                            targets_after.data());
-        inputs = std::move(inputs_after);
-        targets = std::move(targets_after);
-      }
+      if (cut_tokens_) cut_tokens_->tokens(inputs, targets);  // into the last stage's layout
     }
     double loss = 0;
     post(order.groups[0], /*sends=*/false);
@@ -754,16 +769,11 @@ TrainResult train_cuda(const api::Plan& plan, const TrainOptions& options,
   const int dp = static_cast<int>(plan.config.dp);
   ProcessGroups single;
   ProcessGroups& groups = groups_of(plan, options, single);
-  // Per-stage TP (train_cpu's): the stages from the cut on at its TP degree, DP degree and
-  // micro-batch; the data read in the first layout everywhere.
   const int pp = static_cast<int>(plan.config.pp);
-  const bool stage_cut = pp > 1 && plan.config.cut_layer > 0;
-  const int64_t first_after_cut = api::cut_stage(plan.config, plan.model.layers);
-  const int stage_tp = groups.tp->size(), stage_dp = groups.dp->size();
-  const int64_t stage_B = B * stage_tp / plan.config.tp;
-  const int data_rank = stage_cut ? groups.world->rank() % static_cast<int>(plan.config.tp * dp) /
-                                        static_cast<int>(plan.config.tp)
-                                  : groups.dp->rank();
+  const StageLayout layout = stage_layout(plan, groups);  // per-stage TP
+  const bool stage_cut = layout.stage_cut;
+  const int64_t first_after_cut = layout.first_after_cut, stage_B = layout.micro_batch;
+  const int stage_tp = layout.tp, stage_dp = layout.dp, data_rank = layout.data_rank;
   check_host_memory(plan, options.host_memory_bytes);
   CudaDevice device(local_device_ordinal());
   // The kernels are built for sm_80 and sm_90 (bf16 tensor cores, cp.async): Ampere and newer.
@@ -1400,15 +1410,11 @@ TrainResult train(const api::Plan& plan, const TrainOptions& options,
   ProcessGroups single;
   ProcessGroups& groups = groups_of(plan, options, single);
   const int pp = static_cast<int>(plan.config.pp);
-  // Per-stage TP (a cutpoint between stages, api::cut_stage): the stages from the cut on run at
-  // its TP degree, with their DP degree and micro-batch (B·cut_tp/tp sequences). Every stage
-  // reads the data in the first layout, so the data cursor is the same everywhere.
-  const bool stage_cut = pp > 1 && plan.config.cut_layer > 0;
-  const int64_t first_after_cut = api::cut_stage(plan.config, plan.model.layers);
+  const StageLayout layout = stage_layout(plan, groups);  // per-stage TP
+  const bool stage_cut = layout.stage_cut;
+  const int64_t first_after_cut = layout.first_after_cut, stage_B = layout.micro_batch;
   const bool after_cut = stage_cut && groups.pp->rank() >= first_after_cut;
-  const int stage_tp = groups.tp->size(), stage_dp = groups.dp->size();
-  const int64_t stage_B = B * stage_tp / tp;
-  const int dp_rank = stage_cut ? groups.world->rank() % (tp * dp) / tp : groups.dp->rank();
+  const int stage_tp = layout.tp, stage_dp = layout.dp, dp_rank = layout.data_rank;
   check_host_memory(plan, options.host_memory_bytes);
   auto device = Device::cpu();
   const api::Precision precision = cpu_precision(plan, log);
