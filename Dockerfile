@@ -126,4 +126,5 @@ LABEL org.opencontainers.image.title="kubetrain" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       dev.kubetrain.cuda="${CUDA}"
