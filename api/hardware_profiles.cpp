@@ -336,8 +336,8 @@ HardwareProfile make_cpu_profile() {
       .name = "cpu",
       .aliases = {},
       .is_cpu = true,
-      // Per CORE of an AVX-512 server core. /work/shared/TOOLCHAIN.md §4.4 (measured on the build
-      // machine, AMD EPYC Zen 4): oneDNN sgemm 1024^3 fp32 reaches 110.8 GFLOP/s on one thread
+      // Per CORE of an AVX-512 server core, measured on the build machine (AMD EPYC Zen 4;
+      // docs/HARDWARE.md, "Sources"): oneDNN sgemm 1024^3 fp32 reaches 110.8 GFLOP/s on one thread
       // and 219.5 on two. AVX512-BF16 (vdpbf16ps) doubles the FMA rate per instruction, so bf16
       // is ~2x fp32 (ESTIMATE). Whether a node's CPU has bf16 at all is unknown until its labels
       // say so (apply_cpu_features): CPU nodes are planned in fp32 unless they do.
@@ -354,8 +354,9 @@ HardwareProfile make_cpu_profile() {
       // ESTIMATE: memcpy bandwidth of one core (read + write streams share the core's bandwidth).
       .host_link_bandwidth = 8 * kGB,
       .intra_link = LinkKind::kLoopback,
-      // TOOLCHAIN.md §4.3 (measured, contended): Gloo over loopback TCP, 2 processes, 4 MiB
-      // all-reduce in 3.3 ms = ~1.3 GB/s algbw; for n = 2 busbw = algbw * 2(n-1)/n = algbw.
+      // Measured on the build machine while it was shared (docs/HARDWARE.md, "Sources"): Gloo over
+      // loopback TCP, 2 processes, 4 MiB all-reduce in 3.3 ms = ~1.3 GB/s algbw; for n = 2
+      // busbw = algbw * 2(n-1)/n = algbw.
       .intra_allreduce_busbw = 1.3 * kGB,
       .inter_node_bandwidth = 1.25 * kGB,  // ESTIMATE: 10 GbE between CPU nodes
       // ESTIMATE: a TCP round through the kernel per ring step (Gloo, loopback or LAN).

@@ -1,5 +1,5 @@
 // The Plan: the only contract between the operator (which makes it) and the worker (which
-// executes it). DESIGN.md §5. Stored as JSON in ConfigMap <job>-plan, mounted at
+// executes it); docs/ARCHITECTURE.md §4.2. Stored as JSON in ConfigMap <job>-plan, mounted at
 // /etc/kubetrain/plan.json. The worker refuses a Plan it cannot execute.
 #pragma once
 
@@ -196,10 +196,11 @@ Plan after_cut_layout(const Plan& plan);
 // cutpoint.
 std::string describe_cut(const Plan& plan);
 
-// Why no worker of this version can execute `plan` — pipeline stages or the distributed
-// optimizer, which the planner plans where nothing else fits (docs/PLANNER.md §15) — naming the
-// spec field to change; empty when the workers run it. The worker refuses such a plan with it,
-// and the operator fails the job with it before creating pods.
+// Why no worker of this version can execute `plan` — now only a cutpoint whose embeddings are
+// updated on the CPU (offload optimizer with gpuUnits 0), which the planner does not emit
+// (docs/PLANNER.md §15, §16) — naming the spec field to change; empty when the workers run it.
+// The worker refuses such a plan with it, and the operator fails the job with it before
+// creating pods.
 std::string not_yet_executable(const Plan& plan);
 
 Json to_json(const ParallelConfig& c);

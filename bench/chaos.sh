@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chaos bench (issue 15; docs/RELIABILITY.md "Chaos"): TRIALS trials of tests/chaos/chaos.py
+# The chaos bench (docs/RELIABILITY.md "Chaos"): TRIALS trials of tests/chaos/chaos.py
 # (default 50) with seed SEED, then the figures (tests/chaos/summary.py): trials passed, kills per
 # kind, median trial time, every failure. Not part of `make bench`: it takes about 30 minutes.
 #   bench/chaos.sh [TRIALS] [SEED]

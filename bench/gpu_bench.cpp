@@ -237,7 +237,7 @@ void bench(const gpu::Context& ctx) {
                     2.0 * BT * Vp * 4, false});
   }
   {
-    const int64_t P = 124475904;  // GPT-2 124M (DESIGN.md §6)
+    const int64_t P = 124475904;  // GPT-2 124M (docs/PLANNER.md §2)
     DeviceArray<float> p(P), g(P), m(P), v(P);
     DeviceArray<bf16> p16(P);
     fill(p, P, 1.0f);

@@ -1,7 +1,7 @@
-// The operator at cluster scale (issue 18): `kubetrain local serve --simulate-nodes N` (N Nodes of
-// 8 × H100 whose pods run no process; a fake kubelet marks them Running) and
-// `kubetrain-operator` as real processes, driven through the REST client. Two scenarios, each on
-// a fresh server and operator:
+// The operator at cluster scale (docs/PERFORMANCE.md, "The operator under load"): `kubetrain local
+// serve --simulate-nodes N` (N Nodes of 8 × H100 whose pods run no process; a fake kubelet marks
+// them Running) and `kubetrain-operator` as real processes, driven through the REST client. Two
+// scenarios, each on a fresh server and operator:
 //   burst  — J TrainingJobs of one 8-GPU node each, created at once;
 //   gang   — one TrainingJob of G nodes (G pods of 8 GPUs).
 // For each: the time from the first create to every pod created and to every pod Running; the

@@ -1,5 +1,5 @@
 // `kubetrain local serve`: the local control plane over HTTP on 127.0.0.1, with a kubeconfig
-// for kubectl and the operator (DESIGN.md §9). The same control plane as `kubetrain run`: the
+// for kubectl and the operator (docs/KUBE.md). The same control plane as `kubetrain run`: the
 // Store, this machine registered as a Node, and the pod runner that runs bound pods as local
 // processes — only the reconciler is not in-process (the operator binary brings it over HTTP).
 #pragma once

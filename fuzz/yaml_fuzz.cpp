@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    // Not dumped: a non-UTF-8 string would make nlohmann's dump() throw (issue 15 lists it).
+    // Not dumped: a non-UTF-8 string would make nlohmann's dump() throw (api/utf8.h).
     (void)kt::api::yaml_to_json(text, "fuzz.yaml");
   } catch (const kt::Error&) {
   }

@@ -1,4 +1,4 @@
-// Element-wise math written once for the CPU kernels and the CUDA kernels (DESIGN.md §7): plain
+// Element-wise math written once for the CPU kernels and the CUDA kernels: plain
 // inline functions of scalars, `__host__ __device__` when nvcc compiles them. The CPU tests of
 // kernels/cpu therefore cover the very arithmetic the GPU runs; kernels/reference.h stays the
 // independent float64 specification both are checked against.

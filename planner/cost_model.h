@@ -1,4 +1,4 @@
-// The planner's cost model (DESIGN.md §6; docs/PLANNER.md derives every formula).
+// The planner's cost model (docs/PLANNER.md derives every formula).
 //
 // Letters, as in the papers: b micro-batch (sequences), s sequence length, h hidden, a heads,
 // f ffn hidden, L layers, V padded vocabulary, t tensor-parallel degree, d data-parallel degree,

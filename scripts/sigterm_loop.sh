@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The worker's SIGTERM path under glibc's malloc checking, looped (issue 15; docs/RELIABILITY.md
-# "HTTP servers"). Each iteration starts `kubetrain-worker train` as tests/cli/worker_test.sh does
-# (the tiny preset, /metrics on a free port, a fresh checkpoint directory), lets it train a few
-# steps, starts 4 clients scraping /metrics and /healthz as fast as they can, sends SIGTERM at a
-# random moment while they scrape, and checks that the worker exits 143 with its stop message
-# and no malloc complaint. Extra busy processes (LOAD, default 1) keep the cores contended.
+# The worker's SIGTERM path under glibc's malloc checking, looped (docs/RELIABILITY.md, "The
+# worker's SIGTERM path, 200 times"). Each iteration starts `kubetrain-worker train` as
+# tests/cli/worker_test.sh does (the tiny preset, /metrics on a free port, a fresh checkpoint
+# directory), lets it train a few steps, starts 4 clients scraping /metrics and /healthz as fast as
+# they can, sends SIGTERM at a random moment while they scrape, and checks that the worker exits 143
+# with its stop message and no malloc complaint. Extra busy processes (LOAD, default 1) keep the
+# cores contended.
 #
 #   scripts/sigterm_loop.sh ITERATIONS [BUILD_DIR]     # prints one line per failure and a summary
 #

@@ -1,7 +1,7 @@
 // Merging several Prometheus text expositions (format 0.0.4) into one, for a pod that serves
-// one /metrics for all of its ranks (DESIGN.md §7): each rank's text already carries its own
-// rank="N" label, so the merge only has to regroup the lines. Concatenating the texts would not
-// do: a family may have only one HELP and one TYPE, and its samples must be contiguous.
+// one /metrics for all of its ranks (docs/WORKER.md, "Processes"): each rank's text already carries
+// its own rank="N" label, so the merge only has to regroup the lines. Concatenating the texts would
+// not do: a family may have only one HELP and one TYPE, and its samples must be contiguous.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// The metric families a training worker exports (DESIGN.md §10; docs/METRICS.md describes each
+// The metric families a training worker exports (docs/METRICS.md describes each
 // one for dashboard authors). Units are in the names; times are seconds, sizes bytes.
 //
 //   Registry registry(worker_labels(job, job_namespace, rank, node_rank));

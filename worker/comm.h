@@ -1,7 +1,7 @@
-// Collective communication between the ranks of a job (DESIGN.md §7): one interface, a Gloo
-// backend over TCP for CPU ranks now (an NCCL backend later), process groups for tensor and data
-// parallelism from the Plan (TP groups are consecutive ranks inside a node), and the counters the
-// comm metrics need.
+// Collective communication between the ranks of a job (docs/WORKER.md, "Groups and
+// collectives"): one interface, a Gloo backend over TCP for CPU ranks (the NCCL group for CUDA
+// ranks is worker/comm_nccl.h), process groups for tensor and data parallelism from the Plan (TP
+// groups are consecutive ranks inside a node), and the counters the comm metrics need.
 #pragma once
 
 #include <chrono>

@@ -1,4 +1,4 @@
-// The NCCL backend for CUDA ranks (DESIGN.md §7), compiled when the CUDA path is on. CI builds it
+// The NCCL backend for CUDA ranks (docs/WORKER.md), compiled when the CUDA path is on. CI builds it
 // but cannot run it; the device check runs it. libnccl is loaded at run time (dlopen of
 // $KUBETRAIN_NCCL_LIBRARY, else libnccl.so.2), so a worker without NCCL on its machine still
 // trains on one GPU and its data-parallel ranks fall back to the host reducer.

@@ -1,8 +1,8 @@
-// The CUDA device of a rank (DESIGN.md §7): the CPU Device's shape (worker/device.h) over
-// cudaMalloc'd memory, cudaStream_t and cudaEvent_t. Device memory and pinned host memory come
-// from caching allocators (worker/caching_allocator.h), so that after the first step a training
-// step makes no cudaMalloc/cudaFree/cudaHostAlloc call. No CUDA header here: CPU-only code may
-// include it (it only links where the CUDA path is built: target kt_cuda_device).
+// The CUDA device of a rank (docs/WORKER.md, "The CUDA runtime"): the CPU Device's shape
+// (worker/device.h) over cudaMalloc'd memory, cudaStream_t and cudaEvent_t. Device memory and
+// pinned host memory come from caching allocators (worker/caching_allocator.h), so that after the
+// first step a training step makes no cudaMalloc/cudaFree/cudaHostAlloc call. No CUDA header here:
+// CPU-only code may include it (it only links where the CUDA path is built: target kt_cuda_device).
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// GPT-2 on the CUDA device of a rank in bf16 mixed precision (DESIGN.md §7): bf16 weights and
+// GPT-2 on the CUDA device of a rank in bf16 mixed precision (docs/WORKER.md): bf16 weights and
 // activations, fp32 gradients, fp32 master weights and AdamW moments. This file is the math: the
 // activations, one layer's forward and backward, tensor parallelism and the Oases lanes. Where
 // the parameters live, the optimizer step, data parallelism's gradient sums and the offload modes

@@ -301,8 +301,6 @@ class CudaOffloadEngine {
   // in `device`, the host units' in `host`): set, or all-gathered (every DP rank together).
   void scatter_shards(const float* whole, float* device, float* host);
   void gather_shards(const float* device, const float* host, float* whole);
-  // Every rank's shard of `shards` (the rank's shard arrays' layout) into `host` (llm.c layout);
-  // every DP rank calls it together.
   bool unit_streamed(int64_t unit) const { return unit > 0 && streamed(unit - 1); }
   Slot& slot_of(int64_t l) {
     return slots_[static_cast<size_t>((l - layout_.resident_layers) % window_)];

@@ -1,4 +1,4 @@
-// Data parallelism for the CUDA model (DESIGN.md §7): the sum of gradient ranges over the ranks
+// Data parallelism for the CUDA model (docs/WORKER.md): the sum of gradient ranges over the ranks
 // of the DP group, in place in device memory, started as each layer's gradients become final in
 // the last micro-batch's backward, so that it overlaps the backward of the layers below.
 //

@@ -1,7 +1,7 @@
-// `kubetrain-worker launch` (DESIGN.md §7): the pod's entry process. It starts one rank process
-// per GPU (per procsPerNode on CPU), prefixes their output with "[rank N] ", forwards SIGTERM and
-// SIGINT to them, serves one /metrics that merges theirs, and when one rank fails, stops the
-// others and exits with the failed rank's code.
+// `kubetrain-worker launch` (docs/WORKER.md, "Processes"): the pod's entry process. It starts one
+// rank process per GPU (per procsPerNode on CPU), prefixes their output with "[rank N] ", forwards
+// SIGTERM and SIGINT to them, serves one /metrics that merges theirs, and when one rank fails,
+// stops the others and exits with the failed rank's code.
 #pragma once
 
 #include <string>

@@ -1,7 +1,8 @@
 // The optimizer step and the offload engine of one rank (SynergyScale, STRONGHOLD, ZeRO-Offload;
-// DESIGN.md §1, §7). The model's parameters form offload units — unit 0 the embeddings (wte,
-// wpe) and the final LayerNorm, unit l + 1 transformer layer l — and the Plan says, per unit,
-// where its AdamW runs and whether its parameters stay on the device:
+// docs/WORKER.md, "The offload engine"; docs/PLANNER.md §8). The model's parameters form offload
+// units — unit 0 the embeddings (wte, wpe) and the final LayerNorm, unit l + 1 transformer layer
+// l — and the Plan says, per unit, where its AdamW runs and whether its parameters stay on the
+// device:
 //   * none:      every unit resident and updated on the device;
 //   * optimizer: units [0, gpuUnits) updated on the device; the rest keep fp32 master weights,
 //                AdamW moments and a gradient copy in host memory: their gradients go device→host

@@ -1,6 +1,7 @@
-// The rendezvous store of a job (DESIGN.md §7): a small TCP key-value store that rank 0 hosts and
-// every rank reaches at MASTER_ADDR:MASTER_PORT. Gloo has no TCP store (TOOLCHAIN.md §4.3), and
-// a shared directory (FileStore) does not exist across pods, so this is ours.
+// The rendezvous store of a job (docs/WORKER.md, "Processes"): a small TCP key-value store that
+// rank 0 hosts and every rank reaches at MASTER_ADDR:MASTER_PORT. Gloo has no TCP store
+// (docs/ARCHITECTURE.md §8), and a shared directory (FileStore) does not exist across pods, so this
+// is ours.
 //
 //   TcpStoreServer server(29500);                        // rank 0 only; throws if the port is
 //   taken TcpStore store("10.0.0.5", 29500, std::chrono::seconds(60));   // every rank

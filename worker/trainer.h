@@ -1,7 +1,7 @@
-// The training loop of one rank: executes a Plan (device cpu, world 1 for now) — gradient
+// The training loop of one rank: executes a Plan on the rank's device (CPU or CUDA) — gradient
 // accumulation to the global batch, global-norm clipping, linear warmup then cosine decay,
 // AdamW — with checkpoints every intervalSteps and on SIGTERM, resume from the latest, and the
-// worker metrics of DESIGN.md §10.
+// worker metrics of docs/METRICS.md.
 #pragma once
 
 #include <chrono>

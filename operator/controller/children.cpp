@@ -330,7 +330,7 @@ Object render_worker_pod(const Object& owner, const api::TrainingJob& job, const
   Object pod_spec = {{"hostname", pod_name},
                      {"subdomain", name},
                      {"restartPolicy", "Never"},
-                     // SIGTERM makes the worker checkpoint before it exits (DESIGN.md §7).
+                     // SIGTERM makes the worker checkpoint before it exits (docs/WORKER.md).
                      {"terminationGracePeriodSeconds", need.termination_grace_seconds},
                      {"securityContext", restricted_pod_security()},
                      {"nodeSelector", node_selector},

@@ -1,4 +1,4 @@
-// The objects a TrainingJob owns (DESIGN.md §8), rendered from the job and its Plan: the
+// The objects a TrainingJob owns (docs/OPERATIONS.md §2), rendered from the job and its Plan: the
 // ConfigMap `<job>-plan` with plan.json, the headless Service `<job>`, and one worker Pod per node
 // `<job>-worker-<node-rank>`. Names are deterministic so that creating them is idempotent.
 #pragma once
@@ -45,8 +45,8 @@ inline constexpr const char* kDataDir = "/data";
 // The non-root user of the image (Dockerfile) that worker pods run as.
 inline constexpr int64_t kWorkerUid = 65532;
 
-// What one worker pod needs from its node, from the plan (DESIGN.md §8 "worker pods fit real
-// nodes"); children.cpp says where each figure comes from.
+// What one worker pod needs from its node, from the plan (docs/INSTALL.md, "Worker pods");
+// children.cpp says where each figure comes from.
 struct WorkerPodResources {
   int64_t gpus = 0;
   int64_t cpu_millis = 0;   // the ranks' threads

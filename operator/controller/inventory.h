@@ -1,5 +1,5 @@
-// The cluster as the planner sees it (DESIGN.md §8): every node's allocatable GPUs, cores and
-// memory less what the other pods on it request. Two sources give the same answer:
+// The cluster as the planner sees it (docs/ARCHITECTURE.md §4.4): every node's allocatable GPUs,
+// cores and memory less what the other pods on it request. Two sources give the same answer:
 //
 //  * listed_inventory(): a LIST of every node and every pod, decoded for each plan (`kubetrain
 //    run`, tests, a client without caches);

@@ -1,4 +1,4 @@
-// Drives the reconciler the controller-runtime way (DESIGN.md §8, CONVENTIONS.md): the informers
+// Drives the reconciler the controller-runtime way (docs/ARCHITECTURE.md §7): the informers
 // of a kube::Cache on TrainingJobs and on what they own (pods, ConfigMaps, Services, PVCs)
 // enqueue the owning job's "ns/name"; N workers take keys from a rate-limited work queue (a key
 // is never processed by two workers at once) and call Controller::reconcile. Success forgets the

@@ -1,5 +1,5 @@
-// The controller's metrics (DESIGN.md §8), with controller-runtime's names so that stock
-// dashboards work. Created once per registry and shared by every Controller using it.
+// The controller's metrics (docs/OPERATIONS.md, "Metrics"), with controller-runtime's names so that
+// stock dashboards work. Created once per registry and shared by every Controller using it.
 #pragma once
 
 #include <map>

@@ -1,4 +1,4 @@
-// Training progress as rank 0's worker metrics report it (DESIGN.md §10), read from the
+// Training progress as rank 0's worker metrics report it (docs/METRICS.md), read from the
 // Prometheus text exposition of its pod's /metrics.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Reads from informer caches, writes to the API: controller-runtime's cache and delegating
-// client (DESIGN.md §8: no LIST in a steady-state reconcile).
+// client (no LIST in a steady-state reconcile; docs/OPERATIONS.md §2).
 //
 //   Cache cache(rest, {.resources = {{kTrainingJobs, "default"},
 //                                    {kPods, "default", "", {"kubetrain.dev/job-name"},

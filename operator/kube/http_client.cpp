@@ -145,7 +145,7 @@ struct HttpClient::Impl {
   Error failure(const HttpRequest& request, const std::exception& e,
                 const CancelToken* cancel) const {
     if (cancel && cancel->cancelled()) return Error(where(request) + ": cancelled");
-    // cpprest's timeout message does not say "timeout" (TOOLCHAIN.md §4.1).
+    // cpprest's timeout message does not say "timeout" (docs/ARCHITECTURE.md §8).
     return Error(where(request) + ": " + e.what());
   }
 };
@@ -196,7 +196,7 @@ class CpprestStream : public HttpStream {
   // producer_consumer_buffer whose getn(n) completes only once n bytes are there (or the body
   // ended): asking for 64 KiB would sit on a quiet watch's events. So wait for one byte, then
   // take whatever else is already buffered (in_avail) without waiting. Far cheaper than
-  // istream::read_line, which pulls one character per task (TOOLCHAIN.md §4.1).
+  // istream::read_line, which pulls one character per task (docs/ARCHITECTURE.md §8).
   bool fill() {
     if (eof_) return false;
     if (cancel_.cancelled()) throw Error(owner_->where(request_) + ": cancelled");

@@ -38,7 +38,7 @@ struct HttpClientOptions {
   std::string base_url{};  // "https://host:port" or "http://127.0.0.1:8080", no trailing path
   TlsOptions tls{};
   // Bounds connecting and every read: cpprest's timeout is an inactivity timeout, so a long
-  // response that keeps arriving is not cut (TOOLCHAIN.md §4.1). cpprest has no separate
+  // response that keeps arriving is not cut (docs/ARCHITECTURE.md §8). cpprest has no separate
   // connect timeout; this one covers the connect too.
   std::chrono::milliseconds timeout{30'000};
 };

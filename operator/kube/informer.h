@@ -3,7 +3,7 @@
 // server timeout; watch again from the last seen version when a watch ends; list again on 410
 // Gone or an ERROR event, emitting the difference to the cache as events (so deletions missed
 // while disconnected arrive as Deleted); exponential backoff 0.8 s → 30 s on errors
-// (DESIGN.md §8). Handlers run on the informer's thread and should only enqueue keys.
+// (docs/KUBE.md). Handlers run on the informer's thread and should only enqueue keys.
 //
 //   Informer pods(client, kPods, "default", "kubetrain.dev/job-name");
 //   pods.add_handler([&](WatchEventType, const Object& pod) { queue.add(owner_key(pod)); });
@@ -29,7 +29,7 @@
 
 namespace kt::kube {
 
-// Timing knobs; the defaults are DESIGN.md's. Tests shorten them.
+// Timing knobs; the defaults are client-go's reflector's. Tests shorten them.
 struct InformerTiming {
   std::chrono::milliseconds initial_backoff{800};
   std::chrono::milliseconds max_backoff{30'000};

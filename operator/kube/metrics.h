@@ -1,5 +1,6 @@
 // The Kubernetes-access metrics, with controller-runtime's names so that stock dashboards work
-// (DESIGN.md §8). Registered once per registry; components take a pointer (nullptr: no metrics).
+// (docs/OPERATIONS.md, "Metrics"). Registered once per registry; components take a pointer
+// (nullptr: no metrics).
 #pragma once
 
 #include "telemetry/metrics.h"

@@ -1,5 +1,5 @@
 // kube::Client over HTTP: the Kubernetes REST API of a real API server or of
-// `kubetrain local serve` (DESIGN.md §8). Errors come back as ApiError classified from the
+// `kubetrain local serve` (docs/KUBE.md). Errors come back as ApiError classified from the
 // server's Status body; transport failures as kt::Error.
 //
 //   RestClient client(load_config(flag), {.metrics = &kube_metrics});

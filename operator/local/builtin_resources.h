@@ -1,4 +1,4 @@
-// The built-in resources the local control plane serves (DESIGN.md §9): what the operator uses
+// The built-in resources the local control plane serves (docs/KUBE.md): what the operator uses
 // plus what Helm and the chart use (namespaces, secrets, service accounts, deployments, RBAC,
 // PodDisruptionBudgets, NetworkPolicies, PVCs), with the names discovery gives kubectl.
 // The Store registers every one; the HTTP front end describes them in discovery.

@@ -1,4 +1,4 @@
-// The kube-controller-manager's workload controllers for the local control plane (DESIGN.md §9),
+// The kube-controller-manager's workload controllers for the local control plane (docs/KUBE.md),
 // so that a Deployment applied to `kubetrain local serve` (the operator's, from the Helm chart)
 // runs on the local node and `helm install --wait` sees it Current. One level-triggered pass
 // over every object, every poll_interval:

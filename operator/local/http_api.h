@@ -1,6 +1,6 @@
 // The Kubernetes REST API over a kube::Client (normally the local Store): what
 // `kubetrain local serve` exposes on 127.0.0.1 so that the operator's REST path and kubectl can
-// talk to the local control plane (DESIGN.md §9).
+// talk to the local control plane (docs/ARCHITECTURE.md §6, docs/KUBE.md).
 //
 // Served: the resource paths of core and group resources (namespaced and cluster-scoped, the
 // status subresource, pods/log), GET/list (label/field selectors, limit/continue,

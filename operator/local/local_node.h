@@ -1,5 +1,5 @@
-// This machine as a Kubernetes Node (DESIGN.md §9): its CPUs, memory and any NVIDIA GPUs, with
-// the labels GPU Feature Discovery would set (nvidia.com/gpu.product, .memory in MiB, .count),
+// This machine as a Kubernetes Node (docs/OPERATIONS.md §3): its CPUs, memory and any NVIDIA GPUs,
+// with the labels GPU Feature Discovery would set (nvidia.com/gpu.product, .memory in MiB, .count),
 // so that api::decode_kubectl_nodes reads it like a cluster node and the planner plans for it.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The local control plane's scheduler for many nodes (DESIGN.md §9; used with simulated nodes,
+// The local control plane's scheduler for many nodes (docs/KUBE.md; used with simulated nodes,
 // simulated_nodes.h). Like kube-scheduler's default plugins, reduced to what training pods use:
 // a pod without spec.nodeName is bound to the first node (real nodes by name, then simulated
 // ones, simulated_nodes.h, by name) that
@@ -14,7 +14,7 @@
 // "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient
 // nvidia.com/gpu." (without its "preemption: ..." tail: nothing is preempted here).
 //
-// Gangs (DESIGN.md §8, docs/OPERATIONS.md "Gang scheduling"): the pods of one group — a
+// Gangs (docs/OPERATIONS.md "Gang scheduling"): the pods of one group — a
 // coscheduling PodGroup (label scheduling.x-k8s.io/pod-group), a Volcano PodGroup (annotation
 // scheduling.k8s.io/group-name) or a Kueue plain pod group (label kueue.x-k8s.io/pod-group-name,
 // annotation kueue.x-k8s.io/pod-group-total-count) — are bound all at once or not at all: only

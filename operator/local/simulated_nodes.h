@@ -1,4 +1,4 @@
-// Simulated nodes for scale tests (DESIGN.md §9, like KWOK): Nodes that exist only in the store,
+// Simulated nodes for scale tests (docs/KUBE.md, like KWOK): Nodes that exist only in the store,
 // with the labels NVIDIA GPU Feature Discovery sets on a GPU node and the capacity of a DGX-class
 // server, so that the operator's inventory and planner see a large GPU cluster. Their pods run
 // no process: scheduler.h binds pods to them and simulated_kubelet.h plays their kubelet.

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Chaos test (issue 15): a TrainingJob through `kubetrain-operator` (2 replicas, leader election)
-and `kubetrain local serve --inject-faults RATE`, while processes are SIGKILLed at random moments:
-a rank (`kubetrain-worker train`), the launcher (`kubetrain-worker launch`), the operator that holds
-the lease (at a random moment, or 0-0.5 s after a rank kill, while it restarts the gang) and the
-standby operator. Killed or exited operators are started again after 1 s, as a Deployment would.
+"""Chaos test (docs/RELIABILITY.md "Chaos"): a TrainingJob through `kubetrain-operator` (2
+replicas, leader election) and `kubetrain local serve --inject-faults RATE`, while processes are
+SIGKILLed at random moments: a rank (`kubetrain-worker train`), the launcher (`kubetrain-worker
+launch`), the operator that holds the lease (at a random moment, or 0-0.5 s after a rank kill,
+while it restarts the gang) and the standby operator. Killed or exited operators are started again
+after 1 s, as a Deployment would.
 
 Each trial asserts:
   * the job ends Succeeded (within --trial-timeout), never Failed; status.restarts counts every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Autotune end to end (issue 19), with the real kubectl and the operator binary against
+# Autotune end to end (docs/PLANNER.md §11b), with the real kubectl and the operator binary against
 # `kubetrain local serve --simulate-nodes 1` (an 8 × H100 Node whose fake kubelet runs pods): a
 # gpt2-124m job is planned with tensor parallelism from the built-in figures; rank 0's metrics
 # (served here by a stand-in, the pod's IP and metrics port pointed at it) say its TP

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Elastic within bounds (issue 19), with the real kubectl and the operator binary against
-# `kubetrain local serve --simulate-nodes 2` (two 8 × H100 Nodes whose fake kubelet runs pods):
+# Elastic within bounds (docs/PLANNER.md §11b), with the real kubectl and the operator binary
+# against `kubetrain local serve --simulate-nodes 2` (two 8 × H100 Nodes whose fake kubelet runs
+# pods):
 #  1. a gpt2-124m job with minNodes 1, maxNodes 2 is planned over both nodes;
 #  2. one node goes NotReady and its worker dies (exit 137): the restart re-plans onto the node
 #     that is left instead of waiting for the old shape; status.planHistory says InventoryChanged

@@ -20,7 +20,8 @@ for key in peakFp32Flops achievedFraction allreduceLatency intraAllreduceBusbw \
   grep -q "^  $key: [0-9]" "$DIR/profile.yaml" || fail "no $key in $(cat "$DIR/profile.yaml")"
 done
 grep -q '^kind: HardwareProfile' "$DIR/profile.yaml" || fail "not a HardwareProfile"
-# bf16 (issue 21): measured where the CPU has bf16 matmuls, said to be absent elsewhere.
+# bf16 (docs/HARDWARE.md, "Measured profiles"): measured where the CPU has bf16 matmuls, said to be
+# absent elsewhere.
 if grep -qE '\b(amx_bf16|avx512_bf16)\b' /proc/cpuinfo; then
   grep -q '^  bf16: true' "$DIR/profile.yaml" ||
     fail "bf16 not measured: $(cat "$DIR/profile.yaml")"

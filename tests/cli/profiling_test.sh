@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Profiling pods end to end (issue 19), with the real kubectl, the operator binary and the real
-# worker: `kubetrain local serve` (this machine as a Node whose pods run as local processes) and
-# `kubetrain-operator --profiling --profiling-quick`. A CPU job in a namespace with no hardware
-# profile waits (Planned False, ProfilingNodes) while pod kubetrain-profile-cpu runs
+# Profiling pods end to end (docs/PLANNER.md §11a), with the real kubectl, the operator binary and
+# the real worker: `kubetrain local serve` (this machine as a Node whose pods run as local
+# processes) and `kubetrain-operator --profiling --profiling-quick`. A CPU job in a namespace with
+# no hardware profile waits (Planned False, ProfilingNodes) while pod kubetrain-profile-cpu runs
 # `kubetrain-worker profile --quick --termination-message`; the operator stores what it returns in
 # ConfigMap kubetrain-profile-cpu, removes the pod, plans the job with the measured figures (the
 # plan's peak says "measured on <this host>") and the job trains to Succeeded. A second job finds

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Simulated nodes (issue 18, like KWOK) with the real kubectl and the operator binary:
+# Simulated nodes (docs/KUBE.md, like KWOK) with the real kubectl and the operator binary:
 # `kubetrain local serve --simulate-nodes 3` lists three 8 × H100 Nodes with GPU Feature
 # Discovery's labels; a TrainingJob of 2 nodes × 8 GPUs gets its pods scheduled to simulated
 # nodes, where the fake kubelet makes them Running; a pod that asks for more GPUs than any node
@@ -109,8 +109,8 @@ K apply -f "$OUT/huge.yaml" > /dev/null || fail "apply huge"
 planned() { K get tj huge -o jsonpath='{.status.conditions[?(@.type=="Planned")].status}'; }
 wait_for 30 eval '[[ -n "$(planned)" ]]' || fail "huge got no Planned condition: $(K get tj huge -o yaml)"
 # The planner sees the free GPUs (allocatable minus the requests of the pods bound there): 8 of
-# 24, so no plan, and no pod of huge is created or bound. (Today the operator fails such a job;
-# waiting for room is gang scheduling's part of issue 18.)
+# 24, so no plan, and no pod of huge is created or bound. (It needs 32 ranks and the cluster has 24
+# GPUs in all, so it fails with NoFeasiblePlan rather than waiting for room.)
 [[ "$(planned)" == False ]] || fail "huge was planned: $(K get tj huge -o yaml)"
 reason=$(K get tj huge -o jsonpath='{.status.conditions[?(@.type=="Planned")].reason}')
 message=$(K get tj huge -o jsonpath='{.status.conditions[?(@.type=="Planned")].message}')

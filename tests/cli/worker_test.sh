@@ -99,10 +99,10 @@ import re, sys
 losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", open(sys.argv[1]).read())]
 sys.exit(0 if losses[-1] < losses[0] - 0.3 else 1)
 PY
-# bf16 on the CPU (issue 21): asked for, it trains where the CPU has bf16 matmuls and is refused,
-# naming what is missing, where it has not (ONEDNN_MAX_CPU_ISA=AVX512_CORE hides AMX and
-# AVX512-BF16 from oneDNN, as a CPU without them); left to the planner, it falls back to fp32 with
-# a warning instead.
+# bf16 on the CPU (docs/WORKER.md, "bf16 on the CPU"): asked for, it trains where the CPU has bf16
+# matmuls and is refused, naming what is missing, where it has not (ONEDNN_MAX_CPU_ISA=AVX512_CORE
+# hides AMX and AVX512-BF16 from oneDNN, as a CPU without them); left to the planner, it falls back
+# to fp32 with a warning instead.
 sed 's/steps: 3000, /steps: 30, /; s/seed: 11}/seed: 11, precision: bf16}/' "$DIR/job.yaml" \
   > "$DIR/bf16.yaml"
 "$KT" plan "$DIR/bf16.yaml" --cluster examples/clusters/cpu-local.yaml -o json > "$DIR/bf16.json" || fail "plan bf16"
@@ -148,9 +148,9 @@ rc=$?
 [[ $rc -eq 1 ]] && grep -q "the plan has 2 rank(s) but WORLD_SIZE is 1 (start the ranks with kubetrain-worker launch)" "$DIR/err" ||
   fail "tp=2 without launch not explained (rc $rc): $(cat "$DIR/err")"
 
-# A hand-edited plan (issue 15): without its planHash, or with values the planner never emits (the
-# hash recomputed so that only the values are wrong), is refused with exit code 1 and the field,
-# never by a signal (exit codes 128+ are retried by the operator).
+# A hand-edited plan (docs/WORKER.md, "Plans and exit codes"): without its planHash, or with values
+# the planner never emits (the hash recomputed so that only the values are wrong), is refused with
+# exit code 1 and the field, never by a signal (exit codes 128+ are retried by the operator).
 edit_plan() {  # edit_plan OUT rehash|keep PATH=JSON... : plan.json edited
   python3 - "$DIR/plan.json" "$@" <<'PY'
 import json, sys

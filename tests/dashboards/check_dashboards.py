@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the Grafana dashboards and the alert rules under dashboards/ (issue 16):
+"""Checks the Grafana dashboards and the alert rules under dashboards/ (docs/METRICS.md):
 
 * every dashboard is valid JSON with schemaVersion 39 (Grafana 10/11), a `datasource` variable
   of type datasource (prometheus), and panels with unique ids, a unit, and ${datasource} as the

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The shipped dashboards and alert rules against a real Prometheus scraping a real run (issue 16,
-DESIGN.md §11: "every dashboard query evaluated against a real Prometheus scraping a real run").
+"""The shipped dashboards and alert rules against a real Prometheus scraping a real run: every
+dashboard query must return data and every rule must load and evaluate (docs/METRICS.md, "Tested
+against a real Prometheus").
 
 What runs, all on 127.0.0.1 in a fresh temporary directory:
   * `kubetrain local serve` (the API server and the local node whose pods are processes);

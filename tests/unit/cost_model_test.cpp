@@ -300,7 +300,7 @@ TEST(CostModel, OnCpuRanksTheOffloadLanesAddToTheStep_OnGpusTheyHide) {
   EXPECT_LT(tg.optimizer_cpu_exposed, tg.optimizer_cpu_total);
 }
 
-// ---- pipeline stages and the distributed optimizer (issue 20) --------------------------------
+// ---- pipeline stages and the distributed optimizer (docs/PLANNER.md §15) ---------------------
 
 // GPT with 8 layers on H100s; `links_free`: point-to-point and all-reduces cost nothing.
 Problem problem_h100(bool links_free) {

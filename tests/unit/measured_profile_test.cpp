@@ -124,9 +124,9 @@ TEST(MeasuredProfile, ThePlannerPredictsWithItAndSaysSo) {
   EXPECT_EQ(api::decode_plan(api::to_json(b)).peak_source, b.peak_source);
 }
 
-// bf16 on CPU nodes (issue 21): a measured profile says whether the CPU has bf16 matmuls and at
-// what rate; with no precision asked for, the planner then plans both precisions and takes the
-// faster prediction — fp32 where the measured bf16 step is slower (a small model), bf16 where
+// bf16 on CPU nodes (docs/PLANNER.md §12): a measured profile says whether the CPU has bf16 matmuls
+// and at what rate; with no precision asked for, the planner then plans both precisions and takes
+// the faster prediction — fp32 where the measured bf16 step is slower (a small model), bf16 where
 // it is faster — and says which and why; a profile without bf16 keeps the job in fp32.
 TEST(MeasuredProfile, CpuBf16FiguresDecideThePrecisionWhenTheJobLeavesItOpen) {
   auto doc = measured_cpu();

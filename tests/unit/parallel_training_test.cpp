@@ -298,9 +298,10 @@ TEST(ParallelTraining, DataParallelSumsOneBucketPerUnit) {
   for (size_t i = 1; i < r.dp_allreduces.size(); ++i)
     EXPECT_EQ(r.dp_allreduces[i] - r.dp_allreduces[i - 1], plan.model.layers + 2) << "step " << i;
 }
-// The distributed optimizer (ZeRO-1, issue 20): each DP rank keeps and updates one shard of the
-// moments; the gradients reduce-scattered, the parameters all-gathered — the same training as one
-// rank, in fp32 and bf16, with TP too; a step makes one reduce-scatter and one all-gather per unit.
+// The distributed optimizer (ZeRO-1; docs/WORKER.md): each DP rank keeps and updates one shard of
+// the moments; the gradients reduce-scattered, the parameters all-gathered — the same training as
+// one rank, in fp32 and bf16, with TP too; a step makes one reduce-scatter and one all-gather per
+// unit.
 api::Plan with_distributed_optimizer(const std::string& parallelism,
                                      const std::string& precision = "fp32") {
   api::Plan plan = plan_for(parallelism, kTiny, precision);
@@ -1066,7 +1067,7 @@ TEST(Offload, RefusesAPlanWhoseOffloadDoesNotFitHostMemory) {
   EXPECT_GT(worker::offload_host_bytes(plan), 0);
 }
 
-// ---- bf16 on the CPU (issue 21) ---------------------------------------------------------------
+// ---- bf16 on the CPU (docs/WORKER.md, "bf16 on the CPU") --------------------------------------
 // Every layout and the offload engine in bf16 equal one bf16 rank (tolerance_for says how near);
 // bf16 trains like fp32; checkpoints carry over between the precisions.
 

@@ -401,9 +401,9 @@ TEST(Planner, PlansAreDeterministic) {
             planner::best_plan(job, test::cluster("h100x32")).plan_hash);
 }
 
-// GPT-3 175B on 128 × 8 H100-80GB (issue 20): with TP and DP alone no plan fits (an eighth of
-// the model per GPU, the rest offloaded beyond the hosts' memory); with pipeline stages and the
-// distributed optimizer it plans, TP inside a node as Megatron-LM does, and says why.
+// GPT-3 175B on 128 × 8 H100-80GB (docs/PLANNER.md §15): with TP and DP alone no plan fits (an
+// eighth of the model per GPU, the rest offloaded beyond the hosts' memory); with pipeline stages
+// and the distributed optimizer it plans, TP inside a node as Megatron-LM does, and says why.
 TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimizer) {
   const auto job =
       test::gpt_job("{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}", "", 1536);
@@ -442,10 +442,10 @@ TEST(Planner, Gpt3OnAThousandH100sPlansWithPipelineStagesAndTheDistributedOptimi
   EXPECT_NE(api::compute_plan_hash(other), plan.plan_hash);
 }
 
-// Virtual stages (the interleaved schedule, issue 20): the planner tries every count that divides
-// a stage's layers and takes one where it pays — GPT-3 175B in 8 stages with full recompute
-// (whose activations leave room for the extra micro-batches in flight): the bubble's share of
-// the step falls faster than the transfers grow. Held to 1F1B, the explanation says what
+// Virtual stages (the interleaved schedule; docs/PLANNER.md §15): the planner tries every count
+// that divides a stage's layers and takes one where it pays — GPT-3 175B in 8 stages with full
+// recompute (whose activations leave room for the extra micro-batches in flight): the bubble's
+// share of the step falls faster than the transfers grow. Held to 1F1B, the explanation says what
 // interleaving would have given; the plan carries the count, and the workers run it.
 TEST(Planner, VirtualStagesWhereTheyPay) {
   const std::string model = "{layers: 96, hidden: 12288, heads: 96, vocab: 50257, seqLen: 2048}";

@@ -457,7 +457,7 @@ std::string find_on_path(const std::string& program) {
   return "";
 }
 
-// Every worker metric of DESIGN.md §10, each with at least one sample.
+// Every worker metric of docs/METRICS.md, each with at least one sample.
 std::string worker_exposition() {
   Registry registry(worker_labels("gpt-small", "default", 3, 1));
   WorkerMetrics metrics(registry);
