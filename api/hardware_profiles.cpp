@@ -364,7 +364,7 @@ HardwareProfile make_cpu_profile() {
       // Roofline above: 10 GB/s / 28 B = ~357 M params/s per core. ESTIMATE.
       .cpu_adam_params_per_core = 10 * kGB / kAdamBytesPerParam,
       .source =
-          "measured sgemm and Gloo on the build machine (TOOLCHAIN.md 4.3, 4.4); bandwidth, "
+          "measured sgemm and Gloo on the build machine (docs/HARDWARE.md); bandwidth, "
           "eta and Adam roofline estimates",
   };
 }

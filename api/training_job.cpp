@@ -354,6 +354,15 @@ std::vector<FieldError> validate(const TrainingJob& job) {
                             "\" must be at most 50 lowercase letters, digits or '-', start with a "
                             "letter and end with a letter or digit (it names a Service and pods)");
   }
+  // A namespace is a DNS-1123 label (at most 63 lowercase letters, digits or '-'); `kubetrain
+  // run` also builds paths from it, so nothing else (no '/', no "..") may pass.
+  static const std::regex kDns1123Label("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+  if (!meta.namespace_.empty() &&
+      (meta.namespace_.size() > 63 || !std::regex_match(meta.namespace_, kDns1123Label)))
+    errors.emplace_back("metadata.namespace",
+                        "\"" + meta.namespace_ +
+                            "\" must be at most 63 lowercase letters, digits or '-', starting and "
+                            "ending with a letter or digit");
   const std::optional<ModelDims> dims = resolve_model_dims(
       job.spec.model,
       [&](const std::string& path, const std::string& problem) { errors.emplace_back(path, problem); });
@@ -514,9 +523,13 @@ std::vector<FieldError> validate(const TrainingJob& job) {
                         std::to_string(rp.backoff_limit) + " must be >= 0");
   check_at_most(errors, "spec.runPolicy.backoffLimit", rp.backoff_limit, JL::kBackoffLimit);
   check_positive(errors, "spec.runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds);
+  check_at_most(errors, "spec.runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds,
+                JL::kDurationSeconds);
   if (rp.ttl_seconds_after_finished && *rp.ttl_seconds_after_finished < 0)
     errors.emplace_back("spec.runPolicy.ttlSecondsAfterFinished",
                         std::to_string(*rp.ttl_seconds_after_finished) + " must be >= 0");
+  check_at_most(errors, "spec.runPolicy.ttlSecondsAfterFinished", rp.ttl_seconds_after_finished,
+                JL::kDurationSeconds);
   const SchedulingPolicy& sp = rp.scheduling;
   check_positive(errors, "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds",
                  sp.schedule_timeout_seconds);

@@ -1,4 +1,4 @@
-// The TrainingJob custom resource (kubetrain.dev/v1alpha1, DESIGN.md §4): spec, status, the
+// The TrainingJob custom resource (kubetrain.dev/v1alpha1, docs/ARCHITECTURE.md §4.1): spec, status, the
 // defaults, strict decoding with field paths, validation, and the JSON encoding.
 //
 // "auto" fields are std::nullopt: the planner fills them. Defaults that do not depend on the
@@ -50,6 +50,10 @@ struct JobLimits {
   static constexpr int64_t kParallel = 65536;             // tensorParallel, dataParallel
   static constexpr int64_t kCheckpointKeep = 1000;
   static constexpr int64_t kBackoffLimit = 2147483647;    // int32, as in batch/v1 Job
+  // activeDeadlineSeconds and ttlSecondsAfterFinished: int32 seconds (about 68 years), as
+  // batch/v1 Job's ttlSecondsAfterFinished; far inside a nanosecond clock's range, so that
+  // start + duration cannot overflow (9.2e9 s would).
+  static constexpr int64_t kDurationSeconds = 2147483647;
 };
 
 struct TrainingSpec {
@@ -88,8 +92,8 @@ struct ParallelismSpec {
   std::optional<int64_t> tensor_parallel;
   std::optional<int64_t> data_parallel;
   // Pipeline stages (1F1B) and the distributed optimizer (ZeRO-1). Unset (auto): the planner
-  // uses them only where no plan without them fits (the CPU and CUDA workers do not run them
-  // yet; a plan with them is refused by the worker, saying so).
+  // uses them only where no plan without them fits (both workers run them; docs/PLANNER.md
+  // §15).
   std::optional<int64_t> pipeline_parallel;
   // Virtual stages per pipeline stage (the interleaved schedule; Megatron's
   // --num-layers-per-virtual-pipeline-stage as a count). Unset (auto): the planner tries every

@@ -2,12 +2,19 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "api/error.h"
 #include "api/utf8.h"
@@ -27,6 +34,7 @@ const std::regex kFloat("^[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?$
 constexpr size_t kMaxScalarMatched = 1024;   // longer plain scalars are strings, never matched
 constexpr int kMaxDepth = 100;               // nested collections
 constexpr size_t kMaxValues = 1'000'000;     // values after expanding aliases
+constexpr size_t kMaxBytes = 64 << 20;       // scalar and key bytes after expanding aliases
 
 Json plain_scalar(const std::string& s) {
   if (s.size() > kMaxScalarMatched) return s;  // not a number YAML or JSON can mean anyway
@@ -52,6 +60,15 @@ Json plain_scalar(const std::string& s) {
 
 struct Budget {
   size_t values = 0;
+  size_t bytes = 0;
+  // Counts `n` more bytes of scalars and keys: a few aliases of one long string would otherwise
+  // expand a small file into gigabytes within the value bound.
+  void add_bytes(size_t n) {
+    bytes += n;
+    if (bytes > kMaxBytes)
+      throw Error("more than " + std::to_string(kMaxBytes >> 20) +
+                  " MiB of text (after expanding aliases): refused");
+  }
 };
 
 Json convert(const YAML::Node& node, int depth, Budget& budget) {
@@ -69,6 +86,7 @@ Json convert(const YAML::Node& node, int depth, Budget& budget) {
     case YAML::NodeType::Undefined:
       return nullptr;
     case YAML::NodeType::Scalar:
+      budget.add_bytes(node.Scalar().size());
       // yaml-cpp tags quoted / block scalars "!" and plain ones "?".
       if (node.Tag() == "!") return node.Scalar();
       return plain_scalar(node.Scalar());
@@ -81,6 +99,7 @@ Json convert(const YAML::Node& node, int depth, Budget& budget) {
       Json out = Json::object();
       for (const auto& kv : node) {
         const std::string key = kv.first.Scalar();
+        budget.add_bytes(key.size());
         if (out.contains(key)) {
           const auto mark = kv.first.Mark();
           throw Error("line " + std::to_string(mark.line + 1) + ": duplicate key \"" + key + "\"");
@@ -172,9 +191,21 @@ void check_flow_depth(const std::string& text) {
 
 Json parse_json(const std::string& text, const std::string& source) {
   try {
-    return Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
+    // The keys seen in each open object: a duplicate is an error, as in YAML (RFC 8259 leaves
+    // it to the reader; taking the last, as nlohmann does, hides a typo'd override).
+    std::vector<std::set<std::string>> keys;
+    return Json::parse(text, [&](int depth, Json::parse_event_t event, Json& parsed) {
       if (depth > kMaxDepth)
         throw Error(source + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+      if (event == Json::parse_event_t::object_start) {
+        keys.emplace_back();
+      } else if (event == Json::parse_event_t::object_end) {
+        if (!keys.empty()) keys.pop_back();
+      } else if (event == Json::parse_event_t::key && !keys.empty()) {
+        const std::string key = parsed.get<std::string>();
+        if (!keys.back().insert(key).second)
+          throw Error(source + ": duplicate key \"" + key + "\"");
+      }
       return true;
     });
   } catch (const Json::parse_error& e) {
@@ -195,7 +226,15 @@ Json yaml_to_json(const std::string& text, const std::string& source) {
   try {
     check_flow_depth(text);
     Budget budget;
-    return convert(YAML::Load(text), 0, budget);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+    size_t non_empty = 0;
+    for (const YAML::Node& d : documents) non_empty += d.IsNull() ? 0 : 1;
+    if (non_empty > 1)
+      throw Error(std::to_string(non_empty) +
+                  " YAML documents: one is read from each file (split them, one per file)");
+    for (const YAML::Node& d : documents)
+      if (!d.IsNull()) return convert(d, 0, budget);
+    return nullptr;
   } catch (const YAML::Exception& e) {
     throw Error(source + ":" + std::to_string(e.mark.line + 1) + ":" +
                 std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);
@@ -210,12 +249,49 @@ std::string json_to_yaml(const Json& value) {
   return std::string(out.c_str()) + "\n";
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+std::string read_file(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(info.st_mode))
+    throw Error("cannot read " + path + ": not a regular file (" +
+                (S_ISDIR(info.st_mode)    ? "a directory"
+                 : S_ISFIFO(info.st_mode) ? "a FIFO"
+                 : S_ISCHR(info.st_mode)  ? "a character device"
+                 : S_ISSOCK(info.st_mode) ? "a socket"
+                                          : "not a file") +
+                ")");
+  if (static_cast<uint64_t>(info.st_size) > max_bytes)
+    throw Error("cannot read " + path + ": " + std::to_string(info.st_size) +
+                " bytes, more than the limit of " + std::to_string(max_bytes));
+  std::string text;
+  text.resize(static_cast<size_t>(info.st_size));
+  size_t have = 0;
+  // Read to the end (a file that grew since fstat is cut at the bound, and said so).
+  for (;;) {
+    if (have == text.size()) {
+      if (text.size() >= max_bytes + 1) break;
+      text.resize(std::min(max_bytes + 1, std::max<size_t>(4096, text.size() * 2)));
+    }
+    const ssize_t n = ::read(fd, text.data() + have, text.size() - have);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error("cannot read " + path + ": " + std::strerror(errno));
+    }
+    if (n == 0) break;
+    have += static_cast<size_t>(n);
+  }
+  if (have > max_bytes)
+    throw Error("cannot read " + path + ": more than the limit of " + std::to_string(max_bytes) +
+                " bytes");
+  text.resize(have);
+  return text;
 }
 
 Json load_document(const std::string& path) {

@@ -23,8 +23,13 @@ Json parse_json(const std::string& text, const std::string& source = "<input>");
 // numbers or booleans are quoted).
 std::string json_to_yaml(const Json& value);
 
-// Reads a whole file; throws kt::Error("cannot read <path>: <reason>").
-std::string read_file(const std::string& path);
+// The largest manifest, inventory or plan read_file() reads by default (the API server's request
+// limit is 3 MiB; this leaves room for hand-written files).
+constexpr size_t kMaxDocumentBytes = 16 << 20;
+
+// Reads a whole regular file of at most `max_bytes`, never blocking on a FIFO or reading a
+// device; throws kt::Error("cannot read <path>: <reason>") naming what is wrong.
+std::string read_file(const std::string& path, size_t max_bytes = kMaxDocumentBytes);
 
 // Parses a file as YAML or JSON (JSON is YAML, but a JSON parse gives better messages for .json).
 Json load_document(const std::string& path);

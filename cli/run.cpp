@@ -234,6 +234,7 @@ int run_job(const RunOptions& options) {
   // cache, as in a cluster.
   kube::Cache cache(store, controller::operator_cache_options(ns));
   kube::CachingClient cached_store(store, cache);
+  controller_options.api_reader = &store;
   controller::Controller controller(cached_store, controller_options);
 
   struct sigaction action {};

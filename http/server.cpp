@@ -172,6 +172,9 @@ struct HttpServer::Connection {
   std::mutex fd_mutex;
   std::atomic<bool>* stopping = nullptr;
   std::atomic<bool> finished{false};
+  // While the connection waits for a request to begin: since when (steady clock ns; 0: busy in a
+  // request or a response). The acceptor closes the longest idle one when the server is full.
+  std::atomic<int64_t> idle_since_ns{0};
   std::string buffer;     // received, not yet parsed
   bool http_1_0 = false;  // the last request's version: keep-alive only when asked for
 
@@ -265,7 +268,12 @@ struct HttpServer::Connection {
     refusal = {};
     // Up to kIdleTimeout for a request to begin; then its head must be complete within
     // kTransferTimeout (a client sending a byte now and then cannot hold the connection).
-    if (buffer.empty() && !receive(kIdleTimeout)) return false;
+    if (buffer.empty()) {
+      idle_since_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+      const bool began = receive(kIdleTimeout);
+      idle_since_ns = 0;
+      if (!began) return false;
+    }
     const auto head_deadline = std::chrono::steady_clock::now() + kTransferTimeout;
     // The request line (RFC 9112 §3): METHOD SP TARGET SP HTTP/1.x. Empty lines before it are
     // allowed (§2.2).
@@ -571,8 +579,23 @@ void HttpServer::accept_loop() {
       }
     }
     if (connections_.size() >= kMaxConnections) {
-      // Over the bound: answer at once on the acceptor's thread (the reply fits the socket's
-      // send buffer), never start a thread.
+      // Full: the connection idle longest (waiting for a request to begin) is closed to make
+      // room, as a keep-alive connection may be at any time, so that idle connections cannot
+      // lock everyone out (/healthz included).
+      std::shared_ptr<Connection> idlest;
+      for (const auto& c : connections_) {
+        const int64_t since = c->idle_since_ns;
+        if (since != 0 && !c->finished && (!idlest || since < idlest->idle_since_ns)) idlest = c;
+      }
+      if (idlest) {
+        std::lock_guard fd_lock(idlest->fd_mutex);
+        if (idlest->fd >= 0) ::shutdown(idlest->fd, SHUT_RDWR);
+      }
+    }
+    if (connections_.size() >= kMaxConnections + kMaxConnections / 8) {
+      // Over the bound even so (every connection busy, or the closed ones not yet reaped):
+      // answer at once on the acceptor's thread (the reply fits the socket's send buffer),
+      // never start a thread.
       static constexpr std::string_view kBusy =
           "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 20\r\n"
           "Connection: close\r\n\r\ntoo many connections";

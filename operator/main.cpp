@@ -1,4 +1,4 @@
-// kubetrain-operator: the TrainingJob controller for a Kubernetes cluster (DESIGN.md §8). It reads
+// kubetrain-operator: the TrainingJob controller for a Kubernetes cluster (docs/OPERATIONS.md §2). It reads
 // its configuration from --kubeconfig, $KUBECONFIG, ~/.kube/config or the pod's service account,
 // watches TrainingJobs and the pods they own, and reconciles them with N workers; with
 // --leader-elect only the holder of a coordination.k8s.io Lease reconciles. /metrics (the
@@ -205,10 +205,11 @@ int main(int argc, char** argv) {
     controller_options.fetch_metrics = [](const std::string& host, int port) {
       return kt::telemetry::http_get(host, port, "/metrics", std::chrono::seconds(2));
     };
-    // Reads from informer caches, writes to the API server (DESIGN.md §8); the manager's
+    // Reads from informer caches, writes to the API server (docs/OPERATIONS.md §2); the manager's
     // informers are the cache's.
     kt::kube::Cache cache(client, kt::controller::operator_cache_options(watch_namespace));
     kt::kube::CachingClient cached_client(client, cache);
+    controller_options.api_reader = &client;  // a job's existence before its children's creates
     // Plans read the nodes and their free GPUs from the informers' events (inventory.h). With
     // one watched namespace the pod cache sees only it, so plans list every pod instead.
     std::unique_ptr<kt::controller::InventoryTracker> inventory;

@@ -903,8 +903,14 @@ std::optional<CheckpointMeta> load_latest_checkpoint(const std::string& root,
   std::vector<std::string> failures;
   std::optional<int64_t> pointed;
   const std::string latest = root + "/latest";
-  if (path_exists(latest)) {
-    CheckedFile file(latest, O_RDONLY);
+  std::error_code regular_error;
+  if (path_exists(latest) && !fs::is_regular_file(latest, regular_error)) {
+    // A FIFO would block the open (and SIGTERM with it); a device or directory is no pointer.
+    warn("checkpoint pointer " + latest + " is not a regular file; trying the newest step " +
+         "directory");
+    failures.push_back(latest + " (not a regular file)");
+  } else if (path_exists(latest)) {
+    CheckedFile file(latest, O_RDONLY | O_NONBLOCK);
     std::string text(std::min<uint64_t>(file.size(), 64), '\0');
     text.resize(file.read_exact(text.data(), text.size()) ? text.size() : 0);
     const LatestPointer pointer = parse_latest_pointer(text);

@@ -1,7 +1,7 @@
-// The Gloo backend of comm.h (DESIGN.md §7): ranks meet at rank 0's TcpStoreServer, then each
+// The Gloo backend of comm.h (docs/WORKER.md, "Groups and collectives"): ranks meet at rank 0's TcpStoreServer, then each
 // process group gets its own Gloo context over TCP and its own communication thread.
 //
-// Gloo facts this relies on (TOOLCHAIN.md §4.3): a peer dying mid-collective raises SIGPIPE in
+// Gloo facts this relies on (docs/ARCHITECTURE.md §8): a peer dying mid-collective raises SIGPIPE in
 // the survivors unless it is ignored; after that a gloo::IoException is thrown within
 // milliseconds, and a context that threw is unusable, so the group is marked broken and every
 // later operation fails at once with the first error.
@@ -674,12 +674,16 @@ ProcessGroups connect_process_groups(const RendezvousConfig& config, int tp, int
         " needs TP degrees that divide the " + std::to_string(per_stage) +
         " ranks that run them and each other" +
         (pp > 1 ? ", and a first stage after it among stages 1.." + std::to_string(pp - 1) : ""));
-  // A peer that dies mid-send must give us an error, not kill this process (TOOLCHAIN.md §4.3).
+  // A peer that dies mid-send must give us an error, not kill this process (docs/ARCHITECTURE.md §8).
   std::signal(SIGPIPE, SIG_IGN);
 
   auto shared = std::make_shared<Rendezvous>();
   if (config.rank == 0) {
-    shared->server = std::make_unique<TcpStoreServer>(config.master_port);
+    // KUBETRAIN_LISTEN_ADDRESS: where listeners bind (a local pod: loopback; in a cluster, every
+    // address, so that other pods reach rank 0).
+    const char* listen = std::getenv("KUBETRAIN_LISTEN_ADDRESS");
+    shared->server = std::make_unique<TcpStoreServer>(
+        config.master_port, listen && *listen ? std::string(listen) : std::string("0.0.0.0"));
   }
   try {
     return connect_groups(config, tp, dp, pp, cut_tp, cut_stage, shared);

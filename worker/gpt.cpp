@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 
+#include "api/cpu_activations.h"
 #include "api/error.h"
 #include "api/flops.h"
 #include "kernels/ops.h"
@@ -49,35 +50,11 @@ struct Gpt::Acts {
 
 namespace {
 
-// Per-rank activation sizes; Cl = C/t attention channels, NHl heads, Fl ffn units, Vl vocab rows.
-// Lw layers of working set (L, or 1 when recomputing), Lp layers of attproj/fcproj (L, or 1 with
-// full recompute); the layer inputs (encoded, residual3) are always kept for every layer.
+// Per-rank activation sizes (api/cpu_activations.h, which the planner charges too).
 std::array<int64_t, 22> activation_sizes(const GptConfig& c, int64_t B, int64_t T, int64_t Cl,
                                          int64_t NHl, int64_t Fl, int64_t Vl, int64_t Lw,
                                          int64_t Lp) {
-  const int64_t BT = B * T, L = c.layers, C = c.channels;
-  return {BT * C,
-          Lw * BT * C,
-          Lw * BT,
-          Lw * BT,
-          Lw * BT * 3 * Cl,
-          Lw * BT * Cl,
-          Lw * B * NHl * T * T,
-          Lw * B * NHl * T * T,
-          Lp * BT * C,
-          Lw * BT * C,
-          Lw * BT * C,
-          Lw * BT,
-          Lw * BT,
-          Lw * BT * Fl,
-          Lw * BT * Fl,
-          Lp * BT * C,
-          L * BT * C,
-          BT * C,
-          BT,
-          BT,
-          BT * Vl,
-          BT};
+  return api::cpu_activation_sizes(c.layers, c.channels, B, T, Cl, NHl, Fl, Vl, Lw, Lp);
 }
 
 int64_t total(const std::array<int64_t, 22>& sizes) {

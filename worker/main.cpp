@@ -75,7 +75,7 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
                     std::to_string(rendezvous.world_size) +
                     (plan.world > 1 ? " (start the ranks with kubetrain-worker launch)" : ""));
 
-  // Metrics: constant labels as DESIGN.md §10 (the operator sets NODE_RANK).
+  // Metrics: constant labels as docs/METRICS.md (the operator sets NODE_RANK).
   kt::telemetry::Registry registry({{"trainingjob", plan.job_name},
                                     {"namespace", plan.job_namespace},
                                     {"rank", std::to_string(rendezvous.rank)},
@@ -352,7 +352,11 @@ int main(int argc, char** argv) {
   CLI::App app{"kubetrain-worker: runs one rank of a kubetrain Plan (device: cpu, or cuda on one GPU)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", kVersion);
-  std::string plan_path, checkpoint_dir, init_from, out, metrics_address = "0.0.0.0";
+  std::string plan_path, checkpoint_dir, init_from, out;
+  // Listeners bind every address in a pod; KUBETRAIN_LISTEN_ADDRESS narrows it (local pods:
+  // 127.0.0.1, so that a run on a laptop is not reachable from the network).
+  const char* listen = std::getenv("KUBETRAIN_LISTEN_ADDRESS");
+  std::string metrics_address = listen && *listen ? listen : "0.0.0.0";
   int metrics_port = -1, log_every = 1;
 
   CLI::App* train = app.add_subcommand("train", "Train one rank of PLAN");

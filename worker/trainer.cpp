@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -533,9 +534,11 @@ ShardedSave sharded_save(const api::Plan& plan, ProcessGroups& groups) {
 }
 
 // The checkpoint directory's lock, taken by the job's writer (rank 0) for the whole run. Held by
-// another writer: refused (kt::Error). A directory where not even the lock file can be created
-// (read-only, not a directory) cannot be written by anyone either: training goes on, and each
-// save reports its failure.
+// another writer: refused (kt::Error). A directory where the lock file cannot be created because
+// nothing can be written there (a read-only file system, a full disk or quota) cannot be written
+// by another writer either: training goes on, and each save reports its failure. Any other
+// failure (the lock is a directory, no permission on it alone) is refused: another writer might
+// be writing the same directory unseen, and two writers remove each other's temporaries.
 std::optional<CheckpointLock> lock_checkpoint_dir(
     const TrainOptions& options, ProcessGroups& groups,
     const std::function<void(const std::string&)>& log) {
@@ -543,6 +546,10 @@ std::optional<CheckpointLock> lock_checkpoint_dir(
   try {
     return CheckpointLock::acquire(options.checkpoint_dir, options.checkpoint_lock_wait);
   } catch (const CheckpointIoError& e) {
+    if (e.err() != EROFS && e.err() != ENOSPC && e.err() != EDQUOT)
+      throw Error(std::string("cannot lock the checkpoint directory: ") + e.what() +
+                  " (fix or remove " + options.checkpoint_dir +
+                  "/.lock; without the lock a second writer could use the directory unseen)");
     log(std::string("warning: going on without the checkpoint directory's lock: ") + e.what());
     return std::nullopt;
   }

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <exception>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,6 +33,35 @@ using Clock = std::chrono::system_clock;
 using std::chrono::milliseconds;
 
 namespace {
+
+// Thrown by Pass::require_live_job(): the job was deleted (or replaced) after the copy this pass
+// works from was read.
+struct JobGone {};
+
+// `from` plus `seconds`, saturating at the clock's ends: validation bounds the spec's durations,
+// but a stored object (or a clock far off) must not overflow the nanosecond count into the past,
+// which would expire a TTL or a deadline at once.
+Clock::time_point plus_seconds(Clock::time_point from, int64_t seconds) {
+  using Rep = Clock::duration::rep;
+  const Rep per_second = std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(1)).count();
+  const Rep now = from.time_since_epoch().count();
+  const Rep max = std::numeric_limits<Rep>::max(), min = std::numeric_limits<Rep>::min();
+  if (seconds > 0 && (seconds > max / per_second || now > max - seconds * per_second))
+    return Clock::time_point::max();
+  if (seconds < 0 && (seconds < min / per_second || now < min - seconds * per_second))
+    return Clock::time_point::min();
+  return from + std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(seconds));
+}
+
+// How long from now to `at`, for a requeue: at most a day (a requeue far in the future would
+// overflow the work queue's clock; looking again daily is harmless, the reconcile is
+// level-triggered).
+milliseconds until_from(Clock::time_point now, Clock::time_point at) {
+  if (at <= now) return milliseconds(0);
+  const auto day = std::chrono::hours(24);
+  if (at - now >= std::chrono::duration_cast<Clock::duration>(day)) return day;
+  return std::chrono::duration_cast<milliseconds>(at - now);
+}
 
 // The restarts counted so far, in the plan ConfigMap beside the attempt and written with it: the
 // status write that follows a restart can be lost (an API error, the operator killed), and the
@@ -349,6 +379,34 @@ class Controller::Pass {
     return opts;
   }
 
+  // Whether the job has trained (or is training): then its model may not change.
+  bool has_started(bool pods_exist) const {
+    return pods_exist || status_.progress.step > 0 || status_.last_checkpoint_step.value_or(0) > 0;
+  }
+  static std::string describe(const api::ModelDims& m) {
+    return "layers " + std::to_string(m.layers) + ", hidden " + std::to_string(m.hidden) +
+           ", heads " + std::to_string(m.heads) + ", ffnHidden " + std::to_string(m.ffn_hidden) +
+           ", vocab " + std::to_string(m.vocab) + ", seqLen " + std::to_string(m.seq_len);
+  }
+
+  // Before the first child a pass creates: the job must still exist, with this uid, in the API
+  // (not in a cache that may lag its delete). Throws JobGone when it does not; the reconcile
+  // then ends quietly. One GET per pass that creates; none in a steady state.
+  void require_live_job() {
+    if (!job_exists_) {
+      kube::Client& api = options_.api_reader ? *options_.api_reader : client_;
+      try {
+        const Object live = api.get(kube::kTrainingJobs, ns_, name_);
+        job_exists_ = live["metadata"].value("uid", "") == object_["metadata"].value("uid", "") &&
+                      !live["metadata"].contains("deletionTimestamp");
+      } catch (const ApiError& e) {
+        if (!e.not_found()) throw;
+        job_exists_ = false;
+      }
+    }
+    if (!*job_exists_) throw JobGone{};
+  }
+
   // The job's checkpoint PVC, created once and never changed (a PVC's size may only grow, and
   // its data is the job's progress).
   void ensure_checkpoint_claim(const api::TrainingJob& job, const api::Plan& plan) {
@@ -357,6 +415,7 @@ class Controller::Pass {
       client_.get(kube::kPersistentVolumeClaims, ns_, checkpoint_claim_name(name_));
     } catch (const ApiError& e) {
       if (!e.not_found()) throw;
+      require_live_job();
       try {
         client_.create(kube::kPersistentVolumeClaims, ns_,
                        render_checkpoint_claim(object_, plan, job.spec.checkpoint.claim_retention,
@@ -391,6 +450,7 @@ class Controller::Pass {
   void ensure_service() {
     for (const Object& service : client_.list(kube::kServices, ns_, job_children()).items)
       if (service["metadata"].value("name", "") == name_) return;
+    require_live_job();
     const auto create = [this, want = render_service(object_, options_.children)] {
       try {
         client_.create(kube::kServices, ns_, want);
@@ -511,6 +571,7 @@ class Controller::Pass {
   std::set<std::string> warned_profiles_;
   // The profile ConfigMap (name, profile) of each node kind that has one, as last listed.
   std::map<std::string, std::pair<std::string, api::MeasuredProfile>> stored_by_kind_;
+  std::optional<bool> job_exists_;  // require_live_job()'s answer, asked once per pass
   // Last: destroyed first, it waits for the create that uses the members above.
   std::future<void> service_create_;
 };
@@ -521,12 +582,12 @@ ReconcileResult Controller::Pass::finished(const api::TrainingJob& job) {
   const auto ttl = job.spec.run_policy.ttl_seconds_after_finished;
   const auto done = parse_rfc3339(status_.completion_time);
   if (!ttl || !done) return {};
-  const auto expires = *done + std::chrono::seconds(*ttl);
+  const auto expires = plus_seconds(*done, *ttl);
   if (now_ >= expires) {
     client_.remove(kube::kTrainingJobs, ns_, name_, kube::Propagation::Background);
     return {};
   }
-  return {std::chrono::duration_cast<milliseconds>(expires - now_)};
+  return {until_from(now_, expires)};
 }
 
 // The plan the job runs: the stored one, unless the spec generation changed, or the inventory
@@ -551,6 +612,27 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   const bool same_generation = to_int(annotation(kGenerationAnnotation), -1) == generation_;
   // A gang that exists keeps its plan: no inventory read (10,000 nodes and every pod) for it.
   if (stored && same_generation && pods_exist) return stored;
+  // The model of a job that has started is immutable (the CRD's rule on spec.model, for a
+  // cluster without it or for `kubetrain run`): its checkpoints hold that model's tensors, and a
+  // gang of another shape could never load them. The change is refused, said in a condition and
+  // an event, and the job goes on with the model it started with.
+  if (stored && !same_generation && has_started(pods_exist)) {
+    const api::ModelDims asked = api::resolve_model(job.spec.model);
+    if (!(asked == stored->model)) {
+      const std::string message =
+          "spec.model changed while the job ran (now " + describe(asked) + ", started as " +
+          describe(stored->model) +
+          "): the model of a started job is immutable, its checkpoints hold the first one's "
+          "tensors; the job goes on with the model it started with (delete and re-create it to "
+          "train another model)";
+      if (!has_condition("ModelChangeRefused", true))
+        event("Warning", "ModelChangeRefused", message);
+      set_condition("ModelChangeRefused", true, "ModelImmutable", message);
+      if (!pods_exist) reserve_placement(job, gang, *stored);
+      return stored;
+    }
+  }
+  clear_condition("ModelChangeRefused", "ModelUnchanged");
   // New placements are made one at a time, each seeing the pods of the one before.
   if (!placing_.owns_lock()) placing_ = std::unique_lock(placement_mutex_);
   std::string inventory_hash;
@@ -616,8 +698,11 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
       set_condition("Planned", false, "WaitingForResources", no_plan);
       result.requeue_after = std::chrono::seconds(30);
     } else {
-      finish(JobPhase::kFailed, "NoFeasiblePlan", no_plan, job.spec.run_policy.clean_pod_policy);
-      set_condition("Planned", false, "NoFeasiblePlan", no_plan);
+      const std::string message =
+          no_plan + " (and it would not fit with every other job's pods gone either: what pods of "
+                    "long-running workloads, such as the operator, hold stays held)";
+      finish(JobPhase::kFailed, "NoFeasiblePlan", message, job.spec.run_policy.clean_pod_policy);
+      set_condition("Planned", false, "NoFeasiblePlan", message);
     }
     return std::nullopt;
   }
@@ -643,6 +728,7 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   if (const std::string restarts = annotation(kRestartsAnnotation); !restarts.empty())
     want["metadata"]["annotations"][kRestartsAnnotation] = restarts;
   if (!cm) {
+    require_live_job();
     try {
       cm = client_.create(kube::kConfigMaps, ns_, want);
     } catch (const ApiError& e) {
@@ -1163,7 +1249,7 @@ void Controller::Pass::resume_if_suspended() {
 bool Controller::Pass::deadline_exceeded(const api::RunPolicy& policy) {
   if (!policy.active_deadline_seconds || status_.start_time.empty()) return false;
   const auto started = parse_rfc3339(status_.start_time).value_or(now_);
-  const auto deadline = started + std::chrono::seconds(*policy.active_deadline_seconds);
+  const auto deadline = plus_seconds(started, *policy.active_deadline_seconds);
   if (now_ < deadline) return false;
   finish(JobPhase::kFailed, "DeadlineExceeded",
          "the job ran longer than activeDeadlineSeconds (" +
@@ -1297,7 +1383,10 @@ Controller::Pass::Outcome Controller::Pass::restart_or_fail(const api::TrainingJ
 // Success: every worker of the attempt completed; the job takes rank 0's final progress.
 bool Controller::Pass::all_succeeded(const api::TrainingJob& job, Gang& gang) {
   if (gang.desired == 0 || status_.workers.succeeded != gang.desired) return false;
-  status_.progress.step = job.spec.training.steps;
+  const int64_t asked = job.spec.training.steps;
+  // The steps trained: the job's step where rank 0 stopped, which is more than asked when the
+  // spec lowered its steps below the progress while it ran (a resumed gang stops at once).
+  int64_t trained = std::max(asked, status_.progress.step);
   status_.progress.eta_seconds = 0;
   // Rank 0's final progress, from its termination message (its /metrics is gone).
   if (gang.pods.count(0)) {
@@ -1305,12 +1394,18 @@ bool Controller::Pass::all_succeeded(const api::TrainingJob& job, Gang& gang) {
     if (last.loss) status_.progress.loss = for_display(*last.loss);
     if (last.tokens_per_second)
       status_.progress.tokens_per_second = for_display(*last.tokens_per_second);
+    if (last.step) trained = std::max(asked, static_cast<int64_t>(*last.step));
+    if (last.last_checkpoint_step)
+      trained = std::max(trained, static_cast<int64_t>(*last.last_checkpoint_step));
     checkpoint_health(last);
   }
-  finish(JobPhase::kSucceeded, "Succeeded",
-         "all " + std::to_string(gang.desired) + " worker(s) completed " +
-             std::to_string(job.spec.training.steps) + " steps",
-         job.spec.run_policy.clean_pod_policy);
+  status_.progress.step = trained;
+  std::string message = "all " + std::to_string(gang.desired) + " worker(s) completed " +
+                        std::to_string(trained) + " steps";
+  if (trained > asked)
+    message += " (spec.training.steps was lowered to " + std::to_string(asked) +
+               " while the job ran, after step " + std::to_string(asked) + " had passed)";
+  finish(JobPhase::kSucceeded, "Succeeded", message, job.spec.run_policy.clean_pod_policy);
   return true;
 }
 
@@ -1323,6 +1418,7 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   for (int64_t rank = 0; rank < gang.desired; ++rank)
     if (!gang.pods.count(rank)) missing.push_back(rank);
   if (missing.empty()) return;
+  require_live_job();
   if (!ensure_pod_group(job, gang, result)) return;
 
   struct Created {
@@ -1489,9 +1585,9 @@ void Controller::Pass::report_progress(const api::TrainingJob& job, Gang& gang,
 // Look again when the deadline passes.
 void Controller::Pass::requeue_at_deadline(const api::RunPolicy& policy, ReconcileResult& result) {
   if (!policy.active_deadline_seconds || status_.start_time.empty()) return;
-  const auto deadline = parse_rfc3339(status_.start_time).value_or(now_) +
-                        std::chrono::seconds(*policy.active_deadline_seconds);
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - now_);
+  const auto deadline = plus_seconds(parse_rfc3339(status_.start_time).value_or(now_),
+                                     *policy.active_deadline_seconds);
+  const milliseconds left = until_from(now_, deadline);
   if (!result.requeue_after || *result.requeue_after > left) result.requeue_after = left;
 }
 
@@ -1524,7 +1620,13 @@ ReconcileResult Controller::reconcile(const std::string& ns, const std::string& 
       return {};
     }
     Pass pass(client_, options_, *placement_mutex_, std::move(job));
-    const ReconcileResult result = pass.run();
+    ReconcileResult result;
+    try {
+      result = pass.run();
+    } catch (const JobGone&) {
+      observe("success");
+      return {};  // deleted since the cache's copy was read: nothing is created for it
+    }
     if (options_.metrics) options_.metrics->record_job(ns, name, pass.phase(), pass.restarts());
     observe(result.requeue_after ? "requeue_after" : "success");
     return result;

@@ -1,4 +1,4 @@
-// The TrainingJob reconciler (DESIGN.md §8). reconcile(ns, name) reads the job and what it owns
+// The TrainingJob reconciler (docs/OPERATIONS.md §2). reconcile(ns, name) reads the job and what it owns
 // through kube::Client, compares them with what the job asks for and converges one step:
 // level-triggered (it looks only at the current state, never at the event that woke it) and
 // idempotent (running it twice changes nothing the second time). It knows nothing of HTTP or of
@@ -62,6 +62,10 @@ struct ControllerOptions {
   bool profiling = false;
   bool profiling_quick = false;  // `profile --quick`: seconds, fewer repetitions (tests)
   std::chrono::seconds profiling_timeout{600};
+  // Reads the API itself, not a cache (may be null: the reconciler's client is asked). Before a
+  // pass creates the first child of a job it asks this one whether the job still exists with
+  // the same uid: a cache that lags a delete would otherwise recreate the gang of a deleted job.
+  kube::Client* api_reader = nullptr;
 };
 
 struct ReconcileResult {

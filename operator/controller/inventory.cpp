@@ -99,6 +99,25 @@ std::string job_key_of(const Object& pod) {
   return job.empty() ? "" : meta.value("namespace", "") + "/" + job;
 }
 
+// A pod of a long-running workload: its controller (a ReplicaSet, DaemonSet, StatefulSet or
+// ReplicationController) replaces it when it ends, and a static pod's kubelet does; its
+// requests are never given back for a job to use. Other pods (a TrainingJob's, a Job's, bare
+// ones) end, and free what they hold.
+bool runs_indefinitely(const Object& pod) {
+  const Object& meta = pod.at("metadata");
+  if (meta.value("annotations", Object::object()).contains("kubernetes.io/config.mirror"))
+    return true;
+  const Object refs = meta.value("ownerReferences", Object::array());
+  if (!refs.is_array()) return false;
+  for (const Object& ref : refs) {
+    if (!ref.is_object() || ref.value("controller", Object(false)) != Object(true)) continue;
+    const std::string kind = ref.value("kind", Object("")).is_string() ? ref.value("kind", "") : "";
+    return kind == "ReplicaSet" || kind == "DaemonSet" || kind == "StatefulSet" ||
+           kind == "ReplicationController";
+  }
+  return false;
+}
+
 std::string string_at(const Object& object, const char* key) {
   const auto it = object.find(key);
   return it != object.end() && it->is_string() ? it->get<std::string>() : "";
@@ -146,11 +165,15 @@ void with_listed_inventory(kube::Client& client, const std::string& ns, const st
       warn_rejected(name, e.what());  // one bad node is left out, not every plan failed
     }
   }
-  std::map<std::string, Requests> used;
+  std::map<std::string, Requests> used, held;
   const std::string own = ns + "/" + job;
   for (const auto& pod : client.list(kube::kPods, "", {}).items) {
-    if (job_key_of(pod) == own) continue;
-    if (auto claim = pod_claim(pod)) used[claim->node] += claim->requests;
+    const std::string key = job_key_of(pod);
+    if (key == own) continue;
+    if (auto claim = pod_claim(pod)) {
+      used[claim->node] += claim->requests;
+      if (runs_indefinitely(pod)) held[claim->node] += claim->requests;
+    }
   }
   api::Inventory free = allocatable;
   std::vector<uint64_t> identities;
@@ -160,7 +183,12 @@ void with_listed_inventory(kube::Client& client, const std::string& ns, const st
     deduct(node, node.cpu_cores, node.memory_bytes, used[node.name]);
   }
   const std::string print = fingerprint(free, identities);
-  fn(PlannerInventory{free, print, [&] { return allocatable; }});
+  fn(PlannerInventory{free, print, [&] {
+                        api::Inventory reclaimable = allocatable;
+                        for (auto& node : reclaimable.nodes)
+                          deduct(node, node.cpu_cores, node.memory_bytes, held[node.name]);
+                        return reclaimable;
+                      }});
 }
 
 InventoryTracker::InventoryTracker(kube::Cache& cache)
@@ -257,10 +285,16 @@ void InventoryTracker::on_node(kube::WatchEventType type, const Object& object) 
 
 void InventoryTracker::add_locked(const CountedPod& pod) {
   used_[pod.claim.node] += pod.claim.requests;
+  if (pod.held) held_[pod.claim.node] += pod.claim.requests;
   if (const std::size_t i = find_locked(pod.claim.node); i != kNpos) refresh_locked(i);
 }
 
 void InventoryTracker::remove_locked(const CountedPod& pod) {
+  if (const auto held = held_.find(pod.claim.node); pod.held && held != held_.end()) {
+    held->second -= pod.claim.requests;
+    const Requests& left = held->second;
+    if (left.milli_gpus == 0 && left.milli_cpus == 0 && left.memory_bytes == 0) held_.erase(held);
+  }
   const auto used = used_.find(pod.claim.node);
   if (used != used_.end()) {
     used->second -= pod.claim.requests;
@@ -294,7 +328,7 @@ void InventoryTracker::reserve(const std::vector<Object>& pods) {
       remove_locked(old->second);
       reserved_.erase(old);
     }
-    CountedPod counted{job_key_of(pod), std::move(*claim)};
+    CountedPod counted{job_key_of(pod), std::move(*claim), runs_indefinitely(pod)};
     add_locked(counted);
     reserved_.emplace(key, std::move(counted));
   }
@@ -319,7 +353,7 @@ void InventoryTracker::expect(const Object& created) {
   if (!reserved_.empty()) unreserve_locked(kube::object_key(created));
   if (version < 0 || !claim) return;
   if (version <= seen_version_) return;  // the informer was first
-  Expected expected{kube::object_key(created), CountedPod{job_key_of(created), std::move(*claim)},
+  Expected expected{kube::object_key(created), CountedPod{job_key_of(created), std::move(*claim), runs_indefinitely(created)},
                     std::chrono::steady_clock::now()};
   add_locked(expected.pod);
   expected_.emplace(version, std::move(expected));
@@ -336,7 +370,7 @@ void InventoryTracker::on_pod(kube::WatchEventType type, const Object& pod) {
     pods_.erase(old);
   }
   if (claim) {
-    CountedPod counted{job_key_of(pod), std::move(*claim)};
+    CountedPod counted{job_key_of(pod), std::move(*claim), runs_indefinitely(pod)};
     add_locked(counted);
     pods_.emplace(key, std::move(counted));
   }
@@ -372,9 +406,12 @@ void InventoryTracker::with_inventory(const std::string& ns, const std::string& 
   const std::string print = fingerprint(inventory_, identities);
   fn(PlannerInventory{inventory_, print, [&] {
                         api::Inventory all = inventory_;
-                        for (std::size_t i = 0; i < all.nodes.size(); ++i)
+                        for (std::size_t i = 0; i < all.nodes.size(); ++i) {
+                          const auto held = held_.find(all.nodes[i].name);
                           deduct(all.nodes[i], allocatable_[i].cpu_cores,
-                                 allocatable_[i].memory_bytes, Requests{});
+                                 allocatable_[i].memory_bytes,
+                                 held == held_.end() ? Requests{} : held->second);
+                        }
                         return all;
                       }});
 }

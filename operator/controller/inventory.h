@@ -55,8 +55,10 @@ struct PlannerInventory {
   const api::Inventory& free;
   // The fingerprint of `free`: what a plan depends on (the plan ConfigMap keeps it).
   const std::string& fingerprint;
-  // The nodes with nothing deducted (what would be free once the other pods are gone); built
-  // on demand: a plan that fails asks whether the job would fit an empty cluster.
+  // The nodes less only what pods of long-running workloads hold (a ReplicaSet's, DaemonSet's or
+  // StatefulSet's, or a static pod: the operator, system daemons, which do not finish to make
+  // room); what would be free once every job's pods are gone. Built on demand: a plan that fails asks whether the job would ever fit, to wait
+  // rather than fail.
   std::function<api::Inventory()> allocatable;
 };
 
@@ -111,6 +113,7 @@ class InventoryTracker {
   struct CountedPod {
     std::string job_key;  // "ns/job" from the job label, "" for other pods
     PodClaim claim;
+    bool held = false;  // runs_indefinitely(): its requests are never given back
   };
   struct Expected {
     std::string key;  // "ns/name"
@@ -128,6 +131,7 @@ class InventoryTracker {
   api::Inventory inventory_;                          // sorted by name; free figures kept current
   std::vector<Allocatable> allocatable_;              // as inventory_.nodes
   std::unordered_map<std::string, Requests> used_;    // by node name
+  std::unordered_map<std::string, Requests> held_;    // ... of those, by held pods
   std::unordered_map<std::string, CountedPod> pods_;  // by "ns/name", pods that count
   std::unordered_map<std::string, std::string> rejected_;  // node name -> why
   std::multimap<int64_t, Expected> expected_;              // by resourceVersion; counted in used_

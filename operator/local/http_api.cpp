@@ -242,15 +242,35 @@ struct ApiServer::Impl {
   void handle_faults_endpoint(const HttpRequest& r, ResponseWriter& w) {
     if (r.method == "POST") {
       const Object body = r.body.empty() ? Object::object() : Object::parse(r.body);
+      if (!body.is_object()) throw ApiError(400, "BadRequest", "the faults must be a JSON object");
+      // Each value bounded: a fault is a test's short disturbance, not a way to stop the server.
+      const auto bounded = [&](const char* key, double current, double max) {
+        if (!body.contains(key)) return current;
+        const Object& v = body.at(key);
+        if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() <= max))
+          throw ApiError(422, "Invalid",
+                         std::string(key) + ": " + v.dump() + " must be a number from 0 to " +
+                             Object(max).dump());
+        return v.get<double>();
+      };
+      constexpr double kMaxCount = 10000, kMaxDelayMs = 60000;
+      Faults next;
+      {
+        std::lock_guard lock(faults_mutex);
+        next = faults;
+      }
+      next.watch_gone = static_cast<int>(bounded("watchGone", next.watch_gone, kMaxCount));
+      next.watch_expired = static_cast<int>(bounded("watchExpired", next.watch_expired, kMaxCount));
+      next.update_conflicts =
+          static_cast<int>(bounded("updateConflicts", next.update_conflicts, kMaxCount));
+      next.server_errors = static_cast<int>(bounded("serverErrors", next.server_errors, kMaxCount));
+      next.too_many_requests =
+          static_cast<int>(bounded("tooManyRequests", next.too_many_requests, kMaxCount));
+      next.delay = std::chrono::milliseconds(static_cast<long long>(
+          bounded("delayMs", static_cast<double>(next.delay.count()), kMaxDelayMs)));
+      next.error_rate = bounded("errorRate", next.error_rate, 1);
       std::lock_guard lock(faults_mutex);
-      faults.watch_gone = body.value("watchGone", faults.watch_gone);
-      faults.watch_expired = body.value("watchExpired", faults.watch_expired);
-      faults.update_conflicts = body.value("updateConflicts", faults.update_conflicts);
-      faults.server_errors = body.value("serverErrors", faults.server_errors);
-      faults.too_many_requests = body.value("tooManyRequests", faults.too_many_requests);
-      faults.delay = std::chrono::milliseconds(
-          body.value("delayMs", static_cast<long long>(faults.delay.count())));
-      faults.error_rate = body.value("errorRate", faults.error_rate);
+      faults = next;
     }
     std::lock_guard lock(faults_mutex);
     send_json(w, 200,
@@ -306,14 +326,20 @@ struct ApiServer::Impl {
   void route(const HttpRequest& r, ResponseWriter& w, RequestInfo& info) {
     std::string path = r.path;
     while (path.size() > 1 && path.back() == '/') path.pop_back();
-    if (path == "/kubetrain/faults") return handle_faults_endpoint(r, w);
-    if (path == "/kubetrain/drop-watches") {
+    // A request with a ServiceAccount token is that account's, and RBAC decides (rbac.h); one
+    // without is the local administrator's (the kubeconfig `local serve` writes has none). An
+    // unknown token is 401.
+    const std::optional<UserInfo> user = authenticate(r);
+    // The fault controls switch the API off for everyone: the administrator's only.
+    if (path == "/kubetrain/faults" || path == "/kubetrain/drop-watches") {
+      if (user)
+        throw ApiError(403, "Forbidden",
+                       "User \"" + user->name + "\" cannot use " + path +
+                           ": fault injection is the local administrator's only");
+      if (path == "/kubetrain/faults") return handle_faults_endpoint(r, w);
       drop_generation++;
       return send_json(w, 200, {{"dropped", true}});
     }
-    // A request with a ServiceAccount token is that account's, and RBAC decides (rbac.h); one
-    // without is the local administrator's (the kubeconfig `local serve` writes has none).
-    const std::optional<UserInfo> user = authenticate(r);
     const bool resource_path = path.rfind("/api/", 0) == 0 || path.rfind("/apis/", 0) == 0;
     if (user && !is_discovery(path) && !resource_path) {
       RequestAttributes attributes;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +34,18 @@ using kube::Object;
 using kube::now_rfc3339;
 
 namespace {
+
+// Writes `text` to `path` readable by its owner only (0600, as kubectl writes a kubeconfig): a
+// pod's kubeconfig holds its ServiceAccount's bearer token.
+void write_private_file(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw kt::Error("cannot write " + path.string() + ": " + std::strerror(errno));
+  const bool ok = ::fchmod(fd, 0600) == 0 &&
+                  ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int error = errno;
+  ::close(fd);
+  if (!ok) throw kt::Error("cannot write " + path.string() + ": " + std::strerror(error));
+}
 
 // The first port of the kernel's ephemeral range (ip_local_port_range; Linux's default 32768).
 int ephemeral_port_low() {
@@ -157,9 +170,35 @@ std::vector<pid_t> processes_with_env(const std::string& entry) {
 // Signals the pod's process group and every descendant (the worker's ranks have groups of
 // their own).
 void signal_pod(pid_t pid, int sig, const std::vector<pid_t>& known) {
+  // The group first: a shell whose child dies first could run its next command in between.
+  ::killpg(pid, sig);
   for (pid_t d : descendants(pid)) ::kill(d, sig);
   for (pid_t d : known) ::kill(d, sig);  // orphaned since the last look
-  ::killpg(pid, sig);
+}
+
+// The memory the processes hold, as a memory cgroup charges it: each resident page once
+// (the proportional set size, so that pages shared between a pod's processes are not counted
+// twice), read from /proc/<pid>/smaps_rollup (RSS from statm where that is missing).
+double memory_of(const std::vector<pid_t>& pids) {
+  double bytes = 0;
+  for (const pid_t pid : pids) {
+    std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    std::string line;
+    bool found = false;
+    while (std::getline(rollup, line)) {
+      if (line.rfind("Pss:", 0) == 0) {
+        bytes += std::strtod(line.c_str() + 4, nullptr) * 1024;
+        found = true;
+        break;
+      }
+    }
+    if (found) continue;
+    std::ifstream statm("/proc/" + std::to_string(pid) + "/statm");
+    double pages_total = 0, pages_resident = 0;
+    if (statm >> pages_total >> pages_resident)
+      bytes += pages_resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  }
+  return bytes;
 }
 
 Object condition(const std::string& type, bool value, const std::string& reason = "") {
@@ -412,6 +451,12 @@ void PodRunner::launch(const Object& pod) {
   const Object& container = containers[0];
   const fs::path dir = pod_dir(ns, name);
   fs::create_directories(dir);
+  double memory_limit = 0;  // limits.memory (requests alone set no limit, as on a kubelet)
+  if (const Object limit = container.value("resources", Object::object())
+                               .value("limits", Object::object())
+                               .value("memory", Object());
+      limit.is_string())
+    memory_limit = api::parse_quantity(limit.get<std::string>()).value_or(0);
 
   // ---- volumes: name -> local directory ----
   std::map<std::string, std::string> volume_dirs;
@@ -567,9 +612,11 @@ void PodRunner::launch(const Object& pod) {
       pod["spec"].value("automountServiceAccountToken", true)) {
     const std::string account = pod["spec"].value("serviceAccountName", "default");
     const fs::path kubeconfig = dir / "kubeconfig";
-    std::ofstream(kubeconfig) << options_.service_account_kubeconfig(ns, account);
+    write_private_file(kubeconfig, options_.service_account_kubeconfig(ns, account));
     env["KUBECONFIG"] = kubeconfig.string();
   }
+  // Every pod here is on this machine's loopback: nothing it listens on needs another address.
+  env["KUBETRAIN_LISTEN_ADDRESS"] = "127.0.0.1";
   // No cluster DNS: every pod of this node is 127.0.0.1, and ports must not collide.
   // The container's termination message file, as the kubelet provides it (read back on exit).
   env["KUBETRAIN_TERMINATION_MESSAGE_PATH"] = termination_message_path(ns, name);
@@ -632,14 +679,13 @@ void PodRunner::launch(const Object& pod) {
   const std::string started_at = now_rfc3339();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    processes_[uid] = Process{pid,
-                              ns,
-                              name,
-                              started_at,
-                              pod["spec"].value("terminationGracePeriodSeconds", int64_t{30}),
-                              {},
-                              false,
-                              {}};
+    Process& p = processes_[uid];
+    p.pid = pid;
+    p.ns = ns;
+    p.name = name;
+    p.started_at = started_at;
+    p.grace_seconds = pod["spec"].value("terminationGracePeriodSeconds", int64_t{30});
+    p.memory_limit_bytes = memory_limit;
   }
   Object ready = condition("Ready", true);
   patch_status(ns, name,
@@ -680,6 +726,23 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
         continue;
       }
       p.descendants = descendants(p.pid);
+      // A kubelet's memory limit: the container is killed when its processes hold more than
+      // limits.memory (the kernel's cgroup OOM kill), reported as OOMKilled with exit code 137.
+      if (p.memory_limit_bytes > 0 && !p.oom_killed) {
+        std::vector<pid_t> all = p.descendants;
+        all.push_back(p.pid);
+        const double held = memory_of(all);
+        p.peak_memory_bytes = std::max(p.peak_memory_bytes, held);
+        if (held > p.memory_limit_bytes) {
+          p.oom_killed = true;
+          signal_pod(p.pid, SIGKILL, p.descendants);
+          // Said in the pod's log, as the kernel says it in its own.
+          const std::string line = "=== OOMKilled: the pod's processes held " +
+                                   api::format_bytes(held) + ", over its limits.memory of " +
+                                   api::format_bytes(p.memory_limit_bytes) + "\n";
+          std::ofstream(log_path(p.ns, p.name), std::ios::app) << line;
+        }
+      }
       if (!live_uids.count(it->first)) {
         // Deleted: SIGTERM now, SIGKILL after the grace period.
         if (!p.terminating) {
@@ -694,9 +757,11 @@ void PodRunner::reap(const std::set<std::string>& live_uids) {
     }
   }
   for (const auto& [p, wstatus] : exited) {
-    const int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    const int code = p.oom_killed ? 128 + SIGKILL
+                     : WIFEXITED(wstatus) ? WEXITSTATUS(wstatus)
+                                          : 128 + WTERMSIG(wstatus);
     Object terminated = {{"exitCode", code},
-                         {"reason", code == 0 ? "Completed" : "Error"},
+                         {"reason", p.oom_killed ? "OOMKilled" : code == 0 ? "Completed" : "Error"},
                          {"startedAt", p.started_at},
                          {"finishedAt", now_rfc3339()}};
     if (WIFSIGNALED(wstatus)) terminated["signal"] = WTERMSIG(wstatus);

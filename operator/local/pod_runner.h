@@ -1,4 +1,4 @@
-// The local node's scheduler and kubelet (DESIGN.md §9). It watches the store's Pods, binds the
+// The local node's scheduler and kubelet (docs/OPERATIONS.md §3). It watches the store's Pods, binds the
 // unbound ones that fit this node (nodeSelector, GPUs), and runs each bound pod's container as a
 // local process in its own process group:
 //  * `command` + `args`, where a `kubetrain-worker` program (whatever the image) is this build's
@@ -94,6 +94,11 @@ class PodRunner {
     // Its processes seen at the last sync: when the pod's main process dies first, orphaned
     // ones (the worker's ranks run in process groups of their own) are found here.
     std::vector<pid_t> descendants;
+    // The container's limits.memory in bytes (0: none), and whether the runner killed the pod
+    // for going over it (a kubelet's OOMKilled, exit code 137).
+    double memory_limit_bytes = 0;
+    bool oom_killed = false;
+    double peak_memory_bytes = 0;  // the most its processes held at one sync
   };
 
   void bind_if_fits(const kube::Object& pod, const kube::Object& node,

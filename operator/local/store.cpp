@@ -54,6 +54,134 @@ bool valid_name(const std::string& name) {
   return alnum(name.front()) && alnum(name.back());
 }
 
+// The API server's qualified name (labels', annotations' and finalizers' keys): an optional
+// DNS-1123 subdomain prefix and '/', then a name of at most 63 characters of [A-Za-z0-9-_.],
+// starting and ending alphanumeric. Empty: valid; otherwise why not.
+std::string qualified_name_problem(const std::string& key) {
+  std::string name = key;
+  if (const auto slash = key.find('/'); slash != std::string::npos) {
+    const std::string prefix = key.substr(0, slash);
+    name = key.substr(slash + 1);
+    if (prefix.empty()) return "prefix part must be non-empty";
+    if (!valid_name(prefix)) return "prefix part must be a lowercase RFC 1123 subdomain";
+  }
+  if (name.empty()) return "name part must be non-empty";
+  if (name.size() > 63) return "name part must be no more than 63 characters";
+  const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  for (char c : name)
+    if (!alnum(c) && c != '-' && c != '_' && c != '.')
+      return "name part must consist of alphanumeric characters, '-', '_' or '.'";
+  if (!alnum(name.front()) || !alnum(name.back()))
+    return "name part must start and end with an alphanumeric character";
+  return "";
+}
+
+// A label value: empty, or at most 63 characters of [A-Za-z0-9-_.] starting and ending
+// alphanumeric.
+bool valid_label_value(const std::string& value) {
+  return value.empty() || (value.size() <= 63 && qualified_name_problem(value).empty() &&
+                           value.find('/') == std::string::npos);
+}
+
+// A rough size of a JSON value in bytes (its text's, within a few per cent), without writing it.
+size_t approx_bytes(const Object& v) {
+  switch (v.type()) {
+    case Object::value_t::object: {
+      size_t n = 2;
+      for (const auto& [key, item] : v.items()) n += key.size() + 4 + approx_bytes(item);
+      return n;
+    }
+    case Object::value_t::array: {
+      size_t n = 2;
+      for (const auto& item : v) n += 1 + approx_bytes(item);
+      return n;
+    }
+    case Object::value_t::string: return v.get_ref<const std::string&>().size() + 2;
+    default: return 8;
+  }
+}
+
+// What the API server checks of an object's metadata on every write (apimachinery's
+// ValidateObjectMeta): labels and annotations as maps of strings with qualified keys (and label
+// values of label form), annotations at most 256 KiB, finalizers qualified names, owner
+// references complete, with at most one controller. One malformed field in a stored object
+// would otherwise break every reader of it (the garbage collector, a label-indexed informer).
+void validate_metadata(const Resource& r, const std::string& name, const Object& meta) {
+  const auto string_map = [&](const char* field) {
+    if (!meta.contains(field) || meta[field].is_null()) return;
+    const std::string path = std::string("metadata.") + field;
+    if (!meta[field].is_object()) throw invalid(r, name, path, "must be a map of strings");
+    for (const auto& [key, value] : meta[field].items()) {
+      if (!value.is_string())
+        throw invalid(r, name, path + "." + key, "Invalid value: must be a string");
+      std::string checked = key;
+      if (std::string(field) == "annotations")
+        for (char& c : checked) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (const std::string why = qualified_name_problem(checked); !why.empty())
+        throw invalid(r, name, path, "Invalid value: \"" + key + "\": " + why);
+    }
+  };
+  string_map("labels");
+  string_map("annotations");
+  if (meta.contains("labels") && meta["labels"].is_object())
+    for (const auto& [key, value] : meta["labels"].items())
+      if (!valid_label_value(value.get<std::string>()))
+        throw invalid(r, name, "metadata.labels",
+                      "Invalid value: \"" + value.get<std::string>() +
+                          "\": a valid label must be an empty string or consist of at most 63 "
+                          "alphanumeric characters, '-', '_' or '.', and must start and end "
+                          "with an alphanumeric character");
+  if (meta.contains("annotations") && meta["annotations"].is_object()) {
+    constexpr size_t kAnnotationBytes = 256 * 1024;  // TotalAnnotationSizeLimitB
+    size_t total = 0;
+    for (const auto& [key, value] : meta["annotations"].items())
+      total += key.size() + value.get_ref<const std::string&>().size();
+    if (total > kAnnotationBytes)
+      throw invalid(r, name, "metadata.annotations",
+                    "Too long: must have at most " + std::to_string(kAnnotationBytes) + " bytes");
+  }
+  if (meta.contains("finalizers") && !meta["finalizers"].is_null()) {
+    if (!meta["finalizers"].is_array())
+      throw invalid(r, name, "metadata.finalizers", "must be a list of strings");
+    for (const auto& finalizer : meta["finalizers"]) {
+      if (!finalizer.is_string())
+        throw invalid(r, name, "metadata.finalizers", "Invalid value: must be a string");
+      const std::string f = finalizer.get<std::string>();
+      std::string why = qualified_name_problem(f);
+      if (why.empty() && f.find('/') == std::string::npos && f != "kubernetes" && f != "orphan" &&
+          f != "foregroundDeletion")
+        why = "name is neither a standard finalizer name nor is it fully qualified";
+      if (!why.empty())
+        throw invalid(r, name, "metadata.finalizers", "Invalid value: \"" + f + "\": " + why);
+    }
+  }
+  if (meta.contains("ownerReferences") && !meta["ownerReferences"].is_null()) {
+    const Object& refs = meta["ownerReferences"];
+    if (!refs.is_array())
+      throw invalid(r, name, "metadata.ownerReferences", "must be a list of owner references");
+    int controllers = 0;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const std::string path = "metadata.ownerReferences[" + std::to_string(i) + "]";
+      const Object& ref = refs[i];
+      if (!ref.is_object()) throw invalid(r, name, path, "must be an object");
+      for (const char* field : {"apiVersion", "kind", "name", "uid"}) {
+        if (!ref.contains(field) || !ref[field].is_string() ||
+            ref[field].get_ref<const std::string&>().empty())
+          throw invalid(r, name, path + "." + field,
+                        std::string("Invalid value: ") + (ref.contains(field) ? ref[field].dump() : "\"\"") +
+                            ": " + field + " must be a non-empty string");
+      }
+      for (const char* field : {"controller", "blockOwnerDeletion"})
+        if (ref.contains(field) && !ref[field].is_null() && !ref[field].is_boolean())
+          throw invalid(r, name, path + "." + field, "Invalid value: must be a boolean");
+      if (ref.value("controller", Object(false)) == Object(true)) ++controllers;
+    }
+    if (controllers > 1)
+      throw invalid(r, name, "metadata.ownerReferences",
+                    "Invalid value: only one reference can have Controller set to true");
+  }
+}
+
 std::string random_suffix(int64_t seed) {
   static const char kChars[] = "bcdfghjklmnpqrstvwxz2456789";  // the API server's alphabet
   std::mt19937_64 rng(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull);
@@ -75,7 +203,7 @@ Object generation_view(const Object& obj, bool status_subresource) {
 
 // ---- the store -------------------------------------------------------------------------------
 
-Store::Store(StoreOptions options) : options_(options), watches_(options.history_limit) {
+Store::Store(StoreOptions options) : options_(options), watches_(options.history_limit, options.history_limit_bytes) {
   for (const BuiltinResource& b : builtin_resources()) {
     register_locked(b.resource, b.status);
     Kind& kind = kinds_[kind_key(b.resource)];
@@ -128,7 +256,8 @@ Store::Kind& Store::kind_of(const Resource& r) {
 void Store::record(const Kind& kind, WatchEventType type, const Object& obj,
                    const Object& old_obj) {
   const int64_t version = std::stoll(obj["metadata"]["resourceVersion"].get<std::string>());
-  watches_.publish(version, kind_key(kind.resource), type, obj, old_obj);
+  watches_.publish(version, kind_key(kind.resource), type, obj, old_obj,
+                   approx_bytes(obj) + approx_bytes(old_obj));
 }
 
 Object Store::get(const Resource& r, const std::string& ns, const std::string& name) {
@@ -215,12 +344,7 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   } else {
     meta.erase("namespace");
   }
-  if (meta.contains("labels") && !meta["labels"].is_null()) {
-    if (!meta["labels"].is_object()) throw invalid(r, name, "metadata.labels", "must be a map");
-    for (const auto& [k, v] : meta["labels"].items())
-      if (!v.is_string())
-        throw invalid(r, name, "metadata.labels." + k, "Invalid value: must be a string");
-  }
+  validate_metadata(r, name, meta);
   const std::string key = object_key(r.namespaced ? ns : "", name);
   if (kind.objects.count(key))
     throw ApiError(
@@ -241,8 +365,10 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   o["apiVersion"] = r.api_version();
   o["kind"] = r.kind;
   admit(kind, o, /*create=*/true);
+  check_size(r, name, o);
   kind.objects[key] = o;
   record(kind, WatchEventType::Added, o, nullptr);
+  collect_if_orphaned(kind, key);
   return o;
 }
 
@@ -328,8 +454,7 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
         meta.erase(field);
     }
     meta["name"] = name;
-    if (meta.contains("labels") && !meta["labels"].is_null() && !meta["labels"].is_object())
-      throw invalid(r, name, "metadata.labels", "must be a map");
+    validate_metadata(r, name, meta);
     if (r == kube::kServices && old.contains("spec") && old["spec"].contains("clusterIP") &&
         next.contains("spec") && next["spec"].is_object() && !next["spec"].contains("clusterIP"))
       next["spec"]["clusterIP"] = old["spec"]["clusterIP"];  // immutable once allocated
@@ -343,10 +468,12 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
                           generation_view(old, kind.status_subresource))
     next["metadata"]["generation"] = old["metadata"].value("generation", 1) + 1;
   if (next == old) return old;  // a no-op write keeps its version, as the API server does
+  check_size(r, name, next);
   next["metadata"]["resourceVersion"] = next_version();
   Object previous = old;
   it->second = next;
   record(kind, WatchEventType::Modified, next, previous);
+  if (!status_only) collect_if_orphaned(kind, it->first);
   return next;
 }
 
@@ -402,18 +529,27 @@ void Store::remove_locked(Kind& kind, const std::string& key, kube::Propagation 
   record(kind, WatchEventType::Deleted, gone, nullptr);
   const std::string uid = gone["metadata"].value("uid", "");
   if (kind.resource == kube::kCustomResourceDefinitions) {
-    // The defined resource goes away with its objects.
+    // The defined resource goes away with its objects, each deleted (its watchers told, its
+    // dependents collected) as the API server's CRD finalizer does.
     const std::string group = gone["spec"].value("group", "");
     const std::string plural = gone["spec"]["names"].value("plural", "");
-    kinds_.erase(group + "/" + plural);
+    if (const auto defined = kinds_.find(group + "/" + plural); defined != kinds_.end()) {
+      std::vector<std::string> keys;
+      for (const auto& [object_key, _] : defined->second.objects) keys.push_back(object_key);
+      for (const std::string& object_key : keys)
+        remove_locked(defined->second, object_key, kube::Propagation::Background);
+      kinds_.erase(group + "/" + plural);
+    }
   }
   // The garbage collector: find the dependents (objects whose ownerReferences name this uid).
   std::vector<std::pair<Kind*, std::string>> dependents;
   for (auto& [_, other] : kinds_)
     for (const auto& [other_key, obj] : other.objects) {
-      const auto& refs = obj["metadata"].value("ownerReferences", Object::array());
+      const Object& refs = obj["metadata"].value("ownerReferences", Object::array());
+      if (!refs.is_array()) continue;
       for (const auto& ref : refs)
-        if (ref.value("uid", "") == uid) dependents.emplace_back(&other, other_key);
+        if (ref.is_object() && ref.value("uid", Object("")) == Object(uid))
+          dependents.emplace_back(&other, other_key);
     }
   for (auto& [dep_kind, dep_key] : dependents) {
     if (propagation == kube::Propagation::Orphan) {
@@ -433,6 +569,50 @@ void Store::remove_locked(Kind& kind, const std::string& key, kube::Propagation 
       remove_locked(*dep_kind, dep_key, kube::Propagation::Background);
     }
   }
+}
+
+// The kube-controller-manager's garbage collector for one object: when it has owner references
+// and none of them names an object that exists with that uid (the owner was deleted before the
+// dependent was written, as by a client acting on a stale cache), the dependent is deleted. The
+// real collector does this within moments; here it happens with the write, so a test sees the
+// outcome at once. An owner of a kind this store does not serve counts as existing (the
+// collector cannot resolve it either, and leaves the dependent alone).
+void Store::collect_if_orphaned(Kind& kind, const std::string& key) {
+  const auto it = kind.objects.find(key);
+  if (it == kind.objects.end()) return;
+  const Object& meta = it->second["metadata"];
+  if (!meta.contains("ownerReferences") || !meta["ownerReferences"].is_array() ||
+      meta["ownerReferences"].empty())
+    return;
+  const std::string ns = meta.value("namespace", "");
+  for (const Object& ref : meta["ownerReferences"]) {
+    const std::string api_version = ref.value("apiVersion", "");
+    const auto slash = api_version.find('/');
+    const std::string group = slash == std::string::npos ? "" : api_version.substr(0, slash);
+    const std::string owner_kind = ref.value("kind", "");
+    const Kind* owners = nullptr;
+    for (const auto& [_, candidate] : kinds_)
+      if (candidate.resource.kind == owner_kind && candidate.resource.group == group)
+        owners = &candidate;
+    if (!owners) return;  // unresolvable: not collected
+    const auto owner = owners->objects.find(
+        object_key(owners->resource.namespaced ? ns : "", ref.value("name", "")));
+    if (owner != owners->objects.end() &&
+        owner->second["metadata"].value("uid", "") == ref.value("uid", ""))
+      return;  // one owner exists
+  }
+  remove_locked(kind, key, kube::Propagation::Background);
+}
+
+// The API server's bound on an object (etcd's request limit, 1.5 MiB): a larger object is
+// refused, so that no client can grow the store (and its watch history) without bound.
+void Store::check_size(const Resource& r, const std::string& name, const Object& object) {
+  constexpr size_t kMaxObjectBytes = 3 * 512 * 1024;
+  const size_t bytes = approx_bytes(object);
+  if (bytes > kMaxObjectBytes)
+    throw ApiError(413, "RequestEntityTooLarge",
+                   r.kind + " \"" + name + "\" is too large: " + std::to_string(bytes) +
+                       " bytes; the limit is " + std::to_string(kMaxObjectBytes) + " bytes");
 }
 
 void Store::register_crd(const Object& crd) {

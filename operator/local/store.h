@@ -1,4 +1,4 @@
-// The local control plane (DESIGN.md §9): an in-memory object store with the Kubernetes API's
+// The local control plane (docs/ARCHITECTURE.md §6): an in-memory object store with the Kubernetes API's
 // semantics, behind the same kube::Client interface as the REST client, so that the reconciler
 // runs unchanged in `kubetrain run` and the HTTP front end (`kubetrain local serve`) can serve it.
 //
@@ -43,6 +43,7 @@ namespace kt::local {
 
 struct StoreOptions {
   size_t history_limit = 10000;  // watch events kept for watches that resume from a version
+  size_t history_limit_bytes = size_t{256} << 20;  // ... and at most about this much of them
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(10)};
   int default_watch_timeout_seconds = 1800;  // when a watch asks for 0
 };
@@ -102,6 +103,9 @@ class Store : public kube::Client {
   void record(const Kind& kind, kube::WatchEventType type, const kube::Object& obj,
               const kube::Object& old_obj);
   void remove_locked(Kind& kind, const std::string& key, kube::Propagation propagation);
+  void collect_if_orphaned(Kind& kind, const std::string& key);
+  static void check_size(const kube::Resource& r, const std::string& name,
+                         const kube::Object& object);
   void register_locked(const kube::Resource& resource, bool status_subresource);
   void register_crd(const kube::Object& crd);
   void admit(Kind& kind, kube::Object& object, bool create);

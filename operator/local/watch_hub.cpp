@@ -162,10 +162,13 @@ std::unique_ptr<kube::Watch> WatchHub::watch_from_version(const WatchSubscriptio
 }
 
 void WatchHub::publish(int64_t version, const std::string& kind_key, WatchEventType type,
-                       const Object& object, const Object& old_object) {
-  history_.push_back({version, kind_key, type, object, old_object});
-  while (history_.size() > history_limit_) {
+                       const Object& object, const Object& old_object, std::size_t bytes) {
+  history_.push_back({version, kind_key, type, object, old_object, bytes});
+  history_bytes_ += bytes;
+  while (history_.size() > history_limit_ ||
+         (history_bytes_ > history_limit_bytes_ && history_.size() > 1)) {
     history_floor_ = history_.front().rv;
+    history_bytes_ -= history_.front().bytes;
     history_.pop_front();
   }
   std::erase_if(watches_, [](const auto& w) { return w.expired(); });

@@ -32,13 +32,16 @@ struct WatchSubscription {
 // any watch's own mutex (a watch's reader takes only the latter).
 class WatchHub {
  public:
-  explicit WatchHub(std::size_t history_limit) : history_limit_(history_limit) {}
+  // The history keeps at most `history_limit` changes and about `history_limit_bytes` of their
+  // objects (the oldest go first; a watch from before them is 410 Expired).
+  WatchHub(std::size_t history_limit, std::size_t history_limit_bytes)
+      : history_limit_(history_limit), history_limit_bytes_(history_limit_bytes) {}
 
   // Records a change at `version` (the object's new resourceVersion) and offers it to the open
   // watches of `kind_key`; the others learn the version for their bookmarks.
-  // `old_object`: the object before a modification (null otherwise).
+  // `old_object`: the object before a modification (null otherwise); `bytes`: the size of both.
   void publish(int64_t version, const std::string& kind_key, kube::WatchEventType type,
-               const kube::Object& object, const kube::Object& old_object);
+               const kube::Object& object, const kube::Object& old_object, std::size_t bytes);
 
   // A watch from "" or "0": ADDED for each of `objects` that it selects, then the changes.
   std::unique_ptr<kube::Watch> watch_from_list(const WatchSubscription& subscription,
@@ -62,14 +65,16 @@ class WatchHub {
     kube::WatchEventType type;
     kube::Object object;
     kube::Object old_object;  // before a modification (null otherwise)
+    std::size_t bytes;        // of object and old_object
   };
 
   // A watch's state before it is offered its first events and registered.
   std::shared_ptr<WatchState> new_state(const WatchSubscription& subscription,
                                         int64_t latest_version);
 
-  const std::size_t history_limit_;
+  const std::size_t history_limit_, history_limit_bytes_;
   std::deque<Change> history_;
+  std::size_t history_bytes_ = 0;  // the sum of history_'s Change::bytes
   int64_t history_floor_ = 0;  // the newest version dropped from history_
   std::vector<std::weak_ptr<WatchState>> watches_;
 };

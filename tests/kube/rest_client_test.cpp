@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "api/error.h"
+#include "operator/local/builtin_resources.h"
 #include "tests/kube/local_server.h"
 #include "tests/support/eventually.h"
 
@@ -361,6 +362,42 @@ TEST(LocalServeFaults, AreSetThroughTheControlEndpointAndDropWatches) {
   const auto before = std::chrono::steady_clock::now();
   while (!watch->ended() && std::chrono::steady_clock::now() - before < 10s) watch->next(200ms);
   EXPECT_TRUE(watch->ended());
+}
+
+// The fault controls can switch the API off for everyone: a pod's ServiceAccount token gets 403,
+// an unknown token 401, and the administrator's values are bounded (422, nothing changed).
+TEST(LocalServeFaults, OnlyTheAdministratorSetsThem_WithinBounds) {
+  LocalServer local;
+  local.store.create(kt::local::kServiceAccounts, "default",
+                     {{"apiVersion", "v1"},
+                      {"kind", "ServiceAccount"},
+                      {"metadata", {{"name", "pod-account"}, {"namespace", "default"}}}});
+  const std::string token = local.server.service_account_token("default", "pod-account");
+  HttpClient http({.base_url = local.server.url()});
+  const auto post = [&](const std::string& target, const std::string& body,
+                        const std::string& bearer) {
+    HttpRequest request{.method = "POST", .target = target, .body = body,
+                        .content_type = "application/json"};
+    if (!bearer.empty()) request.headers.emplace_back("Authorization", "Bearer " + bearer);
+    return http.send(request);
+  };
+  for (const char* target : {"/kubetrain/faults", "/kubetrain/drop-watches"}) {
+    EXPECT_EQ(post(target, R"({"serverErrors": 1000000})", token).status, 403) << target;
+    EXPECT_EQ(post(target, R"({"serverErrors": 1000000})", "kt-unknown").status, 401) << target;
+  }
+  EXPECT_EQ(local.server.faults().server_errors, 0);
+  for (const char* body : {R"({"serverErrors": 1000000})", R"({"errorRate": 1e308})",
+                           R"({"delayMs": -5})", R"({"watchGone": "many"})"}) {
+    const HttpResponse refused = post("/kubetrain/faults", body, "");
+    EXPECT_EQ(refused.status, 422) << body;
+    EXPECT_NE(refused.body.find("must be a number from 0 to"), std::string::npos) << refused.body;
+  }
+  EXPECT_EQ(local.server.faults().server_errors, 0);
+  EXPECT_EQ(local.server.faults().error_rate, 0);
+  EXPECT_EQ(local.server.faults().delay, 0ms);
+  EXPECT_EQ(post("/kubetrain/faults", R"({"serverErrors": 2, "errorRate": 0.5})", "").status, 200);
+  EXPECT_EQ(local.server.faults().server_errors, 2);
+  EXPECT_EQ(local.server.faults().error_rate, 0.5);
 }
 
 // `kubetrain local serve --inject-faults RATE`: about RATE of the resource requests fail, as 500

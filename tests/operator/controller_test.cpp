@@ -14,6 +14,7 @@
 #include "api/plan.h"
 #include "api/quantity.h"
 #include "api/yaml_json.h"
+#include "operator/local/builtin_resources.h"
 #include "operator/local/store.h"
 #include "telemetry/metrics.h"
 #include "tests/support/forwarding_client.h"
@@ -447,6 +448,48 @@ TEST_F(ControllerTest, OtherPodsRequests_AreNotFreeForThePlan) {
   EXPECT_LE(quantity(res["requests"]["cpu"]), 3.0);
 }
 
+// A pod of a long-running workload (a ReplicaSet's: the operator itself) never gives its
+// requests back: a job that fits only without it fails at once, saying so, instead of waiting
+// forever; the same requests held by a pod that ends (a bare pod, another job's) are waited for.
+TEST_F(ControllerTest, JobThatFitsOnlyWithoutALongRunningPod_FailsInsteadOfWaitingForever) {
+  for (const bool replica_set : {true, false}) {
+    const std::string name = replica_set ? "never" : "later";
+    Object pod = {{"metadata", {{"name", "holder-" + name}, {"namespace", "default"}}},
+                  {"spec",
+                   {{"nodeName", "node-a"},
+                    {"containers",
+                     {{{"name", "c"}, {"resources", {{"requests", {{"cpu", "100m"}}}}}}}}}}};
+    if (replica_set) {
+      Object replicas = {{"metadata", {{"name", "kubetrain-operator-5d8f"}}}};
+      replicas["spec"]["selector"]["matchLabels"]["app"] = "op";
+      replicas["spec"]["template"]["metadata"]["labels"]["app"] = "op";
+      replicas["spec"]["template"]["spec"]["containers"] =
+          Object::array({{{"name", "c"}, {"image", "op"}}});
+      const Object rs = store.create(local::kReplicaSets, "default", replicas);
+      pod["metadata"]["ownerReferences"] = {{{"apiVersion", "apps/v1"},
+                                             {"kind", "ReplicaSet"},
+                                             {"name", "kubetrain-operator-5d8f"},
+                                             {"uid", rs["metadata"]["uid"]},
+                                             {"controller", true}}};
+    }
+    store.create(kPods, "default", pod);
+    Object j = tiny_job(name);
+    j["spec"]["parallelism"] = {{"dataParallel", 4}};  // 4 CPU ranks: all of node-a's 4 cores
+    store.create(kTrainingJobs, "default", j);
+    reconcile(name);
+    if (replica_set) {
+      EXPECT_EQ(status(name)["phase"], "Failed");
+      EXPECT_EQ(condition("Planned", name)["reason"], "NoFeasiblePlan");
+      const std::string message = condition("Planned", name)["message"];
+      EXPECT_NE(message.find("long-running workloads"), std::string::npos) << message;
+    } else {
+      EXPECT_EQ(status(name)["phase"], "Pending");
+      EXPECT_EQ(condition("Planned", name)["reason"], "WaitingForResources");
+    }
+    store.remove(kPods, "default", "holder-" + name);
+  }
+}
+
 TEST_F(ControllerTest, JobThatFitsOnlyWhenOtherPodsLeave_WaitsInsteadOfFailing) {
   // Another pod holds 15.5 of node-a's 16 GiB: GPT-2 124M on the CPU does not fit beside it,
   // but fits the node, so the job waits for the memory (it would fail on a smaller node).
@@ -853,7 +896,7 @@ TEST_F(ControllerTest, StoredProfile_IsPlannedWith_AndABrokenOneIsSaidInAnEvent)
   EXPECT_NE(hash.find("kubetrain-profile-cpu@"), std::string::npos) << hash;
 }
 
-// Profiling pods (issue 19): a CPU job for nodes with no profile waits while a profiling pod
+// Profiling pods (docs/PLANNER.md §11a): a CPU job for nodes with no profile waits while a profiling pod
 // measures one; what it returns (its termination message) becomes the kind's ConfigMap and the
 // job is planned with it; the pod is removed.
 TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
@@ -904,7 +947,7 @@ TEST_F(ControllerTest, Profiling_NoProfile_RunsAPodAndPlansWithWhatItMeasured) {
   EXPECT_EQ(stored_plan(store, "second").peak_source, plan.peak_source);
 }
 
-// A GPU job's node kinds are profiled on a node of each kind (issue 19's GPU half): the pod asks
+// A GPU job's node kinds are profiled on a node of each kind (docs/PLANNER.md §11a): the pod asks
 // for every GPU of the node (NCCL between two) and names the kind; no CPU profiling for it.
 TEST_F(ControllerTest, Profiling_GpuJob_MeasuresItsGpuKindWithEveryGpuOfANode) {
   options.profiling = true;
@@ -1160,6 +1203,143 @@ TEST_F(ControllerTest, ActiveDeadline_FailsTheJob_AndCleansRunningPods) {
   EXPECT_EQ(status()["phase"], "Failed");
   EXPECT_EQ(condition("Failed")["reason"], "DeadlineExceeded");
   EXPECT_TRUE(pods().empty());  // cleanPodPolicy Running: the running pod was deleted
+}
+
+// The model of a started job is immutable: a changed spec.model is refused (condition and event,
+// naming the field and both shapes) and the gang goes on with the model it started with, where
+// it once failed for good when the new gang could not load the old checkpoint.
+TEST_F(ControllerTest, ModelChangedWhileRunning_IsRefused_AndTheJobGoesOn) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  metrics_text = "kubetrain_worker_step{rank=\"0\"} 40\nkubetrain_worker_steps_total{rank=\"0\"} 40\n";
+  reconcile();
+  const Object pod_before = store.get(kPods, "default", "job-worker-0");
+  const std::string plan_before =
+      store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"];
+  Object j = job();
+  j["spec"]["model"] = {{"preset", "tiny"}, {"layers", 3}};
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Running");
+  EXPECT_EQ(condition("ModelChangeRefused")["status"], "True");
+  const std::string message = condition("ModelChangeRefused")["message"];
+  EXPECT_NE(message.find("spec.model"), std::string::npos) << message;
+  EXPECT_NE(message.find("now layers 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("started as layers 2"), std::string::npos) << message;
+  const auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "ModelChangeRefused"), 1);
+  EXPECT_EQ(store.get(kPods, "default", "job-worker-0")["metadata"]["uid"],
+            pod_before["metadata"]["uid"]);  // the gang was not replaced
+  EXPECT_EQ(store.get(kConfigMaps, "default", "job-plan")["data"]["plan.json"], plan_before);
+
+  // Changed back: the refusal is cleared.
+  j = job();
+  j["spec"]["model"] = {{"preset", "tiny"}};
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  EXPECT_EQ(condition("ModelChangeRefused")["status"], "False");
+}
+
+// Steps lowered below the progress: the job stops at once and says how many steps it trained.
+TEST_F(ControllerTest, StepsLoweredBelowTheProgress_SucceedsSayingWhatWasTrained) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  metrics_text = "kubetrain_worker_step{rank=\"0\"} 90\n";
+  reconcile();
+  Object j = job();
+  j["spec"]["training"]["steps"] = 50;
+  store.update(kTrainingJobs, "default", j);
+  reconcile();
+  for (const Object& pod : pods()) {
+    const std::string name = pod["metadata"]["name"];
+    const Object terminated = {{"exitCode", 0},
+                               {"reason", "Completed"},
+                               {"message", "kubetrain_worker_step 90\n"}};
+    set_pod_status(name, {{"phase", "Succeeded"},
+                          {"containerStatuses",
+                           Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+  }
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Succeeded");
+  EXPECT_EQ(status()["progress"]["step"], 90);
+  const std::string message = condition("Succeeded")["message"];
+  EXPECT_NE(message.find("completed 90 steps"), std::string::npos) << message;
+  EXPECT_NE(message.find("spec.training.steps was lowered to 50"), std::string::npos) << message;
+}
+
+// A cache that lags a delete still holds the job: the reconciler asks the API before it creates
+// the first child, and creates nothing for a job that is gone or was replaced (another uid).
+TEST_F(ControllerTest, JobDeletedBehindAStaleCache_GetsNoChildren) {
+  // Reads of the job come from a copy taken before the delete, as from a lagging informer.
+  class StaleJobCache : public test::ForwardingClient {
+   public:
+    StaleJobCache(kube::Client& inner, Object job) : ForwardingClient(inner), job_(std::move(job)) {}
+    Object get(const kube::Resource& r, const std::string& ns, const std::string& name) override {
+      if (r == kTrainingJobs) return job_;
+      return ForwardingClient::get(r, ns, name);
+    }
+
+   private:
+    Object job_;
+  };
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  const Object cached = job();
+  store.remove(kTrainingJobs, "default", "job");
+  StaleJobCache stale(store, cached);
+  ControllerOptions with_api = options;
+  with_api.api_reader = &store;
+  EXPECT_NO_THROW(Controller(stale, with_api).reconcile("default", "job"));
+  EXPECT_TRUE(pods().empty());
+  EXPECT_TRUE(store.list(kConfigMaps, "default", {}).items.empty());
+  EXPECT_TRUE(store.list(kube::kServices, "default", {}).items.empty());
+  EXPECT_TRUE(store.list(kube::kPersistentVolumeClaims, "default", {}).items.empty());
+
+  // A new job of the same name is another object: the old copy's reconcile leaves it alone.
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  EXPECT_NO_THROW(Controller(stale, with_api).reconcile("default", "job"));
+  EXPECT_TRUE(pods().empty());
+  reconcile();  // the live job's own reconcile makes its gang
+  EXPECT_EQ(pods().size(), 1u);
+}
+
+// Durations are bounded (int32 seconds) and their arithmetic saturates: at the bound a deadline
+// and a TTL lie decades ahead, and past it the spec is refused naming the field. (9,999,999,999 s
+// added to a nanosecond clock once overflowed into the past: the job failed at once with
+// DeadlineExceeded, or was deleted with its checkpoint PVC as it succeeded.)
+TEST_F(ControllerTest, LongestDurations_NeitherExpireAtOnceNorOverflow) {
+  Object j = tiny_job("job");
+  j["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2147483647;
+  j["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 2147483647;
+  store.create(kTrainingJobs, "default", j);
+  const auto first = reconcile();
+  ASSERT_TRUE(first.requeue_after);
+  EXPECT_EQ(*first.requeue_after, std::chrono::hours(24));  // looked at again daily
+  set_pod_running("job-worker-0");
+  now += std::chrono::hours(24 * 365);
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Running");
+  set_pod_exited("job-worker-0", 0);
+  const auto done = reconcile();
+  EXPECT_EQ(status()["phase"], "Succeeded");
+  ASSERT_TRUE(done.requeue_after);
+  EXPECT_EQ(*done.requeue_after, std::chrono::hours(24));
+  EXPECT_NO_THROW(job());
+
+  for (const char* field : {"activeDeadlineSeconds", "ttlSecondsAfterFinished"}) {
+    const std::string name = std::string("over-") + (field[0] == 'a' ? "deadline" : "ttl");
+    Object over = tiny_job(name);
+    over["spec"]["runPolicy"][field] = 9999999999LL;
+    store.create(kTrainingJobs, "default", over);
+    reconcile(name);
+    EXPECT_EQ(status(name)["phase"], "Failed") << field;
+    EXPECT_EQ(condition("Planned", name)["reason"], "InvalidSpec") << field;
+    const std::string message = condition("Planned", name)["message"];
+    EXPECT_NE(message.find(std::string("spec.runPolicy.") + field), std::string::npos) << message;
+    EXPECT_NE(message.find("9999999999"), std::string::npos) << message;
+    EXPECT_NO_THROW(job(name)) << field;  // refused, not deleted
+  }
 }
 
 // A finished worker's /metrics is gone: the last loss and speed come from rank 0's termination

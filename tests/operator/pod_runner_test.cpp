@@ -182,6 +182,28 @@ TEST_F(PodRunnerTest, KilledBySignal_ReportsExitCode128PlusSignal) {
   EXPECT_EQ(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137);
 }
 
+// A kubelet's memory limit: a container whose processes (children included) hold more than
+// limits.memory is killed, OOMKilled with exit code 137; one within its limit runs to the end.
+TEST_F(PodRunnerTest, OverItsMemoryLimit_IsOOMKilledWithExitCode137) {
+  const std::string hog =
+      "python3 -c \"import time; s = b'x' * (300 << 20); time.sleep(30)\"; echo survived";
+  Object pod = shell_pod("hog", hog);
+  pod["spec"]["containers"][0]["resources"] = {{"limits", {{"memory", "128Mi"}}}};
+  store.create(kPods, "default", pod);
+  Object within = shell_pod("fits", "python3 -c \"s = b'x' * (16 << 20)\"");
+  within["spec"]["containers"][0]["resources"] = {{"limits", {{"memory", "128Mi"}}}};
+  store.create(kPods, "default", within);
+  const Object killed = wait_for_phase("hog", "Failed");
+  const Object terminated = killed["status"]["containerStatuses"][0]["state"]["terminated"];
+  EXPECT_EQ(terminated["exitCode"], 137);
+  EXPECT_EQ(terminated["reason"], "OOMKilled");
+  const std::string log = read(runner->log_path("default", "hog"));
+  EXPECT_NE(log.find("OOMKilled"), std::string::npos) << log;
+  EXPECT_EQ(log.find("\nsurvived"), std::string::npos) << log;  // (the header quotes the command)
+  const Object fits = wait_for_phase("fits", "Succeeded");
+  EXPECT_EQ(fits["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
+}
+
 TEST_F(PodRunnerTest, RunningPod_IsReady_AndDeletingItKillsTheProcess) {
   store.create(kPods, "default", shell_pod("sleeper", "sleep 60"));
   const Object pod = wait_for_phase("sleeper", "Running");

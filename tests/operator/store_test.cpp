@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -416,6 +417,140 @@ TEST(Store, Delete_Orphan_RemovesOnlyTheOwnerReference) {
   const Object after = store.get(kPods, "default", "w");
   EXPECT_FALSE(after["metadata"].contains("ownerReferences"));
   EXPECT_GT(version_of(after), version_of(before));
+}
+
+// The kube-controller-manager's garbage collector: a dependent written after its owner was
+// deleted (a client acting on a stale cache) is collected, as is one whose owner was replaced by
+// a new object of the same name (another uid); one live owner of several keeps it.
+TEST(Store, DependentOfAnOwnerThatNoLongerExists_IsCollected) {
+  Store store;
+  store.register_resource(kTrainingJobs, true);
+  const Object job = store.create(kTrainingJobs, "default", {{"metadata", {{"name", "j"}}}});
+  store.remove(kTrainingJobs, "default", "j");
+  kube::WatchOptions from_now;
+  from_now.resource_version = store.resource_version();
+  auto watch = store.watch(kPods, "default", from_now);
+  const Object created = store.create(kPods, "default", owned_by(pod("late"), job));
+  EXPECT_EQ(created["metadata"]["name"], "late");  // accepted, as the API server does ...
+  EXPECT_EQ(api_error_code([&] { store.get(kPods, "default", "late"); }), 404);  // ... collected
+  std::vector<WatchEventType> seen;
+  while (auto event = watch->next(std::chrono::milliseconds(100))) seen.push_back(event->type);
+  EXPECT_EQ(seen, (std::vector<WatchEventType>{WatchEventType::Added, WatchEventType::Deleted}));
+
+  const Object again = store.create(kTrainingJobs, "default", {{"metadata", {{"name", "j"}}}});
+  store.create(kConfigMaps, "default", owned_by(config_map("old-uid"), job));
+  EXPECT_EQ(api_error_code([&] { store.get(kConfigMaps, "default", "old-uid"); }), 404);
+
+  Object two_owners = owned_by(config_map("kept"), job);
+  two_owners["metadata"]["ownerReferences"].push_back(
+      owned_by(config_map("x"), again)["metadata"]["ownerReferences"][0]);
+  two_owners["metadata"]["ownerReferences"][1]["controller"] = false;
+  store.create(kConfigMaps, "default", two_owners);
+  EXPECT_NO_THROW(store.get(kConfigMaps, "default", "kept"));
+  // An update that points the last owner reference at a deleted owner collects it too.
+  Object kept = store.get(kConfigMaps, "default", "kept");
+  kept["metadata"]["ownerReferences"] = Object::array({two_owners["metadata"]["ownerReferences"][0]});
+  store.update(kConfigMaps, "default", kept);
+  EXPECT_EQ(api_error_code([&] { store.get(kConfigMaps, "default", "kept"); }), 404);
+}
+
+// Deleting a CRD deletes its objects as the API server does, and with them their dependents.
+TEST(Store, DeletingACrd_DeletesItsObjectsAndCollectsTheirDependents) {
+  Store store;
+  const Object crd = {{"metadata", {{"name", "trainingjobs.kubetrain.dev"}}},
+                      {"spec",
+                       {{"group", "kubetrain.dev"},
+                        {"names", {{"plural", "trainingjobs"}, {"kind", "TrainingJob"}}},
+                        {"scope", "Namespaced"},
+                        {"versions", {{{"name", "v1alpha1"}, {"served", true}, {"storage", true}}}}}}};
+  store.create(kube::kCustomResourceDefinitions, "", crd);
+  const Object job = store.create(kTrainingJobs, "default", {{"metadata", {{"name", "j"}}}});
+  store.create(kPods, "default", owned_by(pod("j-worker-0"), job));
+  store.remove(kube::kCustomResourceDefinitions, "", "trainingjobs.kubetrain.dev");
+  EXPECT_EQ(api_error_code([&] { store.get(kPods, "default", "j-worker-0"); }), 404);
+}
+
+// Metadata is validated on every write path as the API server does: one malformed owner
+// reference planted through a patch once made every DELETE in every namespace fail.
+TEST(Store, MalformedMetadata_IsRefusedOnCreateUpdateAndPatch_NamingTheField) {
+  Store store;
+  store.create(kConfigMaps, "default", config_map("target"));
+  struct Case {
+    const char* field;
+    Object value;
+    const char* path;
+  };
+  const std::vector<Case> cases = {
+      {"ownerReferences", "x", "metadata.ownerReferences"},
+      {"ownerReferences", Object::array({{{"uid", 5}}}), "metadata.ownerReferences[0].apiVersion"},
+      {"ownerReferences",
+       Object::array({{{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"name", "o"}, {"uid", 5}}}),
+       "metadata.ownerReferences[0].uid"},
+      {"ownerReferences",
+       Object::array({{{"apiVersion", "v1"}, {"kind", "C"}, {"name", "a"}, {"uid", "1"},
+                       {"controller", true}},
+                      {{"apiVersion", "v1"}, {"kind", "C"}, {"name", "b"}, {"uid", "2"},
+                       {"controller", true}}}),
+       "metadata.ownerReferences"},
+      {"labels", {{"kubetrain.dev/job-name", {{"a", 1}}}}, "metadata.labels.kubetrain.dev/job-name"},
+      {"labels", {{"bad key!", "v"}}, "metadata.labels"},
+      {"labels", {{"app", "not a value"}}, "metadata.labels"},
+      {"annotations", {{"a", 1}}, "metadata.annotations.a"},
+      {"annotations", {{"big", std::string(300 * 1024, 'x')}}, "metadata.annotations"},
+      {"finalizers", Object::array({"no-prefix"}), "metadata.finalizers"},
+      {"finalizers", "x", "metadata.finalizers"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = std::string(c.field) + " " + c.value.dump().substr(0, 80);
+    Object fresh = config_map("fresh");
+    fresh["metadata"][c.field] = c.value;
+    Object updated = store.get(kConfigMaps, "default", "target");
+    updated["metadata"][c.field] = c.value;
+    const Object patch = {{"metadata", {{c.field, c.value}}}};
+    for (const auto& write : std::vector<std::function<void()>>{
+             [&] { store.create(kConfigMaps, "default", fresh); },
+             [&] { store.update(kConfigMaps, "default", updated); },
+             [&] { store.merge_patch(kConfigMaps, "default", "target", patch); }}) {
+      try {
+        write();
+        ADD_FAILURE() << "accepted: " << what;
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.code(), 422) << what;
+        EXPECT_NE(std::string(e.what()).find(c.path), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_EQ(api_error_code([&] { store.get(kConfigMaps, "default", "fresh"); }), 404);
+  EXPECT_NO_THROW(store.remove(kConfigMaps, "default", "target"));  // deletes still work
+}
+
+// The API server's object size bound (etcd's 1.5 MiB), and a watch history bounded in bytes:
+// 200 patches of a large object once grew the history to gigabytes.
+TEST(Store, ObjectsAreBoundedInSize_AndTheWatchHistoryInBytes) {
+  StoreOptions options;
+  options.history_limit_bytes = 8 << 20;
+  Store store(options);
+  Object huge = config_map("huge");
+  huge["data"]["k"] = std::string(2 << 20, 'x');
+  EXPECT_EQ(api_error_code([&] { store.create(kConfigMaps, "default", huge); }), 413);
+  Object large = config_map("large");
+  large["data"]["k"] = std::string(1 << 20, 'x');
+  store.create(kConfigMaps, "default", large);
+  const std::string first = store.resource_version();
+  EXPECT_EQ(api_error_code([&] {
+              store.merge_patch(kConfigMaps, "default", "large",
+                                {{"data", {{"more", std::string(1 << 20, 'y')}}}});
+            }),
+            413);
+  for (int i = 0; i < 20; ++i)
+    store.merge_patch(kConfigMaps, "default", "large", {{"data", {{"n", std::to_string(i)}}}});
+  // 20 changes of ~2 MiB each (object and its old copy) do not fit 8 MiB: the oldest are gone.
+  kube::WatchOptions from_first;
+  from_first.resource_version = first;
+  EXPECT_EQ(api_error_code([&] { store.watch(kConfigMaps, "default", from_first); }), 410);
+  kube::WatchOptions recent;
+  recent.resource_version = std::to_string(std::stoll(store.resource_version()) - 2);
+  EXPECT_NO_THROW(store.watch(kConfigMaps, "default", recent));
 }
 
 TEST(Store, Crd_RegistersItsResource_WithStatusSubresource_AndDeletingItRemovesIt) {

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "api/error.h"
 #include "api/plan.h"
@@ -82,6 +87,61 @@ TEST(HostileYaml, BillionLaughs_IsRefusedByTheValueBudget) {
     doc += "]\n";
   }  // 10^10 values once expanded
   EXPECT_NE(yaml_error(doc).find("more than 1000000 values"), std::string::npos) << yaml_error(doc);
+}
+
+// Aliases of one long string: a 100 KB file once expanded to ~10 GB within the value bound and
+// aborted with bad_alloc. The expanded bytes are bounded too.
+TEST(HostileYaml, AliasesOfALongString_AreRefusedByTheByteBudget) {
+  std::string doc = "a: &a \"" + std::string(100000, 'x') + "\"\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n";
+  doc += "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n";
+  EXPECT_NE(yaml_error(doc).find("MiB of text (after expanding aliases)"), std::string::npos)
+      << yaml_error(doc);
+}
+
+// One manifest per file: a second document was once read as nothing at all.
+TEST(HostileYaml, SeveralDocuments_AreRefused_OneWithSeparatorsIsRead) {
+  EXPECT_NE(yaml_error("a: 1\n---\nb: 2\n").find("2 YAML documents"), std::string::npos)
+      << yaml_error("a: 1\n---\nb: 2\n");
+  EXPECT_EQ(api::yaml_to_json("---\na: 1\n---\n", "x"), Json({{"a", 1}}));
+}
+
+TEST(HostileJson, DuplicateKeys_AreRefusedAtAnyDepth) {
+  EXPECT_THROW(api::parse_json(R"({"a": 1, "a": 2})", "x.json"), Error);
+  try {
+    api::parse_json(R"({"spec": {"steps": 1, "x": [{"k": 1}], "steps": 2}})", "x.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate key \"steps\""), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(api::parse_json(R"({"a": {"k": 1}, "b": {"k": 2}, "c": [{"k": 1}, {"k": 2}]})", "x"));
+}
+
+// Job files are regular files of bounded size: /dev/zero and /dev/urandom once aborted, a FIFO
+// hung, and nothing bounded the bytes read.
+TEST(HostileFiles, NonRegularAndOversizedFiles_AreRefusedWithoutReading) {
+  const std::string dir = ::testing::TempDir() + "kt-hostile-files";
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/job.fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero"), std::string("/dev/urandom"), dir}) {
+    try {
+      api::read_file(path);
+      ADD_FAILURE() << "read " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  const std::string big = dir + "/big.yaml";
+  std::ofstream(big) << std::string(2048, '#');
+  EXPECT_EQ(api::read_file(big, 4096).size(), 2048u);
+  try {
+    api::read_file(big, 1024);
+    ADD_FAILURE() << "read past the bound";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the limit of 1024"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HostileYaml, DeepFlowNesting_IsRefusedBeforeTheParserRecurses) {
@@ -172,6 +232,18 @@ TEST(TrainingJob, JsonRoundTripKeepsEverything) {
   const auto again = api::decode_training_job(encoded);
   EXPECT_EQ(api::to_json(again), encoded);
   EXPECT_EQ(again.spec.resources.tolerations[0]["key"], "k");
+}
+
+// `kubetrain run` builds paths from the namespace: only a DNS-1123 label passes.
+TEST(Validation, NamespaceIsADns1123Label) {
+  for (const char* ns : {"../../../../tmp/ESCAPED", "a/b", "Upper", "-lead", ".."})
+    EXPECT_NE(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n",
+                          std::string("{name: j, namespace: \"") + ns + "\"}")
+                  .find("metadata.namespace"),
+              std::string::npos)
+        << ns;
+  EXPECT_EQ(first_error("  model: {preset: tiny}\n  training: {steps: 10}\n", "{name: j, namespace: team-a}"),
+            "");
 }
 
 TEST(Validation, NamesTheFieldAndTheValue) {

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -253,6 +255,34 @@ TEST_F(HttpServerTest, MalformedRequestsGet400AndTheServerLivesOn) {
 TEST_F(HttpServerTest, EmptyLinesBeforeARequestAreIgnored) {
   EXPECT_EQ(status_of(round_trip(port_, "\r\n\r\nGET /ok HTTP/1.1\r\nConnection: close\r\n\r\n")),
             200);
+}
+
+// 600 idle connections (no request, no token needed) once locked everyone out with 503 for the
+// idle timeout (90 s), /healthz included: when the server is full, the longest idle connection is
+// closed to make room.
+TEST_F(HttpServerTest, IdleConnectionsCannotLockOthersOut) {
+  // Both ends of each connection are in this process: 1,200 descriptors and a few.
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::max<rlim_t>(files.rlim_cur, std::min<rlim_t>(files.rlim_max, 4096));
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < 1300) GTEST_SKIP() << "needs 1,300 file descriptors; the hard limit is lower";
+  std::vector<int> idle;
+  for (int i = 0; i < 600; ++i) {
+    const int fd = connect_to(port_);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  int status = 0;
+  while (status != 200 && std::chrono::steady_clock::now() - started < 20s) {
+    status = status_of(round_trip(port_, "GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n"));
+    if (status != 200) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);  // not the 90 s idle timeout
+  for (const int fd : idle) ::close(fd);
+  expect_alive();
 }
 
 TEST_F(HttpServerTest, StopEndsOpenStreamsAndIdleConnections) {

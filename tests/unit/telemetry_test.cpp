@@ -574,8 +574,8 @@ TEST(Exposition, ARemovedChildEndsItsSeries_OthersStay) {
 TEST(WorkerMetrics, PassesPromtoolCheckMetrics) {
   const std::string promtool = find_on_path("promtool");
   ASSERT_FALSE(promtool.empty())
-      << "promtool is not on PATH; install it (Debian: apt-get install prometheus) — DESIGN.md "
-         "§10 requires the worker exposition to pass `promtool check metrics`";
+      << "promtool is not on PATH; install it (Debian: apt-get install prometheus) — docs/METRICS.md "
+         "requires the worker exposition to pass `promtool check metrics`";
   const std::string file = ::testing::TempDir() + "kubetrain_worker_metrics.prom";
   std::ofstream(file) << worker_exposition();
   const std::string command = promtool + " check metrics < '" + file + "' 2>&1";
