@@ -1,6 +1,7 @@
 #include "worker/step_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,8 +66,22 @@ StepLog::StepLog(const std::string& path) : path_(path) {
   std::error_code ec;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot open the step log: " + std::strerror(errno));
+  // O_NONBLOCK: a FIFO there must not block the worker (and its SIGTERM) in open().
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
+  struct stat info {};
+  std::string why = fd_ < 0 ? std::strerror(errno) : "";
+  if (fd_ >= 0 && (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode))) {
+    why = "not a regular file";
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (fd_ < 0) {
+    // The record is for reports; a directory nobody can write (read-only, full) must not stop
+    // training, any more than a failing checkpoint does (each save reports its own failure).
+    failed_ = true;
+    std::fprintf(stderr, "warning: %s: cannot keep the step log (%s); training goes on\n",
+                 path.c_str(), why.c_str());
+  }
 }
 
 StepLog::~StepLog() {
