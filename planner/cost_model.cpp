@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "api/cpu_activations.h"
 #include "api/error.h"
 #include "api/flops.h"
 #include "api/quantity.h"
@@ -24,7 +25,11 @@ constexpr double kCudaContextBytes = 0.5 * api::kGiB;
 constexpr double kFragmentationReserve = 0.05;
 // cuBLAS(Lt) workspace, cuDNN attention workspace and NCCL channel buffers.
 constexpr double kGpuWorkspaceBytes = 512 * api::kMiB;
-constexpr double kCpuWorkspaceBytes = 64 * api::kMiB;
+// A CPU rank process's own memory before any tensor: the binary and its libraries (oneDNN,
+// Gloo, OpenMP), thread stacks, the allocator's arenas, the data loader and the metrics server.
+// Measured: kubetrain-worker train of the tiny preset peaks at 210 MiB of PSS (2026-12-07, the
+// 2-core build host, docs/PERFORMANCE.md "Memory"); 256 MiB leaves room for more threads.
+constexpr double kCpuProcessBytes = 256 * api::kMiB;
 // Host memory left to the OS, the kubelet, data loaders and the page cache.
 constexpr double kHostUsableFraction = 0.85;
 using api::kAdamBytesPerParam;
@@ -655,6 +660,36 @@ double stage_cut_step_floor(const ParallelConfig& c, int64_t cut_stage,
          static_cast<double>(cut_stage) * a + static_cast<double>(c.pp - cut_stage) * b;
 }
 
+// What a CPU rank's model allocates for activations (api/cpu_activations.h, the worker's own
+// layout): per lane (the micro-batch, or each of its two Oases sub-batches) the activations and
+// their gradients, and the activations of each further micro-batch in flight on a pipeline
+// stage, in fp32 whatever the precision; and the vocabulary-parallel cross-entropy's scratch.
+double cpu_activation_bytes(const Problem& p, const ParallelConfig& c, const Shape& sh,
+                            double in_flight) {
+  const auto& m = p.model;
+  const int64_t lanes = std::max<int64_t>(1, c.sub_batches);
+  const int64_t lane_b = std::max<int64_t>(1, c.micro_batch / lanes);
+  const int64_t Lw = c.recompute == Recompute::kNone ? sh.L : 1;
+  const int64_t Lp = c.recompute == Recompute::kFull ? 1 : sh.L;
+  // Every stage is charged the logits: the last has them, and a stage's memory is the fuller's.
+  const double per_lane = static_cast<double>(api::cpu_activation_floats(
+      sh.L, m.hidden, lane_b, m.seq_len, m.hidden / c.tp, m.heads / c.tp, m.ffn_hidden / c.tp,
+      m.padded_vocab() / c.tp, Lw, Lp));
+  const double copies = 1 + std::max(1.0, std::ceil(in_flight));
+  const double scratch = c.tp > 1 ? 3.0 * lane_b * m.seq_len : 0;
+  return static_cast<double>(lanes) * (copies * per_lane + scratch) * 4;
+}
+
+// A CPU rank's memory besides its tensors: the process itself (kCpuProcessBytes); a checkpoint
+// save's staging copy of one tensor at a time (the largest: the token embedding); and with data
+// parallelism the gradient buckets the DP sum packs (fp32, every gradient of the rank).
+double cpu_workspace_bytes(const Problem& p, const ParallelConfig& c, const Shape& sh) {
+  const double largest_tensor = static_cast<double>(p.model.padded_vocab()) * p.model.hidden /
+                                static_cast<double>(c.tp) * 4;
+  const double dp_buckets = c.dp > 1 ? sh.params_rank * 4 : 0;
+  return kCpuProcessBytes + largest_tensor + dp_buckets;
+}
+
 Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   using api::OffloadMode;
   if (c.cut_layer > 0 && c.pp > 1) {
@@ -686,13 +721,18 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
 
   // ---- device memory per rank ----
   const double resident_params = params_rank - streamed * lay;
-  mem.params = (resident_params + slots * lay) * bpe;
+  // A CPU rank's model holds every parameter of its stage in fp32 (and a bf16 copy for the
+  // matmuls), whatever is offloaded: the offload engine's host state comes on top (below).
+  mem.params = p.cpu_device ? params_rank * (4 + (p.precision == api::Precision::kBf16 ? 2 : 0))
+                            : (resident_params + slots * lay) * bpe;
   // Gradients are fp32 in both workers whatever the compute precision (the models accumulate
   // them so, as Megatron's main_grad), for every parameter the device holds: the CUDA engine
   // keeps the CPU-updated units' gradients on the device too and copies them home after the
   // last micro-batch; a window slot holds its layer's; a CPU rank's model holds all of them.
   mem.grads = (p.cpu_device ? params_rank : resident_params + slots * lay) * kGradBytes;
-  mem.optimizer = gpu_params * (p.precision == api::Precision::kBf16 ? 12 : 8);
+  mem.optimizer = gpu_params * (p.cpu_device                              ? 8   // m, v
+                                : p.precision == api::Precision::kBf16 ? 12  // master, m, v
+                                                                       : 8);
   if (c.distributed_optimizer) mem.optimizer /= static_cast<double>(c.dp);  // ZeRO-1
   const double act_scale = bpe / 2;
   const int64_t layers_on_device = window ? L - streamed + slots : L;
@@ -712,9 +752,10 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
   // fp32 logits / probabilities (B, T, V/t) and the embedding output.
   activations += b * m.seq_len * static_cast<double>(m.padded_vocab()) / c.tp * 4;
   activations += 2 * b * m.seq_len * m.hidden * bpe;
+  if (p.cpu_device) activations = cpu_activation_bytes(p, c, sh, in_flight);
   mem.activations = activations;
   const double capacity = device_capacity(p, c);
-  mem.workspace = p.cpu_device ? kCpuWorkspaceBytes : kGpuWorkspaceBytes;
+  mem.workspace = p.cpu_device ? cpu_workspace_bytes(p, c, sh) : kGpuWorkspaceBytes;
   // The CUDA distributed optimizer keeps the reduce-scattered shard gradients (fp32) and two
   // buckets each of a unit's packed fp32 gradients and bf16 weights, sized for the widest unit
   // (the embeddings'; worker/cuda_offload.h).
@@ -722,7 +763,10 @@ Evaluation evaluate_memory(const Problem& p, const ParallelConfig& c) {
     mem.grads += gpu_params / static_cast<double>(c.dp) * 4;
     mem.workspace += 2 * std::max(lay, sh.emb) * (4 + 2);
   }
-  mem.reserve = kFragmentationReserve * capacity + (p.cpu_device ? 0 : kCudaContextBytes);
+  // The caching allocator's fragmentation on a GPU is a share of the device; a CPU rank's
+  // allocations are made once, so its slack is a share of what it holds.
+  mem.reserve = p.cpu_device ? kFragmentationReserve * mem.total()
+                             : kFragmentationReserve * capacity + kCudaContextBytes;
   pred.device_capacity_bytes = capacity;
 
   // ---- host memory per node ----
