@@ -5,7 +5,7 @@ JOBS ?= 2
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test bench fuzz image clean
+.PHONY: all deps configure build binaries run test bench fuzz image clean
 
 all: build
 
@@ -19,8 +19,12 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The three programs alone (the tests and benchmarks are `make build`'s, built by `make test`).
+binaries: configure
+	cmake --build $(BUILD) -j $(JOBS) --target kubetrain kubetrain-worker kubetrain-operator
+
 # The main job: train the tiny GPT on this machine through the operator's local control plane.
-run: build
+run: binaries
 	$(BUILD)/bin/kubetrain run examples/jobs/tiny.yaml
 
 # The GPU tests (ctest label gpu) need a CUDA GPU: they are registered disabled here and run by
