@@ -224,9 +224,12 @@ Node decode_kubectl_node(const Json& item, const std::string& path) {
     if (mem != node.labels.end()) {
       char* end = nullptr;
       const double mib = std::strtod(mem->second.c_str(), &end);
-      if (end == mem->second.c_str() || *end != '\0' || mib <= 0)
+      // At most 16 TiB a GPU (the largest today have 0.2 TiB): a label of 10^20 MiB would
+      // otherwise be planned with.
+      constexpr double kMaxGpuMemoryMiB = 16.0 * 1024 * 1024;
+      if (end == mem->second.c_str() || *end != '\0' || !(mib > 0 && mib <= kMaxGpuMemoryMiB))
         throw FieldError(label_path + "nvidia.com/gpu.memory",
-                         "must be MiB as a number, got \"" + mem->second + "\"");
+                         "must be MiB as a number from 1 to 16777216, got \"" + mem->second + "\"");
       gpu_memory = mib * kMiB;
     }
   }

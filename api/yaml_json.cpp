@@ -14,6 +14,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "api/error.h"
@@ -110,6 +111,47 @@ Json convert(const YAML::Node& node, int depth, Budget& budget) {
     }
   }
   return nullptr;
+}
+
+// One document per file: a `---` (or `...`) line after content starts another, which YAML::Load
+// would silently drop. A linear scan of the lines (yaml-cpp 0.7's LoadAll loops without end on
+// some malformed streams: the fuzzer found one): content is any line that is not blank, a
+// comment or a directive; a marker line at column 0 after content, followed by more content,
+// is a second document.
+void check_one_document(const std::string& text) {
+  bool content = false, marker_after_content = false;
+  size_t documents = 0, start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
+    const bool marker = (line.substr(0, 3) == "---" || line.substr(0, 3) == "...") &&
+                        (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+    if (marker) {
+      if (content) marker_after_content = true;
+      // "--- value" carries content on the marker's line.
+      const size_t rest = line.find_first_not_of(" \t\r", 3);
+      if (rest != std::string_view::npos && line[rest] != '#' && line.substr(0, 3) == "---") {
+        if (marker_after_content) ++documents;
+        marker_after_content = false;
+        content = true;
+        if (documents == 0) documents = 1;
+      }
+    } else {
+      const size_t first = line.find_first_not_of(" \t\r");
+      const bool blank = first == std::string_view::npos || line[first] == '#' ||
+                         (first == 0 && line[0] == '%');
+      if (!blank) {
+        if (!content || marker_after_content) ++documents;
+        content = true;
+        marker_after_content = false;
+      }
+    }
+    start = end + 1;
+  }
+  if (documents > 1)
+    throw Error(std::to_string(documents) +
+                " YAML documents: one is read from each file (split them, one per file)");
 }
 
 bool reads_as_non_string(const std::string& s) {
@@ -225,16 +267,9 @@ Json yaml_to_json(const std::string& text, const std::string& source) {
   }
   try {
     check_flow_depth(text);
+    check_one_document(text);
     Budget budget;
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    size_t non_empty = 0;
-    for (const YAML::Node& d : documents) non_empty += d.IsNull() ? 0 : 1;
-    if (non_empty > 1)
-      throw Error(std::to_string(non_empty) +
-                  " YAML documents: one is read from each file (split them, one per file)");
-    for (const YAML::Node& d : documents)
-      if (!d.IsNull()) return convert(d, 0, budget);
-    return nullptr;
+    return convert(YAML::Load(text), 0, budget);
   } catch (const YAML::Exception& e) {
     throw Error(source + ":" + std::to_string(e.mark.line + 1) + ":" +
                 std::to_string(e.mark.column + 1) + ": malformed YAML: " + e.msg);

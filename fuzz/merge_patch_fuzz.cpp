@@ -74,6 +74,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   (void)first.dump();
+  // Owner references that name no existing object: the garbage collector took it at once.
+  try {
+    world.store.get(r, "default", name);
+  } catch (const kt::kube::ApiError& e) {
+    FUZZ_CHECK(e.not_found(), std::string("a patched object cannot be read: ") + e.what());
+    FUZZ_CHECK(first["metadata"].contains("ownerReferences"),
+               "a patched object without owner references vanished:\n" + patch.dump());
+    return 0;
+  }
   // A resourceVersion in a patch is a precondition: the second time it is stale (409).
   if (patch.contains("metadata") && patch["metadata"].is_object() &&
       patch["metadata"].contains("resourceVersion") &&

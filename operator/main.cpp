@@ -29,6 +29,7 @@
 #include "operator/kube/leader_election.h"
 #include "operator/kube/metrics.h"
 #include "operator/kube/rest_client.h"
+#include "telemetry/process_metrics.h"
 #include "telemetry/http_get.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
     const kt::kube::Config config = kt::kube::load_config(kubeconfig);
     if (lease_namespace.empty()) lease_namespace = config.namespace_;
     kt::telemetry::Registry registry;
+    kt::telemetry::add_process_metrics(registry, "operator", "0.1.0");
     kt::kube::KubeMetrics kube_metrics(registry);
     kt::controller::ControllerMetrics controller_metrics(registry);
     kt::kube::RestClientOptions rest_options;

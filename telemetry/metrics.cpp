@@ -305,7 +305,18 @@ Family<Histogram>& Registry::histogram(const std::string& name, const std::strin
   return add(std::make_unique<Family<Histogram>>(name, help, label_names, std::move(bounds)));
 }
 
+void Registry::on_expose(std::function<void()> refresh) {
+  std::lock_guard lock(mutex_);
+  refreshers_.push_back(std::move(refresh));
+}
+
 std::string Registry::expose() const {
+  std::vector<std::function<void()>> refreshers;
+  {
+    std::lock_guard lock(mutex_);
+    refreshers = refreshers_;
+  }
+  for (const auto& refresh : refreshers) refresh();
   std::string out;
   std::lock_guard lock(mutex_);
   for (const auto& [name, family] : families_) family->render(out, rendered_const_labels_);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -152,14 +153,19 @@ class Registry {
   // The text exposition format 0.0.4: families sorted by name, children by label values.
   std::string expose() const;
 
+  // `refresh` runs at the start of every expose(), before anything is rendered: for values read
+  // when scraped (a process's CPU time and memory). It must not call expose().
+  void on_expose(std::function<void()> refresh);
+
  private:
   template <typename Metric>
   Family<Metric>& add(std::unique_ptr<Family<Metric>> family);
 
   Labels const_labels_;
   std::string rendered_const_labels_;
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // guards families_ and refreshers_
   std::map<std::string, std::unique_ptr<detail::FamilyBase>> families_;
+  std::vector<std::function<void()>> refreshers_;
 };
 
 // Formatting helpers of the exposition format, public for tests and other exporters.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 #include "api/measured_profile.h"
 #include "api/plan.h"
 #include "api/yaml_json.h"
+#include "telemetry/process_metrics.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
 #include "telemetry/metrics_endpoint.h"
@@ -81,6 +83,7 @@ int cmd_train(const std::string& plan_path, const std::string& checkpoint_dir, i
                                     {"rank", std::to_string(rendezvous.rank)},
                                     {"node_rank", env_or("NODE_RANK", "0")}});
   kt::telemetry::WorkerMetrics metrics(registry);
+  kt::telemetry::add_process_metrics(registry, "worker", kVersion);
   metrics.predicted_step_seconds.set(plan.predicted.step_seconds);
   metrics.predicted_tokens_per_second.set(plan.predicted.tokens_per_second);
   for (const auto& [phase, seconds] : kt::worker::predicted_phase_seconds(plan.predicted.time))
@@ -269,7 +272,16 @@ int cmd_launch(const std::string& plan_path, const std::string& checkpoint_dir, 
                const std::string& metrics_address) {
   const kt::api::Plan plan = load_plan(plan_path);
   kt::worker::LaunchOptions options;
-  options.child_program = env_or("KUBETRAIN_LAUNCH_CHILD", "/proc/self/exe");
+  // This binary by its real path, not /proc/self/exe: the kernel names a process after the file
+  // it executes, and ranks named "exe" in ps, top and OOM reports say nothing.
+  std::string self = "/proc/self/exe";
+  {
+    std::error_code ec;
+    const std::filesystem::path real = std::filesystem::read_symlink("/proc/self/exe", ec);
+    // (A binary replaced or deleted since it started: its old path is gone, keep /proc/self/exe.)
+    if (!ec && std::filesystem::is_regular_file(real, ec)) self = real.string();
+  }
+  options.child_program = env_or("KUBETRAIN_LAUNCH_CHILD", self.c_str());
   options.child_args = {"train", "--plan", plan_path};
   if (!checkpoint_dir.empty()) {
     options.child_args.insert(options.child_args.end(), {"--checkpoint-dir", checkpoint_dir});
@@ -295,6 +307,23 @@ int cmd_launch(const std::string& plan_path, const std::string& checkpoint_dir, 
   options.metrics_port = metrics_port;
   options.metrics_address = metrics_address;
   return kt::worker::launch_ranks(options);
+}
+
+// The error a worker exits with, as its container's termination message (when the operator set
+// KUBETRAIN_TERMINATION_MESSAGE_PATH): a Prometheus comment line, `# error: <what>`, so that the
+// job's Failed condition says why and not only `kubectl logs` does. Best effort, within the
+// kubelet's 4 KiB.
+void write_error_message(const std::string& what) {
+  const char* env = std::getenv("KUBETRAIN_TERMINATION_MESSAGE_PATH");
+  if (!env || !*env) return;
+  std::string text = "# error: " + what;
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  if (text.size() > 4000) text = text.substr(0, 4000) + "...";
+  if (std::FILE* file = std::fopen(env, "w")) {
+    std::fputs((text + "\n").c_str(), file);
+    std::fclose(file);
+  }
 }
 
 // The profile as the container's termination message (what a profiling pod returns to the
@@ -440,14 +469,17 @@ int main(int argc, char** argv) {
     }
   } catch (const kt::Error& e) {
     std::fprintf(stderr, "kubetrain-worker: %s\n", e.what());
+    write_error_message(e.what());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "kubetrain-worker: out of memory (an allocation failed)\n");
+    write_error_message("out of memory (an allocation failed)");
     return 1;
   } catch (const std::exception& e) {
     // Not a signal: exit codes 128+ tell the operator to retry, and input that reaches an
     // unchecked library error would fail the same way again.
     std::fprintf(stderr, "kubetrain-worker: internal error: %s\n", e.what());
+    write_error_message(std::string("internal error: ") + e.what());
     return 1;
   }
   return 0;

@@ -358,6 +358,7 @@ class Controller::Pass {
     const bool ok = phase == JobPhase::kSucceeded;
     set_condition(ok ? "Succeeded" : "Failed", true, reason, message);
     set_condition("Running", false, reason, "");
+    clear_condition("PodsReady", reason);  // no pod of a finished job is ready any more
     clear_condition("Restarting", reason);
     status_.workers.ready = 0;
     if (status_.completion_time.empty()) status_.completion_time = rfc3339(now_);
@@ -1328,10 +1329,24 @@ Controller::Pass::Outcome Controller::Pass::restart_or_fail(const api::TrainingJ
   // Rank 0's last word on its checkpoints (whether it exited on its own or was stopped).
   if (gang.pods.count(0))
     checkpoint_health(parse_worker_progress(termination_message(gang.pods[0])));
+  // The container's own account: the kubelet's reason (OOMKilled) and the worker's error line in
+  // its termination message (`# error: ...`, worker/main.cpp).
+  std::string why;
+  const Object statuses =
+      (*gang.failed).value("status", Object::object()).value("containerStatuses", Object::array());
+  if (statuses.is_array() && !statuses.empty() && statuses[0].is_object()) {
+    const Object terminated =
+        statuses[0].value("state", Object::object()).value("terminated", Object::object());
+    if (terminated.is_object() && terminated.value("reason", Object("")) == Object("OOMKilled"))
+      why = " (OOMKilled: over its limits.memory)";
+  }
+  const std::string last_words = termination_message(*gang.failed);
+  if (const auto at = last_words.find("# error: "); at != std::string::npos)
+    why += ": " + last_words.substr(at + 9, last_words.find('\n', at) - at - 9);
   const std::string what =
       was_evicted ? "pod " + pod_name + " was evicted"
                   : "pod " + pod_name + " failed" +
-                        (code ? " with exit code " + std::to_string(*code) : std::string());
+                        (code ? " with exit code " + std::to_string(*code) : std::string()) + why;
   // Exit codes 1-127 are the program's own verdict (bad data, a bug): permanent. 128+ are
   // signals (OOM kill, node shutdown, preemption): retryable.
   const bool retryable = was_evicted || !code || *code >= 128;
@@ -1420,6 +1435,17 @@ void Controller::Pass::create_missing(const api::TrainingJob& job, Gang& gang,
   if (missing.empty()) return;
   require_live_job();
   if (!ensure_pod_group(job, gang, result)) return;
+  // A pod of a gang that was already up is gone without a failure of its own (deleted by hand,
+  // or by something else): it is made again, and said so.
+  if (!status_.start_time.empty() &&
+      (status_.phase == JobPhase::kRunning || status_.phase == JobPhase::kStarting)) {
+    std::string names;
+    for (const int64_t rank : missing)
+      names += (names.empty() ? "" : ", ") + worker_pod_name(name_, rank);
+    event("Warning", "WorkerPodRecreated",
+          "worker pod(s) " + names + " of attempt " + std::to_string(gang.attempt) +
+              " disappeared without failing (deleted?); creating them again");
+  }
 
   struct Created {
     std::optional<Object> pod;

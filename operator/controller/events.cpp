@@ -9,6 +9,19 @@
 
 namespace kt::controller {
 
+std::string logfmt_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
 void create_event(kube::Client& client, const kube::Object& event) {
   const kube::Object& meta = event.at("metadata");
   const std::string ns = meta.value("namespace", "default");
@@ -17,10 +30,10 @@ void create_event(kube::Client& client, const kube::Object& event) {
   } catch (const kt::Error& e) {
     const kube::Object& about = event.value("involvedObject", kube::Object::object());
     std::fprintf(stderr,
-                 "level=error msg=\"server rejected event (will not retry)\" object=%s/%s "
-                 "reason=%s err=\"%s\"\n",
-                 ns.c_str(), about.value("name", "").c_str(), event.value("reason", "").c_str(),
-                 e.what());
+                 "ts=%s level=error msg=\"server rejected event (will not retry)\" object=%s/%s "
+                 "reason=%s err=%s\n",
+                 kube::now_rfc3339().c_str(), ns.c_str(), about.value("name", "").c_str(),
+                 event.value("reason", "").c_str(), logfmt_quoted(e.what()).c_str());
   }
 }
 
@@ -32,14 +45,24 @@ EventRecorder::~EventRecorder() {
 }
 
 void EventRecorder::record(kube::Object event) {
+  // Every event is also a log line: what the operator decided (a plan chosen, a restart, a job
+  // that succeeded or failed) is in its log even where Events expire after an hour.
+  {
+    const kube::Object& about = event.value("involvedObject", kube::Object::object());
+    std::fprintf(stderr, "ts=%s level=%s msg=\"event\" object=%s/%s kind=%s reason=%s message=%s\n",
+                 kube::now_rfc3339().c_str(), event.value("type", "") == "Warning" ? "warn" : "info",
+                 about.value("namespace", "").c_str(), about.value("name", "").c_str(),
+                 about.value("kind", "").c_str(), event.value("reason", "").c_str(),
+                 logfmt_quoted(event.value("message", "")).c_str());
+  }
   std::lock_guard lock(mutex_);
   if (stopping_ || queue_.size() >= max_queued_) {
     // Said on the first drop and then every 100th, not once per Event.
     if (dropped_++ % 100 == 0)
       std::fprintf(stderr,
-                   "level=error msg=\"event queue full or stopped; dropping events\" "
+                   "ts=%s level=error msg=\"event queue full or stopped; dropping events\" "
                    "dropped=%zu max_queued=%zu\n",
-                   dropped_, max_queued_);
+                   kube::now_rfc3339().c_str(), dropped_, max_queued_);
     return;
   }
   queue_.push_back(std::move(event));

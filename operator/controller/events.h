@@ -23,6 +23,9 @@ namespace kt::controller {
 // Creates `event` (a v1 Event with metadata.namespace) now; a rejection is logged, not thrown.
 void create_event(kube::Client& client, const kube::Object& event);
 
+// `text` as a logfmt value: quoted, with quotes, backslashes and line breaks escaped.
+std::string logfmt_quoted(const std::string& text);
+
 class EventRecorder {
  public:
   explicit EventRecorder(kube::Client& client, std::size_t max_queued = 1000);

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "api/inventory.h"
+#include "operator/controller/events.h"
+#include "operator/kube/objects.h"
 
 namespace kt::controller {
 
@@ -247,7 +249,8 @@ void Manager::work() {
       // again. Everything else is worth a line.
       const auto* api = dynamic_cast<const kube::ApiError*>(&e);
       if (!api || !(api->conflict() || api->already_exists()))
-        std::fprintf(stderr, "kubetrain-operator: reconcile %s: %s\n", key->c_str(), e.what());
+        std::fprintf(stderr, "ts=%s level=error msg=\"reconcile failed; retrying\" job=%s err=%s\n",
+                     kube::now_rfc3339().c_str(), key->c_str(), logfmt_quoted(e.what()).c_str());
       queue_.add_rate_limited(*key);
     }
     if (controller_metrics_)

@@ -1156,6 +1156,55 @@ TEST_F(ControllerTest, RetryableWorkerFailure_RestartsTheWholeGang_ThenFailsAfte
   EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "Restarting"), 2);
 }
 
+// The worker's own error (its termination message's `# error:` line) and the kubelet's OOMKilled
+// are in the condition, not only in `kubectl logs`; a finished job's PodsReady is False.
+TEST_F(ControllerTest, WorkerError_IsInTheFailedCondition_AndPodsReadyTurnsFalse) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  EXPECT_EQ(condition("PodsReady")["status"], "True");
+  const Object terminated = {{"exitCode", 1},
+                             {"reason", "Error"},
+                             {"message", "# error: no file matches /data/train_*.bin\n"}};
+  set_pod_status("job-worker-0",
+                 {{"phase", "Failed"},
+                  {"containerStatuses",
+                   Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+  reconcile();
+  EXPECT_EQ(status()["phase"], "Failed");
+  const std::string message = condition("Failed")["message"];
+  EXPECT_NE(message.find("exit code 1: no file matches /data/train_*.bin"), std::string::npos)
+      << message;
+  EXPECT_EQ(condition("PodsReady")["status"], "False");
+
+  store.create(kTrainingJobs, "default", tiny_job("oom"));
+  reconcile("oom");
+  const Object killed = {{"exitCode", 137}, {"reason", "OOMKilled"}};
+  set_pod_status("oom-worker-0",
+                 {{"phase", "Failed"},
+                  {"containerStatuses",
+                   Object::array({{{"name", "worker"}, {"state", {{"terminated", killed}}}}})}});
+  reconcile("oom");
+  EXPECT_EQ(status("oom")["phase"], "Restarting");
+  EXPECT_NE(condition("Restarting", "oom")["message"].get<std::string>().find("OOMKilled"),
+            std::string::npos);
+}
+
+TEST_F(ControllerTest, WorkerPodDeletedByHand_IsCreatedAgain_WithAnEvent) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  set_pod_running("job-worker-0");
+  reconcile();
+  auto reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "WorkerPodRecreated"), 0);
+  store.remove(kPods, "default", "job-worker-0");
+  reconcile();
+  EXPECT_EQ(pods().size(), 1u);
+  reasons = event_reasons();
+  EXPECT_EQ(std::count(reasons.begin(), reasons.end(), "WorkerPodRecreated"), 1);
+}
+
 TEST_F(ControllerTest, PermanentExitCode_FailsAtOnce) {
   store.create(kTrainingJobs, "default", tiny_job("job"));
   reconcile();

@@ -204,6 +204,26 @@ TEST_F(PodRunnerTest, OverItsMemoryLimit_IsOOMKilledWithExitCode137) {
   EXPECT_EQ(fits["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 0);
 }
 
+// A pod's kubeconfig holds its ServiceAccount's bearer token: readable by its owner only (it was
+// 0644); and what a local pod listens on is the loopback (it listened on every address).
+TEST_F(PodRunnerTest, PodKubeconfig_IsPrivate_AndListenersStayOnLoopback) {
+  runner->stop();
+  PodRunnerOptions o;
+  o.node_name = "local";
+  o.work_dir = dir.string();
+  o.worker_binary = "/bin/echo";
+  o.service_account_kubeconfig = [](const std::string&, const std::string&) {
+    return std::string("users: [{user: {token: kt-secret}}]\n");
+  };
+  runner = std::make_unique<PodRunner>(store, o);
+  store.create(kPods, "default",
+               shell_pod("creds", "stat -c %a \"$KUBECONFIG\"; echo listen=$KUBETRAIN_LISTEN_ADDRESS"));
+  wait_for_phase("creds", "Succeeded");
+  const std::string log = read(runner->log_path("default", "creds"));
+  EXPECT_NE(log.find("\n600\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("listen=127.0.0.1"), std::string::npos) << log;
+}
+
 TEST_F(PodRunnerTest, RunningPod_IsReady_AndDeletingItKillsTheProcess) {
   store.create(kPods, "default", shell_pod("sleeper", "sleep 60"));
   const Object pod = wait_for_phase("sleeper", "Running");

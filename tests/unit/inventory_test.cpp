@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "api/yaml_json.h"
+
 #include "api/error.h"
 #include "api/hardware.h"
 #include "api/quantity.h"
@@ -71,6 +73,22 @@ TEST(Inventory, NodesThatAreNotReady_OrTaintedSo_TakeNoPods) {
   api::Json cordoned = ready;
   cordoned["spec"]["unschedulable"] = true;
   EXPECT_FALSE(api::node_accepts_pods(cordoned));
+}
+
+// GPU Feature Discovery's memory label is outside data: 10^20 MiB was once planned with.
+TEST(Inventory, GpuMemoryLabelBeyondAnyGpu_IsAFieldError) {
+  api::Json nodes = api::load_document(test::source_path("tests/data/kubectl-nodes.json"));
+  for (const char* value : {"99999999999999999999", "0", "-5", "1e400", "lots"}) {
+    nodes["items"][0]["metadata"]["labels"]["nvidia.com/gpu.memory"] = value;
+    try {
+      api::decode_kubectl_nodes(nodes);
+      ADD_FAILURE() << "accepted " << value;
+    } catch (const FieldError& e) {
+      EXPECT_NE(e.path().find("nvidia.com/gpu.memory"), std::string::npos) << e.path();
+    }
+  }
+  nodes["items"][0]["metadata"]["labels"]["nvidia.com/gpu.memory"] = "143771";
+  EXPECT_DOUBLE_EQ(api::decode_kubectl_nodes(nodes).nodes[0].hardware.memory_bytes, 143771 * api::kMiB);
 }
 
 TEST(Inventory, UnknownProductNamesTheField) {

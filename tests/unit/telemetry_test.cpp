@@ -23,6 +23,7 @@
 #include "telemetry/http_get.h"
 #include "telemetry/http_server.h"
 #include "telemetry/metrics.h"
+#include "telemetry/process_metrics.h"
 #include "telemetry/metrics_endpoint.h"
 #include "telemetry/worker_metrics.h"
 
@@ -68,6 +69,31 @@ TEST(Exposition, RendersSortedFamiliesWithConstLabelsEscapingAndCumulativeBucket
       "rpc_duration_seconds_sum{job=\"gpt\",rank=\"0\",method=\"put\"} 0\n"
       "rpc_duration_seconds_count{job=\"gpt\",rank=\"0\",method=\"put\"} 0\n";
   EXPECT_EQ(registry.expose(), expected);
+}
+
+// The process collector of every Prometheus client library, read when scraped, and the build
+// info: the operator and the workers had neither.
+TEST(Exposition, ProcessMetrics_AreReadWhenScraped) {
+  Registry registry({{"rank", "0"}});
+  add_process_metrics(registry, "worker", "9.9.9");
+  std::vector<char> burn(64 << 20, 1);  // resident pages and some CPU time
+  double sum = 0;
+  for (int round = 0; round < 20; ++round)
+    for (size_t i = 0; i < burn.size(); i += 64) sum += burn[i] * round;
+  const std::string text = registry.expose();
+  EXPECT_NE(text.find("kubetrain_build_info{rank=\"0\",component=\"worker\",version=\"9.9.9\"} 1\n"),
+            std::string::npos) << text;
+  const auto value = [&](const std::string& name) {
+    const auto at = text.find("\n" + name + "{rank=\"0\"} ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(text.substr(text.find("} ", at) + 2));
+  };
+  EXPECT_GT(value("process_resident_memory_bytes"), 64.0 * (1 << 20)) << text;
+  EXPECT_GE(value("process_virtual_memory_bytes"), value("process_resident_memory_bytes"));
+  EXPECT_GT(value("process_cpu_seconds_total"), 0) << sum;
+  EXPECT_GT(value("process_start_time_seconds"), 1.7e9);  // after 2023
+  EXPECT_GE(value("process_open_fds"), 3);
+  EXPECT_GE(value("process_max_fds"), value("process_open_fds"));
 }
 
 TEST(Exposition, UnlabelledFamiliesStartAtZeroAndEmptyLabelledFamiliesAreOmitted) {
