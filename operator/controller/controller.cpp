@@ -517,6 +517,9 @@ class Controller::Pass {
     std::optional<Object> config_map;  // <job>-plan: the plan, the attempt, the restart count
     int64_t attempt = 0;
     bool attempt_pods_exist = false;  // any pod of this attempt, whatever its phase
+    // Every pod of this attempt is Pending and Unschedulable: its plan was made for a cluster
+    // that is not there (e.g. from a moment when other pods were missing from the cache).
+    bool attempt_unschedulable = false;
     std::set<int64_t> attempt_ranks;  // the node ranks of those pods
     std::map<int64_t, Object> rendered;  // pods reserved in the tracker, to create as they are
     std::optional<api::Plan> plan;
@@ -573,6 +576,7 @@ class Controller::Pass {
   // The profile ConfigMap (name, profile) of each node kind that has one, as last listed.
   std::map<std::string, std::pair<std::string, api::MeasuredProfile>> stored_by_kind_;
   std::optional<bool> job_exists_;  // require_live_job()'s answer, asked once per pass
+  bool replanning_unschedulable_ = false;  // plan(): the gang's pods cannot be scheduled
   // Last: destroyed first, it waits for the create that uses the members above.
   std::future<void> service_create_;
 };
@@ -719,7 +723,7 @@ std::optional<api::Plan> Controller::Pass::plan_for(const api::TrainingJob& job,
   }
 
   const bool plan_changed = !stored || stored->plan_hash != plan.plan_hash;
-  if (plan_changed && pods_exist) {  // the running gang executes the old plan
+  if (plan_changed && (pods_exist || replanning_unschedulable_)) {  // pods of the old plan
     ++attempt;
     gang.attempt_ranks.clear();
   }
@@ -1270,10 +1274,20 @@ Controller::Pass::Gang Controller::Pass::read_attempt(const std::vector<Object>&
     status_.restarts =
         std::max(status_.restarts, to_int(annotations.value(kRestartsAnnotation, ""), 0));
   }
-  for (const Object& p : pods)
-    if (to_int(label(p, kRestartAttemptLabel), -1) == gang.attempt)
-      gang.attempt_ranks.insert(to_int(label(p, kNodeRankLabel), -1));
+  bool all_unschedulable = true;
+  for (const Object& p : pods) {
+    if (to_int(label(p, kRestartAttemptLabel), -1) != gang.attempt) continue;
+    gang.attempt_ranks.insert(to_int(label(p, kNodeRankLabel), -1));
+    bool unschedulable = false;
+    if (phase_of(p) == "Pending")
+      for (const Object& c : p.value("status", Object::object()).value("conditions", Object::array()))
+        unschedulable |= c.is_object() && c.value("type", Object("")) == Object("PodScheduled") &&
+                         c.value("status", Object("")) == Object("False") &&
+                         c.value("reason", Object("")) == Object("Unschedulable");
+    all_unschedulable = all_unschedulable && unschedulable;
+  }
   gang.attempt_pods_exist = !gang.attempt_ranks.empty();
+  gang.attempt_unschedulable = gang.attempt_pods_exist && all_unschedulable;
   return gang;
 }
 
@@ -1282,7 +1296,11 @@ Controller::Pass::Gang Controller::Pass::read_attempt(const std::vector<Object>&
 Controller::Pass::Outcome Controller::Pass::plan(const api::TrainingJob& job, Gang& gang,
                                                  ReconcileResult& result) {
   if (status_.phase == JobPhase::kPending) set_phase(JobPhase::kPlanning);
-  gang.plan = plan_for(job, gang, gang.attempt_pods_exist, result);
+  // A gang none of whose pods can be scheduled is planned again for the cluster as it is now
+  // (a new attempt, not a restart, when the plan changes); otherwise it keeps its plan.
+  replanning_unschedulable_ = gang.attempt_unschedulable;
+  gang.plan = plan_for(job, gang, gang.attempt_pods_exist && !gang.attempt_unschedulable, result);
+  replanning_unschedulable_ = false;
   if (!gang.plan) return without_plan(job, result);
   if (!status_.plan) status_.plan = summarize(*gang.plan);
   gang.desired = static_cast<int64_t>(gang.plan->placement.size());

@@ -490,6 +490,39 @@ TEST_F(ControllerTest, JobThatFitsOnlyWithoutALongRunningPod_FailsInsteadOfWaiti
   }
 }
 
+// A plan made for a cluster that is not there (other pods missing from the inventory at that
+// moment) leaves a gang that can never be scheduled: once every pod of it is Unschedulable, the
+// job is planned again for the cluster as it is, as a new attempt (not a restart).
+TEST_F(ControllerTest, GangThatCannotBeScheduled_IsPlannedAgainForTheClusterAsItIs) {
+  store.create(kTrainingJobs, "default", tiny_job("job"));
+  reconcile();
+  Object pod = store.get(kPods, "default", "job-worker-0");
+  const double cpus = quantity(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]);
+  ASSERT_GT(cpus, 1.0) << "the test needs a plan that takes more than one of node-a's cores";
+  reconcile();  // a pass with nothing new keeps the plan and the pod
+  EXPECT_EQ(store.get(kPods, "default", "job-worker-0")["metadata"]["uid"], pod["metadata"]["uid"]);
+  store.create(kPods, "default",
+               {{"metadata", {{"name", "other"}, {"namespace", "default"}}},
+                {"spec",
+                 {{"nodeName", "node-a"},
+                  {"containers",
+                   {{{"name", "c"}, {"resources", {{"requests", {{"cpu", "3"}}}}}}}}}}});
+  set_pod_status("job-worker-0",
+                 {{"phase", "Pending"},
+                  {"conditions",
+                   Object::array({{{"type", "PodScheduled"},
+                                   {"status", "False"},
+                                   {"reason", "Unschedulable"},
+                                   {"message", "0/1 nodes are available: Insufficient cpu"}}})}});
+  reconcile();
+  reconcile();
+  const Object again = store.get(kPods, "default", "job-worker-0");
+  EXPECT_NE(again["metadata"]["uid"], pod["metadata"]["uid"]);
+  EXPECT_EQ(attempt_of(again), "1");
+  EXPECT_LE(quantity(again["spec"]["containers"][0]["resources"]["requests"]["cpu"]), 1.0);
+  EXPECT_EQ(status()["restarts"], 0);
+}
+
 TEST_F(ControllerTest, JobThatFitsOnlyWhenOtherPodsLeave_WaitsInsteadOfFailing) {
   // Another pod holds 15.5 of node-a's 16 GiB: GPT-2 124M on the CPU does not fit beside it,
   // but fits the node, so the job waits for the memory (it would fail on a smaller node).
