@@ -254,10 +254,11 @@ Store::Kind& Store::kind_of(const Resource& r) {
 }
 
 void Store::record(const Kind& kind, WatchEventType type, const Object& obj,
-                   const Object& old_obj) {
+                   const Object& old_obj, size_t obj_bytes) {
   const int64_t version = std::stoll(obj["metadata"]["resourceVersion"].get<std::string>());
   watches_.publish(version, kind_key(kind.resource), type, obj, old_obj,
-                   approx_bytes(obj) + approx_bytes(old_obj));
+                   (obj_bytes ? obj_bytes : approx_bytes(obj)) +
+                       (old_obj.is_null() ? 0 : approx_bytes(old_obj)));
 }
 
 Object Store::get(const Resource& r, const std::string& ns, const std::string& name) {
@@ -365,9 +366,9 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   o["apiVersion"] = r.api_version();
   o["kind"] = r.kind;
   admit(kind, o, /*create=*/true);
-  check_size(r, name, o);
+  const size_t bytes = check_size(r, name, o);
   kind.objects[key] = o;
-  record(kind, WatchEventType::Added, o, nullptr);
+  record(kind, WatchEventType::Added, o, nullptr, bytes);
   collect_if_orphaned(kind, key);
   return o;
 }
@@ -468,11 +469,11 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
                           generation_view(old, kind.status_subresource))
     next["metadata"]["generation"] = old["metadata"].value("generation", 1) + 1;
   if (next == old) return old;  // a no-op write keeps its version, as the API server does
-  check_size(r, name, next);
+  const size_t bytes = check_size(r, name, next);
   next["metadata"]["resourceVersion"] = next_version();
   Object previous = old;
   it->second = next;
-  record(kind, WatchEventType::Modified, next, previous);
+  record(kind, WatchEventType::Modified, next, previous, bytes);
   if (!status_only) collect_if_orphaned(kind, it->first);
   return next;
 }
@@ -605,14 +606,16 @@ void Store::collect_if_orphaned(Kind& kind, const std::string& key) {
 }
 
 // The API server's bound on an object (etcd's request limit, 1.5 MiB): a larger object is
-// refused, so that no client can grow the store (and its watch history) without bound.
-void Store::check_size(const Resource& r, const std::string& name, const Object& object) {
+// refused, so that no client can grow the store (and its watch history) without bound. Returns
+// the object's size, which the watch history counts.
+size_t Store::check_size(const Resource& r, const std::string& name, const Object& object) {
   constexpr size_t kMaxObjectBytes = 3 * 512 * 1024;
   const size_t bytes = approx_bytes(object);
   if (bytes > kMaxObjectBytes)
     throw ApiError(413, "RequestEntityTooLarge",
                    r.kind + " \"" + name + "\" is too large: " + std::to_string(bytes) +
                        " bytes; the limit is " + std::to_string(kMaxObjectBytes) + " bytes");
+  return bytes;
 }
 
 void Store::register_crd(const Object& crd) {

@@ -100,12 +100,13 @@ class Store : public kube::Client {
              const std::string& name);
   kube::Object write(Kind& kind, const std::string& ns, kube::Object obj, bool status_only,
                      bool check_version);
+  // `obj_bytes`: obj's size when the caller has it (0: measured here).
   void record(const Kind& kind, kube::WatchEventType type, const kube::Object& obj,
-              const kube::Object& old_obj);
+              const kube::Object& old_obj, size_t obj_bytes = 0);
   void remove_locked(Kind& kind, const std::string& key, kube::Propagation propagation);
   void collect_if_orphaned(Kind& kind, const std::string& key);
-  static void check_size(const kube::Resource& r, const std::string& name,
-                         const kube::Object& object);
+  static size_t check_size(const kube::Resource& r, const std::string& name,
+                           const kube::Object& object);
   void register_locked(const kube::Resource& resource, bool status_subresource);
   void register_crd(const kube::Object& crd);
   void admit(Kind& kind, kube::Object& object, bool create);

@@ -113,6 +113,12 @@ class ControllerTest : public ::testing::Test {
                          {"podIP", "10.0.0.7"},
                          {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}});
   }
+  // The container ended with `terminated` (exitCode, reason, message): Succeeded on 0.
+  void set_pod_terminated(const std::string& pod, const Object& terminated) {
+    const Object container = {{"name", "worker"}, {"state", {{"terminated", terminated}}}};
+    set_pod_status(pod, {{"phase", terminated.value("exitCode", 1) == 0 ? "Succeeded" : "Failed"},
+                         {"containerStatuses", Object::array({container})}});
+  }
   void set_pod_exited(const std::string& pod, int code) {
     const Object terminated = {{"exitCode", code}, {"reason", code ? "Error" : "Completed"}};
     const Object container = {{"name", "worker"}, {"state", {{"terminated", terminated}}}};
@@ -1200,10 +1206,7 @@ TEST_F(ControllerTest, WorkerError_IsInTheFailedCondition_AndPodsReadyTurnsFalse
   const Object terminated = {{"exitCode", 1},
                              {"reason", "Error"},
                              {"message", "# error: no file matches /data/train_*.bin\n"}};
-  set_pod_status("job-worker-0",
-                 {{"phase", "Failed"},
-                  {"containerStatuses",
-                   Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+  set_pod_terminated("job-worker-0", terminated);
   reconcile();
   EXPECT_EQ(status()["phase"], "Failed");
   const std::string message = condition("Failed")["message"];
@@ -1214,10 +1217,7 @@ TEST_F(ControllerTest, WorkerError_IsInTheFailedCondition_AndPodsReadyTurnsFalse
   store.create(kTrainingJobs, "default", tiny_job("oom"));
   reconcile("oom");
   const Object killed = {{"exitCode", 137}, {"reason", "OOMKilled"}};
-  set_pod_status("oom-worker-0",
-                 {{"phase", "Failed"},
-                  {"containerStatuses",
-                   Object::array({{{"name", "worker"}, {"state", {{"terminated", killed}}}}})}});
+  set_pod_terminated("oom-worker-0", killed);
   reconcile("oom");
   EXPECT_EQ(status("oom")["phase"], "Restarting");
   EXPECT_NE(condition("Restarting", "oom")["message"].get<std::string>().find("OOMKilled"),
@@ -1339,9 +1339,7 @@ TEST_F(ControllerTest, StepsLoweredBelowTheProgress_SucceedsSayingWhatWasTrained
     const Object terminated = {{"exitCode", 0},
                                {"reason", "Completed"},
                                {"message", "kubetrain_worker_step 90\n"}};
-    set_pod_status(name, {{"phase", "Succeeded"},
-                          {"containerStatuses",
-                           Object::array({{{"name", "worker"}, {"state", {{"terminated", terminated}}}}})}});
+    set_pod_terminated(name, terminated);
   }
   reconcile();
   EXPECT_EQ(status()["phase"], "Succeeded");
