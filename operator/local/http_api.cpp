@@ -21,6 +21,7 @@
 #include "operator/local/protobuf.h"
 #include "operator/local/rbac.h"
 #include "operator/local/schema.h"
+#include "operator/local/store.h"
 #include "operator/local/tables.h"
 #include "telemetry/metrics.h"
 
@@ -87,10 +88,12 @@ bool truthy(const std::string& value) {
   return value == "1" || value == "true" || value == "True";
 }
 
-// kubectl's Table form (tables.h) of objects of `served`.
-Object table_of(const ServedResource& served, const std::vector<Object>& items,
-                const std::string& resource_version) {
-  return table(served.resource, served.printer_columns, items, resource_version);
+// kubectl's Table form (tables.h) of objects of `served`, each row carrying what the request's
+// includeObject asks for.
+Object table_of(const HttpRequest& r, const ServedResource& served,
+                const std::vector<Object>& items, const std::string& resource_version) {
+  return table(served.resource, served.printer_columns, items, resource_version,
+               table_object(r.param("includeObject")));
 }
 
 }  // namespace
@@ -560,6 +563,14 @@ struct ApiServer::Impl {
       return send_status(w, 429, "TooManyRequests", "injected fault (random): too many requests",
                          {{"Retry-After", "1"}});
     }
+    // dryRun=All (kubectl --dry-run=server): every check of a real write, nothing written.
+    const std::string dry_run = r.param("dryRun");
+    if (!dry_run.empty() && dry_run != "All") {
+      return send_status(w, 400, "BadRequest",
+                         "dryRun: Unsupported value: \"" + dry_run +
+                             "\": supported values: \"All\"");
+    }
+    const DryRun dry_run_scope(!dry_run.empty());
     if ((r.method == "PUT" || r.method == "PATCH") && take(&Faults::update_conflicts)) {
       return send_status(w, 409, "Conflict",
                          "injected fault: Operation cannot be fulfilled on " + res.plural + " \"" +
@@ -578,7 +589,7 @@ struct ApiServer::Impl {
       const kube::ObjectList list = backend.list(res, ns, options);
       if (wants_table(r)) {
         // kubectl get pages by 500 and asks for the next page by the Table's continue token.
-        Object table = table_of(served, list.items, list.resource_version);
+        Object table = table_of(r, served, list.items, list.resource_version);
         if (!list.continue_token.empty()) table["metadata"]["continue"] = list.continue_token;
         return send_json(w, 200, table);
       }
@@ -594,7 +605,7 @@ struct ApiServer::Impl {
       const Object object = backend.get(res, ns, name);
       if (wants_table(r)) {
         return send_json(
-            w, 200, table_of(served, {object}, object["metadata"].value("resourceVersion", "")));
+            w, 200, table_of(r, served, {object}, object["metadata"].value("resourceVersion", "")));
       }
       return send_json(w, 200, object);
     }
@@ -606,7 +617,7 @@ struct ApiServer::Impl {
       }
       const auto warnings = field_validation(r, served, body);
       const Object created = backend.create(res, ns, body);
-      if (res == kube::kCustomResourceDefinitions) mark_established(created);
+      if (res == kube::kCustomResourceDefinitions && !DryRun::active()) mark_established(created);
       return send_json(w, 201, created, warnings);
     }
     if (name.empty()) {
@@ -868,7 +879,7 @@ struct ApiServer::Impl {
       const kube::ObjectList list = backend.list(res, ns, list_options);
       for (const Object& item : list.items) {
         const Object object =
-            as_table ? table_of(served, {item}, item["metadata"].value("resourceVersion", ""))
+            as_table ? table_of(r, served, {item}, item["metadata"].value("resourceVersion", ""))
                      : item;
         initial_events.push_back(Object{{"type", "ADDED"}, {"object", object}}.dump() + "\n");
       }
@@ -932,7 +943,7 @@ struct ApiServer::Impl {
       const bool tabulate = as_table && event->type != kube::WatchEventType::Bookmark &&
                             event->type != kube::WatchEventType::Error;
       const Object object = tabulate
-                                ? table_of(served, {event->object},
+                                ? table_of(r, served, {event->object},
                                            event->object["metadata"].value("resourceVersion", ""))
                                 : event->object;
       const std::string line =

@@ -313,6 +313,14 @@ kube::ObjectList Store::list(const Resource& r, const std::string& ns,
   return out;
 }
 
+namespace {
+thread_local bool dry_run_active = false;
+}  // namespace
+
+DryRun::DryRun(bool on) : previous_(dry_run_active) { dry_run_active = previous_ || on; }
+DryRun::~DryRun() { dry_run_active = previous_; }
+bool DryRun::active() { return dry_run_active; }
+
 Object Store::create(const Resource& r, const std::string& ns, const Object& obj) {
   std::lock_guard<std::mutex> lock(mutex_);
   Kind& kind = kind_of(r);
@@ -360,12 +368,16 @@ Object Store::create(const Resource& r, const std::string& ns, const Object& obj
   }();
   meta["creationTimestamp"] = kube::now_rfc3339();
   meta["generation"] = 1;
-  meta["resourceVersion"] = next_version();
   meta.erase("deletionTimestamp");
   if (kind.status_subresource) o.erase("status");  // set through the subresource only
   o["apiVersion"] = r.api_version();
   o["kind"] = r.kind;
   admit(kind, o, /*create=*/true);
+  if (DryRun::active()) {
+    check_size(r, name, o);
+    return o;
+  }
+  meta["resourceVersion"] = next_version();
   const size_t bytes = check_size(r, name, o);
   kind.objects[key] = o;
   record(kind, WatchEventType::Added, o, nullptr, bytes);
@@ -401,7 +413,7 @@ void Store::admit(Kind& kind, Object& o, bool create) {
     if (!spec.contains("strategy"))
       spec["strategy"] = {{"type", "RollingUpdate"},
                           {"rollingUpdate", {{"maxSurge", "25%"}, {"maxUnavailable", "25%"}}}};
-  } else if (r == kube::kCustomResourceDefinitions) {
+  } else if (r == kube::kCustomResourceDefinitions && !DryRun::active()) {
     register_crd(o);  // a changed CRD changes what its resource accepts
   }
   apply_schema(kind, o);
@@ -470,6 +482,7 @@ Object Store::write(Kind& kind, const std::string& ns, Object obj, bool status_o
     next["metadata"]["generation"] = old["metadata"].value("generation", 1) + 1;
   if (next == old) return old;  // a no-op write keeps its version, as the API server does
   const size_t bytes = check_size(r, name, next);
+  if (DryRun::active()) return next;
   next["metadata"]["resourceVersion"] = next_version();
   Object previous = old;
   it->second = next;
@@ -518,6 +531,7 @@ void Store::remove(const Resource& r, const std::string& ns, const std::string& 
   Kind& kind = kind_of(r);
   const std::string key = object_key(r.namespaced ? ns : "", name);
   if (!kind.objects.count(key)) throw not_found(r, name);
+  if (DryRun::active()) return;
   remove_locked(kind, key, propagation);
 }
 

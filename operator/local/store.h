@@ -55,6 +55,22 @@ using FaultHook = std::function<std::optional<kube::ApiError>(
     const std::string& verb, const kube::Resource& resource, const std::string& ns,
     const std::string& name)>;
 
+// While a DryRun is alive on a thread, that thread's writes to every Store are dry runs, as the
+// API's `dryRun=All` asks: validated, defaulted and admitted exactly as real writes and answered
+// with the object they would store, while nothing is stored, recorded for watches, collected or
+// registered, and no resourceVersion is spent.
+class DryRun {
+ public:
+  explicit DryRun(bool on = true);
+  ~DryRun();
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 class Store : public kube::Client {
  public:
   // Registers the built-in resources (builtin_resources.h).

@@ -369,8 +369,18 @@ Object json_path(const Object& object, const std::string& path) {
 
 }  // namespace
 
+TableObject table_object(const std::string& include_object) {
+  if (include_object.empty() || include_object == "Metadata") return TableObject::kMetadata;
+  if (include_object == "None") return TableObject::kNone;
+  if (include_object == "Object") return TableObject::kObject;
+  throw kube::ApiError(400, "BadRequest",
+                       "includeObject: Unsupported value: \"" + include_object +
+                           "\": supported values: \"None\", \"Metadata\", \"Object\"");
+}
+
 Object table(const kube::Resource& resource, const Object& printer_columns,
-             const std::vector<Object>& items, const std::string& resource_version) {
+             const std::vector<Object>& items, const std::string& resource_version,
+             TableObject include) {
   // The columns: a CRD's additionalPrinterColumns, a built-in kind's printer, else Age.
   std::vector<TableColumn> printer;
   for (const Object& c : printer_columns) {
@@ -405,11 +415,15 @@ Object table(const kube::Resource& resource, const Object& printer_columns,
     Object cells = Object::array();
     const Object meta = item.value("metadata", Object::object());
     for (const TableColumn& c : printer) cells.push_back(c.cell(item));
-    rows.push_back({{"cells", cells},
-                    {"object",
-                     {{"kind", "PartialObjectMetadata"},
-                      {"apiVersion", "meta.k8s.io/v1"},
-                      {"metadata", meta}}}});
+    Object row = {{"cells", cells}};
+    if (include == TableObject::kObject) {
+      row["object"] = item;
+    } else if (include == TableObject::kMetadata) {
+      row["object"] = {{"kind", "PartialObjectMetadata"},
+                       {"apiVersion", "meta.k8s.io/v1"},
+                       {"metadata", meta}};
+    }
+    rows.push_back(std::move(row));
   }
   return {{"kind", "Table"},
           {"apiVersion", "meta.k8s.io/v1"},

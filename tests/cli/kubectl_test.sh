@@ -128,6 +128,30 @@ done
 grep -rq "hello from a local pod" "$OUT/work/pods" || fail "no pod log"
 K delete pod hello > /dev/null
 
+# --dry-run=server checks the object and creates nothing.
+K apply --dry-run=server -f "$OUT/pod.yaml" > "$OUT/dry.txt" || fail "kubectl apply --dry-run=server"
+grep -q "pod/hello created (server dry run)" "$OUT/dry.txt" || fail "dry run: $(cat "$OUT/dry.txt")"
+if K get pod hello > /dev/null 2>&1; then fail "kubectl apply --dry-run=server created the pod"; fi
+
+# --sort-by asks for whole objects in the Table's rows (includeObject=Object).
+for e in late:2026-12-07T10:00:00Z early:2026-12-07T09:00:00Z; do
+  cat > "$OUT/event.yaml" <<YAML
+apiVersion: v1
+kind: Event
+metadata: {name: ${e%%:*}}
+involvedObject: {kind: Pod, name: hello, namespace: default}
+reason: Tested
+message: ${e%%:*}
+type: Normal
+lastTimestamp: "${e#*:}"
+YAML
+  K apply -f "$OUT/event.yaml" > /dev/null || fail "apply of an Event"
+done
+K get events --sort-by=.lastTimestamp > "$OUT/events.txt" 2>&1 || { cat "$OUT/events.txt"; fail "kubectl get events --sort-by"; }
+[[ $(grep -c Tested "$OUT/events.txt") -eq 2 ]] || { cat "$OUT/events.txt"; fail "kubectl get events --sort-by: not both events"; }
+[[ $(grep Tested "$OUT/events.txt" | awk '{print $NF}' | paste -sd,) == early,late ]] \
+  || { cat "$OUT/events.txt"; fail "kubectl get events --sort-by=.lastTimestamp: not sorted"; }
+
 # Built-in kinds print the columns a real API server gives them.
 cat > "$OUT/pdb.yaml" <<'YAML'
 apiVersion: policy/v1

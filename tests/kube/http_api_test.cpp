@@ -147,6 +147,67 @@ TEST(LocalServeApi, TablesCarryPrinterColumnsForKubectl) {
   EXPECT_EQ(table["rows"][0]["object"]["metadata"]["name"], "w");
 }
 
+// kubectl get --sort-by and -o custom-columns ask for the whole object in each row
+// (includeObject=Object); None leaves it out; anything else is refused.
+TEST(LocalServeApi, TableRows_CarryWhatIncludeObjectAsks) {
+  LocalServer local;
+  Raw raw(local);
+  raw.call("POST", "/api/v1/namespaces/default/configmaps",
+           R"({"metadata":{"name":"a"},"data":{"k":"v"}})");
+  const std::vector<std::pair<std::string, std::string>> table = {
+      {"Accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}};
+  const std::string path = "/api/v1/namespaces/default/configmaps";
+  const Object whole =
+      Object::parse(raw.call("GET", path + "?includeObject=Object", "", "", table).body);
+  ASSERT_EQ(whole["rows"].size(), 1u);
+  EXPECT_EQ(whole["rows"][0]["object"]["kind"], "ConfigMap");
+  EXPECT_EQ(whole["rows"][0]["object"]["data"]["k"], "v");
+  const Object one =
+      Object::parse(raw.call("GET", path + "/a?includeObject=Object", "", "", table).body);
+  EXPECT_EQ(one["rows"][0]["object"]["data"]["k"], "v");
+  const Object metadata = Object::parse(raw.call("GET", path, "", "", table).body);
+  EXPECT_EQ(metadata["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+  EXPECT_FALSE(metadata["rows"][0]["object"].contains("data"));
+  const Object none =
+      Object::parse(raw.call("GET", path + "?includeObject=None", "", "", table).body);
+  EXPECT_FALSE(none["rows"][0].contains("object"));
+  const HttpResponse bad = raw.call("GET", path + "?includeObject=All", "", "", table);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("includeObject: Unsupported value: \\\"All\\\""), std::string::npos)
+      << bad.body;
+}
+
+// dryRun=All (kubectl --dry-run=server) runs every check of a write and writes nothing: no
+// object, no watch event, no resourceVersion spent; an invalid write is refused as for real.
+TEST(LocalServeApi, DryRun_ChecksEverythingAndWritesNothing) {
+  LocalServer local;
+  Raw raw(local);
+  const std::string path = "/api/v1/namespaces/default/configmaps";
+  ASSERT_EQ(raw.call("POST", path, R"({"metadata":{"name":"kept"},"data":{"k":"v"}})").status, 201);
+  const std::string version = raw.json("GET", path)["metadata"]["resourceVersion"];
+
+  const HttpResponse created =
+      raw.call("POST", path + "?dryRun=All", R"({"metadata":{"name":"new"},"data":{"k":"v"}})");
+  EXPECT_EQ(created.status, 201) << created.body;
+  EXPECT_EQ(Object::parse(created.body)["metadata"]["name"], "new");
+  EXPECT_EQ(raw.call("GET", path + "/new").status, 404);
+  EXPECT_EQ(raw.call("POST", path + "?dryRun=All", R"({"metadata":{"name":"Not_A_Name"}})").status,
+            422);
+  EXPECT_EQ(raw.call("POST", path + "?dryRun=All", R"({"metadata":{"name":"kept"}})").status, 409);
+
+  const HttpResponse patched = raw.call("PATCH", path + "/kept?dryRun=All", R"({"data":{"k":"w"}})",
+                                        "application/merge-patch+json");
+  EXPECT_EQ(patched.status, 200) << patched.body;
+  EXPECT_EQ(Object::parse(patched.body)["data"]["k"], "w");
+  EXPECT_EQ(raw.json("GET", path + "/kept")["data"]["k"], "v");
+
+  EXPECT_EQ(raw.call("DELETE", path + "/kept?dryRun=All").status, 200);
+  EXPECT_EQ(raw.call("GET", path + "/kept").status, 200);
+
+  EXPECT_EQ(raw.json("GET", path)["metadata"]["resourceVersion"], version);
+  EXPECT_EQ(raw.call("POST", path + "?dryRun=Yes", R"({"metadata":{"name":"x"}})").status, 400);
+}
+
 // kubectl get asks for pages of 500 rows and follows the Table's continue token.
 TEST(LocalServeApi, TablePages_CarryTheContinueToken) {
   LocalServer local;
