@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   if (!std::getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 1);
   CLI::App app{"kubetrain-operator: reconciles TrainingJobs (kubetrain.dev/v1alpha1) on a cluster"};
   std::string kubeconfig, watch_namespace, metrics_bind = ":8080", health_bind = ":8081";
-  std::string lease_namespace, lease_name = "kubetrain-operator", worker_image;
+  std::string lease_namespace, lease_name = "kubetrain-operator", lease_owner_role, worker_image;
   bool leader_elect = false;
   int workers = 2;
   app.add_option("--kubeconfig", kubeconfig,
@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--leader-election-namespace", lease_namespace,
                  "namespace of the Lease (default: the configuration's namespace)");
   app.add_option("--leader-election-id", lease_name, "name of the Lease")->capture_default_str();
+  app.add_option("--leader-election-role", lease_owner_role,
+                 "a Role in the Lease's namespace that owns the Lease, so that deleting the Role "
+                 "(helm uninstall) deletes the Lease");
   app.add_option("--metrics-bind-address", metrics_bind, "serve /metrics here; 0 disables")
       ->capture_default_str();
   app.add_option("--health-probe-bind-address", health_bind,
@@ -260,6 +263,7 @@ int main(int argc, char** argv) {
       kt::kube::LeaderElectionConfig election;
       election.lease_namespace = lease_namespace;
       election.lease_name = lease_name;
+      election.owner_role = lease_owner_role;
       election.identity = identity();
       election.metrics = &kube_metrics;
       // The elector keeps a copy of `election`: the callbacks must not refer to it.

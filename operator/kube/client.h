@@ -49,6 +49,7 @@ extern const Resource kNodes;
 extern const Resource kEvents;
 extern const Resource kPersistentVolumeClaims;
 extern const Resource kLeases;  // coordination.k8s.io/v1
+extern const Resource kRoles;   // rbac.authorization.k8s.io/v1: the Lease's owner
 // Gang scheduling's PodGroups: scheduler-plugins' coscheduling and Volcano's.
 extern const Resource kCoschedulingPodGroups;  // scheduling.x-k8s.io/v1alpha1
 extern const Resource kVolcanoPodGroups;       // scheduling.volcano.sh/v1beta1

@@ -94,6 +94,7 @@ bool LeaderElector::try_acquire_or_renew() {
             {"acquireTime", now_text},
             {"renewTime", now_text},
             {"leaseTransitions", 0}}}};
+      own(fresh);
       const Object created = client_.create(kLeases, config_.lease_namespace, fresh);
       observed_record_ = created.value("spec", Object::object()).dump();
       observed_at_ = now;
@@ -119,6 +120,7 @@ bool LeaderElector::try_acquire_or_renew() {
     spec["leaseDurationSeconds"] = whole_seconds(config_.lease_duration);
     spec["renewTime"] = now_text;
     lease["spec"] = spec;
+    own(lease);
     // update() sends metadata.resourceVersion as read: a Conflict means someone else wrote.
     const Object updated = client_.update(kLeases, config_.lease_namespace, lease);
     observed_record_ = updated.value("spec", Object::object()).dump();
@@ -133,6 +135,31 @@ bool LeaderElector::try_acquire_or_renew() {
     log_lock_error("failed to update lock", e.what());
     return false;
   }
+}
+
+void LeaderElector::own(Object& lease) {
+  if (config_.owner_role.empty()) return;
+  if (owner_.is_null()) {
+    try {
+      const Object role = client_.get(kRoles, config_.lease_namespace, config_.owner_role);
+      owner_ = {{"apiVersion", kRoles.api_version()},
+                {"kind", kRoles.kind},
+                {"name", config_.owner_role},
+                {"uid", role["metadata"].value("uid", "")}};
+    } catch (const std::exception& e) {
+      log_lock_error("cannot read the Lease's owner Role; the Lease is written without it",
+                     e.what());
+      return;
+    }
+  }
+  Object& meta = lease["metadata"];
+  if (meta.contains("ownerReferences") && meta["ownerReferences"].is_array()) {
+    for (const Object& ref : meta["ownerReferences"])
+      if (ref.is_object() && ref.value("uid", "") == owner_["uid"]) return;
+  } else {
+    meta["ownerReferences"] = Object::array();
+  }
+  meta["ownerReferences"].push_back(owner_);
 }
 
 void LeaderElector::log_lock_error(const char* what, const std::string& error) const {

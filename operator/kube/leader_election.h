@@ -39,6 +39,11 @@ struct LeaderElectionConfig {
   // On stop() a leader empties holderIdentity so that a successor need not wait for the lease
   // to expire (client-go's ReleaseOnCancel).
   bool release_on_stop = true;
+  // A Role in the Lease's namespace that owns the Lease (an ownerReference), so that deleting
+  // it — `helm uninstall` deletes the chart's leader-election Role — collects the Lease too
+  // instead of leaving a record of a holder that is gone. "" leaves the Lease unowned; a Role
+  // that cannot be read is logged and the Lease is written without the owner.
+  std::string owner_role;
   KubeMetrics* metrics = nullptr;  // leader_election_master_status{name=lease_name}
 };
 
@@ -58,6 +63,8 @@ class LeaderElector {
   void run();
   void log_lock_error(const char* what, const std::string& error) const;
   bool try_acquire_or_renew();
+  // Adds the owner_role reference to `lease` when it lacks one (reads the Role once).
+  void own(Object& lease);
   void set_leading(bool leading);
   bool sleep_unless_stopped(std::chrono::milliseconds duration);
 
@@ -67,6 +74,7 @@ class LeaderElector {
 
   // What this candidate last saw of the lease and when (on its steady clock).
   std::string observed_record_;
+  Object owner_;  // the ownerReference to owner_role once read (null until then)
   std::chrono::steady_clock::time_point observed_at_{};
   std::chrono::steady_clock::time_point last_renewed_{};
 

@@ -10,6 +10,7 @@ const Resource kEvents{"", "v1", "events", "Event", true};
 const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
                                        true};
 const Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};
+const Resource kRoles{"rbac.authorization.k8s.io", "v1", "roles", "Role", true};
 const Resource kCoschedulingPodGroups{"scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup",
                                       true};
 const Resource kVolcanoPodGroups{"scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", true};

@@ -9,7 +9,6 @@ const Resource kSecrets{"", "v1", "secrets", "Secret", true};
 const Resource kServiceAccounts{"", "v1", "serviceaccounts", "ServiceAccount", true};
 const Resource kDeployments{"apps", "v1", "deployments", "Deployment", true};
 const Resource kReplicaSets{"apps", "v1", "replicasets", "ReplicaSet", true};
-const Resource kRoles{"rbac.authorization.k8s.io", "v1", "roles", "Role", true};
 const Resource kRoleBindings{"rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding",
                              true};
 const Resource kClusterRoles{"rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole",

@@ -17,7 +17,7 @@ extern const kube::Resource kSecrets;
 extern const kube::Resource kServiceAccounts;
 extern const kube::Resource kDeployments;  // apps/v1
 extern const kube::Resource kReplicaSets;  // apps/v1
-extern const kube::Resource kRoles;        // rbac.authorization.k8s.io/v1
+using kube::kRoles;                        // rbac.authorization.k8s.io/v1
 extern const kube::Resource kRoleBindings;
 extern const kube::Resource kClusterRoles;
 extern const kube::Resource kClusterRoleBindings;

@@ -296,8 +296,13 @@ lease_role = one(r2, "Role", FULLNAME + "-leader-election", "replicas2")
 check(lease_role.get("metadata", {}).get("namespace") == NS, "replicas2: the Lease Role's namespace")
 same("replicas2", "the Lease Role", granted(lease_role), needed_lease)
 for rule in lease_role.get("rules", []):
-    if set(rule.get("verbs", [])) & {"get", "update"}:
+    if rule.get("resources") == ["leases"] and set(rule.get("verbs", [])) & {"get", "update"}:
         check(rule.get("resourceNames") == [FULLNAME], f"replicas2: Lease get/update not limited to {FULLNAME}")
+    if rule.get("resources") == ["roles"]:  # the Lease's owner, itself
+        check(rule.get("resourceNames") == [FULLNAME + "-leader-election"],
+              f"replicas2: roles get not limited to {FULLNAME}-leader-election")
+check(f"--leader-election-role={FULLNAME}-leader-election" in args(r2, "replicas2"),
+      "replicas2: the Lease's owner Role is not passed to the operator")
 lease_role1 = one(l1, "Role", FULLNAME + "-leader-election", "leader1")
 check(lease_role1.get("metadata", {}).get("namespace") == "locks", "leader1: the Lease Role is not in 'locks'")
 check(any(r.get("resourceNames") == ["my-lease"] for r in lease_role1.get("rules", [])),

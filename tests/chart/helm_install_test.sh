@@ -160,6 +160,9 @@ K get crd trainingjobs.kubetrain.dev > /dev/null || fail "helm uninstall deleted
 K get tj tiny > /dev/null || fail "helm uninstall deleted a TrainingJob"
 gone_deploy() { ! K get deploy kt-kubetrain -n "$NS" > /dev/null 2>&1; }
 wait_for 30 gone_deploy || fail "the operator Deployment is still there"
+# The Lease is owned by the leader-election Role: collected with it, no stale holder left.
+gone_lease() { ! K get lease kt-kubetrain -n "$NS" > /dev/null 2>&1; }
+wait_for 30 gone_lease || fail "the leader Lease outlived helm uninstall: $(K get lease kt-kubetrain -n "$NS" -o json)"
 # ---- no credential in any log, event or status ----
 # The ServiceAccount tokens the pods ran with (from the kubeconfigs the local node gave them)
 # must appear nowhere a user or a log collector reads: the pods' logs (operator and workers), the

@@ -147,3 +147,35 @@ TEST(LeaderElection, ALeaderThatCannotRenewStepsDown) {
   EXPECT_TRUE(eventually([&] { return a.is_leader(); }, 15s)) << "and it can lead again later";
   a.stop();
 }
+
+// With owner_role, the Lease is owned by that Role: deleting the Role (helm uninstall) collects
+// the Lease, so no record of a holder that is gone is left behind. A Lease made before the
+// owner was known gets the reference on its next renewal.
+TEST(LeaderElection, TheLeaseIsOwnedByTheRoleAndGoesWithIt) {
+  LocalServer local;
+  auto client = local.client();
+  std::atomic<int> starts{0}, stops{0};
+  auto config = candidate("a", starts, stops);
+  config.owner_role = "kt-leader-election";
+  {
+    // No Role yet: the Lease is written without an owner, and the elector still leads.
+    LeaderElector a(*client, config);
+    a.start();
+    ASSERT_TRUE(eventually([&] { return a.is_leader(); }, 10s));
+    EXPECT_FALSE(local.store.get(kLeases, "kubetrain-system", "kubetrain-operator")["metadata"]
+                     .contains("ownerReferences"));
+    const Object role = local.store.create(
+        kRoles, "kubetrain-system", {{"metadata", {{"name", "kt-leader-election"}}}, {"rules", Object::array()}});
+    ASSERT_TRUE(eventually(
+        [&] {
+          const Object lease = local.store.get(kLeases, "kubetrain-system", "kubetrain-operator");
+          return lease["metadata"].contains("ownerReferences") &&
+                 lease["metadata"]["ownerReferences"][0]["uid"] == role["metadata"]["uid"];
+        },
+        10s))
+        << "the Lease never got its owner";
+    a.stop();
+  }
+  local.store.remove(kRoles, "kubetrain-system", "kt-leader-election");
+  EXPECT_THROW(local.store.get(kLeases, "kubetrain-system", "kubetrain-operator"), ApiError);
+}
