@@ -1058,18 +1058,22 @@ Evaluation evaluate(const Problem& p, const ParallelConfig& c, const MicroBatchT
   time.tp_comm_exposed =
       c.grad_accum * std::max(0.0, timing.forward + timing.backward - timing.compute);
   time.dp_comm_total = dp_total + zero_gather;
-  time.dp_comm_exposed = gpu_ready - forward_backward + gather_lateness;
+  double dp_exposed = gpu_ready - forward_backward + gather_lateness;
   time.optimizer_gpu = gpu_adam;
   time.optimizer_cpu_total = cpu_total;
   const double window_stall =
       c.grad_accum * (micro_batch_seconds - timing.forward - timing.backward);
   time.transfer_total = copy_total + copy_window;
-  // The late tail is CPU AdamW and copies, in proportion (on a CPU rank the window's copies too).
+  // The late tail is CPU AdamW and copies, in proportion (on a CPU rank the window's copies too),
+  // up to their own length; lateness beyond it is the wait for the CPU units' gradient sums.
   const double tail_copies = copy_total + (p.cpu_device ? copy_window : 0);
-  const double tail_share = cpu_total + tail_copies > 0 ? cpu_total / (cpu_total + tail_copies) : 1;
-  time.optimizer_cpu_exposed = lateness * tail_share;
+  const double tail_work = cpu_total + tail_copies;
+  const double tail_share = tail_work > 0 ? cpu_total / tail_work : 1;
+  const double tail_late = std::min(lateness, tail_work);
+  time.optimizer_cpu_exposed = tail_late * tail_share;
   time.transfer_exposed =
-      window_stall + lateness * (1 - tail_share) + offload_overhead + dram_stretch;
+      window_stall + tail_late * (1 - tail_share) + offload_overhead + dram_stretch;
+  time.dp_comm_exposed = dp_exposed + (lateness - tail_late);
   pred.pcie_bytes_per_step = pcie_bytes;
 
   const double tokens = static_cast<double>(p.global_batch) * m.seq_len;

@@ -6,6 +6,7 @@
 
 #include "api/hardware.h"
 #include "api/quantity.h"
+#include "planner/explain.h"
 #include "planner/search.h"
 #include "tests/support/random.h"
 
@@ -865,6 +866,71 @@ TEST(Search, StageCutPruningLosesNothing) {
   EXPECT_GE(stage_cuts, 3);    // the cutpoints-only searches choose a cut between stages
   EXPECT_GE(stage_cut_offload, 1);  // some of them with offload optimizer
   EXPECT_GE(pruned_fewer, 3);  // and the pruning prunes
+}
+
+}  // namespace
+}  // namespace kt
+
+namespace kt {
+namespace {
+
+// The breakdown the plan table prints as "exposed X of Y": no phase's exposed part exceeds its
+// total, for every offload mode, parallel layout and device kind (a CPU rank's offload lanes
+// are all exposed, so there exposed equals total).
+TEST(CostModel, NoPhaseIsExposedBeyondItsTotal) {
+  struct Case {
+    Problem p;
+    ParallelConfig c;
+  };
+  std::vector<Case> cases;
+  const Problem cpu = problem_cpu({4, 256, 4, 1024, 256, 128});
+  for (int64_t ranks : {1, 2})
+    for (int64_t tp : {int64_t{1}, ranks})
+      for (OffloadMode offload : {OffloadMode::kNone, OffloadMode::kOptimizer, OffloadMode::kWindow})
+        for (int64_t units : {1, 3, 5})
+          for (bool zero : {false, true}) {
+            ParallelConfig c;
+            c.procs_per_node = ranks;
+            c.tp = tp;
+            c.dp = ranks / tp;
+            c.micro_batch = 8 / c.dp;
+            c.offload = offload;
+            c.gpu_units = offload == OffloadMode::kNone ? 5 : units;
+            if (offload == OffloadMode::kWindow && units > cpu.model.layers) continue;
+            c.window = 1;
+            c.distributed_optimizer = zero && c.dp > 1;
+            cases.push_back({cpu, c});
+          }
+  // (8 nodes, ZeRO-1, every unit updated on the CPU: the plan that once printed "CPU exposed
+  // 0.304 of 0.043", the data-parallel wait counted as CPU AdamW.)
+  for (int64_t nodes : {1, 8})
+    for (int64_t tp : {1, 2, 4})
+      for (OffloadMode offload : {OffloadMode::kNone, OffloadMode::kOptimizer, OffloadMode::kWindow})
+        for (int64_t units : {0, 4, 12, 25})
+          for (bool zero : {false, true}) {
+            ParallelConfig c = config(tp, 4, 1, Recompute::kNone);
+            c.nodes = nodes;  // over the network, the data-parallel sums are slow
+            c.dp *= nodes;
+            c.micro_batch = std::min<int64_t>(4, 64 / c.dp);
+            c.grad_accum = 64 / c.dp / c.micro_batch;
+            c.offload = offload;
+            c.gpu_units = offload == OffloadMode::kNone ? 25 : units;
+            if (offload == OffloadMode::kWindow && (units < 1 || units > 24)) continue;
+            c.window = 1;
+            c.distributed_optimizer = zero;
+            cases.push_back({problem_3090(), c});
+          }
+  for (const Case& k : cases) {
+    const auto ev = planner::evaluate(k.p, k.c);
+    const auto& t = ev.predicted.time;
+    const std::string what = planner::describe_config(k.c) + (k.p.cpu_device ? " (CPU)" : " (GPU)");
+    constexpr double eps = 1e-12;
+    EXPECT_LE(t.tp_comm_exposed, t.tp_comm_total + eps) << what;
+    EXPECT_LE(t.dp_comm_exposed, t.dp_comm_total + eps) << what;
+    EXPECT_LE(t.optimizer_cpu_exposed, t.optimizer_cpu_total + eps) << what;
+    for (double v : {t.tp_comm_exposed, t.dp_comm_exposed, t.optimizer_cpu_exposed, t.transfer_exposed})
+      EXPECT_GE(v, 0) << what;
+  }
 }
 
 }  // namespace
