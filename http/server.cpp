@@ -268,12 +268,14 @@ struct HttpServer::Connection {
     refusal = {};
     // Up to kIdleTimeout for a request to begin; then its head must be complete within
     // kTransferTimeout (a client sending a byte now and then cannot hold the connection).
-    if (buffer.empty()) {
-      idle_since_ns = std::chrono::steady_clock::now().time_since_epoch().count();
-      const bool began = receive(kIdleTimeout);
-      idle_since_ns = 0;
-      if (!began) return false;
-    }
+    // Until its head is complete a connection is no work of the server's: when the server is
+    // full it may be closed to make room (a client sending a head slowly is treated as idle).
+    idle_since_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    struct Busy {
+      std::atomic<int64_t>& since;
+      ~Busy() { since = 0; }
+    } busy{idle_since_ns};
+    if (buffer.empty() && !receive(kIdleTimeout)) return false;
     const auto head_deadline = std::chrono::steady_clock::now() + kTransferTimeout;
     // The request line (RFC 9112 §3): METHOD SP TARGET SP HTTP/1.x. Empty lines before it are
     // allowed (§2.2).

@@ -12,7 +12,10 @@
 // Bounded: request line 8 KiB (414), head 64 KiB (431), body 16 MiB (413), 512 connections
 // (503); a head must arrive within 30 s of its first byte, each read of a body within 30 s, and
 // each response or stream chunk must be taken by the client within 30 s (a stalled reader is
-// dropped); a kept-alive connection idles at most 90 s. A
+// dropped); a kept-alive connection idles at most 90 s. When all 512 are taken, the one idle
+// longest — waiting for a request, or still sending its head or body — is closed to make room, so
+// idle or slow clients cannot lock others out. (No per-address limit: every client of `local
+// serve` connects from 127.0.0.1.) A
 // malformed request gets 400 (505 for another HTTP version, 501 for a transfer coding other than
 // chunked) and the connection is closed.
 //
