@@ -106,21 +106,28 @@ class ProgressView {
   double last_loss_ = 0.0;
 };
 
-// What the rank-0 worker wrote: the first and last loss and the "done" line.
+// What the rank-0 worker wrote in this run (its log from `offset` on: a run that resumes an
+// interrupted one appends to the same log): the first and last loss, the last step, and the
+// step its first process resumed from.
 struct LogSummary {
   std::optional<double> first_loss, final_loss;
   int64_t steps = 0;
+  int64_t resumed_from = 0;
 };
 
-LogSummary read_log(const std::string& path) {
+LogSummary read_log(const std::string& path, std::uintmax_t offset) {
   LogSummary out;
   std::ifstream in(path);
+  in.seekg(static_cast<std::streamoff>(offset));
   std::string line;
   static const std::regex kStep(R"(step\s+(\d+)/\d+ \| loss ([-0-9.eE+naif]+))");
   static const std::regex kDone(R"(done: (\d+) steps, final loss ([-0-9.eE+naif]+))");
+  static const std::regex kResumed(R"(resumed from step (\d+))");
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_search(line, m, kStep)) {
+    if (!out.first_loss && std::regex_search(line, m, kResumed)) {
+      out.resumed_from = std::stoll(m[1]);
+    } else if (std::regex_search(line, m, kStep)) {
       const double loss = std::stod(m[2]);
       if (!out.first_loss) out.first_loss = loss;
       out.final_loss = loss;
@@ -265,6 +272,15 @@ int run_job(const RunOptions& options) {
   manager.start();
   const auto started = Steady::now();
   ProgressView view(job.spec.training.steps);
+  // A run interrupted before (Ctrl-C) left its checkpoints and its log here: this one resumes
+  // from the checkpoints and appends to the log.
+  const std::string log = runner.log_path(ns, controller::worker_pod_name(name, 0));
+  std::error_code size_error;
+  const std::uintmax_t log_offset = fs::exists(log) ? fs::file_size(log, size_error) : 0;
+  if (job.spec.checkpoint.volume.is_null() && fs::exists(checkpoints / "latest"))
+    view.message("resuming: " + checkpoints.string() +
+                 " holds an earlier run's checkpoints; training goes on from the latest "
+                 "(remove the directory to start over)");
   bool plan_shown = false;
   std::string last_phase;
   int restarts_seen = 0;
@@ -326,19 +342,26 @@ int run_job(const RunOptions& options) {
   sigaction(SIGTERM, &old_term, nullptr);
 
   const double wall = std::chrono::duration<double>(Steady::now() - started).count();
-  const std::string log = runner.log_path(ns, controller::worker_pod_name(name, 0));
-  const LogSummary summary = read_log(log);
+  const LogSummary summary = read_log(log, size_error ? 0 : log_offset);
   if (exit_code == 0) {
-    const double tokens = static_cast<double>(summary.steps) *
+    // This run's steps, time and tokens: a resumed run trained from its checkpoint on.
+    const int64_t trained = std::max<int64_t>(0, summary.steps - summary.resumed_from);
+    const double tokens = static_cast<double>(trained) *
                           static_cast<double>(job.spec.training.global_batch_size) *
                           static_cast<double>(api::resolve_model(job.spec.model).seq_len);
+    const std::string resumed =
+        summary.resumed_from > 0
+            ? "; this run resumed an earlier one at step " + std::to_string(summary.resumed_from) +
+                  ", which the report counts as a restart"
+            : "";
     std::printf(
-        "Succeeded: %lld steps in %s, loss %s -> %s, %.0f tokens/s overall "
-        "(restarts: %d)\n",
-        static_cast<long long>(summary.steps), duration_text(wall).c_str(),
+        "Succeeded: %lld steps in %s (steps %lld to %lld), loss %s -> %s, %.0f tokens/s overall "
+        "(restarts: %d%s)\n",
+        static_cast<long long>(trained), duration_text(wall).c_str(),
+        static_cast<long long>(summary.resumed_from + 1), static_cast<long long>(summary.steps),
         summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
         summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
-        wall > 0 ? tokens / wall : 0.0, restarts_seen);
+        wall > 0 ? tokens / wall : 0.0, restarts_seen, resumed.c_str());
     std::printf("final loss: %s\n",
                 summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?");
   } else if (exit_code == 1) {

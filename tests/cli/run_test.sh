@@ -4,6 +4,8 @@
 #  2. an invalid job exits non-zero naming the field, before anything runs;
 #  3. a worker that exits 3 fails the job (permanent exit code) with the reason;
 #  4. Ctrl-C stops a running job: exit 130, and no worker process is left behind;
+#  4b. run again after Ctrl-C, it says that it resumes, and its summary counts this run's steps
+#     from the step it resumed at;
 #  5. a job deleted by ttlSecondsAfterFinished: 0 as it succeeds still exits 0;
 #  6. a worker killed mid-run (exit 137, retryable) restarts the whole gang, which resumes from
 #     the latest checkpoint and succeeds;
@@ -90,6 +92,33 @@ elif ! grep -q '^progress: step' "$DIR/out"; then
 else
   echo "ok   interrupt (rc $rc)"
 fi
+# 4b. Interrupted, then run again: it resumes from the checkpoint the interrupted run saved, says
+# so, and its summary speaks of this run's steps only.
+sed 's/steps: 200/steps: 400/' examples/jobs/tiny.yaml > "$DIR/resume.yaml"
+"$KT" run "$DIR/resume.yaml" --workdir "$DIR/resume" > "$DIR/out" 2> "$DIR/err" &
+pid=$!
+for _ in $(seq 1 300); do
+  grep -q '^progress: step [1-9]' "$DIR/out" && break
+  sleep 0.1
+done
+kill -INT $pid
+wait $pid
+"$KT" run "$DIR/resume.yaml" --workdir "$DIR/resume" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+resumed=$(grep '^Succeeded:' "$DIR/out")
+from=$(sed -nE 's/.*resumed an earlier one at step ([0-9]+).*/\1/p' <<< "$resumed")
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL resume: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+elif ! grep -q '^resuming: .*holds an earlier run' "$DIR/out"; then
+  echo "FAIL resume: no word of resuming"; cat "$DIR/out"; fail=1
+elif [[ -z $from || $from -lt 1 ]]; then
+  echo "FAIL resume: the summary does not say where it resumed: $resumed"; fail=1
+elif ! grep -qE "^Succeeded: $((400 - from)) steps in .* \(steps $((from + 1)) to 400\)" <<< "$resumed"; then
+  echo "FAIL resume: the summary counts other steps than this run's: $resumed"; fail=1
+else
+  echo "ok   resume: $resumed"
+fi
+
 # 5. TTL 0: the job is gone the moment it succeeds.
 sed -e 's/steps: 200/steps: 20/' examples/jobs/tiny.yaml > "$DIR/ttl.yaml"
 printf '  runPolicy:\n    ttlSecondsAfterFinished: 0\n' >> "$DIR/ttl.yaml"
