@@ -3,7 +3,9 @@
 // generation and resourceVersion). Input: one byte picking the object (a ConfigMap, a Pod, a
 // TrainingJob under the CRD's schema), then the patch as JSON. A patch must apply or be refused
 // with ApiError; applied, it must be idempotent: the same patch again is a no-op write that
-// keeps the resourceVersion.
+// keeps the resourceVersion. Whatever metadata it planted, the rest of the store goes on working:
+// an object in another namespace can be created, listed and deleted (one malformed
+// ownerReferences once made every DELETE answer 400).
 //   fuzz/run.sh merge_patch 60
 #include <cstddef>
 #include <cstdint>
@@ -47,11 +49,27 @@ Subject subject(uint8_t pick) {
   }
 }
 
-}  // namespace
+World& world() {
+  static World w;
+  return w;
+}
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+// The rest of the store works: a ConfigMap elsewhere is created, listed and deleted.
+void check_store_works() {
+  kt::local::Store& store = world().store;
+  try {
+    store.create(kt::kube::kConfigMaps, "elsewhere",
+                 Object::parse(R"({"metadata": {"name": "probe"}})"));
+    (void)store.list(kt::kube::kConfigMaps, "", {});
+    store.remove(kt::kube::kConfigMaps, "elsewhere", "probe");
+  } catch (const kt::kube::ApiError& e) {
+    FUZZ_CHECK(false, std::string("after a patch the store refuses an unrelated object: ") + e.what());
+  }
+}
+
+// One input: the patch applied (or refused), then applied again where it must be a no-op.
+int patch_once(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  static World world;
   Object patch;
   try {
     patch = kt::api::parse_json(std::string(kt::fuzz::as_text(data + 1, size - 1)), "patch.json");
@@ -63,20 +81,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string name = s.object["metadata"]["name"];
   const bool status = (data[0] / 3) % 2 == 1 && r.plural != "configmaps";
   try {
-    world.store.remove(r, "default", name);
+    world().store.remove(r, "default", name);
   } catch (const kt::kube::ApiError&) {
   }
-  world.store.create(r, "default", s.object);
+  world().store.create(r, "default", s.object);
   Object first;
   try {
-    first = world.store.merge_patch(r, "default", name, patch, status);
+    first = world().store.merge_patch(r, "default", name, patch, status);
   } catch (const kt::kube::ApiError&) {
     return 0;
   }
   (void)first.dump();
   // Owner references that name no existing object: the garbage collector took it at once.
   try {
-    world.store.get(r, "default", name);
+    world().store.get(r, "default", name);
   } catch (const kt::kube::ApiError& e) {
     FUZZ_CHECK(e.not_found(), std::string("a patched object cannot be read: ") + e.what());
     FUZZ_CHECK(first["metadata"].contains("ownerReferences"),
@@ -91,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Object second;
   try {
-    second = world.store.merge_patch(r, "default", name, patch, status);
+    second = world().store.merge_patch(r, "default", name, patch, status);
   } catch (const kt::kube::ApiError& e) {
     FUZZ_CHECK(false, std::string("a patch that applied once is refused the second time: ") +
                           e.what() + "\n" + patch.dump() + "\n" + first.dump());
@@ -99,4 +117,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(second == first, "a merge patch is not idempotent:\n" + patch.dump() + "\n" +
                                   first.dump() + "\n" + second.dump());
   return 0;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const int result = patch_once(data, size);
+  check_store_works();
+  return result;
 }

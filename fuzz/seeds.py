@@ -178,6 +178,17 @@ write("merge_patch", "pod_status", b"\x04" + json.dumps({"status": {"phase": "Ru
 write("merge_patch", "job", b"\x02" + json.dumps(
     {"spec": {"training": {"steps": 20, "learningRate": 0.001}, "runPolicy": {"suspend": True}}})
     .encode())
+# Metadata the API server validates on every write: owner references, finalizers, labels and
+# annotations of the wrong shape are refused, and nothing else of the store stops working.
+write("merge_patch", "owner_string", b"\0" + json.dumps({"metadata": {"ownerReferences": "x"}}).encode())
+write("merge_patch", "owner_uid_number", b"\0" + json.dumps(
+    {"metadata": {"ownerReferences": [{"uid": 5}]}}).encode())
+write("merge_patch", "owner_missing", b"\0" + json.dumps({"metadata": {"ownerReferences": [
+    {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "u-1"}]}}).encode())
+write("merge_patch", "label_object", b"\x01" + json.dumps(
+    {"metadata": {"labels": {"kubetrain.dev/job-name": {"a": 1}}}}).encode())
+write("merge_patch", "finalizers", b"\x02" + json.dumps(
+    {"metadata": {"finalizers": ["example.com/x", 3], "annotations": {"a": "b"}}}).encode())
 write("merge_patch", "job_status", b"\x05" + json.dumps(
     {"status": {"phase": "Running", "progress": {"step": 3}}}).encode())
 
