@@ -6,6 +6,8 @@
 # new to $FUZZ_BUILD/corpus/NAME (kept between runs), a reproducer of a finding to
 # $FUZZ_BUILD/findings/NAME/. Exits 1 on any finding (crash, sanitizer report, leak, timeout,
 # out of memory), 77 when clang++-14 is missing; prints executions per harness and in all.
+# Harnesses run $JOBS at a time (default 2; libFuzzer keeps one core busy per harness), so each
+# gets the same time and core as when they ran one after another.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,30 +35,50 @@ echo "fuzz: built ${#NAMES[@]} harness(es) in $(( $(date +%s) - build_start )) s
 rm -rf "$BUILD/seeds"
 python3 fuzz/seeds.py . "$BUILD/seeds"
 
-total=0
-failed=()
-summary=()
-for n in "${NAMES[@]}"; do
+# One harness: its log, then one summary line in $BUILD/findings/NAME/summary; exit 1 on a finding.
+run_one() {
+  local n=$1 log start rc=0 seconds execs
   mkdir -p "$BUILD/corpus/$n" "$BUILD/seeds/$n" "$BUILD/findings/$n"
+  rm -f "$BUILD/findings/$n/summary"
   log=$BUILD/findings/$n/last-run.log
   start=$(date +%s)
-  rc=0
   # -timeout: one input over 10 s is a finding (a hang); -rss_limit_mb: so is over 2 GiB.
   "$BUILD/bin/${n}_fuzz" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$n/" \
     "$BUILD/corpus/$n" "$BUILD/seeds/$n" >"$log" 2>&1 || rc=$?
   seconds=$(( $(date +%s) - start ))
   execs=$(awk '/stat::number_of_executed_units:/ {n = $2} END {print n + 0}' "$log")
-  total=$(( total + execs ))
   if [[ $rc -ne 0 ]]; then
-    failed+=("$n")
-    summary+=("$(printf '%-18s %12d execs %5d s  FINDING (rc %d): %s' "$n" "$execs" "$seconds" "$rc" \
-      "$(grep -m1 -E 'ERROR: |==ERROR|runtime error|fuzz invariant|Test unit written' "$log" | cut -c1-160)")")
-    echo "fuzz: $n found something; its log: $log" >&2
-    tail -40 "$log" >&2
-  else
-    summary+=("$(printf '%-18s %12d execs %5d s  ok' "$n" "$execs" "$seconds")")
+    printf '%-18s %12d execs %5d s  FINDING (rc %d): %s\n' "$n" "$execs" "$seconds" "$rc" \
+      "$(grep -m1 -E 'ERROR: |==ERROR|runtime error|fuzz invariant|Test unit written' "$log" | cut -c1-160)" \
+      >"$BUILD/findings/$n/summary"
+    { echo "fuzz: $n found something; its log: $log"; tail -40 "$log"; } >&2
+    return 1
   fi
+  printf '%-18s %12d execs %5d s  ok\n' "$n" "$execs" "$seconds" >"$BUILD/findings/$n/summary"
+}
+
+parallel=${JOBS:-2}
+running=0
+for n in "${NAMES[@]}"; do rm -f "$BUILD/findings/$n/summary"; done
+for n in "${NAMES[@]}"; do
+  if (( running >= parallel )); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_one "$n" &
+  running=$((running + 1))
+done
+wait || true
+
+total=0
+failed=()
+summary=()
+for n in "${NAMES[@]}"; do
+  line=$(cat "$BUILD/findings/$n/summary" 2>/dev/null || echo "$n: no result")
+  summary+=("$line")
+  [[ $line == *" ok" ]] || failed+=("$n")
+  total=$(( total + $(awk '{print $2 + 0}' <<<"$line") ))
 done
 printf '%s\n' "${summary[@]}"
 echo "fuzz: $total executions in all, ${#failed[@]} harness(es) with findings${failed:+: ${failed[*]}}"

@@ -5,6 +5,14 @@
 # the CUDA build needs, is not reachable here. `make image` runs it; docs/INSTALL.md, "Building
 # the image".
 #
+#   scripts/build-image.sh [--binaries DIR]
+# --binaries DIR packs kubetrain, kubetrain-operator and kubetrain-worker from DIR (a CPU build
+# made on Debian 12; DIR/kubetrain-worker-cpu stands in for a kubetrain-worker built with the CUDA
+# path) instead of compiling them in the Dockerfile's build stage: a build context named "build"
+# replaces that stage with the same /out tree (stripped binaries, examples/, crds/). The image
+# test's way (tests/image), which reuses the binaries the test build made; without it the
+# Dockerfile compiles, as `make image` does.
+#
 # Tags IMAGE:latest and IMAGE:VERSION (VERSION from CMakeLists.txt's project()). Environment:
 #   IMAGE      default localhost/kubetrain
 #   CUDA       OFF (default) or ON
@@ -16,6 +24,16 @@
 # Exit codes: 0 built, 1 failed, 3 cannot build here (not root, so no debootstrap or buildah).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+BINARIES=
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --binaries) BINARIES=${2:?--binaries needs a directory}; shift 2 ;;
+    --binaries=*) BINARIES=${1#--binaries=}; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-image: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+  esac
+done
 
 IMAGE=${IMAGE:-localhost/kubetrain}
 CUDA=${CUDA:-OFF}
@@ -133,14 +151,38 @@ fi
 
 # ---- the image -----------------------------------------------------------------------------------
 t=$(now)
-say "building $IMAGE:$VERSION (CUDA=$CUDA, revision $REVISION) on $BASE"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+stage=
+trap 'rm -f "$log"; [[ -z $stage ]] || rm -rf "$stage"' EXIT
+context_args=()
+if [[ -n $BINARIES ]]; then
+  # The build stage's /out tree, from binaries built here (the Dockerfile's build stage does the
+  # same: strip each binary, copy examples/ and crds/).
+  [[ $CUDA == OFF ]] || { say "--binaries packs a CPU build: CUDA must be OFF" >&2; exit 1; }
+  stage=$(mktemp -d)
+  mkdir -p "$stage/out/usr/local/bin" "$stage/out/usr/share/kubetrain"
+  for b in kubetrain-operator kubetrain-worker kubetrain; do
+    src=$BINARIES/$b
+    [[ $b == kubetrain-worker && -x $BINARIES/kubetrain-worker-cpu ]] && src=$BINARIES/kubetrain-worker-cpu
+    [[ -x $src ]] || { say "--binaries: no $src" >&2; exit 1; }
+    strip --strip-unneeded -o "$stage/out/usr/local/bin/$b" "$src"
+    chmod 0755 "$stage/out/usr/local/bin/$b"
+  done
+  if ldd "$stage/out/usr/local/bin/kubetrain-worker" | grep -qE 'libcudart|libcublas'; then
+    say "--binaries: $BINARIES's kubetrain-worker has the CUDA path; the CPU image needs a CPU build (kubetrain-worker-cpu)" >&2
+    exit 1
+  fi
+  cp -r examples crds "$stage/out/usr/share/kubetrain/"
+  context_args=(--build-context "build=$stage")
+  say "packing the binaries of $BINARIES (the Dockerfile's build stage is not run)"
+fi
+say "building $IMAGE:$VERSION (CUDA=$CUDA, revision $REVISION) on $BASE"
 set +e
 buildah bud --layers --force-rm --pull=never --isolation chroot \
   --build-arg BUILD_BASE="$BASE" --build-arg RUNTIME_BASE="$BASE" \
   --build-arg CUDA="$CUDA" --build-arg JOBS="$JOBS" \
   --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" "${source_args[@]}" \
+  "${context_args[@]}" \
   -t "$IMAGE:latest" -t "$IMAGE:$VERSION" -f Dockerfile . 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The container image (Dockerfile) as a pod runs it. Builds it with scripts/build-image.sh (buildah
-# on a debootstrapped Debian 12 base, CPU only), then checks, with `buildah run` as the image's
-# user 65532:
+# The container image (Dockerfile) as a pod runs it:   tests/image/image_test.sh [BIN_DIR]
+# Builds it with scripts/build-image.sh (buildah on a debootstrapped Debian 12 base, CPU only) —
+# with BIN_DIR, from the binaries the test build made there (--binaries: the Dockerfile's runtime
+# stage as written, its build stage replaced by those binaries, which saves compiling them a
+# second time; `make image` runs the build stage) — then checks, with `buildah run` as the
+# image's user 65532:
 #   - `kubetrain-worker --version` / `kubetrain --version` print the CMake project version;
 #     `kubetrain-operator --help` works; every shared library the binaries need is there (ldd);
 #   - nothing in the image is writable for that user but the checkpoint directory (with /tmp,
@@ -10,6 +13,8 @@
 #     host directory, as uid 65532;
 #   - no compiler, CMake, Ninja, make or -dev package is in the image; it has at most 4 layers
 #     and stays under SIZE_LIMIT_MB (default 200; CPU build measured 147 MB).
+# Without running it, the Dockerfile's build stage is checked to install a package for every
+# find_package() of the top-level CMakeLists.txt and to build the three binaries this test packs.
 # Exit 77 (skipped) only where the image cannot be built at all here (not root).
 set -u
 cd "$(dirname "$0")/../.."
@@ -29,9 +34,41 @@ run() {  # run [OPTIONS] -- CMD...: CMD in the test container
   "${B[@]}" run --isolation chroot "${opts[@]}" "$CTR" -- "$@" </dev/null
 }
 
+BIN_DIR=${1:-}
+
+# The build stage, read: a Debian package for each dependency CMake finds, the binaries it builds.
+python3 - <<'PY' || fail "the Dockerfile's build stage does not match CMakeLists.txt"
+import re
+docker = open("Dockerfile").read()
+stage = docker[docker.index("AS build"):docker.index("COPY . /src")]
+packages = set(re.findall(r"[a-z0-9][a-z0-9.+-]+", " ".join(re.findall(r"--no-install-recommends([^;]*);", stage))))
+# find_package() name -> the Debian 12 package that provides it (g++ brings OpenMP and Threads).
+provider = {"Threads": "g++", "OpenMP": "g++", "yaml-cpp": "libyaml-cpp-dev",
+            "nlohmann_json": "nlohmann-json3-dev", "CLI11": "libcli11-dev", "dnnl": "libdnnl-dev",
+            "cpprestsdk": "libcpprest-dev", "OpenSSL": "libssl-dev", "Gloo": "libgloo-dev",
+            "CUDAToolkit": "cuda-nvcc-$CUDA_VERSION", "GTest": None}
+top = open("CMakeLists.txt").read()
+missing = []
+for name in sorted(set(re.findall(r"find_package\((\S+)", top))):
+    assert name in provider, f"find_package({name}) in CMakeLists.txt: say in tests/image/image_test.sh which package provides it"
+    want = provider[name]
+    if want and want.replace("$CUDA_VERSION", "") not in packages and want not in stage:
+        missing.append(f"{name} ({want})")
+# dnnl's CMake config needs the OpenCL loader's headers (docs/ARCHITECTURE.md §8).
+if "ocl-icd-opencl-dev" not in packages:
+    missing.append("dnnl's OpenCL loader (ocl-icd-opencl-dev)")
+assert not missing, "the build stage installs nothing for: " + ", ".join(missing)
+build = re.search(r"cmake --build \S+ -j \S+ --target ([^;]+);", docker)
+assert build and set(build.group(1).split()) == {"kubetrain-operator", "kubetrain-worker", "kubetrain"}, \
+    "the build stage does not build exactly kubetrain, kubetrain-operator and kubetrain-worker"
+print(f"Dockerfile build stage: {len(packages)} packages cover CMakeLists.txt's find_package()s")
+PY
+
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: building the image needs root (debootstrap, buildah)"; exit 77; }
 start=$(now)
-scripts/build-image.sh > "$DIR/build.log" 2>&1
+build_args=()
+[[ -n $BIN_DIR ]] && build_args=(--binaries "$BIN_DIR")
+scripts/build-image.sh "${build_args[@]}" > "$DIR/build.log" 2>&1
 rc=$?
 [[ $rc -eq 3 ]] && { tail -3 "$DIR/build.log"; echo "SKIP: the image cannot be built here"; exit 77; }
 [[ $rc -eq 0 ]] || { tail -40 "$DIR/build.log"; fail "scripts/build-image.sh exited $rc"; }
