@@ -13,8 +13,8 @@
 
 #include "operator/kube/informer.h"
 #include "operator/kube/rest_client.h"
-#include "operator/local/http_api.h"
-#include "operator/local/store.h"
+#include "local/http_api.h"
+#include "local/store.h"
 
 using namespace kt::kube;
 using Clock = std::chrono::steady_clock;

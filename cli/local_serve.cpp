@@ -8,14 +8,14 @@
 #include <memory>
 
 #include "cli/run.h"
-#include "operator/local/builtin_resources.h"
-#include "operator/local/deployment_controller.h"
-#include "operator/local/http_api.h"
-#include "operator/local/local_node.h"
-#include "operator/local/pod_runner.h"
-#include "operator/local/scheduler.h"
-#include "operator/local/simulated_kubelet.h"
-#include "operator/local/store.h"
+#include "local/builtin_resources.h"
+#include "local/deployment_controller.h"
+#include "local/http_api.h"
+#include "local/local_node.h"
+#include "local/pod_runner.h"
+#include "local/scheduler.h"
+#include "local/simulated_kubelet.h"
+#include "local/store.h"
 
 namespace kt::cli {
 

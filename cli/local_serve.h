@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "operator/local/simulated_nodes.h"
+#include "local/simulated_nodes.h"
 
 namespace kt::cli {
 

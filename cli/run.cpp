@@ -23,9 +23,9 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
 #include "operator/kube/cache.h"
-#include "operator/local/local_node.h"
-#include "operator/local/pod_runner.h"
-#include "operator/local/store.h"
+#include "local/local_node.h"
+#include "local/pod_runner.h"
+#include "local/store.h"
 #include "telemetry/http_get.h"
 
 namespace kt::cli {

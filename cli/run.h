@@ -1,5 +1,5 @@
 // `kubetrain run JOB.yaml` (docs/OPERATIONS.md §3): the job on this machine with no cluster. The
-// same reconciler as in a cluster runs in-process against the local control plane (operator/local:
+// same reconciler as in a cluster runs in-process against the local control plane (local:
 // the Store, this machine as a Node, the pod runner as scheduler and kubelet). It prints the
 // chosen plan, progress (a bar on a terminal, one line per update otherwise) and a summary.
 #pragma once

@@ -1,4 +1,4 @@
-// libFuzzer harness: Kubernetes protobuf request bodies (operator/local/protobuf.h), what
+// libFuzzer harness: Kubernetes protobuf request bodies (local/protobuf.h), what
 // `kubetrain local serve` decodes from any client. Any input must decode or be refused with an
 // ApiError; a crash, leak, hang or sanitizer report is a finding.
 //   fuzz/run.sh kube_protobuf 60
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "operator/local/protobuf.h"
+#include "local/protobuf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

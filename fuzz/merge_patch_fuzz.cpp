@@ -1,5 +1,5 @@
 // libFuzzer harness: JSON merge patches (RFC 7386) as `kubetrain local serve` applies them to
-// stored objects (operator/local/store.h, Store::merge_patch: then admission, the CRD's schema,
+// stored objects (local/store.h, Store::merge_patch: then admission, the CRD's schema,
 // generation and resourceVersion). Input: one byte picking the object (a ConfigMap, a Pod, a
 // TrainingJob under the CRD's schema), then the patch as JSON. A patch must apply or be refused
 // with ApiError; applied, it must be idempotent: the same patch again is a no-op write that
@@ -14,7 +14,7 @@
 #include "api/error.h"
 #include "api/yaml_json.h"
 #include "fuzz/fuzz_check.h"
-#include "operator/local/store.h"
+#include "local/store.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The Kubernetes object API as kubetrain's operator sees it: JSON objects in typed collections,
 // read, written and watched through one interface. Two implementations:
-//   * local::Store  (operator/local/) — the in-process local control plane (`kubetrain run`);
+//   * local::Store  (local/) — the in-process local control plane (`kubetrain run`);
 //   * kube::RestClient (operator/kube/) — HTTP to a real API server or `kubetrain local serve`.
 // The controller (operator/controller/) only ever talks to a `Client`, so the same reconciler runs
 // in-process and against a cluster. This header knows nothing of TrainingJobs or of HTTP.

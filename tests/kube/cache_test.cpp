@@ -17,7 +17,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/manager.h"
 #include "operator/controller/metrics.h"
-#include "operator/local/store.h"
+#include "local/store.h"
 #include "telemetry/metrics.h"
 #include "tests/support/eventually.h"
 #include "tests/support/forwarding_client.h"

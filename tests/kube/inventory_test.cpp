@@ -11,7 +11,7 @@
 
 #include "operator/controller/manager.h"
 #include "operator/kube/objects.h"
-#include "operator/local/store.h"
+#include "local/store.h"
 #include "tests/support/eventually.h"
 #include "tests/support/random.h"
 

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "operator/kube/rest_client.h"
-#include "operator/local/http_api.h"
-#include "operator/local/store.h"
+#include "local/http_api.h"
+#include "local/store.h"
 
 namespace kt::kube::testing {
 

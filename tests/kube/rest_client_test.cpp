@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "api/error.h"
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 #include "tests/kube/local_server.h"
 #include "tests/support/eventually.h"
 

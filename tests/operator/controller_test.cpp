@@ -14,8 +14,8 @@
 #include "api/plan.h"
 #include "api/quantity.h"
 #include "api/yaml_json.h"
-#include "operator/local/builtin_resources.h"
-#include "operator/local/store.h"
+#include "local/builtin_resources.h"
+#include "local/store.h"
 #include "telemetry/metrics.h"
 #include "tests/support/forwarding_client.h"
 

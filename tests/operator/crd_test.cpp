@@ -8,7 +8,7 @@
 #include "api/model.h"
 #include "api/training_job.h"
 #include "api/yaml_json.h"
-#include "operator/local/store.h"
+#include "local/store.h"
 #include "tests/support/crd.h"
 
 namespace kt {

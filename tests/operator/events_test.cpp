@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/local/store.h"
+#include "local/store.h"
 #include "tests/support/forwarding_client.h"
 
 namespace kt::controller {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "operator/local/store.h"
+#include "local/store.h"
 #include "tests/support/eventually.h"
 #include "tests/support/training_job.h"
 

@@ -1,11 +1,11 @@
 // The Table responses of `kubectl get` (tables.h): the built-in kinds' printers and a CRD's
 // additionalPrinterColumns.
-#include "operator/local/tables.h"
+#include "local/tables.h"
 
 #include <ctime>
 #include <functional>
 
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 
 namespace kt::local {
 namespace {

@@ -1,4 +1,4 @@
-#include "operator/local/protobuf.h"
+#include "local/protobuf.h"
 
 #include <cstdint>
 #include <ctime>

@@ -1,8 +1,8 @@
-#include "operator/local/openapi.h"
+#include "local/openapi.h"
 
 #include <cstdio>
 
-#include "operator/local/discovery.h"
+#include "local/discovery.h"
 
 namespace kt::local {
 namespace {

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "operator/kube/client.h"
-#include "operator/local/watch_hub.h"
+#include "local/watch_hub.h"
 
 namespace kt::local {
 

@@ -1,4 +1,4 @@
-#include "operator/local/local_node.h"
+#include "local/local_node.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "operator/local/apply.h"
+#include "local/apply.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "operator/local/simulated_kubelet.h"
+#include "local/simulated_kubelet.h"
 
 #include <cstdio>
 

@@ -1,8 +1,8 @@
-// operator/local/schema: the API server's structural-schema semantics (pruning, defaulting,
+// local/schema: the API server's structural-schema semantics (pruning, defaulting,
 // validation) against the real TrainingJob CRD and small inline schemas. Expected messages are
 // written out from the Go formats (kube-openapi errors/schema.go, apimachinery field/errors.go),
 // not captured from this code.
-#include "operator/local/schema.h"
+#include "local/schema.h"
 
 #include <gtest/gtest.h>
 

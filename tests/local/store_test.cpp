@@ -1,5 +1,5 @@
 // The local control plane's object store against the Kubernetes API's semantics.
-#include "operator/local/store.h"
+#include "local/store.h"
 
 #include <gtest/gtest.h>
 

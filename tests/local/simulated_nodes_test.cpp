@@ -1,6 +1,6 @@
 // Simulated nodes (KWOK-like): their Node objects, the scheduler that binds pods to them by
 // requests and node selection, and the fake kubelet that runs their pods without processes.
-#include "operator/local/simulated_nodes.h"
+#include "local/simulated_nodes.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "api/inventory.h"
-#include "operator/local/scheduler.h"
-#include "operator/local/simulated_kubelet.h"
-#include "operator/local/store.h"
+#include "local/scheduler.h"
+#include "local/simulated_kubelet.h"
+#include "local/store.h"
 
 namespace kt::local {
 namespace {

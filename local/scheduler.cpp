@@ -1,11 +1,11 @@
-#include "operator/local/scheduler.h"
+#include "local/scheduler.h"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "api/quantity.h"
 #include "operator/kube/objects.h"
-#include "operator/local/simulated_nodes.h"
+#include "local/simulated_nodes.h"
 
 namespace kt::local {
 

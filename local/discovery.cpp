@@ -1,11 +1,11 @@
 // Discovery (discovery.h): the served resources and the documents that describe them.
-#include "operator/local/discovery.h"
+#include "local/discovery.h"
 
 #include <algorithm>
 #include <cctype>
 #include <map>
 
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 
 namespace kt::local {
 

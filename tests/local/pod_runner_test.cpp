@@ -1,5 +1,5 @@
 // The local node and its pod runner, with real processes.
-#include "operator/local/pod_runner.h"
+#include "local/pod_runner.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 
 #include "api/inventory.h"
 #include "api/quantity.h"
-#include "operator/local/local_node.h"
-#include "operator/local/store.h"
+#include "local/local_node.h"
+#include "local/store.h"
 #include "tests/support/eventually.h"
 
 namespace kt::local {

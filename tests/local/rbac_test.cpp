@@ -1,17 +1,17 @@
-// operator/local/rbac: Kubernetes RBAC authorization against RBAC objects in a local::Store.
+// local/rbac: Kubernetes RBAC authorization against RBAC objects in a local::Store.
 // Expected decisions follow the upstream rules (pkg/apis/rbac/v1/evaluation_helpers.go,
 // pkg/registry/rbac/validation/rule.go); expected messages are written out from the Go formats
 // (apiserver responsewriters.forbiddenMessage, apimachinery errors.NewForbidden, rule.go's binding
 // descriptions), not captured from this code.
-#include "operator/local/rbac.h"
+#include "local/rbac.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "operator/local/builtin_resources.h"
-#include "operator/local/store.h"
+#include "local/builtin_resources.h"
+#include "local/store.h"
 
 namespace kt::local {
 namespace {

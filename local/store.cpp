@@ -1,13 +1,13 @@
-#include "operator/local/store.h"
+#include "local/store.h"
 
 #include <algorithm>
 #include <ctime>
 #include <random>
 
 #include "operator/kube/objects.h"
-#include "operator/local/builtin_resources.h"
-#include "operator/local/builtin_schemas.h"
-#include "operator/local/schema.h"
+#include "local/builtin_resources.h"
+#include "local/builtin_schemas.h"
+#include "local/schema.h"
 #include "operator/kube/selectors.h"
 
 namespace kt::local {

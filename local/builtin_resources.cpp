@@ -1,4 +1,4 @@
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 
 namespace kt::local {
 

@@ -3,15 +3,15 @@
 // clock for the crash backoff. Expected values are the real controllers' (pkg/controller/
 // deployment, replicaset, disruption) worked out by hand; what helm 4's --wait requires is
 // kstatus' rules, restated below.
-#include "operator/local/deployment_controller.h"
+#include "local/deployment_controller.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <regex>
 
-#include "operator/local/builtin_resources.h"
-#include "operator/local/store.h"
+#include "local/builtin_resources.h"
+#include "local/store.h"
 
 namespace kt::local {
 namespace {

@@ -5,12 +5,12 @@
 // plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go; the 403 message:
 // k8s.io/apiserver endpoints/handlers/responsewriters/errors.go and k8s.io/apimachinery
 // pkg/api/errors NewForbidden; joined errors: apimachinery pkg/util/errors (aggregate).
-#include "operator/local/rbac.h"
+#include "local/rbac.h"
 
 #include <algorithm>
 #include <optional>
 
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 
 namespace kt::local {
 namespace {

@@ -1,4 +1,4 @@
-#include "operator/local/simulated_nodes.h"
+#include "local/simulated_nodes.h"
 
 #include <algorithm>
 #include <cstdio>

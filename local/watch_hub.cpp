@@ -1,6 +1,6 @@
 // The Store's watches (watch_hub.h): each open watch's state and queue, the kube::Watch that
 // reads it, and the history that watches resume from.
-#include "operator/local/watch_hub.h"
+#include "local/watch_hub.h"
 
 #include <algorithm>
 #include <condition_variable>

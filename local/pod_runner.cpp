@@ -1,4 +1,4 @@
-#include "operator/local/pod_runner.h"
+#include "local/pod_runner.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

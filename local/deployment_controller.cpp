@@ -1,4 +1,4 @@
-#include "operator/local/deployment_controller.h"
+#include "local/deployment_controller.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "operator/kube/objects.h"
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 #include "operator/kube/selectors.h"
 
 namespace kt::local {

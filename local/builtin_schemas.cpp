@@ -1,9 +1,9 @@
-#include "operator/local/builtin_schemas.h"
+#include "local/builtin_schemas.h"
 
 #include <map>
 #include <string>
 
-#include "operator/local/builtin_resources.h"
+#include "local/builtin_resources.h"
 
 namespace kt::local {
 namespace {

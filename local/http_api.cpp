@@ -2,7 +2,7 @@
 // (discovery.h), the OpenAPI documents (openapi.h) or a resource handler (get, list, watch,
 // create, update, patch, apply, delete, pods/log), with authentication, RBAC, field validation
 // and the injected faults on the way; errors as metav1.Status.
-#include "operator/local/http_api.h"
+#include "local/http_api.h"
 
 #include <cstdlib>
 #include <ctime>
@@ -14,15 +14,15 @@
 
 #include "api/error.h"
 #include "api/yaml_json.h"
-#include "operator/local/apply.h"
-#include "operator/local/builtin_resources.h"
-#include "operator/local/discovery.h"
-#include "operator/local/openapi.h"
-#include "operator/local/protobuf.h"
-#include "operator/local/rbac.h"
-#include "operator/local/schema.h"
-#include "operator/local/store.h"
-#include "operator/local/tables.h"
+#include "local/apply.h"
+#include "local/builtin_resources.h"
+#include "local/discovery.h"
+#include "local/openapi.h"
+#include "local/protobuf.h"
+#include "local/rbac.h"
+#include "local/schema.h"
+#include "local/store.h"
+#include "local/tables.h"
 #include "telemetry/metrics.h"
 
 namespace kt::local {

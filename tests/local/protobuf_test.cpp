@@ -1,6 +1,6 @@
 // Kubernetes protobuf bodies (client-go's typed clients send them) decoded as the Store's JSON.
 // The bodies are encoded here by hand from core/v1 generated.proto's field numbers.
-#include "operator/local/protobuf.h"
+#include "local/protobuf.h"
 
 #include <gtest/gtest.h>
 

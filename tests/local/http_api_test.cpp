@@ -1,6 +1,6 @@
 // `kubetrain local serve`'s REST surface as a raw HTTP client sees it: discovery, Tables,
 // Status errors, patch content types, name checks on PUT, and CRDs served once created.
-#include "operator/local/http_api.h"
+#include "local/http_api.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "operator/local/schema.h"
+#include "local/schema.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,8 +1,8 @@
-// operator/local/apply: server-side apply and field ownership. Expected objects and FieldsV1 are
+// local/apply: server-side apply and field ownership. Expected objects and FieldsV1 are
 // written out by hand from structured-merge-diff's rules (typed/tofieldset.go, merge/update.go)
 // and the API server's formats (managedfields/internal/conflict.go, managedfields.go), not
 // captured from this code.
-#include "operator/local/apply.h"
+#include "local/apply.h"
 
 #include <gtest/gtest.h>
 
