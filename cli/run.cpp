@@ -354,14 +354,24 @@ int run_job(const RunOptions& options) {
             ? "; this run resumed an earlier one at step " + std::to_string(summary.resumed_from) +
                   ", which the report counts as a restart"
             : "";
-    std::printf(
-        "Succeeded: %lld steps in %s (steps %lld to %lld), loss %s -> %s, %.0f tokens/s overall "
-        "(restarts: %d%s)\n",
-        static_cast<long long>(trained), duration_text(wall).c_str(),
-        static_cast<long long>(summary.resumed_from + 1), static_cast<long long>(summary.steps),
-        summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
-        summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
-        wall > 0 ? tokens / wall : 0.0, restarts_seen, resumed.c_str());
+    if (trained == 0 && summary.resumed_from > 0) {
+      // Run again after it finished: the checkpoint is already at the last step.
+      std::printf(
+          "Succeeded: nothing left to train: the checkpoint of an earlier run is at step %lld of "
+          "%lld (remove %s to train again)\n",
+          static_cast<long long>(summary.resumed_from),
+          static_cast<long long>(job.spec.training.steps),
+          job.spec.checkpoint.volume.is_null() ? checkpoints.c_str() : "the job's checkpoints");
+    } else {
+      std::printf(
+          "Succeeded: %lld steps in %s (steps %lld to %lld), loss %s -> %s, %.0f tokens/s "
+          "overall (restarts: %d%s)\n",
+          static_cast<long long>(trained), duration_text(wall).c_str(),
+          static_cast<long long>(summary.resumed_from + 1), static_cast<long long>(summary.steps),
+          summary.first_loss ? api::fmt("%.4f", *summary.first_loss).c_str() : "?",
+          summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?",
+          wall > 0 ? tokens / wall : 0.0, restarts_seen, resumed.c_str());
+    }
     std::printf("final loss: %s\n",
                 summary.final_loss ? api::fmt("%.4f", *summary.final_loss).c_str() : "?");
   } else if (exit_code == 1) {

@@ -118,6 +118,14 @@ elif ! grep -qE "^Succeeded: $((400 - from)) steps in .* \(steps $((from + 1)) t
 else
   echo "ok   resume: $resumed"
 fi
+# ...and once more: the checkpoint is at the last step, so nothing is trained, and it says so.
+"$KT" run "$DIR/resume.yaml" --workdir "$DIR/resume" > "$DIR/out" 2> "$DIR/err"
+rc=$?
+if [[ $rc -ne 0 ]] || ! grep -q '^Succeeded: nothing left to train: the checkpoint of an earlier run is at step 400 of 400' "$DIR/out"; then
+  echo "FAIL resume-finished: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
+else
+  echo "ok   resume-finished: $(grep '^Succeeded:' "$DIR/out")"
+fi
 
 # 5. TTL 0: the job is gone the moment it succeeds.
 sed -e 's/steps: 200/steps: 20/' examples/jobs/tiny.yaml > "$DIR/ttl.yaml"
