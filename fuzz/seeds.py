@@ -101,6 +101,9 @@ write("checkpoint", "step120", "step-00000120\n\0" + json.dumps(metadata))
 metadata["loss"] = None
 metadata["dataCursor"] = {"kind": "tokens", "epoch": 1, "shard": 0, "window": 5, "seqLen": 64}
 write("checkpoint", "nullloss", "step-00000120\0" + json.dumps(metadata))
+# A cursor position beyond int64 (once converted to int64 by json: undefined behaviour).
+metadata["dataCursor"] = {"kind": "synthetic", "sequence": 384088888888888888888, "world": 2}
+write("checkpoint", "huge_cursor", "step-00000060\n\0" + json.dumps(metadata))
 
 # llm.c: 8 bytes of file size, then the 256 header words.
 def llmc(maxT, V, L, NH, C, Vp):

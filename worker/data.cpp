@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +85,27 @@ class CounterRng {
 // lock-step ranks, `done` per-rank steps of `old_world` ranks consumed done·old_world samples.
 int64_t rescale_position(int64_t done, int64_t old_world, int64_t new_world) {
   return (done * old_world + new_world - 1) / new_world;
+}
+
+// A cursor's integer field: a JSON integer in [0, max] (json's get<int64_t>() of 3.8e20, or of
+// any number that is no integer, converts out of range: undefined behaviour, found by
+// fuzz/checkpoint_fuzz.cpp). Absent: `fallback`, or an error when there is none.
+int64_t cursor_integer(const nlohmann::json& cursor, const char* key,
+                       std::optional<int64_t> fallback = std::nullopt,
+                       int64_t max = std::numeric_limits<int64_t>::max()) {
+  const auto it = cursor.find(key);
+  if (it == cursor.end()) {
+    if (fallback) return *fallback;
+    throw Error("data cursor " + cursor.dump() + " has no " + key);
+  }
+  const bool fits = it->is_number_unsigned()
+                        ? it->get<uint64_t>() <= static_cast<uint64_t>(max)
+                        : it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() <= max;
+  if (!fits) {
+    throw Error("data cursor " + cursor.dump() + ": " + key + " must be an integer in [0, " +
+                std::to_string(max) + "], got " + it->dump());
+  }
+  return it->get<int64_t>();
 }
 
 void require_kind(const nlohmann::json& cursor, const char* kind) {
@@ -299,14 +322,9 @@ nlohmann::json SyntheticMarkov::cursor() const {
 
 void SyntheticMarkov::restore(const nlohmann::json& cursor) {
   require_kind(cursor, "synthetic");
-  int64_t drawn = 0, world = 0;
-  try {
-    drawn = cursor.at("sequence").get<int64_t>();
-    world = cursor.value("world", int64_t{impl_->world});
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("data cursor " + cursor.dump() + ": " + e.what());
-  }
-  if (drawn < 0 || world < 1) throw Error("data cursor " + cursor.dump() + " is out of range");
+  const int64_t drawn = cursor_integer(cursor, "sequence");
+  const int64_t world = cursor_integer(cursor, "world", impl_->world);
+  if (world < 1) throw Error("data cursor " + cursor.dump() + " is out of range");
   impl_->sequences_drawn = rescale_position(drawn, world, impl_->world);
 }
 
@@ -545,20 +563,13 @@ nlohmann::json TokenShards::cursor() const {
 
 void TokenShards::restore(const nlohmann::json& cursor) {
   require_kind(cursor, "tokens");
-  int64_t epoch = 0, shard_pos = 0, window = 0, world = 0;
-  int seq_len = 0;
-  try {
-    epoch = cursor.at("epoch").get<int64_t>();
-    shard_pos = cursor.at("shard").get<int64_t>();
-    window = cursor.at("window").get<int64_t>();
-    seq_len = cursor.at("T").get<int>();
-    world = cursor.value("world", int64_t{impl_->world});
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("data cursor " + cursor.dump() + ": " + e.what());
-  }
-  if (epoch < 0 || shard_pos < 0 || window < 0 || seq_len < 0 || world < 1) {
-    throw Error("data cursor " + cursor.dump() + " is out of range");
-  }
+  const int64_t epoch = cursor_integer(cursor, "epoch");
+  const int64_t shard_pos = cursor_integer(cursor, "shard");
+  const int64_t window = cursor_integer(cursor, "window");
+  const int seq_len =
+      static_cast<int>(cursor_integer(cursor, "T", std::nullopt, std::numeric_limits<int>::max()));
+  const int64_t world = cursor_integer(cursor, "world", impl_->world);
+  if (world < 1) throw Error("data cursor " + cursor.dump() + " is out of range");
   Impl& m = *impl_;
   m.epoch = epoch;
   m.shard_pos = shard_pos;

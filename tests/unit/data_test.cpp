@@ -288,6 +288,20 @@ TEST(SyntheticMarkov, RejectsBadParametersAndForeignCursors) {
   // A kind that is not a string (found by fuzz/checkpoint_fuzz.cpp): the same error, not json's.
   EXPECT_TRUE(contains(error_of([&] { source.restore({{"kind", 7}, {"sequence", 0}}); }),
                        "not a cursor of synthetic data"));
+  // Positions beyond int64 or that are no integers (3.8e20 once converted to int64: undefined
+  // behaviour, found by fuzz/checkpoint_fuzz.cpp) are refused naming the field.
+  for (const char* bad : {R"(384088888888888888888)", "1.5", "-3", R"("7")", "18446744073709551615"}) {
+    const std::string message = error_of([&] {
+      source.restore(nlohmann::json::parse(std::string(R"({"kind": "synthetic", "sequence": )") +
+                                           bad + "}"));
+    });
+    EXPECT_TRUE(contains(message, "sequence must be an integer in [0, ")) << bad << ": " << message;
+  }
+  EXPECT_TRUE(contains(error_of([&] {
+                         source.restore({{"kind", "synthetic"}, {"sequence", 1}, {"world", 2.5}});
+                       }),
+                       "world must be an integer"));
+  EXPECT_TRUE(contains(error_of([&] { source.restore({{"kind", "synthetic"}}); }), "has no sequence"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -519,6 +533,11 @@ TEST_F(TokenShardsTest, RejectsAForeignCursor) {
     shards.restore({{"kind", "synthetic"}, {"sequence", 3}});
   });
   EXPECT_TRUE(contains(message, "not a cursor of tokens data")) << message;
+  const std::string huge = error_of([&] {
+    shards.restore(nlohmann::json::parse(
+        R"({"kind": "tokens", "epoch": 0, "shard": 0, "window": 0, "T": 4294967296})"));
+  });
+  EXPECT_TRUE(contains(huge, "T must be an integer in [0, 2147483647]")) << huge;
 }
 
 }  // namespace
