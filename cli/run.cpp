@@ -276,7 +276,8 @@ int run_job(const RunOptions& options) {
   // from the checkpoints and appends to the log.
   const std::string log = runner.log_path(ns, controller::worker_pod_name(name, 0));
   std::error_code size_error;
-  const std::uintmax_t log_offset = fs::exists(log) ? fs::file_size(log, size_error) : 0;
+  const std::uintmax_t log_size = fs::file_size(log, size_error);  // an error when there is none
+  const std::uintmax_t log_offset = size_error ? 0 : log_size;
   if (job.spec.checkpoint.volume.is_null() && fs::exists(checkpoints / "latest"))
     view.message("resuming: " + checkpoints.string() +
                  " holds an earlier run's checkpoints; training goes on from the latest "
@@ -342,7 +343,7 @@ int run_job(const RunOptions& options) {
   sigaction(SIGTERM, &old_term, nullptr);
 
   const double wall = std::chrono::duration<double>(Steady::now() - started).count();
-  const LogSummary summary = read_log(log, size_error ? 0 : log_offset);
+  const LogSummary summary = read_log(log, log_offset);
   if (exit_code == 0) {
     // This run's steps, time and tokens: a resumed run trained from its checkpoint on.
     const int64_t trained = std::max<int64_t>(0, summary.steps - summary.resumed_from);

@@ -564,7 +564,8 @@ struct ApiServer::Impl {
                          {{"Retry-After", "1"}});
     }
     // dryRun=All (kubectl --dry-run=server): every check of a real write, nothing written.
-    const std::string dry_run = r.param("dryRun");
+    // Reads take no dryRun, as the API server's do.
+    const std::string dry_run = r.method == "GET" ? "" : r.param("dryRun");
     if (!dry_run.empty() && dry_run != "All") {
       return send_status(w, 400, "BadRequest",
                          "dryRun: Unsupported value: \"" + dry_run +

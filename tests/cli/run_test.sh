@@ -70,18 +70,24 @@ else
   echo "ok   worker-failure (rc $rc): $(head -1 "$DIR/err")"
 fi
 
+# interrupt_run JOB WORKDIR: `kubetrain run` in the background, Ctrl-C once it has trained a
+# step, then its exit status in $rc.
+interrupt_run() {
+  "$KT" run "$1" --workdir "$2" > "$DIR/out" 2> "$DIR/err" &
+  local pid=$!
+  for _ in $(seq 1 300); do
+    grep -q '^progress: step [1-9]' "$DIR/out" && break
+    sleep 0.1
+  done
+  kill -INT $pid
+  for _ in $(seq 1 300); do kill -0 $pid 2> /dev/null || break; sleep 0.1; done
+  wait $pid
+  rc=$?
+}
+
 # 4. Ctrl-C stops a long job cleanly.
 sed 's/steps: 200/steps: 1000000/' examples/jobs/tiny.yaml > "$DIR/long.yaml"
-"$KT" run "$DIR/long.yaml" --workdir "$DIR/long" > "$DIR/out" 2> "$DIR/err" &
-pid=$!
-for _ in $(seq 1 300); do
-  grep -q '^progress: step [1-9]' "$DIR/out" && break
-  sleep 0.1
-done
-kill -INT $pid
-for _ in $(seq 1 300); do kill -0 $pid 2> /dev/null || break; sleep 0.1; done
-wait $pid
-rc=$?
+interrupt_run "$DIR/long.yaml" "$DIR/long"
 left=$(pgrep -f -- "--checkpoint-dir $DIR/long" || true)
 if [[ $rc -ne 130 ]]; then
   echo "FAIL interrupt: rc $rc"; cat "$DIR/out" "$DIR/err"; fail=1
@@ -95,14 +101,7 @@ fi
 # 4b. Interrupted, then run again: it resumes from the checkpoint the interrupted run saved, says
 # so, and its summary speaks of this run's steps only.
 sed 's/steps: 200/steps: 400/' examples/jobs/tiny.yaml > "$DIR/resume.yaml"
-"$KT" run "$DIR/resume.yaml" --workdir "$DIR/resume" > "$DIR/out" 2> "$DIR/err" &
-pid=$!
-for _ in $(seq 1 300); do
-  grep -q '^progress: step [1-9]' "$DIR/out" && break
-  sleep 0.1
-done
-kill -INT $pid
-wait $pid
+interrupt_run "$DIR/resume.yaml" "$DIR/resume"
 "$KT" run "$DIR/resume.yaml" --workdir "$DIR/resume" > "$DIR/out" 2> "$DIR/err"
 rc=$?
 resumed=$(grep '^Succeeded:' "$DIR/out")
